@@ -1,0 +1,177 @@
+// Command sluicectl is the operator's tool for sluice: it writes and reads the etcd data sluice
+// acts on (Calico's pools, nodes, IPAM blocks and endpoints, and sluice's services), manages
+// IPAM the way calico-ipam does, and records and replays the event stream.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-net/sluice/store"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// app holds what every command shares: the connection settings and the output streams.
+type app struct {
+	etcd    store.ClientConfig
+	timeout time.Duration
+	stdin   io.Reader
+	stdout  io.Writer
+	stderr  io.Writer
+	getenv  func(string) string
+}
+
+// usageError makes main print the command's usage and exit 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, a *app, args []string) error
+}
+
+var commands = map[string]command{
+	"apply":  {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
+	"get":    {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
+	"delete": {"delete one object: delete KIND NAME [-n NS]", runDelete},
+	"ipam":   {"claim blocks, assign and release addresses, show usage", runIPAM},
+	"record": {"record the event stream to a file: record FILE", runRecord},
+	"replay": {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
+}
+
+func (a *app) globalFlags(fs *flag.FlagSet) {
+	endpoints := &endpointsFlag{cfg: &a.etcd}
+	fs.Var(endpoints, "etcd-endpoints", "comma-separated etcd endpoints (env SLUICE_ETCD_ENDPOINTS, ETCDCTL_ENDPOINTS; default "+store.DefaultEndpoint+")")
+	fs.StringVar(&a.etcd.CACert, "etcd-cacert", a.etcd.CACert, "CA certificate file for etcd's TLS (env SLUICE_ETCD_CACERT, ETCDCTL_CACERT)")
+	fs.StringVar(&a.etcd.Cert, "etcd-cert", a.etcd.Cert, "client certificate file (env SLUICE_ETCD_CERT, ETCDCTL_CERT)")
+	fs.StringVar(&a.etcd.Key, "etcd-key", a.etcd.Key, "client key file (env SLUICE_ETCD_KEY, ETCDCTL_KEY)")
+	fs.StringVar(&a.etcd.Username, "etcd-username", a.etcd.Username, "etcd user (env SLUICE_ETCD_USERNAME, ETCDCTL_USER)")
+	fs.StringVar(&a.etcd.Password, "etcd-password", a.etcd.Password, "etcd password (env SLUICE_ETCD_PASSWORD, ETCDCTL_PASSWORD)")
+	fs.DurationVar(&a.timeout, "timeout", a.timeout, "how long one command may take talking to etcd")
+}
+
+type endpointsFlag struct{ cfg *store.ClientConfig }
+
+func (e *endpointsFlag) String() string {
+	if e.cfg == nil {
+		return ""
+	}
+	return strings.Join(e.cfg.Endpoints, ",")
+}
+func (e *endpointsFlag) Set(s string) error { e.cfg.Endpoints = store.SplitEndpoints(s); return nil }
+
+// client connects with flags first, then the environment.
+func (a *app) client() (*clientv3.Client, error) {
+	return a.etcd.WithEnv(a.getenv).New()
+}
+
+// flagSet returns a flag set for a command that also takes the global flags.
+func (a *app) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	a.globalFlags(fs)
+	return fs
+}
+
+// parseInterspersed parses flags that may come before or after positional arguments.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: sluicectl [global flags] COMMAND [flags] [args]")
+	fmt.Fprintln(w, "\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nkinds: ippools, nodes, blocks, blockaffinities, workloadendpoints, services, endpointslices")
+	fmt.Fprintln(w, "\nglobal flags (also accepted after the command):")
+	a := &app{}
+	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
+	fs.SetOutput(w)
+	a.globalFlags(fs)
+	fs.PrintDefaults()
+}
+
+// run is main without the process: it returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{timeout: 30 * time.Second, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { usage(stderr) }
+	a.globalFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		usage(stderr)
+		return 2
+	}
+	if rest[0] == "help" {
+		usage(stdout)
+		return 0
+	}
+	cmd, ok := commands[rest[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n\n", rest[0])
+		usage(stderr)
+		return 2
+	}
+	err := cmd.run(ctx, a, rest[1:])
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], ue.msg)
+		return 2
+	case errors.Is(err, errDiffers):
+		return 1
+	}
+	fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], err)
+	return 1
+}
+
+// errDiffers asks for exit code 1 without a message (the command printed what it found).
+var errDiffers = errors.New("differs")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// readDocuments parses every file named (a directory means its .yaml, .yml and .json files,
+// "-" means standard input); all files are checked before anything is written.
+func (a *app) readDocuments(paths []string) ([]manifest.Document, error) {
+	var files []string
+	for _, p := range paths {
+		if p == "-" {
+			files = append(files, p)
+			continue
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, err
+		}
+		var inDir []string
+		for _, e := range entries {
+			switch strings.ToLower(filepath.Ext(e.Name())) {
+			case ".yaml", ".yml", ".json":
+				if !e.IsDir() {
+					inDir = append(inDir, filepath.Join(p, e.Name()))
+				}
+			}
+		}
+		if len(inDir) == 0 {
+			return nil, fmt.Errorf("directory %s has no .yaml, .yml or .json file", p)
+		}
+		sort.Strings(inDir)
+		files = append(files, inDir...)
+	}
+	var docs []manifest.Document
+	var errs []error
+	for _, f := range files {
+		var d []manifest.Document
+		var err error
+		if f == "-" {
+			d, err = manifest.Parse("<stdin>", a.stdin)
+		} else {
+			var fh *os.File
+			fh, err = os.Open(f)
+			if err == nil {
+				d, err = manifest.Parse(f, fh)
+				fh.Close()
+			}
+		}
+		docs = append(docs, d...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return docs, errors.Join(errs...)
+}
+
+func runApply(ctx context.Context, a *app, args []string) error {
+	fs := a.flagSet("apply")
+	var files stringList
+	fs.Var(&files, "f", "file, directory or - for standard input (repeatable)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q (files go after -f)", pos[0])
+	}
+	if len(files) == 0 {
+		return usagef("need -f FILE|DIR|-")
+	}
+	docs, err := a.readDocuments(files)
+	if err != nil {
+		return fmt.Errorf("nothing was written:\n%w", err)
+	}
+	if len(docs) == 0 {
+		return errors.New("no documents found")
+	}
+	cli, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	now := time.Now()
+	for _, d := range docs {
+		act, err := manifest.Apply(ctx, cli, d, now)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "%s/%s %s\n", d.Kind.Plural(), d.ID, act)
+	}
+	return nil
+}
+
+// objectID forms the ID of an object of kind k from the command line's NAME and -n.
+func objectID(k store.Kind, name, namespace string) string {
+	if k.Namespaced() && !strings.Contains(name, "/") {
+		if namespace == "" {
+			namespace = "default"
+		}
+		return namespace + "/" + name
+	}
+	return name
+}
+
+// kindPrefix is the etcd prefix holding every key of kind k.
+func kindPrefix(k store.Kind) string {
+	switch k {
+	case store.KindIPPool:
+		return store.IPPoolPrefix
+	case store.KindNode:
+		return store.NodePrefix
+	case store.KindBlock:
+		return store.BlockPrefix
+	case store.KindBlockAffinity:
+		return store.AffinityPrefix
+	case store.KindWorkloadEndpoint:
+		return store.WorkloadEndpointPrefix
+	case store.KindService:
+		return store.ServicePrefix
+	case store.KindEndpointSlice:
+		return store.EndpointSlicePrefix
+	}
+	return ""
+}
+
+func runGet(ctx context.Context, a *app, args []string) error {
+	fs := a.flagSet("get")
+	output := fs.String("o", "table", "output format: table, yaml or json")
+	namespace := fs.String("n", "", "namespace (namespaced kinds; default: every namespace)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) < 1 || len(pos) > 2 {
+		return usagef("want KIND [NAME]")
+	}
+	kind, err := store.ParseKind(pos[0])
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if *output != "table" && *output != "yaml" && *output != "json" {
+		return usagef("-o %q: want table, yaml or json", *output)
+	}
+	cli, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+
+	var resp *clientv3.GetResponse
+	if len(pos) == 2 {
+		key, err := store.KeyFor(kind, objectID(kind, pos[1], *namespace))
+		if err != nil {
+			return usagef("%v", err)
+		}
+		resp, err = cli.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", key, err)
+		}
+		if len(resp.Kvs) == 0 {
+			return fmt.Errorf("%s %q: %w", kind.Plural(), pos[1], manifest.ErrNotFound)
+		}
+	} else {
+		prefix := kindPrefix(kind)
+		if kind.Namespaced() && *namespace != "" {
+			prefix += *namespace + "/"
+		}
+		resp, err = cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", prefix, err)
+		}
+	}
+	var objs []store.Object
+	var docs []map[string]any
+	for _, kv := range resp.Kvs {
+		key := string(kv.Key)
+		obj, err := store.Decode(key, kv.Value)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "warning: skipped: %v\n", err)
+			continue
+		}
+		if obj.Kind() != kind {
+			continue
+		}
+		objs = append(objs, obj)
+		doc, err := manifest.ToDocument(key, kv.Value)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "warning: skipped: %v\n", err)
+			continue
+		}
+		docs = append(docs, doc)
+	}
+	if *output == "table" {
+		return manifest.WriteTable(a.stdout, kind, objs)
+	}
+	return manifest.WriteDocuments(a.stdout, *output, docs)
+}
+
+func runDelete(ctx context.Context, a *app, args []string) error {
+	fs := a.flagSet("delete")
+	namespace := fs.String("n", "", "namespace (namespaced kinds; default \"default\")")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 2 {
+		return usagef("want KIND NAME")
+	}
+	kind, err := store.ParseKind(pos[0])
+	if err != nil {
+		return usagef("%v", err)
+	}
+	key, err := store.KeyFor(kind, objectID(kind, pos[1], *namespace))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	cli, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	if err := manifest.Delete(ctx, cli, key); err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "%s/%s deleted\n", kind.Plural(), objectID(kind, pos[1], *namespace))
+	return nil
+}

@@ -1,0 +1,577 @@
+package store
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// BadValueError says why the value under a key was rejected. Field is the JSON path of the
+// offending field ("spec.vxlanMode"), or "" when the whole value is at fault.
+type BadValueError struct {
+	Key    string
+	Field  string
+	Reason string
+}
+
+func (e *BadValueError) Error() string {
+	if e.Field == "" {
+		return fmt.Sprintf("key %s: %s", e.Key, e.Reason)
+	}
+	return fmt.Sprintf("key %s: field %s: %s", e.Key, e.Field, e.Reason)
+}
+
+// fieldError is a BadValueError before the key is known.
+type fieldError struct{ field, reason string }
+
+func (e *fieldError) Error() string { return e.field + ": " + e.reason }
+
+func bad(field, format string, args ...any) error {
+	return &fieldError{field: field, reason: fmt.Sprintf(format, args...)}
+}
+
+// Decode parses and validates the value stored under key. Every error is a *BadValueError
+// naming the key and, where one is at fault, the field.
+func Decode(key string, value []byte) (obj Object, err error) {
+	kind, id, err := ParseKey(key)
+	if err != nil {
+		return nil, &BadValueError{Key: key, Reason: err.Error()}
+	}
+	switch kind {
+	case KindIPPool:
+		obj, err = decodeIPPool(id, value)
+	case KindNode:
+		obj, err = decodeNode(id, value)
+	case KindBlock:
+		obj, err = decodeBlock(id, value)
+	case KindBlockAffinity:
+		obj, err = decodeAffinity(id, value)
+	case KindWorkloadEndpoint:
+		obj, err = decodeWorkloadEndpoint(id, value)
+	case KindService:
+		obj, err = decodeService(id, value)
+	case KindEndpointSlice:
+		obj, err = decodeEndpointSlice(id, value)
+	}
+	if err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return nil, &BadValueError{Key: key, Field: fe.field, Reason: fe.reason}
+		}
+		return nil, &BadValueError{Key: key, Reason: err.Error()}
+	}
+	return obj, nil
+}
+
+// unmarshal decodes JSON and turns type errors into field errors.
+func unmarshal(value []byte, v any) error {
+	if len(bytes.TrimSpace(value)) == 0 {
+		return errors.New("empty value: want a JSON object")
+	}
+	if err := json.Unmarshal(value, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return bad(te.Field, "got JSON %s, want %s", te.Value, te.Type)
+		}
+		return fmt.Errorf("not valid JSON: %v", err)
+	}
+	return nil
+}
+
+func checkMeta(tm TypeMeta, wantKind string, m ObjectMeta, id string, namespaced bool) error {
+	if tm.Kind != "" && tm.Kind != wantKind {
+		return bad("kind", "got %q under a %s key", tm.Kind, wantKind)
+	}
+	want := m.Name
+	if namespaced {
+		want = m.Namespace + "/" + m.Name
+	}
+	if m.Name != "" && want != id {
+		return bad("metadata.name", "%q does not match the key's %q", want, id)
+	}
+	return nil
+}
+
+func parseMode(field, s string) (EncapMode, error) {
+	switch EncapMode(s) {
+	case "", EncapNever:
+		return EncapNever, nil
+	case EncapAlways, EncapCrossSubnet:
+		return EncapMode(s), nil
+	}
+	return "", bad(field, "unknown mode %q: want Never, Always or CrossSubnet", s)
+}
+
+func decodeIPPool(id string, value []byte) (Object, error) {
+	var r IPPoolResource
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(r.TypeMeta, "IPPool", r.Metadata, id, false); err != nil {
+		return nil, err
+	}
+	cidr, err := netip.ParsePrefix(r.Spec.CIDR)
+	if err != nil {
+		return nil, bad("spec.cidr", "%q is not a CIDR", r.Spec.CIDR)
+	}
+	cidr = cidr.Masked()
+	p := &IPPool{Name: id, CIDR: cidr, NATOutgoing: r.Spec.NATOutgoing, Disabled: r.Spec.Disabled,
+		BlockSize: r.Spec.BlockSize, NodeSelector: r.Spec.NodeSelector, AllowedUses: r.Spec.AllowedUses}
+	if p.VXLANMode, err = parseMode("spec.vxlanMode", r.Spec.VXLANMode); err != nil {
+		return nil, err
+	}
+	if p.IPIPMode, err = parseMode("spec.ipipMode", r.Spec.IPIPMode); err != nil {
+		return nil, err
+	}
+	lo, hi := 20, 32
+	if cidr.Addr().Is6() {
+		lo, hi = 116, 128
+	}
+	if p.BlockSize == 0 {
+		p.BlockSize = 26
+		if cidr.Addr().Is6() {
+			p.BlockSize = 122
+		}
+	}
+	if p.BlockSize < lo || p.BlockSize > hi {
+		return nil, bad("spec.blockSize", "%d out of range: want %d to %d", p.BlockSize, lo, hi)
+	}
+	if p.BlockSize < cidr.Bits() {
+		return nil, bad("spec.blockSize", "/%d blocks do not fit in the pool's /%d", p.BlockSize, cidr.Bits())
+	}
+	if p.VXLANMode != EncapNever && p.IPIPMode != EncapNever {
+		return nil, bad("spec.ipipMode", "VXLAN and IPIP cannot both be on")
+	}
+	return p, nil
+}
+
+// parseAddrOrPrefix accepts "192.0.2.1/24" or "192.0.2.1" (as a single-address prefix).
+func parseAddrOrPrefix(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p, true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	return netip.Prefix{}, false
+}
+
+func parseOptionalAddr(field, s string, want4 bool) (netip.Addr, error) {
+	if s == "" {
+		return netip.Addr{}, nil
+	}
+	// Calico's tunnel addresses are bare, but tolerate a /32.
+	p, ok := parseAddrOrPrefix(s)
+	if !ok || p.Addr().Is4() != want4 {
+		fam := "IPv6"
+		if want4 {
+			fam = "IPv4"
+		}
+		return netip.Addr{}, bad(field, "%q is not an %s address", s, fam)
+	}
+	return p.Addr(), nil
+}
+
+func parseOptionalMAC(field, s string) (net.HardwareAddr, error) {
+	if s == "" {
+		return nil, nil
+	}
+	mac, err := net.ParseMAC(s)
+	if err != nil || len(mac) != 6 {
+		return nil, bad(field, "%q is not a MAC address", s)
+	}
+	return mac, nil
+}
+
+func decodeNode(id string, value []byte) (Object, error) {
+	var r NodeResource
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(r.TypeMeta, "Node", r.Metadata, id, false); err != nil {
+		return nil, err
+	}
+	n := &Node{Name: id}
+	var err error
+	if b := r.Spec.BGP; b != nil {
+		if b.IPv4Address != "" {
+			p, ok := parseAddrOrPrefix(b.IPv4Address)
+			if !ok || !p.Addr().Is4() {
+				return nil, bad("spec.bgp.ipv4Address", "%q is not an IPv4 address in CIDR form", b.IPv4Address)
+			}
+			n.IPv4Address = p
+		}
+		if b.IPv6Address != "" {
+			p, ok := parseAddrOrPrefix(b.IPv6Address)
+			if !ok || p.Addr().Is4() {
+				return nil, bad("spec.bgp.ipv6Address", "%q is not an IPv6 address in CIDR form", b.IPv6Address)
+			}
+			n.IPv6Address = p
+		}
+		if n.IPv4IPIPTunnelAddr, err = parseOptionalAddr("spec.bgp.ipv4IPIPTunnelAddr", b.IPv4IPIPTunnelAddr, true); err != nil {
+			return nil, err
+		}
+	}
+	// Without bgp addresses, the underlay comes from spec.addresses: InternalIP, then ExternalIP.
+	for _, typ := range []string{"InternalIP", "ExternalIP"} {
+		for i, a := range r.Spec.Addresses {
+			if a.Type != typ {
+				continue
+			}
+			p, ok := parseAddrOrPrefix(a.Address)
+			if !ok {
+				return nil, bad(fmt.Sprintf("spec.addresses[%d].address", i), "%q is not an IP address", a.Address)
+			}
+			if p.Addr().Is4() && !n.IPv4Address.IsValid() {
+				n.IPv4Address = p
+			}
+			if p.Addr().Is6() && !n.IPv6Address.IsValid() {
+				n.IPv6Address = p
+			}
+		}
+	}
+	if n.IPv4VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv4VXLANTunnelAddr", r.Spec.IPv4VXLANTunnelAddr, true); err != nil {
+		return nil, err
+	}
+	if n.IPv6VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv6VXLANTunnelAddr", r.Spec.IPv6VXLANTunnelAddr, false); err != nil {
+		return nil, err
+	}
+	if n.VXLANTunnelMAC, err = parseOptionalMAC("spec.vxlanTunnelMACAddr", r.Spec.VXLANTunnelMACAddr); err != nil {
+		return nil, err
+	}
+	if n.VXLANTunnelMACV6, err = parseOptionalMAC("spec.vxlanTunnelMACAddrV6", r.Spec.VXLANTunnelMACAddrV6); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// BlockSlots is the number of address slots a block of this CIDR has.
+func BlockSlots(cidr netip.Prefix) int {
+	return 1 << (cidr.Addr().BitLen() - cidr.Bits())
+}
+
+func decodeBlock(id string, value []byte) (Object, error) {
+	var r AllocationBlock
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	cidr, err := netip.ParsePrefix(r.CIDR)
+	if err != nil {
+		return nil, bad("cidr", "%q is not a CIDR", r.CIDR)
+	}
+	if cidr.String() != id {
+		return nil, bad("cidr", "%q does not match the key's %q", r.CIDR, id)
+	}
+	hostBits := cidr.Addr().BitLen() - cidr.Bits()
+	if hostBits > 12 {
+		return nil, bad("cidr", "/%d is larger than any IPAM block (at most 4096 addresses)", cidr.Bits())
+	}
+	slots := 1 << hostBits
+	if len(r.Allocations) != slots {
+		return nil, bad("allocations", "has %d slots, want %d for a /%d", len(r.Allocations), slots, cidr.Bits())
+	}
+	b := &Block{CIDR: cidr, Deleted: r.Deleted}
+	if r.Affinity != nil {
+		b.Affinity = *r.Affinity
+		if node, ok := strings.CutPrefix(b.Affinity, "host:"); ok {
+			if node == "" {
+				return nil, bad("affinity", "%q names no host", b.Affinity)
+			}
+			b.AffinityNode = node
+		}
+	}
+	addr := cidr.Addr()
+	for i, a := range r.Allocations {
+		if a != nil {
+			if *a < 0 || *a >= len(r.Attributes) {
+				return nil, bad(fmt.Sprintf("allocations[%d]", i), "attribute index %d out of range: block has %d attributes", *a, len(r.Attributes))
+			}
+			attr := r.Attributes[*a]
+			al := Allocation{Addr: addr, Node: attr.Secondary["node"]}
+			if attr.HandleID != nil {
+				al.Handle = *attr.HandleID
+			}
+			b.Allocations = append(b.Allocations, al)
+		}
+		addr = addr.Next()
+	}
+	return b, nil
+}
+
+func decodeAffinity(id string, value []byte) (Object, error) {
+	var r BlockAffinityValue
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	node, cidr, _ := strings.Cut(id, "/")
+	a := &BlockAffinity{Node: node, CIDR: netip.MustParsePrefix(cidr), Deleted: r.Deleted}
+	switch AffinityState(r.State) {
+	case "", AffinityConfirmed:
+		a.State = AffinityConfirmed
+	case AffinityPending, AffinityPendingDeletion:
+		a.State = AffinityState(r.State)
+	default:
+		return nil, bad("state", "unknown state %q: want confirmed, pending or pendingDeletion", r.State)
+	}
+	return a, nil
+}
+
+func decodeWorkloadEndpoint(id string, value []byte) (Object, error) {
+	var r WorkloadEndpointResource
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(r.TypeMeta, "WorkloadEndpoint", r.Metadata, id, true); err != nil {
+		return nil, err
+	}
+	ns, name, _ := strings.Cut(id, "/")
+	w := &WorkloadEndpoint{Namespace: ns, Name: name, Node: r.Spec.Node, Orchestrator: r.Spec.Orchestrator, InterfaceName: r.Spec.InterfaceName}
+	if w.Node == "" {
+		return nil, bad("spec.node", "missing: a workload endpoint must name its node")
+	}
+	if w.InterfaceName == "" {
+		return nil, bad("spec.interfaceName", "missing: a workload endpoint must name its host-side interface")
+	}
+	if len(w.InterfaceName) > 15 || strings.ContainsAny(w.InterfaceName, "/ \t\n") {
+		return nil, bad("spec.interfaceName", "%q is not a Linux interface name", w.InterfaceName)
+	}
+	for i, s := range r.Spec.IPNetworks {
+		p, ok := parseAddrOrPrefix(s)
+		if !ok {
+			return nil, bad(fmt.Sprintf("spec.ipNetworks[%d]", i), "%q is not a CIDR", s)
+		}
+		w.IPNetworks = append(w.IPNetworks, p.Masked())
+	}
+	for i, n := range r.Spec.IPNATs {
+		in, err1 := netip.ParseAddr(n.InternalIP)
+		ex, err2 := netip.ParseAddr(n.ExternalIP)
+		if err1 != nil || err2 != nil || in.Is4() != ex.Is4() {
+			return nil, bad(fmt.Sprintf("spec.ipNATs[%d]", i), "want internalIP and externalIP of one family, got %q and %q", n.InternalIP, n.ExternalIP)
+		}
+		w.IPNATs = append(w.IPNATs, IPNAT{InternalIP: in, ExternalIP: ex})
+	}
+	var err error
+	if w.MAC, err = parseOptionalMAC("spec.mac", r.Spec.MAC); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func parseProtocol(field, s string) (Protocol, error) {
+	switch Protocol(s) {
+	case "":
+		return ProtocolTCP, nil
+	case ProtocolTCP, ProtocolUDP, ProtocolSCTP:
+		return Protocol(s), nil
+	}
+	return "", bad(field, "unknown protocol %q: want TCP, UDP or SCTP", s)
+}
+
+func parsePolicy(field, s string) (TrafficPolicy, error) {
+	switch TrafficPolicy(s) {
+	case "":
+		return PolicyCluster, nil
+	case PolicyCluster, PolicyLocal:
+		return TrafficPolicy(s), nil
+	}
+	return "", bad(field, "unknown policy %q: want Cluster or Local", s)
+}
+
+func parsePort(field string, v int, allowZero bool) (uint16, error) {
+	if v < 0 || v > 65535 || (v == 0 && !allowZero) {
+		return 0, bad(field, "%d is not a port number (1 to 65535)", v)
+	}
+	return uint16(v), nil
+}
+
+func decodeService(id string, value []byte) (Object, error) {
+	var r ServiceResource
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(r.TypeMeta, "Service", r.Metadata, id, true); err != nil {
+		return nil, err
+	}
+	ns, name, _ := strings.Cut(id, "/")
+	s := &Service{Namespace: ns, Name: name}
+	var err error
+	switch ServiceType(r.Spec.Type) {
+	case "":
+		s.Type = ServiceClusterIP
+	case ServiceClusterIP, ServiceNodePort, ServiceLoadBalancer:
+		s.Type = ServiceType(r.Spec.Type)
+	default:
+		return nil, bad("spec.type", "unknown type %q: want ClusterIP, NodePort or LoadBalancer", r.Spec.Type)
+	}
+	clusterIPs, field := r.Spec.ClusterIPs, "spec.clusterIPs"
+	if len(clusterIPs) == 0 && r.Spec.ClusterIP != "" {
+		clusterIPs, field = []string{r.Spec.ClusterIP}, "spec.clusterIP"
+	}
+	for i, c := range clusterIPs {
+		if c == "None" || c == "" {
+			continue // headless
+		}
+		a, err := netip.ParseAddr(c)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("%s[%d]", field, i), "%q is not an IP address", c)
+		}
+		s.ClusterIPs = append(s.ClusterIPs, a)
+	}
+	for i, c := range r.Spec.ExternalIPs {
+		a, err := netip.ParseAddr(c)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("spec.externalIPs[%d]", i), "%q is not an IP address", c)
+		}
+		s.ExternalIPs = append(s.ExternalIPs, a)
+	}
+	for i, in := range r.Status.LoadBalancer.Ingress {
+		if in.IP == "" {
+			continue // hostname-only ingress: nothing to program
+		}
+		a, err := netip.ParseAddr(in.IP)
+		if err != nil {
+			return nil, bad(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), "%q is not an IP address", in.IP)
+		}
+		s.LoadBalancerIPs = append(s.LoadBalancerIPs, a)
+	}
+	for i, c := range r.Spec.LoadBalancerSourceRanges {
+		p, ok := parseAddrOrPrefix(strings.TrimSpace(c))
+		if !ok {
+			return nil, bad(fmt.Sprintf("spec.loadBalancerSourceRanges[%d]", i), "%q is not a CIDR", c)
+		}
+		s.LoadBalancerSourceRanges = append(s.LoadBalancerSourceRanges, p.Masked())
+	}
+	seen := map[string]bool{}
+	for i, p := range r.Spec.Ports {
+		f := fmt.Sprintf("spec.ports[%d]", i)
+		sp := ServicePortSpec{Name: p.Name}
+		if sp.Protocol, err = parseProtocol(f+".protocol", p.Protocol); err != nil {
+			return nil, err
+		}
+		if sp.Port, err = parsePort(f+".port", p.Port, false); err != nil {
+			return nil, err
+		}
+		if sp.NodePort, err = parsePort(f+".nodePort", p.NodePort, true); err != nil {
+			return nil, err
+		}
+		if len(p.TargetPort) > 0 {
+			var num int
+			var str string
+			if json.Unmarshal(p.TargetPort, &num) == nil {
+				if sp.TargetPort, err = parsePort(f+".targetPort", num, true); err != nil {
+					return nil, err
+				}
+			} else if json.Unmarshal(p.TargetPort, &str) == nil {
+				if n, err := strconv.Atoi(str); err == nil {
+					if sp.TargetPort, err = parsePort(f+".targetPort", n, true); err != nil {
+						return nil, err
+					}
+				} else if str != "" {
+					sp.TargetPortName = str
+				}
+			} else {
+				return nil, bad(f+".targetPort", "want a port number or a port name, got %s", p.TargetPort)
+			}
+		}
+		k := string(sp.Protocol) + "/" + strconv.Itoa(int(sp.Port))
+		if seen[k] {
+			return nil, bad(f, "duplicate port %s", k)
+		}
+		seen[k] = true
+		s.Ports = append(s.Ports, sp)
+	}
+	if s.ExternalTrafficPolicy, err = parsePolicy("spec.externalTrafficPolicy", r.Spec.ExternalTrafficPolicy); err != nil {
+		return nil, err
+	}
+	if s.InternalTrafficPolicy, err = parsePolicy("spec.internalTrafficPolicy", r.Spec.InternalTrafficPolicy); err != nil {
+		return nil, err
+	}
+	if s.HealthCheckNodePort, err = parsePort("spec.healthCheckNodePort", r.Spec.HealthCheckNodePort, true); err != nil {
+		return nil, err
+	}
+	switch r.Spec.SessionAffinity {
+	case "", "None":
+	case "ClientIP":
+		s.AffinityTimeout = DefaultAffinityTimeout
+		if c := r.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			t := *c.ClientIP.TimeoutSeconds
+			if t < 1 || t > 86400 {
+				return nil, bad("spec.sessionAffinityConfig.clientIP.timeoutSeconds", "%d out of range: want 1 to 86400", t)
+			}
+			s.AffinityTimeout = t
+		}
+	default:
+		return nil, bad("spec.sessionAffinity", "unknown affinity %q: want None or ClientIP", r.Spec.SessionAffinity)
+	}
+	return s, nil
+}
+
+func decodeEndpointSlice(id string, value []byte) (Object, error) {
+	var r EndpointSliceResource
+	if err := unmarshal(value, &r); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(r.TypeMeta, "EndpointSlice", r.Metadata, id, true); err != nil {
+		return nil, err
+	}
+	ns, name, _ := strings.Cut(id, "/")
+	e := &EndpointSlice{Namespace: ns, Name: name, Service: r.Metadata.Labels[ServiceNameLabel], AddressType: r.AddressType}
+	if e.Service == "" {
+		return nil, bad("metadata.labels", "missing label %s naming the service", ServiceNameLabel)
+	}
+	var want4 bool
+	switch r.AddressType {
+	case "IPv4":
+		want4 = true
+	case "IPv6":
+	default:
+		return nil, bad("addressType", "unknown address type %q: want IPv4 or IPv6", r.AddressType)
+	}
+	for i, ep := range r.Endpoints {
+		f := fmt.Sprintf("endpoints[%d]", i)
+		out := Endpoint{NodeName: ep.NodeName, Zone: ep.Zone, Ready: true}
+		c := ep.Conditions
+		if c.Ready != nil {
+			out.Ready = *c.Ready
+		}
+		out.Serving = out.Ready
+		if c.Serving != nil {
+			out.Serving = *c.Serving
+		}
+		if c.Terminating != nil {
+			out.Terminating = *c.Terminating
+		}
+		if len(ep.Addresses) == 0 {
+			return nil, bad(f+".addresses", "empty: an endpoint needs an address")
+		}
+		for j, s := range ep.Addresses {
+			a, err := netip.ParseAddr(s)
+			if err != nil || a.Is4() != want4 {
+				return nil, bad(fmt.Sprintf("%s.addresses[%d]", f, j), "%q is not an %s address", s, r.AddressType)
+			}
+			out.Addresses = append(out.Addresses, a)
+		}
+		e.Endpoints = append(e.Endpoints, out)
+	}
+	for i, p := range r.Ports {
+		f := fmt.Sprintf("ports[%d]", i)
+		ep := EndpointPort{Name: p.Name}
+		var err error
+		if ep.Protocol, err = parseProtocol(f+".protocol", p.Protocol); err != nil {
+			return nil, err
+		}
+		if p.Port == nil {
+			return nil, bad(f+".port", "missing")
+		}
+		if ep.Port, err = parsePort(f+".port", *p.Port, false); err != nil {
+			return nil, err
+		}
+		e.Ports = append(e.Ports, ep)
+	}
+	return e, nil
+}

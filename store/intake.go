@@ -1,0 +1,317 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Reporter hears about trouble the intake meets. The intake itself never logs: the agent's
+// Reporter counts, rate-limits and logs. Calls come from the intake's goroutine.
+type Reporter interface {
+	// BadValue is called once for each version of a key whose value is rejected.
+	BadValue(err *BadValueError)
+	// Retry is called for every failed list or broken watch before the intake waits delay
+	// and reads again. attempt counts failures since the last success.
+	Retry(err error, attempt int, delay time.Duration)
+}
+
+// ResyncCause says why the intake read everything again.
+type ResyncCause string
+
+// Causes of a resync.
+const (
+	CauseStart     ResyncCause = "start"
+	CauseCompacted ResyncCause = "compacted"
+	CauseWatchLost ResyncCause = "watch-lost"
+	CauseListError ResyncCause = "list-error"
+)
+
+// IntakeStats are the intake's counters, safe to read from any goroutine.
+type IntakeStats struct {
+	Events    atomic.Int64 // events delivered
+	BadValues atomic.Int64 // values rejected
+	Retries   atomic.Int64 // failed lists and broken watches
+	Resyncs   atomic.Int64 // full reads after the first
+	Revision  atomic.Int64 // newest revision delivered
+	InSync    atomic.Bool  // true between an in-sync and the next failure
+}
+
+// IntakeConfig configures an Intake. Client and Handler are required.
+type IntakeConfig struct {
+	Client   *clientv3.Client
+	Handler  Handler
+	Reporter Reporter // nil: ignore
+	// Prefixes to read; default WatchedPrefixes.
+	Prefixes []string
+	// PageSize is how many keys one range request returns; default 2000.
+	PageSize int64
+	// Backoff between failed attempts: doubles from MinBackoff to MaxBackoff, jittered.
+	// Defaults 100 ms and 10 s.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Intake lists the watched prefixes at one revision, then watches from the next revision,
+// and turns what it reads into typed events. After any failure (compaction, a cancelled
+// watch, a lost leader, an unreachable or restarted etcd) it reads everything again and
+// emits only what changed meanwhile, then in-sync again.
+//
+// Hazards that shaped it: a key deleted and re-created while the watch was down looks
+// unchanged by name, so it compares mod revisions, not presence; a value that turns bad
+// must read as a delete to consumers, or they keep the last good object forever.
+type Intake struct {
+	cfg   IntakeConfig
+	stats IntakeStats
+	// known is every key seen under the prefixes, with its mod revision and whether its
+	// value was valid (consumers hold it) or not. Only the intake goroutine touches it.
+	known map[string]keyState
+	gen   uint32
+	batch []Event
+}
+
+type keyState struct {
+	modRev int64
+	gen    uint32
+	valid  bool
+}
+
+// NewIntake validates cfg and returns an Intake ready to Run.
+func NewIntake(cfg IntakeConfig) (*Intake, error) {
+	if cfg.Client == nil || cfg.Handler == nil {
+		return nil, errors.New("intake needs a client and a handler")
+	}
+	if len(cfg.Prefixes) == 0 {
+		cfg.Prefixes = WatchedPrefixes
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 2000
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 100 * time.Millisecond
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(10*time.Second, cfg.MinBackoff)
+	}
+	return &Intake{cfg: cfg, known: make(map[string]keyState)}, nil
+}
+
+// Stats returns the live counters.
+func (in *Intake) Stats() *IntakeStats { return &in.stats }
+
+// Run reads and watches until ctx ends; it returns ctx's error.
+func (in *Intake) Run(ctx context.Context) error {
+	attempt := 0
+	first := true
+	for ctx.Err() == nil {
+		rev, err := in.resync(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			attempt++
+			in.retry(ctx, fmt.Errorf("reading etcd: %w", err), attempt)
+			continue
+		}
+		if !first {
+			in.stats.Resyncs.Add(1)
+		}
+		first = false
+		attempt = 0
+		err = in.watch(ctx, rev+1)
+		in.stats.InSync.Store(false)
+		if ctx.Err() != nil {
+			break
+		}
+		attempt++
+		in.retry(ctx, err, attempt)
+	}
+	return ctx.Err()
+}
+
+func (in *Intake) retry(ctx context.Context, err error, attempt int) {
+	in.stats.Retries.Add(1)
+	d := in.cfg.MinBackoff << min(attempt-1, 20)
+	d = min(d, in.cfg.MaxBackoff)
+	d = d/2 + rand.N(d/2+1) // jitter in [d/2, d]
+	if in.cfg.Reporter != nil {
+		in.cfg.Reporter.Retry(err, attempt, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// resync reads every prefix at one revision, page by page, emits what differs from what
+// consumers already hold, sweeps keys that vanished, and emits in-sync.
+func (in *Intake) resync(ctx context.Context) (int64, error) {
+	in.gen++
+	var rev int64
+	for _, prefix := range in.cfg.Prefixes {
+		start, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+		for {
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(in.cfg.PageSize)}
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			resp, err := in.cfg.Client.Get(ctx, start, opts...)
+			if err != nil {
+				return 0, err
+			}
+			if rev == 0 {
+				rev = resp.Header.Revision
+			}
+			for _, kv := range resp.Kvs {
+				in.observe(string(kv.Key), kv.Value, kv.ModRevision)
+			}
+			in.flush()
+			if !resp.More || len(resp.Kvs) == 0 {
+				break
+			}
+			start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		}
+	}
+	// Sweep: keys consumers hold that the read did not find.
+	var gone []string
+	for key, st := range in.known {
+		if st.gen != in.gen {
+			if st.valid {
+				gone = append(gone, key)
+			}
+			delete(in.known, key)
+		}
+	}
+	slices.Sort(gone)
+	for _, key := range gone {
+		in.emitDelete(key, rev)
+	}
+	in.batch = append(in.batch, Event{Type: EventInSync, Revision: rev})
+	in.flush()
+	in.stats.InSync.Store(true)
+	return rev, nil
+}
+
+// observe handles one key's current value: new or changed versions are decoded and emitted,
+// unchanged ones only marked as seen.
+func (in *Intake) observe(key string, value []byte, modRev int64) {
+	st, had := in.known[key]
+	if had && st.modRev == modRev {
+		st.gen = in.gen
+		in.known[key] = st
+		return
+	}
+	obj, err := Decode(key, value)
+	if err != nil {
+		var bv *BadValueError
+		if !errors.As(err, &bv) {
+			bv = &BadValueError{Key: key, Reason: err.Error()}
+		}
+		in.stats.BadValues.Add(1)
+		if in.cfg.Reporter != nil {
+			in.cfg.Reporter.BadValue(bv)
+		}
+		if had && st.valid {
+			in.emitDelete(key, modRev)
+		}
+		in.known[key] = keyState{modRev: modRev, gen: in.gen}
+		return
+	}
+	in.known[key] = keyState{modRev: modRev, gen: in.gen, valid: true}
+	in.batch = append(in.batch, Event{Type: EventUpsert, Kind: obj.Kind(), ID: obj.ID(), Key: key, Revision: modRev, Object: obj, Value: value})
+}
+
+func (in *Intake) emitDelete(key string, rev int64) {
+	kind, id, err := ParseKey(key)
+	if err != nil {
+		return // never valid, so never emitted
+	}
+	in.batch = append(in.batch, Event{Type: EventDelete, Kind: kind, ID: id, Key: key, Revision: rev})
+}
+
+func (in *Intake) flush() {
+	if len(in.batch) == 0 {
+		return
+	}
+	for _, ev := range in.batch {
+		if ev.Revision > in.stats.Revision.Load() {
+			in.stats.Revision.Store(ev.Revision)
+		}
+	}
+	in.stats.Events.Add(int64(len(in.batch)))
+	in.cfg.Handler.OnEvents(in.batch)
+	clear(in.batch)
+	in.batch = in.batch[:0]
+}
+
+// errCompacted marks a watch that fell behind a compaction.
+var errCompacted = errors.New("watch revision compacted")
+
+// watch follows every prefix from rev until the watch fails or ctx ends.
+func (in *Intake) watch(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	merged := make(chan clientv3.WatchResponse)
+	done := make(chan struct{})
+	defer close(done)
+	for _, prefix := range in.cfg.Prefixes {
+		wch := in.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithPrevKV())
+		go func() {
+			for resp := range wch {
+				select {
+				case merged <- resp:
+				case <-done:
+					return
+				}
+			}
+			// The channel closed: the watch is over, whatever the reason.
+			select {
+			case merged <- clientv3.WatchResponse{Canceled: true}:
+			case <-done:
+			}
+		}()
+	}
+	for {
+		var resp clientv3.WatchResponse
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case resp = <-merged:
+		}
+		if resp.CompactRevision != 0 {
+			return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
+		}
+		if err := resp.Err(); err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				return fmt.Errorf("%w: %v", errCompacted, err)
+			}
+			return fmt.Errorf("watch lost: %w", err)
+		}
+		if resp.Canceled {
+			return errors.New("watch lost: channel closed")
+		}
+		for _, ev := range resp.Events {
+			key := string(ev.Kv.Key)
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				in.observe(key, ev.Kv.Value, ev.Kv.ModRevision)
+			case clientv3.EventTypeDelete:
+				if st, had := in.known[key]; had {
+					delete(in.known, key)
+					if st.valid {
+						in.emitDelete(key, ev.Kv.ModRevision)
+					}
+				}
+			}
+		}
+		in.flush()
+	}
+}

@@ -1,0 +1,316 @@
+package store_test
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/etcdtest"
+)
+
+const (
+	poolKey  = store.IPPoolPrefix + "pool-a"
+	nodeKey  = store.NodePrefix + "node-a"
+	blockKey = store.BlockPrefix + "ipv4/block/10.65.0.0-26"
+	affKey   = store.AffinityPrefix + "node-a/ipv4/block/10.65.0.0-26"
+	wepKey   = store.WorkloadEndpointPrefix + "default/node--a-k8s-web-eth0"
+	svcKey   = store.ServicePrefix + "default/web"
+	sliceKey = store.EndpointSlicePrefix + "default/web-abc"
+)
+
+
+// eventSummary renders events as "upsert Kind/ID" lines for comparison (in-syncs dropped).
+func eventSummary(evs []store.Event) []string {
+	var out []string
+	for _, ev := range evs {
+		if ev.Type == store.EventInSync {
+			continue
+		}
+		out = append(out, ev.Type.String()+" "+ev.Kind.String()+"/"+ev.ID)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func TestIntakeInitialReadThenWatch(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
+	put(t, cli, nodeKey, nodeValue("node-a", "192.0.2.11/24", "10.65.0.1"))
+	put(t, cli, blockKey, blockValue("10.65.0.0/26", "node-a", 0, 1))
+	put(t, cli, affKey, `{"state":"confirmed","deleted":false}`)
+	put(t, cli, wepKey, wepValue("default", "node--a-k8s-web-eth0", "node-a", "cali1234", "10.65.0.1/32"))
+	put(t, cli, svcKey, serviceValue("default", "web", "10.96.0.10"))
+	rev := put(t, cli, sliceKey, sliceValue("default", "web-abc", "web", "10.65.0.1", "node-a"))
+	put(t, cli, "/calico/ipam/v2/handle/ignored", `{"block":{}}`) // not a watched prefix
+
+	in, s, r := startIntake(t, cli)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	first := s.since(0)
+	want := []string{
+		"upsert Block/10.65.0.0/26", "upsert BlockAffinity/node-a/10.65.0.0/26", "upsert EndpointSlice/default/web-abc",
+		"upsert IPPool/pool-a", "upsert Node/node-a", "upsert Service/default/web", "upsert WorkloadEndpoint/default/node--a-k8s-web-eth0",
+	}
+	if got := eventSummary(first); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("initial events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if last := first[len(first)-1]; last.Type != store.EventInSync || last.Revision < rev {
+		t.Fatalf("last event = %+v, want in-sync at revision >= %d", last, rev)
+	}
+	snap := s.index.Snapshot()
+	if !snap.InSync() || snap.Revision() < rev {
+		t.Fatalf("index in sync %v at %d, want in sync at >= %d", snap.InSync(), snap.Revision(), rev)
+	}
+	if b := snap.BlocksOfNode("node-a"); len(b) != 1 || len(b[0].Allocations) != 2 {
+		t.Fatalf("blocks of node-a = %+v", b)
+	}
+	if sl := snap.SlicesOfService("default/web"); len(sl) != 1 || sl[0].Endpoints[0].NodeName != "node-a" {
+		t.Fatalf("slices of default/web = %+v", sl)
+	}
+	if len(r.badValues()) != 0 {
+		t.Fatalf("bad values: %v", r.badValues())
+	}
+
+	// Watch: an update, a delete and a new key arrive as upsert, delete, upsert.
+	n := s.count()
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "CrossSubnet"))
+	del(t, cli, wepKey)
+	last := put(t, cli, store.NodePrefix+"node-b", nodeValue("node-b", "192.0.2.12/24", "10.65.1.1"))
+	eventually(t, 10*time.Second, "watched events", func() bool { return in.Stats().Revision.Load() >= last })
+	got := eventSummary(s.since(n))
+	want = []string{"delete WorkloadEndpoint/default/node--a-k8s-web-eth0", "upsert IPPool/pool-a", "upsert Node/node-b"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("watched events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	snap = s.index.Snapshot()
+	if p := snap.Get(store.KindIPPool, "pool-a").(*store.IPPool); p.VXLANMode != store.EncapCrossSubnet {
+		t.Fatalf("pool-a vxlanMode = %s, want CrossSubnet", p.VXLANMode)
+	}
+	if snap.Get(store.KindWorkloadEndpoint, "default/node--a-k8s-web-eth0") != nil {
+		t.Fatal("deleted workload endpoint still in the index")
+	}
+	if in.Stats().Resyncs.Load() != 0 {
+		t.Fatalf("resyncs = %d, want 0", in.Stats().Resyncs.Load())
+	}
+}
+
+// TestIntakeCompactedWhileDisconnected cuts the intake off from etcd, changes keys every way
+// a key can change, compacts, and reconnects: the intake must read again and emit exactly
+// what changed.
+func TestIntakeCompactedWhileDisconnected(t *testing.T) {
+	srv := etcdtest.New(t)
+	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	proxy, err := etcdtest.NewProxy(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
+
+	keys := map[string]string{}
+	for _, n := range []string{"stays", "changes", "vanishes", "recreated"} {
+		k := store.NodePrefix + n
+		keys[n] = k
+		put(t, writer, k, nodeValue(n, "192.0.2.1/24", ""))
+	}
+	in, s, r := startIntake(t, cli)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+	n := s.count()
+
+	proxy.Cut()
+	put(t, writer, keys["changes"], nodeValue("changes", "192.0.2.2/24", ""))
+	del(t, writer, keys["vanishes"])
+	del(t, writer, keys["recreated"])
+	put(t, writer, keys["recreated"], nodeValue("recreated", "192.0.2.1/24", "")) // same value, new key version
+	put(t, writer, store.NodePrefix+"appears", nodeValue("appears", "192.0.2.3/24", ""))
+	rev := put(t, writer, store.NodePrefix+"scratch", nodeValue("scratch", "192.0.2.4/24", ""))
+	rev = del(t, writer, store.NodePrefix+"scratch") // born and gone while away: never seen
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := writer.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+
+	eventually(t, 20*time.Second, "second in-sync", func() bool { return s.inSyncs() == 2 })
+	got := eventSummary(s.since(n))
+	want := []string{"delete Node/vanishes", "upsert Node/appears", "upsert Node/changes", "upsert Node/recreated"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events after reconnect:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if in.Stats().Resyncs.Load() < 1 || in.Stats().Retries.Load() < 1 {
+		t.Fatalf("resyncs %d retries %d, want both >= 1", in.Stats().Resyncs.Load(), in.Stats().Retries.Load())
+	}
+	r.mu.Lock()
+	retries := r.retries
+	r.mu.Unlock()
+	if retries < 1 {
+		t.Fatalf("reporter saw %d retries, want >= 1", retries)
+	}
+	snap := s.index.Snapshot()
+	if got := snap.Count(store.KindNode); got != 4 {
+		t.Fatalf("index holds %d nodes, want 4", got)
+	}
+	if nd := snap.Get(store.KindNode, "changes").(*store.Node); nd.IPv4Address.String() != "192.0.2.2/24" {
+		t.Fatalf("node changes has %s, want 192.0.2.2/24", nd.IPv4Address)
+	}
+	// And the watch works again.
+	last := put(t, writer, keys["stays"], nodeValue("stays", "192.0.2.9/24", ""))
+	eventually(t, 10*time.Second, "watch after resync", func() bool { return in.Stats().Revision.Load() >= last })
+}
+
+func TestIntakeSurvivesEtcdRestart(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
+	in, s, _ := startIntake(t, cli)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	srv.Stop()
+	time.Sleep(300 * time.Millisecond) // the intake meets a dead etcd for a while
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	last := put(t, cli, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
+	eventually(t, 20*time.Second, "event after restart", func() bool {
+		return s.index.Snapshot().Get(store.KindNode, "node-a") != nil
+	})
+	if in.Stats().Revision.Load() < last {
+		t.Fatalf("revision %d, want >= %d", in.Stats().Revision.Load(), last)
+	}
+	if s.index.Snapshot().Get(store.KindIPPool, "pool-a") == nil {
+		t.Fatal("pool-a lost across the restart")
+	}
+}
+
+func TestIntakeThreeMemberFailover(t *testing.T) {
+	cl := etcdtest.NewCluster(t, 3)
+	cli := mustClient(t, store.ClientConfig{Endpoints: cl.Endpoints()})
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
+	in, s, _ := startIntake(t, cli)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	// The client balances over every member, so each one is in use; stop the first, then
+	// write through a client of another member only.
+	cl.Members[0].Stop()
+	other := mustClient(t, store.ClientConfig{Endpoints: []string{cl.Members[1].Endpoint()}})
+	var last int64
+	for i, name := range []string{"node-a", "node-b", "node-c"} {
+		last = put(t, other, store.NodePrefix+name, nodeValue(name, "192.0.2.1"+string(rune('1'+i))+"/24", ""))
+	}
+	eventually(t, 20*time.Second, "events through the other members", func() bool {
+		return s.index.Snapshot().Count(store.KindNode) == 3
+	})
+	if in.Stats().Revision.Load() < last {
+		t.Fatalf("revision %d, want >= %d", in.Stats().Revision.Load(), last)
+	}
+}
+
+func TestIntakeBadValues(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	put(t, cli, store.IPPoolPrefix+"broken-json", `{"spec":`)
+	put(t, cli, store.IPPoolPrefix+"bad-cidr", poolValue("bad-cidr", "10.300.0.0/16", "Always"))
+	put(t, cli, store.IPPoolPrefix+"bad-mode", poolValue("bad-mode", "10.66.0.0/16", "Sometimes"))
+	put(t, cli, store.IPPoolPrefix+"wrong-kind", nodeValue("wrong-kind", "192.0.2.1/24", ""))
+	put(t, cli, store.IPPoolPrefix+"good", poolValue("good", "10.65.0.0/16", "Always"))
+	in, s, r := startIntake(t, cli)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	bad := r.badValues()
+	var got []string
+	for _, b := range bad {
+		got = append(got, b.Key[len(store.IPPoolPrefix):]+" "+b.Field)
+	}
+	sort.Strings(got)
+	want := []string{"bad-cidr spec.cidr", "bad-mode spec.vxlanMode", "broken-json ", "wrong-kind kind"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("reported %q, want %q", got, want)
+	}
+	for _, b := range bad {
+		if !strings.Contains(b.Error(), b.Key) {
+			t.Fatalf("error %q does not name its key", b.Error())
+		}
+	}
+	if in.Stats().BadValues.Load() != 4 || s.index.Snapshot().Count(store.KindIPPool) != 1 {
+		t.Fatalf("bad values %d, pools %d; want 4 and 1", in.Stats().BadValues.Load(), s.index.Snapshot().Count(store.KindIPPool))
+	}
+
+	// A bad value that becomes valid is picked up; a valid one that turns bad is deleted.
+	n := s.count()
+	put(t, cli, store.IPPoolPrefix+"bad-mode", poolValue("bad-mode", "10.66.0.0/16", "CrossSubnet"))
+	last := put(t, cli, store.IPPoolPrefix+"good", poolValue("good", "10.65.0.0/16", "Often"))
+	eventually(t, 10*time.Second, "fix and breakage", func() bool { return in.Stats().Revision.Load() >= last })
+	if got := eventSummary(s.since(n)); strings.Join(got, "|") != "delete IPPool/good|upsert IPPool/bad-mode" {
+		t.Fatalf("events %q", got)
+	}
+	if len(r.badValues()) != 5 {
+		t.Fatalf("%d reports, want 5 (each bad version once)", len(r.badValues()))
+	}
+	// Deleting a key that was never valid emits nothing.
+	n = s.count()
+	del(t, cli, store.IPPoolPrefix+"wrong-kind")
+	last = put(t, cli, store.IPPoolPrefix+"marker", poolValue("marker", "10.67.0.0/16", "Never"))
+	eventually(t, 10*time.Second, "marker", func() bool { return in.Stats().Revision.Load() >= last })
+	if got := eventSummary(s.since(n)); strings.Join(got, "|") != "upsert IPPool/marker" {
+		t.Fatalf("events %q", got)
+	}
+}
+
+func TestIntakeTLSAndAuth(t *testing.T) {
+	files, err := etcdtest.WriteTLSFiles(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := etcdtest.Start(etcdtest.Options{TLS: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	if err := etcdtest.EnableAuth(srv, "s3cret"); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"ETCDCTL_ENDPOINTS": srv.Endpoint(),
+		"ETCDCTL_CACERT":    files.CAFile,
+		"ETCDCTL_CERT":      files.ClientCertFile,
+		"ETCDCTL_KEY":       files.ClientKeyFile,
+		"ETCDCTL_USER":      "root:s3cret",
+	}
+	cfg := store.ClientConfig{}.WithEnv(func(k string) string { return env[k] })
+	cli := mustClient(t, cfg)
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
+	_, s, _ := startIntake(t, cli)
+	eventually(t, 10*time.Second, "in-sync over TLS with auth", func() bool { return s.inSyncs() == 1 })
+	if s.index.Snapshot().Get(store.KindIPPool, "pool-a") == nil {
+		t.Fatal("pool-a not read over TLS")
+	}
+
+	wrong := cfg
+	wrong.Password = "nope"
+	wrong.DialTimeout = 2 * time.Second
+	if c, err := wrong.New(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err = c.Get(ctx, poolKey)
+		cancel()
+		c.Close()
+		if err == nil {
+			t.Fatal("a wrong password was accepted")
+		}
+	}
+	noCert := cfg
+	noCert.Cert, noCert.Key = "", ""
+	if c, err := noCert.New(); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err = c.Get(ctx, poolKey)
+		cancel()
+		c.Close()
+		if err == nil {
+			t.Fatal("a client without a certificate was accepted")
+		}
+	}
+}

@@ -1,0 +1,313 @@
+// Package manifest turns the YAML or JSON documents an operator writes into the exact keys and
+// values Calico's tools and sluice store in etcd, writes them with compare-and-swap
+// transactions, and renders stored objects back as documents and tables. It is what
+// `sluicectl apply`, `get` and `delete` stand on.
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+
+	"github.com/sluice-net/sluice/store"
+	yaml "go.yaml.in/yaml/v3"
+)
+
+// Document is one object ready to write: its key and the value to store there.
+type Document struct {
+	Kind  store.Kind
+	ID    string
+	Key   string
+	Value []byte
+	// Source says where the document came from: "file.yaml, document 2 (line 14)".
+	Source string
+}
+
+// Error is a problem with one document: where it is, and what is wrong.
+type Error struct {
+	Source string
+	Field  string
+	Reason string
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s: field %s: %s", e.Source, e.Field, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s", e.Source, e.Reason)
+}
+
+// Parse reads every document of a YAML or JSON stream (YAML "---" separators, a JSON object,
+// or a "kind: List" with items) and validates each exactly as the intake would. name is used
+// in errors. All documents are checked; the errors are joined.
+func Parse(name string, r io.Reader) ([]Document, error) {
+	dec := yaml.NewDecoder(r)
+	var docs []Document
+	var errs []error
+	for n := 1; ; n++ {
+		var node yaml.Node
+		err := dec.Decode(&node)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			errs = append(errs, &Error{Source: fmt.Sprintf("%s, document %d", name, n), Reason: "not valid YAML or JSON: " + err.Error()})
+			break // the decoder cannot resynchronise after a syntax error
+		}
+		src := fmt.Sprintf("%s, document %d (line %d)", name, n, node.Line)
+		var generic any
+		if err := node.Decode(&generic); err != nil {
+			errs = append(errs, &Error{Source: src, Reason: err.Error()})
+			continue
+		}
+		if generic == nil {
+			continue // an empty document
+		}
+		m, ok := generic.(map[string]any)
+		if !ok {
+			errs = append(errs, &Error{Source: src, Reason: fmt.Sprintf("want a mapping with a kind, got %T", generic)})
+			continue
+		}
+		if k, _ := m["kind"].(string); k == "List" {
+			items, _ := m["items"].([]any)
+			for i, it := range items {
+				d, err := fromMap(fmt.Sprintf("%s item %d", src, i), it)
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					docs = append(docs, d)
+				}
+			}
+			continue
+		}
+		d, err := fromMap(src, m)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		docs = append(docs, d)
+	}
+	return docs, errors.Join(errs...)
+}
+
+// strictUnmarshal decodes JSON into v, refusing fields v does not have.
+func strictUnmarshal(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	return d.Decode(v)
+}
+
+func fromMap(src string, generic any) (Document, error) {
+	m, ok := generic.(map[string]any)
+	if !ok {
+		return Document{}, &Error{Source: src, Reason: fmt.Sprintf("want a mapping with a kind, got %T", generic)}
+	}
+	kindName, _ := m["kind"].(string)
+	if kindName == "" {
+		return Document{}, &Error{Source: src, Field: "kind", Reason: "missing"}
+	}
+	kind, err := store.ParseKind(kindName)
+	if err != nil {
+		return Document{}, &Error{Source: src, Field: "kind", Reason: err.Error()}
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return Document{}, &Error{Source: src, Reason: "cannot be expressed as JSON: " + err.Error()}
+	}
+	key, value, err := build(kind, raw)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			e.Source = src
+			return Document{}, e
+		}
+		return Document{}, &Error{Source: src, Reason: err.Error()}
+	}
+	if _, err := store.Decode(key, value); err != nil {
+		var bv *store.BadValueError
+		if errors.As(err, &bv) {
+			return Document{}, &Error{Source: src, Field: bv.Field, Reason: bv.Reason}
+		}
+		return Document{}, &Error{Source: src, Reason: err.Error()}
+	}
+	_, id, _ := store.ParseKey(key)
+	return Document{Kind: kind, ID: id, Key: key, Value: value, Source: src}, nil
+}
+
+// blockDoc is the document form of an IPAM block: calico-ipam's value plus a kind.
+type blockDoc struct {
+	store.TypeMeta
+	store.AllocationBlock
+}
+
+// affinityDoc is the document form of a block affinity: the key's parts plus the value.
+type affinityDoc struct {
+	store.TypeMeta
+	Node string `json:"node"`
+	CIDR string `json:"cidr"`
+	store.BlockAffinityValue
+}
+
+func need(field, v string) error {
+	if v == "" {
+		return &Error{Field: field, Reason: "missing"}
+	}
+	return nil
+}
+
+func nameCheck(field, v string) error {
+	if err := need(field, v); err != nil {
+		return err
+	}
+	if strings.ContainsAny(v, "/ \t\n") {
+		return &Error{Field: field, Reason: fmt.Sprintf("%q may not contain '/' or spaces", v)}
+	}
+	return nil
+}
+
+// build turns a document's JSON into the key and value to store.
+func build(kind store.Kind, raw []byte) (string, []byte, error) {
+	fieldErr := func(err error) error { return &Error{Reason: err.Error()} }
+	switch kind {
+	case store.KindIPPool:
+		var r store.IPPoolResource
+		if err := strictUnmarshal(raw, &r); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
+			return "", nil, err
+		}
+		r.TypeMeta = store.TypeMeta{Kind: "IPPool", APIVersion: store.CalicoAPIVersion}
+		r.Metadata.Namespace = ""
+		v, err := json.Marshal(r)
+		return store.IPPoolPrefix + r.Metadata.Name, v, err
+	case store.KindNode:
+		var r store.NodeResource
+		if err := strictUnmarshal(raw, &r); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
+			return "", nil, err
+		}
+		r.TypeMeta = store.TypeMeta{Kind: "Node", APIVersion: store.CalicoAPIVersion}
+		r.Metadata.Namespace = ""
+		v, err := json.Marshal(r)
+		return store.NodePrefix + r.Metadata.Name, v, err
+	case store.KindWorkloadEndpoint:
+		var r store.WorkloadEndpointResource
+		if err := strictUnmarshal(raw, &r); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if r.Metadata.Namespace == "" {
+			r.Metadata.Namespace = "default"
+		}
+		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
+			return "", nil, err
+		}
+		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
+			return "", nil, err
+		}
+		r.TypeMeta = store.TypeMeta{Kind: "WorkloadEndpoint", APIVersion: store.CalicoAPIVersion}
+		v, err := json.Marshal(r)
+		return store.WorkloadEndpointPrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+	case store.KindService:
+		var r store.ServiceResource
+		if err := strictUnmarshal(raw, &r); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if r.Metadata.Namespace == "" {
+			r.Metadata.Namespace = "default"
+		}
+		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
+			return "", nil, err
+		}
+		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
+			return "", nil, err
+		}
+		r.TypeMeta = store.TypeMeta{Kind: "Service", APIVersion: store.ServiceAPIVersion}
+		v, err := json.Marshal(r)
+		return store.ServicePrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+	case store.KindEndpointSlice:
+		var r store.EndpointSliceResource
+		if err := strictUnmarshal(raw, &r); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if r.Metadata.Namespace == "" {
+			r.Metadata.Namespace = "default"
+		}
+		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
+			return "", nil, err
+		}
+		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
+			return "", nil, err
+		}
+		r.TypeMeta = store.TypeMeta{Kind: "EndpointSlice", APIVersion: store.EndpointSliceAPIVersion}
+		v, err := json.Marshal(r)
+		return store.EndpointSlicePrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+	case store.KindBlock:
+		var d blockDoc
+		if err := strictUnmarshal(raw, &d); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		b := d.AllocationBlock
+		cidr, err := netip.ParsePrefix(b.CIDR)
+		if err != nil || cidr.Masked() != cidr {
+			return "", nil, &Error{Field: "cidr", Reason: fmt.Sprintf("%q is not a network CIDR", b.CIDR)}
+		}
+		if hb := cidr.Addr().BitLen() - cidr.Bits(); hb > 12 {
+			return "", nil, &Error{Field: "cidr", Reason: fmt.Sprintf("/%d is larger than any IPAM block (at most 4096 addresses)", cidr.Bits())}
+		}
+		fillBlock(&b, cidr)
+		v, err := json.Marshal(b)
+		return store.BlockKey(cidr), v, err
+	case store.KindBlockAffinity:
+		var d affinityDoc
+		if err := strictUnmarshal(raw, &d); err != nil {
+			return "", nil, fieldErr(err)
+		}
+		if err := nameCheck("node", d.Node); err != nil {
+			return "", nil, err
+		}
+		cidr, err := netip.ParsePrefix(d.CIDR)
+		if err != nil || cidr.Masked() != cidr {
+			return "", nil, &Error{Field: "cidr", Reason: fmt.Sprintf("%q is not a network CIDR", d.CIDR)}
+		}
+		if d.State == "" {
+			d.State = string(store.AffinityConfirmed)
+		}
+		v, err := json.Marshal(d.BlockAffinityValue)
+		return store.AffinityKey(d.Node, cidr), v, err
+	}
+	return "", nil, fmt.Errorf("kind %v cannot be applied", kind)
+}
+
+// fillBlock completes a block written by hand: with no allocations given, every slot is free,
+// laid out as calico-ipam lays out a new block.
+func fillBlock(b *store.AllocationBlock, cidr netip.Prefix) {
+	if b.Allocations == nil {
+		n := store.BlockSlots(cidr)
+		b.Allocations = make([]*int, n)
+		b.Unallocated = make([]int, n)
+		for i := range b.Unallocated {
+			b.Unallocated[i] = i
+		}
+	}
+	if b.Attributes == nil {
+		b.Attributes = []store.AllocationAttribute{}
+	}
+	if b.Unallocated == nil {
+		b.Unallocated = []int{}
+		for i, a := range b.Allocations {
+			if a == nil {
+				b.Unallocated = append(b.Unallocated, i)
+			}
+		}
+	}
+	if b.SequenceNumberForAllocation == nil {
+		b.SequenceNumberForAllocation = map[string]uint64{}
+	}
+}

@@ -1,0 +1,291 @@
+// Package store owns sluice's view of etcd: the typed model of every key sluice reads
+// (Calico's IP pools, nodes, IPAM blocks and affinities, workload endpoints, and sluice's own
+// services and endpoint slices), the intake that lists and watches those keys and turns them
+// into upsert, delete and in-sync events, the go-memdb index those events build, and the
+// event log that records and replays them. It never touches the kernel.
+package store
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+)
+
+// Kind names one kind of object sluice reads.
+type Kind uint8
+
+// The kinds, in the order the index and dumps list them.
+const (
+	KindIPPool Kind = iota + 1
+	KindNode
+	KindBlock
+	KindBlockAffinity
+	KindWorkloadEndpoint
+	KindService
+	KindEndpointSlice
+)
+
+// Kinds lists every kind in dump order.
+var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice}
+
+var kindNames = [...]string{"", "IPPool", "Node", "Block", "BlockAffinity", "WorkloadEndpoint", "Service", "EndpointSlice"}
+var kindPlurals = [...]string{"", "ippools", "nodes", "blocks", "blockaffinities", "workloadendpoints", "services", "endpointslices"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && k != 0 {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", k)
+}
+
+// Plural is the lower-case plural used on the command line and as the index table name.
+func (k Kind) Plural() string {
+	if int(k) < len(kindPlurals) && k != 0 {
+		return kindPlurals[k]
+	}
+	return k.String()
+}
+
+// Namespaced reports whether names of this kind are "namespace/name".
+func (k Kind) Namespaced() bool {
+	return k == KindWorkloadEndpoint || k == KindService || k == KindEndpointSlice
+}
+
+// ParseKind accepts a kind's name, plural or singular, in any case ("ippools", "IPPool",
+// "ippool", "wep" is not accepted: sluicectl spells kinds out).
+func ParseKind(s string) (Kind, error) {
+	l := strings.ToLower(s)
+	for _, k := range Kinds {
+		if l == k.Plural() || l == strings.ToLower(k.String()) || l+"s" == k.Plural() || l+"es" == k.Plural() {
+			return k, nil
+		}
+	}
+	plurals := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		plurals[i] = k.Plural()
+	}
+	return 0, fmt.Errorf("unknown kind %q: expected one of %s", s, strings.Join(plurals, ", "))
+}
+
+// Object is one parsed, validated object of the model.
+type Object interface {
+	Kind() Kind
+	// ID is unique within the kind: the name, "namespace/name", the block's CIDR, or
+	// "node/CIDR" for an affinity.
+	ID() string
+}
+
+// EncapMode is a pool's vxlanMode or ipipMode.
+type EncapMode string
+
+// Encapsulation modes; an empty mode in etcd means Never.
+const (
+	EncapNever       EncapMode = "Never"
+	EncapAlways      EncapMode = "Always"
+	EncapCrossSubnet EncapMode = "CrossSubnet"
+)
+
+// IPPool is a range that workload addresses come from.
+type IPPool struct {
+	Name         string
+	CIDR         netip.Prefix
+	VXLANMode    EncapMode
+	IPIPMode     EncapMode
+	NATOutgoing  bool
+	Disabled     bool
+	BlockSize    int
+	NodeSelector string
+	AllowedUses  []string
+}
+
+func (*IPPool) Kind() Kind   { return KindIPPool }
+func (p *IPPool) ID() string { return p.Name }
+
+// Node is a host in the cluster with its underlay and tunnel addresses.
+type Node struct {
+	Name string
+	// IPv4Address is the underlay address with its subnet's prefix length, from
+	// spec.bgp.ipv4Address or, without bgp, from spec.addresses (InternalIP first).
+	IPv4Address         netip.Prefix
+	IPv6Address         netip.Prefix
+	IPv4IPIPTunnelAddr  netip.Addr
+	IPv4VXLANTunnelAddr netip.Addr
+	VXLANTunnelMAC      net.HardwareAddr
+	IPv6VXLANTunnelAddr netip.Addr
+	VXLANTunnelMACV6    net.HardwareAddr
+}
+
+func (*Node) Kind() Kind   { return KindNode }
+func (n *Node) ID() string { return n.Name }
+
+// Block is an IPAM block: a CIDR, the node it is affine to, and who holds its addresses.
+//
+// Hazard: a block and its affinity are written in separate transactions, so for a moment
+// one exists without the other; the block's own affinity field is not proof of ownership
+// (see BlockAffinity.State).
+type Block struct {
+	CIDR netip.Prefix
+	// Affinity is the raw affinity field ("host:node-a", "virtual:...", or "").
+	Affinity string
+	// AffinityNode is the node of a "host:" affinity, else "".
+	AffinityNode string
+	// Allocations lists the allocated addresses in address order.
+	Allocations []Allocation
+	Deleted     bool
+}
+
+// Allocation is one allocated address of a block.
+type Allocation struct {
+	Addr   netip.Addr
+	Handle string
+	// Node is the node the attributes name (secondary "node"); may differ from the
+	// block's affinity for a borrowed address.
+	Node string
+}
+
+func (*Block) Kind() Kind   { return KindBlock }
+func (b *Block) ID() string { return b.CIDR.String() }
+
+// AffinityState is the state of a block affinity.
+type AffinityState string
+
+// Affinity states; an empty state in etcd (older Calico) means confirmed.
+const (
+	AffinityConfirmed       AffinityState = "confirmed"
+	AffinityPending         AffinityState = "pending"
+	AffinityPendingDeletion AffinityState = "pendingDeletion"
+)
+
+// BlockAffinity says that a node claims a block.
+type BlockAffinity struct {
+	Node    string
+	CIDR    netip.Prefix
+	State   AffinityState
+	Deleted bool
+}
+
+func (*BlockAffinity) Kind() Kind   { return KindBlockAffinity }
+func (a *BlockAffinity) ID() string { return a.Node + "/" + a.CIDR.String() }
+
+// WorkloadEndpoint is a workload's interface on a node and its addresses.
+type WorkloadEndpoint struct {
+	Namespace     string
+	Name          string
+	Node          string
+	Orchestrator  string
+	InterfaceName string
+	IPNetworks    []netip.Prefix
+	IPNATs        []IPNAT
+	MAC           net.HardwareAddr
+}
+
+// IPNAT is a floating IP.
+type IPNAT struct {
+	InternalIP netip.Addr
+	ExternalIP netip.Addr
+}
+
+func (*WorkloadEndpoint) Kind() Kind   { return KindWorkloadEndpoint }
+func (w *WorkloadEndpoint) ID() string { return w.Namespace + "/" + w.Name }
+
+// Protocol is a service port's transport protocol.
+type Protocol string
+
+// Protocols a service port may use.
+const (
+	ProtocolTCP  Protocol = "TCP"
+	ProtocolUDP  Protocol = "UDP"
+	ProtocolSCTP Protocol = "SCTP"
+)
+
+// ServiceType is ClusterIP, NodePort or LoadBalancer.
+type ServiceType string
+
+// Service types; an empty type means ClusterIP.
+const (
+	ServiceClusterIP    ServiceType = "ClusterIP"
+	ServiceNodePort     ServiceType = "NodePort"
+	ServiceLoadBalancer ServiceType = "LoadBalancer"
+)
+
+// TrafficPolicy is Cluster or Local.
+type TrafficPolicy string
+
+// Traffic policies; empty means Cluster.
+const (
+	PolicyCluster TrafficPolicy = "Cluster"
+	PolicyLocal   TrafficPolicy = "Local"
+)
+
+// DefaultAffinityTimeout is Kubernetes' default client-IP affinity timeout in seconds.
+const DefaultAffinityTimeout = 10800
+
+// Service is a service with its frontends' addresses and ports.
+type Service struct {
+	Namespace             string
+	Name                  string
+	Type                  ServiceType
+	ClusterIPs            []netip.Addr
+	Ports                 []ServicePortSpec
+	ExternalIPs           []netip.Addr
+	LoadBalancerIPs       []netip.Addr
+	ExternalTrafficPolicy TrafficPolicy
+	InternalTrafficPolicy TrafficPolicy
+	HealthCheckNodePort   uint16
+	// AffinityTimeout is the client-IP affinity timeout in seconds; 0 means no affinity.
+	AffinityTimeout          int
+	LoadBalancerSourceRanges []netip.Prefix
+}
+
+// ServicePortSpec is one port of a service. TargetPortName is set when the target port is
+// named; else TargetPort is the number (0 means the same as Port).
+type ServicePortSpec struct {
+	Name           string
+	Protocol       Protocol
+	Port           uint16
+	TargetPort     uint16
+	TargetPortName string
+	NodePort       uint16
+}
+
+func (*Service) Kind() Kind   { return KindService }
+func (s *Service) ID() string { return s.Namespace + "/" + s.Name }
+
+// ServiceID is the "namespace/name" of the service.
+func (s *Service) ServiceID() string { return s.ID() }
+
+// EndpointSlice is a set of a service's endpoints.
+type EndpointSlice struct {
+	Namespace string
+	Name      string
+	// Service is the name (not namespaced) of the service from kubernetes.io/service-name.
+	Service     string
+	AddressType string
+	Endpoints   []Endpoint
+	Ports       []EndpointPort
+}
+
+// Endpoint is one backend. Conditions are resolved as Kubernetes consumers do: ready
+// unknown means ready, serving unknown means the same as ready, terminating unknown means no.
+type Endpoint struct {
+	Addresses   []netip.Addr
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	NodeName    string
+	Zone        string
+}
+
+// EndpointPort is one port the endpoints listen on.
+type EndpointPort struct {
+	Name     string
+	Protocol Protocol
+	Port     uint16
+}
+
+func (*EndpointSlice) Kind() Kind   { return KindEndpointSlice }
+func (e *EndpointSlice) ID() string { return e.Namespace + "/" + e.Name }
+
+// ServiceID is "namespace/service" of the service this slice belongs to.
+func (e *EndpointSlice) ServiceID() string { return e.Namespace + "/" + e.Service }
