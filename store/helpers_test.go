@@ -110,11 +110,18 @@ func startIntake(t *testing.T, cli *clientv3.Client) (*store.Intake, *sink, *rep
 	if err != nil {
 		t.Fatal(err)
 	}
+	runIntake(t, in)
+	return in, s, r
+}
+
+// runIntake runs in until the returned stop is called or the test ends.
+func runIntake(t *testing.T, in *store.Intake) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = in.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return in, s, r
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 func mustClient(t *testing.T, cfg store.ClientConfig) *clientv3.Client {
