@@ -1,7 +1,6 @@
 package ipam
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -47,7 +46,8 @@ type allocated struct {
 // addresses too, as calico-ipam does. An exact address may lie in a block affine to
 // another node ("borrowed"); its attributes then name the requesting node. Each block
 // changes together with the handle's count for it, in one compare-and-swap transaction.
-// A request that cannot be met in full returns the addresses it had already taken.
+// A request that cannot be met in full gives back the addresses it had taken and
+// returns none.
 func (i *IPAM) Assign(ctx context.Context, req AssignRequest) ([]netip.Addr, error) {
 	of := "any pool"
 	if req.Pool != "" {
@@ -144,6 +144,7 @@ func (i *IPAM) assignIP(ctx context.Context, ip netip.Addr, handleID, node strin
 	if !found {
 		cidr = netip.PrefixFrom(ip, pool.BlockSize).Masked()
 	}
+	createLost := false
 	for attempt := range casAttempts {
 		if attempt > 0 {
 			if err := backoff(ctx, attempt); err != nil {
@@ -155,10 +156,17 @@ func (i *IPAM) assignIP(ctx context.Context, ip netip.Addr, handleID, node strin
 			return netip.Addr{}, err
 		}
 		if kvs[0] == nil {
+			if createLost {
+				// The block is still absent, so what failed the create was node's own
+				// affinity for it: a leftover that only an operator should clear.
+				return netip.Addr{}, fmt.Errorf("block %s does not exist but node %s has an affinity for it: %w", cidr, node, ErrBlockTaken)
+			}
 			// No block yet: claim it for the requesting node, then read back whoever's it is.
-			if _, err := i.createBlock(ctx, node, cidr); err != nil {
+			ok, err := i.createBlock(ctx, node, cidr)
+			if err != nil {
 				return netip.Addr{}, err
 			}
+			createLost = !ok
 			continue
 		}
 		b, err := parseBlock(kvs[0])
@@ -190,8 +198,9 @@ func (i *IPAM) assignIP(ctx context.Context, ip netip.Addr, handleID, node strin
 	return netip.Addr{}, fmt.Errorf("block %s: %w", cidr, ErrConflict)
 }
 
-// assignAuto takes count addresses from node's blocks, claiming blocks as needed. On
-// error it returns what it had assigned so far, for the caller to give back.
+// assignAuto takes count addresses from node's blocks, claiming blocks as needed, pool by
+// pool: a later pool is used only once the earlier ones are full. On error it returns
+// what it had assigned so far, for the caller to give back.
 func (i *IPAM) assignAuto(ctx context.Context, handleID, node string, secondary map[string]string, pools []*store.IPPool, count int) ([]allocated, error) {
 	var got []allocated
 	for len(got) < count {
@@ -203,18 +212,9 @@ func (i *IPAM) assignAuto(ctx context.Context, handleID, node string, secondary 
 			is4 := got[0].addr.Is4()
 			pools = slices.DeleteFunc(slices.Clone(pools), func(p *store.IPPool) bool { return p.CIDR.Addr().Is4() != is4 })
 		}
-		b, err := i.affineBlockWithRoom(ctx, node, pools)
+		b, err := i.blockWithRoom(ctx, node, pools)
 		if err != nil {
 			return got, err
-		}
-		if b == nil {
-			cidr, err := i.claimAny(ctx, node, pools)
-			if err != nil {
-				return got, err
-			}
-			if b, err = i.readBlock(ctx, cidr); err != nil {
-				return got, err
-			}
 		}
 		more, err := i.assignInBlock(ctx, b, handleID, node, secondary, count-len(got))
 		got = append(got, more...)
@@ -225,39 +225,48 @@ func (i *IPAM) assignAuto(ctx context.Context, handleID, node string, secondary 
 	return got, nil
 }
 
-// affineBlockWithRoom finds the first block, in pool order then address order, that node
-// holds a confirmed affinity for, that is affine to node itself and has a free slot.
-func (i *IPAM) affineBlockWithRoom(ctx context.Context, node string, pools []*store.IPPool) (*block, error) {
-	type candidate struct {
-		cidr netip.Prefix
-		pool int
+// blockWithRoom is, in the first pool that has one, the first block affine to node with a
+// free slot, or else a block newly claimed for node. ErrPoolFull when no pool has either.
+func (i *IPAM) blockWithRoom(ctx context.Context, node string, pools []*store.IPPool) (*block, error) {
+	for _, p := range pools {
+		b, err := i.affineBlockWithRoom(ctx, node, p)
+		if err != nil || b != nil {
+			return b, err
+		}
+		cidr, err := i.claim(ctx, node, p, netip.Prefix{})
+		if errors.Is(err, ErrPoolFull) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("claiming a block of pool %s: %w", p.Name, err)
+		}
+		return i.readBlock(ctx, cidr)
 	}
-	var cands []candidate
+	return nil, ErrPoolFull
+}
+
+// affineBlockWithRoom finds the first block of pool p, in address order, that node holds
+// a confirmed affinity for, that is affine to node itself and has a free slot.
+func (i *IPAM) affineBlockWithRoom(ctx context.Context, node string, p *store.IPPool) (*block, error) {
+	var cands []netip.Prefix
 	err := i.list(ctx, store.AffinityPrefix+node+"/", false, func(kv *mvccpb.KeyValue) error {
 		obj, err := store.Decode(string(kv.Key), kv.Value)
 		if err != nil {
 			return nil // a broken affinity is not an affinity
 		}
 		a := obj.(*store.BlockAffinity)
-		if a.Node != node || a.State != store.AffinityConfirmed || a.Deleted {
-			return nil
-		}
-		for n, p := range pools {
-			if a.CIDR.Bits() >= p.CIDR.Bits() && p.CIDR.Contains(a.CIDR.Addr()) {
-				cands = append(cands, candidate{a.CIDR, n})
-				break
-			}
+		if a.Node == node && a.State == store.AffinityConfirmed && !a.Deleted &&
+			a.CIDR.Bits() >= p.CIDR.Bits() && p.CIDR.Contains(a.CIDR.Addr()) {
+			cands = append(cands, a.CIDR)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(cands, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.pool, b.pool), a.cidr.Addr().Compare(b.cidr.Addr()))
-	})
+	slices.SortFunc(cands, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
 	for _, c := range cands {
-		kvs, err := i.get(ctx, store.BlockKey(c.cidr))
+		kvs, err := i.get(ctx, store.BlockKey(c))
 		if err != nil {
 			return nil, err
 		}
@@ -273,20 +282,6 @@ func (i *IPAM) affineBlockWithRoom(ctx context.Context, node string, pools []*st
 		}
 	}
 	return nil, nil
-}
-
-// claimAny claims the first free block of the first pool that has one.
-func (i *IPAM) claimAny(ctx context.Context, node string, pools []*store.IPPool) (netip.Prefix, error) {
-	for _, p := range pools {
-		c, err := i.claim(ctx, node, p, netip.Prefix{})
-		if err == nil {
-			return c, nil
-		}
-		if !errors.Is(err, ErrPoolFull) {
-			return netip.Prefix{}, fmt.Errorf("claiming a block of pool %s: %w", p.Name, err)
-		}
-	}
-	return netip.Prefix{}, ErrPoolFull
 }
 
 // assignInBlock takes up to n free slots of b, re-reading b after each lost

@@ -41,12 +41,25 @@ var (
 )
 
 // casAttempts bounds the re-read and retry rounds of one compare-and-swap write.
-const casAttempts = 10
+//
+// Hazard: compare-and-swap is not fair. With ten writers on one block, a writer that lost
+// and backed off competes with ones that just won and came straight back; 15 to 17 rounds
+// were needed in tests, so a bound of 10 fails real requests. Calico allows 100.
+const casAttempts = 50
 
 // listPage is how many keys one range request returns.
 const listPage = 500
 
-// IPAM reads and writes Calico's IPAM keys through one etcd client.
+// IPAM reads and writes Calico's IPAM keys through one etcd client. It keeps no state
+// between calls and takes no locks: etcd's compare-and-swap is the only arbiter, so any
+// number of IPAMs in any number of processes, and Calico's own tools, can share one
+// datastore.
+//
+// Hazard: Calico claims a block in three writes (a pending affinity, the block, then the
+// affinity confirmed), so an affinity without its block is normal for a moment and a
+// leftover one after a crash. Only the block key decides who owns a block: every claim is
+// guarded on it, and a node's affinities count only once confirmed and matched by the
+// block's own affinity field.
 type IPAM struct {
 	client *clientv3.Client
 }
@@ -276,7 +289,7 @@ func (i *IPAM) commit(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.O
 // backoff sleeps a random while, growing with the attempt, so that writers that lost a
 // compare-and-swap do not collide again at once.
 func backoff(ctx context.Context, attempt int) error {
-	d := rand.N(time.Millisecond << min(attempt, 5))
+	d := rand.N(time.Millisecond << min(attempt, 4))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
