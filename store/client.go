@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -151,4 +152,16 @@ func (c ClientConfig) New() (*clientv3.Client, error) {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", strings.Join(eps, ","), err)
 	}
 	return cli, nil
+}
+
+// RegisterFlags adds the etcd connection flags to fs, writing into c. Anything left unset
+// is filled from the environment by WithEnv.
+func (c *ClientConfig) RegisterFlags(fs *flag.FlagSet) {
+	fs.Func("etcd-endpoints", "comma-separated etcd endpoints (env SLUICE_ETCD_ENDPOINTS, ETCDCTL_ENDPOINTS, ETCD_ENDPOINTS; default "+DefaultEndpoint+")",
+		func(s string) error { c.Endpoints = SplitEndpoints(s); return nil })
+	fs.StringVar(&c.CACert, "etcd-cacert", c.CACert, "CA certificate file for etcd's TLS (env SLUICE_ETCD_CACERT, ETCDCTL_CACERT, ETCD_CA_CERT_FILE)")
+	fs.StringVar(&c.Cert, "etcd-cert", c.Cert, "client certificate file (env SLUICE_ETCD_CERT, ETCDCTL_CERT, ETCD_CERT_FILE)")
+	fs.StringVar(&c.Key, "etcd-key", c.Key, "client key file (env SLUICE_ETCD_KEY, ETCDCTL_KEY, ETCD_KEY_FILE)")
+	fs.StringVar(&c.Username, "etcd-username", c.Username, "etcd user (env SLUICE_ETCD_USERNAME, ETCDCTL_USER, ETCD_USERNAME)")
+	fs.StringVar(&c.Password, "etcd-password", c.Password, "etcd password (env SLUICE_ETCD_PASSWORD, ETCDCTL_PASSWORD, ETCD_PASSWORD)")
 }

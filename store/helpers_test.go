@@ -17,7 +17,9 @@ func TestMain(m *testing.M) {
 	if etcdtest.ServeChild() {
 		return
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	closeBenchEtcd()
+	os.Exit(code)
 }
 
 // sink records every event the intake delivers and feeds an index.

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strings"
 	"syscall"
 	"time"
 
@@ -52,25 +51,9 @@ var commands = map[string]command{
 }
 
 func (a *app) globalFlags(fs *flag.FlagSet) {
-	endpoints := &endpointsFlag{cfg: &a.etcd}
-	fs.Var(endpoints, "etcd-endpoints", "comma-separated etcd endpoints (env SLUICE_ETCD_ENDPOINTS, ETCDCTL_ENDPOINTS; default "+store.DefaultEndpoint+")")
-	fs.StringVar(&a.etcd.CACert, "etcd-cacert", a.etcd.CACert, "CA certificate file for etcd's TLS (env SLUICE_ETCD_CACERT, ETCDCTL_CACERT)")
-	fs.StringVar(&a.etcd.Cert, "etcd-cert", a.etcd.Cert, "client certificate file (env SLUICE_ETCD_CERT, ETCDCTL_CERT)")
-	fs.StringVar(&a.etcd.Key, "etcd-key", a.etcd.Key, "client key file (env SLUICE_ETCD_KEY, ETCDCTL_KEY)")
-	fs.StringVar(&a.etcd.Username, "etcd-username", a.etcd.Username, "etcd user (env SLUICE_ETCD_USERNAME, ETCDCTL_USER)")
-	fs.StringVar(&a.etcd.Password, "etcd-password", a.etcd.Password, "etcd password (env SLUICE_ETCD_PASSWORD, ETCDCTL_PASSWORD)")
+	a.etcd.RegisterFlags(fs)
 	fs.DurationVar(&a.timeout, "timeout", a.timeout, "how long one command may take talking to etcd")
 }
-
-type endpointsFlag struct{ cfg *store.ClientConfig }
-
-func (e *endpointsFlag) String() string {
-	if e.cfg == nil {
-		return ""
-	}
-	return strings.Join(e.cfg.Endpoints, ",")
-}
-func (e *endpointsFlag) Set(s string) error { e.cfg.Endpoints = store.SplitEndpoints(s); return nil }
 
 // client connects with flags first, then the environment.
 func (a *app) client() (*clientv3.Client, error) {

@@ -1,0 +1,146 @@
+// Command sluiced is the sluice node agent. It watches etcd for the network's intent and keeps
+// this node's kernel matching it. Today it runs the first stage: it reads and follows every key
+// sluice acts on into its index, and reports what it holds; the calculation and dataplane
+// stages plug in behind the same event stream.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/store"
+)
+
+type config struct {
+	etcd      store.ClientConfig
+	nodeName  string
+	logFormat string
+	logLevel  string
+	record    string
+}
+
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c.etcd.RegisterFlags(fs)
+	fs.StringVar(&c.nodeName, "node-name", "", "this node's name as in Calico's Node resources (env SLUICE_NODE_NAME; default the hostname)")
+	fs.StringVar(&c.logFormat, "log-format", "", "json or console (env SLUICE_LOG_FORMAT; default console on a terminal, else json)")
+	fs.StringVar(&c.logLevel, "log-level", "", "debug, info, warn or error (env SLUICE_LOG_LEVEL; default info)")
+	fs.StringVar(&c.record, "record", "", "also record every event to this file as JSON lines (replay with sluicectl replay)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	c.etcd = c.etcd.WithEnv(getenv)
+	if c.nodeName == "" {
+		c.nodeName = getenv("SLUICE_NODE_NAME")
+	}
+	if c.nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("--node-name not set and the hostname is unknown: %w", err)
+		}
+		c.nodeName = h
+	}
+	if c.logFormat == "" {
+		c.logFormat = getenv("SLUICE_LOG_FORMAT")
+	}
+	switch c.logFormat {
+	case "", "json", "console":
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", c.logFormat)
+	}
+	if c.logLevel == "" {
+		c.logLevel = getenv("SLUICE_LOG_LEVEL")
+	}
+	if c.logLevel == "" {
+		c.logLevel = "info"
+	}
+	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	return c, nil
+}
+
+func newLogger(c *config, w *os.File) zerolog.Logger {
+	format := c.logFormat
+	if format == "" {
+		format = "json"
+		if st, err := w.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			format = "console"
+		}
+	}
+	var out io.Writer = w
+	if format == "console" {
+		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	zerolog.TimeFieldFormat = time.RFC3339Nano
+	lvl, _ := zerolog.ParseLevel(c.logLevel)
+	return zerolog.New(out).Level(lvl).With().Timestamp().Str("node", c.nodeName).Logger()
+}
+
+func run(ctx context.Context, c *config, log zerolog.Logger) error {
+	cli, err := c.etcd.New()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	index := store.NewIndex()
+	handlers := store.Fanout{index, &eventLogger{log: log, index: index}}
+	var rec *store.Recorder
+	if c.record != "" {
+		f, err := os.Create(c.record)
+		if err != nil {
+			return fmt.Errorf("opening event log: %w", err)
+		}
+		defer f.Close()
+		rec = store.NewRecorder(f)
+		handlers = append(handlers, rec)
+	}
+	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log)})
+	if err != nil {
+		return err
+	}
+	log.Info().Strs("etcd", c.etcd.Endpoints).Msg("starting")
+	err = intake.Run(ctx)
+	if rec != nil {
+		if ferr := rec.Flush(); ferr != nil {
+			log.Error().Err(ferr).Msg("event log incomplete")
+		}
+	}
+	st := intake.Stats()
+	log.Info().Int64("revision", st.Revision.Load()).Int64("events", st.Events.Load()).
+		Int64("bad_values", st.BadValues.Load()).Int64("retries", st.Retries.Load()).Msg("stopped")
+	if ctx.Err() != nil {
+		return nil // asked to stop
+	}
+	return err
+}
+
+func main() {
+	c, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	if err == flag.ErrHelp {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sluiced: %v\n", err)
+		os.Exit(2)
+	}
+	log := newLogger(c, os.Stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, c, log); err != nil {
+		log.Error().Err(err).Msg("exiting")
+		os.Exit(1)
+	}
+}

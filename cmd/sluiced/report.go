@@ -1,0 +1,72 @@
+package main
+
+import (
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/store"
+)
+
+// reporter logs what the intake meets: every rejected value once (the intake reports each
+// bad version once), and connection trouble as a rate-limited summary instead of a line per
+// retry.
+type reporter struct {
+	log   zerolog.Logger
+	every time.Duration
+	now   func() time.Time
+
+	mu sync.Mutex
+	// Retries since the last summary line, the newest error, and when that line was written.
+	pending     int
+	lastErr     error
+	lastSummary time.Time
+}
+
+func newReporter(log zerolog.Logger) *reporter {
+	return &reporter{log: log, every: 30 * time.Second, now: time.Now}
+}
+
+func (r *reporter) BadValue(err *store.BadValueError) {
+	ev := r.log.Warn().Str("key", err.Key).Str("reason", err.Reason)
+	if err.Field != "" {
+		ev = ev.Str("field", err.Field)
+	}
+	ev.Msg("skipping invalid value")
+}
+
+func (r *reporter) Retry(err error, attempt int, delay time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending++
+	r.lastErr = err
+	now := r.now()
+	if attempt > 1 && now.Sub(r.lastSummary) < r.every {
+		return
+	}
+	r.log.Warn().Err(err).Int("retries", r.pending).Int("attempt", attempt).Dur("next_in", delay).
+		Msg("etcd unavailable; reading again with backoff")
+	r.pending, r.lastSummary = 0, now
+}
+
+// eventLogger logs in-syncs with what the index holds, and each event at debug level.
+type eventLogger struct {
+	log   zerolog.Logger
+	index *store.Index
+}
+
+func (e *eventLogger) OnEvents(batch []store.Event) {
+	for i := range batch {
+		ev := &batch[i]
+		if ev.Type != store.EventInSync {
+			e.log.Debug().Str("event", ev.Type.String()).Str("kind", ev.Kind.String()).Str("key", ev.Key).Int64("revision", ev.Revision).Msg("event")
+			continue
+		}
+		snap := e.index.Snapshot()
+		d := zerolog.Dict()
+		for _, k := range store.Kinds {
+			d = d.Int(k.Plural(), snap.Count(k))
+		}
+		e.log.Info().Int64("revision", ev.Revision).Dict("objects", d).Msg("in sync with etcd")
+	}
+}
