@@ -21,7 +21,6 @@ const (
 	sliceKey = store.EndpointSlicePrefix + "default/web-abc"
 )
 
-
 // eventSummary renders events as "upsert Kind/ID" lines for comparison (in-syncs dropped).
 func eventSummary(evs []store.Event) []string {
 	var out []string
