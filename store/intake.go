@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -151,34 +152,75 @@ func (in *Intake) retry(ctx context.Context, err error, attempt int) {
 	}
 }
 
-// resync reads every prefix at one revision, page by page, emits what differs from what
-// consumers already hold, sweeps keys that vanished, and emits in-sync.
-func (in *Intake) resync(ctx context.Context) (int64, error) {
-	in.gen++
-	var rev int64
+// page is one range response of a resync.
+type page struct {
+	kvs []*mvccpb.KeyValue
+	err error
+}
+
+// fetch reads every prefix at one revision, page by page, into out, and closes it. The first
+// page fixes the revision, stored in *rev before that page is sent. It runs one page ahead of
+// the decoder, so fetching and decoding overlap while at most three pages are alive.
+func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64) {
+	defer close(out)
+	send := func(p page) bool {
+		select {
+		case out <- p:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for _, prefix := range in.cfg.Prefixes {
 		start, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for {
 			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(in.cfg.PageSize)}
-			if rev != 0 {
-				opts = append(opts, clientv3.WithRev(rev))
+			if *rev != 0 {
+				opts = append(opts, clientv3.WithRev(*rev))
 			}
 			resp, err := in.cfg.Client.Get(ctx, start, opts...)
 			if err != nil {
-				return 0, err
+				send(page{err: err})
+				return
 			}
-			if rev == 0 {
-				rev = resp.Header.Revision
+			if *rev == 0 {
+				*rev = resp.Header.Revision
 			}
-			for _, kv := range resp.Kvs {
-				in.observe(string(kv.Key), kv.Value, kv.ModRevision)
+			if !send(page{kvs: resp.Kvs}) {
+				return
 			}
-			in.flush()
 			if !resp.More || len(resp.Kvs) == 0 {
 				break
 			}
 			start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 		}
+	}
+}
+
+// resync reads every prefix at one revision, emits what differs from what consumers already
+// hold, sweeps keys that vanished, and emits in-sync.
+func (in *Intake) resync(ctx context.Context) (int64, error) {
+	in.gen++
+	var rev int64
+	fctx, cancel := context.WithCancel(ctx)
+	pages := make(chan page, 1)
+	go in.fetch(fctx, pages, &rev)
+	defer func() {
+		cancel()
+		for range pages { // let the fetcher finish before returning
+		}
+	}()
+	for p := range pages {
+		if p.err != nil {
+			return 0, p.err
+		}
+		for _, kv := range p.kvs {
+			in.observe(string(kv.Key), kv.Value, kv.ModRevision)
+		}
+		in.flush()
+	}
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
 	}
 	// Sweep: keys consumers hold that the read did not find.
 	var gone []string
