@@ -54,6 +54,9 @@ type IntakeConfig struct {
 	Prefixes []string
 	// PageSize is how many keys one range request returns; default 2000.
 	PageSize int64
+	// RequestTimeout bounds each range request of a resync, so a member that lost quorum
+	// cannot hold a resync forever; default 15 s.
+	RequestTimeout time.Duration
 	// Backoff between failed attempts: doubles from MinBackoff to MaxBackoff, jittered.
 	// Defaults 100 ms and 10 s.
 	MinBackoff, MaxBackoff time.Duration
@@ -93,6 +96,9 @@ func NewIntake(cfg IntakeConfig) (*Intake, error) {
 	}
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = 2000
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 15 * time.Second
 	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = 100 * time.Millisecond
@@ -178,7 +184,9 @@ func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64) {
 			if *rev != 0 {
 				opts = append(opts, clientv3.WithRev(*rev))
 			}
-			resp, err := in.cfg.Client.Get(ctx, start, opts...)
+			rctx, cancel := context.WithTimeout(ctx, in.cfg.RequestTimeout)
+			resp, err := in.cfg.Client.Get(rctx, start, opts...)
+			cancel()
 			if err != nil {
 				send(page{err: err})
 				return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,4 +313,66 @@ func TestIntakeTLSAndAuth(t *testing.T) {
 			t.Fatal("a client without a certificate was accepted")
 		}
 	}
+}
+
+// TestIntakeLostLeader leaves the intake's only member without a leader: the watch must end
+// (WithRequireLeader), the intake retry with bounded, growing backoff, and once quorum is back
+// read again and carry on.
+func TestIntakeLostLeader(t *testing.T) {
+	cl := etcdtest.NewCluster(t, 3)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{cl.Members[2].Endpoint()}})
+	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
+	s, r := newSink(), &delayReporter{}
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: s, Reporter: r, RequestTimeout: 300 * time.Millisecond,
+		MinBackoff: 20 * time.Millisecond, MaxBackoff: 160 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	cl.Members[0].Stop()
+	cl.Members[1].Stop()
+	eventually(t, 20*time.Second, "several retries without a leader", func() bool { return in.Stats().Retries.Load() >= 5 })
+	if in.Stats().InSync.Load() {
+		t.Fatal("intake claims to be in sync with a member that has no leader")
+	}
+	for _, m := range cl.Members[:2] {
+		if err := m.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := put(t, cli, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
+	eventually(t, 30*time.Second, "in sync again with the new node", func() bool {
+		return in.Stats().InSync.Load() && s.index.Snapshot().Get(store.KindNode, "node-a") != nil
+	})
+	if in.Stats().Revision.Load() < last || in.Stats().Resyncs.Load() < 1 {
+		t.Fatalf("revision %d resyncs %d, want >= %d and >= 1", in.Stats().Revision.Load(), in.Stats().Resyncs.Load(), last)
+	}
+	delays := r.get()
+	for i, d := range delays {
+		if d > 160*time.Millisecond || d < 10*time.Millisecond {
+			t.Fatalf("retry %d waited %v, want between MinBackoff/2 and MaxBackoff", i, d)
+		}
+	}
+	if len(delays) >= 5 && delays[4] <= delays[0] {
+		t.Fatalf("backoff does not grow: %v", delays)
+	}
+}
+
+type delayReporter struct {
+	mu     sync.Mutex
+	delays []time.Duration
+}
+
+func (r *delayReporter) BadValue(*store.BadValueError) {}
+func (r *delayReporter) Retry(err error, _ int, d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.delays = append(r.delays, d)
+}
+func (r *delayReporter) get() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Duration(nil), r.delays...)
 }
