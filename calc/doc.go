@@ -1,4 +1,12 @@
-// Package calc will own the pure calculation graph: from the store's events and this node's
-// name it computes the desired routes, blackholes, VTEPs and service NAT state, and emits only
-// what changed. It will do no I/O and start no goroutines. Nothing is implemented yet.
+// Package calc is sluice's pure calculation graph. It takes the store's events, this node's
+// name and the agent's configuration, and computes this node's desired dataplane: routes
+// (local workloads, remote blocks through VXLAN or directly, borrowed addresses, blackholes for
+// local blocks), VTEPs, and service NAT frontends with their backends and health-check ports.
+// It hands the next stage only what changed: nothing before the first in-sync, then one full
+// state, then deltas.
+//
+// It does no I/O and starts no goroutines, takes no locks and reads no clock. Its output depends
+// only on its current inputs, never on the order they arrived in, so replaying an event log
+// always gives the same state. Each change recomputes only the destinations, VTEPs and services
+// that the changed object can touch, so the cost of one change does not grow with the cluster.
 package calc

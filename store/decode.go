@@ -398,7 +398,7 @@ func decodeService(id string, value []byte) (Object, error) {
 		return nil, err
 	}
 	ns, name, _ := strings.Cut(id, "/")
-	s := &Service{Namespace: ns, Name: name}
+	s := &Service{Namespace: ns, Name: name, UID: r.Metadata.UID}
 	var err error
 	switch ServiceType(r.Spec.Type) {
 	case "":

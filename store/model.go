@@ -223,8 +223,10 @@ const DefaultAffinityTimeout = 10800
 
 // Service is a service with its frontends' addresses and ports.
 type Service struct {
-	Namespace             string
-	Name                  string
+	Namespace string
+	Name      string
+	// UID is metadata.uid: it changes when a service is deleted and created again.
+	UID                   string
 	Type                  ServiceType
 	ClusterIPs            []netip.Addr
 	Ports                 []ServicePortSpec

@@ -1,0 +1,373 @@
+package calc
+
+import (
+	"net/netip"
+
+	"github.com/sluice-net/sluice/store"
+)
+
+type set[K comparable] map[K]struct{}
+
+func (s set[K]) add(k K) { s[k] = struct{}{} }
+
+// addTo adds v to the set at m[k], creating it.
+func addTo[K, V comparable](m map[K]set[V], k K, v V) {
+	s := m[k]
+	if s == nil {
+		s = set[V]{}
+		m[k] = s
+	}
+	s[v] = struct{}{}
+}
+
+// removeFrom removes v from the set at m[k], dropping an empty set.
+func removeFrom[K, V comparable](m map[K]set[V], k K, v V) {
+	if s := m[k]; s != nil {
+		delete(s, v)
+		if len(s) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+// Graph holds calc's inputs, the indexes that say which outputs an input touches, and the
+// desired state as last emitted.
+//
+// Hazards that shaped it: a block and its affinity arrive in separate transactions (a block
+// without a confirmed affinity is not ours to blackhole); an address can be borrowed across
+// nodes both ways; a node's own address moving subnet flips every CrossSubnet route, so it is
+// the one change allowed to touch everything.
+type Graph struct {
+	cfg Config
+
+	// Inputs, by ID.
+	pools      map[string]*store.IPPool
+	nodes      map[string]*store.Node
+	blocks     map[netip.Prefix]*store.Block
+	affinities map[string]*store.BlockAffinity
+	weps       map[string]*store.WorkloadEndpoint
+	services   map[string]*store.Service
+	slices     map[string]*store.EndpointSlice
+
+	// Indexes from an input to what it touches.
+	blocksByNode    map[string]set[netip.Prefix]
+	wepsByNet       map[netip.Prefix]set[string]
+	wepsByNode      map[string]set[string]
+	tunnelsByAddr   map[netip.Addr]set[string]
+	slicesByService map[string]set[string]
+	blockBits       map[int]int // prefix lengths of known blocks, with counts, for longest match
+
+	// What needs recomputing.
+	dirtyDst  set[netip.Prefix]
+	dirtyVTEP set[string]
+	dirtySvc  set[string]
+
+	// Desired state as last computed.
+	routes    map[netip.Prefix]Route
+	vteps     map[VTEPKey]VTEP
+	svcKeys   map[string][]FrontendKey // frontends each service claims
+	svcHealth map[string]uint16        // health-check port each service claims
+	claims    map[FrontendKey]map[string]Frontend
+	frontends map[FrontendKey]Frontend
+	hcClaims  map[uint16]map[string]HealthCheck
+	health    map[uint16]HealthCheck
+	problems  map[string]string
+
+	inSync  bool
+	emitted bool
+	pending pendingOps
+}
+
+// New returns an empty graph for cfg.
+func New(cfg Config) (*Graph, error) {
+	if err := cfg.normalise(); err != nil {
+		return nil, err
+	}
+	return &Graph{
+		cfg:             cfg,
+		pools:           map[string]*store.IPPool{},
+		nodes:           map[string]*store.Node{},
+		blocks:          map[netip.Prefix]*store.Block{},
+		affinities:      map[string]*store.BlockAffinity{},
+		weps:            map[string]*store.WorkloadEndpoint{},
+		services:        map[string]*store.Service{},
+		slices:          map[string]*store.EndpointSlice{},
+		blocksByNode:    map[string]set[netip.Prefix]{},
+		wepsByNet:       map[netip.Prefix]set[string]{},
+		wepsByNode:      map[string]set[string]{},
+		tunnelsByAddr:   map[netip.Addr]set[string]{},
+		slicesByService: map[string]set[string]{},
+		blockBits:       map[int]int{},
+		dirtyDst:        set[netip.Prefix]{},
+		dirtyVTEP:       set[string]{},
+		dirtySvc:        set[string]{},
+		routes:          map[netip.Prefix]Route{},
+		vteps:           map[VTEPKey]VTEP{},
+		svcKeys:         map[string][]FrontendKey{},
+		svcHealth:       map[string]uint16{},
+		claims:          map[FrontendKey]map[string]Frontend{},
+		frontends:       map[FrontendKey]Frontend{},
+		hcClaims:        map[uint16]map[string]HealthCheck{},
+		health:          map[uint16]HealthCheck{},
+		problems:        map[string]string{},
+	}, nil
+}
+
+// Config returns the graph's configuration.
+func (g *Graph) Config() Config { return g.cfg }
+
+// OnEvents takes a batch of store events and returns what changed in the desired state: nil
+// before the first in-sync and whenever nothing changed, a full state at the first in-sync,
+// deltas after.
+func (g *Graph) OnEvents(batch []store.Event) *Update {
+	for i := range batch {
+		g.apply(&batch[i])
+	}
+	if !g.inSync {
+		return nil
+	}
+	g.recompute()
+	if !g.emitted {
+		g.emitted = true
+		g.pending = pendingOps{}
+		return g.fullUpdate()
+	}
+	return g.pending.take()
+}
+
+func (g *Graph) apply(ev *store.Event) {
+	if ev.Type == store.EventInSync {
+		g.inSync = true
+		return
+	}
+	var obj store.Object
+	if ev.Type == store.EventUpsert {
+		obj = ev.Object
+	}
+	switch ev.Kind {
+	case store.KindIPPool:
+		g.onPool(ev.ID, asType[*store.IPPool](obj))
+	case store.KindNode:
+		g.onNode(ev.ID, asType[*store.Node](obj))
+	case store.KindBlock:
+		p, err := netip.ParsePrefix(ev.ID)
+		if err == nil {
+			g.onBlock(p, asType[*store.Block](obj))
+		}
+	case store.KindBlockAffinity:
+		g.onAffinity(ev.ID, asType[*store.BlockAffinity](obj))
+	case store.KindWorkloadEndpoint:
+		g.onWEP(ev.ID, asType[*store.WorkloadEndpoint](obj))
+	case store.KindService:
+		g.onService(ev.ID, asType[*store.Service](obj))
+	case store.KindEndpointSlice:
+		g.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
+	}
+}
+
+func asType[T store.Object](o store.Object) T {
+	t, _ := o.(T)
+	return t
+}
+
+func (g *Graph) isLocal(node string) bool { return node == g.cfg.NodeName }
+
+// markBlockContents marks every address of a block whose route may depend on the block:
+// workload addresses (borrowed or not) and tunnel addresses.
+func (g *Graph) markBlockContents(cidr netip.Prefix) {
+	n := store.BlockSlots(cidr)
+	a := cidr.Addr()
+	for range n {
+		single := netip.PrefixFrom(a, a.BitLen())
+		if _, ok := g.wepsByNet[single]; ok {
+			g.dirtyDst.add(single)
+		}
+		if _, ok := g.tunnelsByAddr[a]; ok {
+			g.dirtyDst.add(single)
+		}
+		a = a.Next()
+	}
+}
+
+func (g *Graph) onPool(id string, p *store.IPPool) {
+	old := g.pools[id]
+	if p == nil {
+		delete(g.pools, id)
+	} else {
+		g.pools[id] = p
+	}
+	// A pool decides the route of every block inside it, and of borrowed addresses there.
+	for _, q := range []*store.IPPool{old, p} {
+		if q == nil {
+			continue
+		}
+		g.dirtyDst.add(q.CIDR)
+		for cidr := range g.blocks {
+			if q.CIDR.Overlaps(cidr) {
+				g.dirtyDst.add(cidr)
+				g.markBlockContents(cidr)
+			}
+		}
+		for net := range g.wepsByNet {
+			if q.CIDR.Contains(net.Addr()) {
+				g.dirtyDst.add(net)
+			}
+		}
+	}
+	if p != nil && p.IPIPMode != store.EncapNever {
+		g.problem("pool/"+id, "IPIP encapsulation is not supported: remote blocks in this pool get no route; local blocks are still blackholed")
+	} else {
+		delete(g.problems, "pool/"+id)
+	}
+}
+
+func (g *Graph) onNode(id string, n *store.Node) {
+	old := g.nodes[id]
+	if n == nil {
+		delete(g.nodes, id)
+	} else {
+		g.nodes[id] = n
+	}
+	for _, m := range []*store.Node{old, n} {
+		if m == nil {
+			continue
+		}
+		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
+			if a.IsValid() {
+				g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+	}
+	for _, m := range []*store.Node{old} {
+		if m == nil {
+			continue
+		}
+		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
+			if a.IsValid() {
+				removeFrom(g.tunnelsByAddr, a, id)
+			}
+		}
+	}
+	if n != nil {
+		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr} {
+			if a.IsValid() {
+				addTo(g.tunnelsByAddr, a, id)
+			}
+		}
+	}
+	g.dirtyVTEP.add(id)
+	if g.isLocal(id) {
+		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
+		for cidr := range g.blocks {
+			g.dirtyDst.add(cidr)
+		}
+		for net := range g.wepsByNet {
+			g.dirtyDst.add(net)
+		}
+		for a := range g.tunnelsByAddr {
+			g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
+		}
+		for sid, s := range g.services {
+			if s.Type != store.ServiceClusterIP {
+				g.dirtySvc.add(sid)
+			}
+		}
+		return
+	}
+	for cidr := range g.blocksByNode[id] {
+		g.dirtyDst.add(cidr)
+	}
+	for wid := range g.wepsByNode[id] {
+		for _, net := range g.weps[wid].IPNetworks {
+			g.dirtyDst.add(net)
+		}
+	}
+}
+
+func (g *Graph) onBlock(cidr netip.Prefix, b *store.Block) {
+	old := g.blocks[cidr]
+	if old != nil {
+		removeFrom(g.blocksByNode, old.AffinityNode, cidr)
+		if g.blockBits[cidr.Bits()]--; g.blockBits[cidr.Bits()] == 0 {
+			delete(g.blockBits, cidr.Bits())
+		}
+	}
+	if b == nil {
+		delete(g.blocks, cidr)
+	} else {
+		g.blocks[cidr] = b
+		addTo(g.blocksByNode, b.AffinityNode, cidr)
+		g.blockBits[cidr.Bits()]++
+	}
+	g.dirtyDst.add(cidr)
+	// Which node a block is affine to decides whether the addresses in it are borrowed.
+	if old == nil || b == nil || old.AffinityNode != b.AffinityNode {
+		g.markBlockContents(cidr)
+	}
+}
+
+func (g *Graph) onAffinity(id string, a *store.BlockAffinity) {
+	old := g.affinities[id]
+	if a == nil {
+		delete(g.affinities, id)
+	} else {
+		g.affinities[id] = a
+	}
+	for _, x := range []*store.BlockAffinity{old, a} {
+		if x != nil {
+			g.dirtyDst.add(x.CIDR)
+		}
+	}
+}
+
+func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
+	if old := g.weps[id]; old != nil {
+		for _, net := range old.IPNetworks {
+			removeFrom(g.wepsByNet, net, id)
+			g.dirtyDst.add(net)
+		}
+		removeFrom(g.wepsByNode, old.Node, id)
+	}
+	if w == nil {
+		delete(g.weps, id)
+		return
+	}
+	g.weps[id] = w
+	for _, net := range w.IPNetworks {
+		addTo(g.wepsByNet, net, id)
+		g.dirtyDst.add(net)
+	}
+	addTo(g.wepsByNode, w.Node, id)
+}
+
+func (g *Graph) onService(id string, s *store.Service) {
+	if s == nil {
+		delete(g.services, id)
+	} else {
+		g.services[id] = s
+	}
+	g.dirtySvc.add(id)
+}
+
+func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
+	if old := g.slices[id]; old != nil {
+		removeFrom(g.slicesByService, old.ServiceID(), id)
+		g.dirtySvc.add(old.ServiceID())
+	}
+	if e == nil {
+		delete(g.slices, id)
+		return
+	}
+	g.slices[id] = e
+	addTo(g.slicesByService, e.ServiceID(), id)
+	g.dirtySvc.add(e.ServiceID())
+}
+
+// problem records something calc cannot act on; it is reported once, in the next update.
+func (g *Graph) problem(key, reason string) {
+	if g.problems[key] == reason {
+		return
+	}
+	g.problems[key] = reason
+	g.pending.problems = append(g.pending.problems, Problem{Key: key, Reason: reason})
+}

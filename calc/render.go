@@ -1,0 +1,86 @@
+package calc
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
+)
+
+// MarshalJSON writes the MAC in its usual colon form.
+func (v VTEP) MarshalJSON() ([]byte, error) {
+	type plain VTEP
+	return json.Marshal(struct {
+		plain
+		MAC string
+	}{plain(v), v.MAC.String()})
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func addrOrDash(a netip.Addr) string {
+	if !a.IsValid() {
+		return "-"
+	}
+	return a.String()
+}
+
+// WriteText prints the state as readable tables, one section per kind of object.
+func (s *State) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "VTEPS (%d)\n", len(s.VTEPs))
+	fmt.Fprintln(tw, "NODE\tTUNNEL\tMAC\tUNDERLAY\tLOCAL")
+	for _, v := range s.VTEPs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", v.Node, v.TunnelAddr, v.MAC, v.Underlay, v.Local)
+	}
+	fmt.Fprintf(tw, "\nROUTES (%d)\n", len(s.Routes))
+	fmt.Fprintln(tw, "DESTINATION\tTYPE\tVIA\tDEVICE\tONLINK\tMETRIC\tREASON\tNODE")
+	for _, r := range s.Routes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", r.Dst, r.Type, addrOrDash(r.Gateway), orDash(r.Device), r.OnLink, r.Metric, r.Reason, orDash(r.Node))
+	}
+	fmt.Fprintf(tw, "\nFRONTENDS (%d)\n", len(s.Frontends))
+	fmt.Fprintln(tw, "FRONTEND\tKIND\tSERVICE\tFLAGS\tLOCAL\tBACKENDS")
+	for _, f := range s.Frontends {
+		var flags []string
+		if f.ExternalLocal {
+			flags = append(flags, "external-local")
+		}
+		if f.InternalLocal {
+			flags = append(flags, "internal-local")
+		}
+		if f.AffinityTimeout != 0 {
+			flags = append(flags, fmt.Sprintf("affinity=%ds", f.AffinityTimeout))
+		}
+		for _, r := range f.SourceRanges {
+			flags = append(flags, "source="+r.String())
+		}
+		var bs []string
+		for _, b := range f.Backends {
+			t := ""
+			if b.Terminating {
+				t = "(terminating)"
+			}
+			bs = append(bs, fmt.Sprintf("%s@%s%s", netip.AddrPortFrom(b.Addr, b.Port), orDash(b.Node), t))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", f.Key, f.Kind, f.Service, orDash(strings.Join(flags, ",")), f.LocalBackends, orDash(strings.Join(bs, " ")))
+	}
+	fmt.Fprintf(tw, "\nHEALTH CHECKS (%d)\n", len(s.HealthChecks))
+	fmt.Fprintln(tw, "PORT\tSERVICE\tLOCAL-ENDPOINTS")
+	for _, h := range s.HealthChecks {
+		fmt.Fprintf(tw, "%d\t%s\t%d\n", h.Port, h.Service, h.LocalEndpoints)
+	}
+	if len(s.Problems) > 0 {
+		fmt.Fprintf(tw, "\nPROBLEMS (%d)\n", len(s.Problems))
+		for _, p := range s.Problems {
+			fmt.Fprintf(tw, "%s\t%s\n", p.Key, p.Reason)
+		}
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,204 @@
+package calc
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/store"
+)
+
+// blockFor returns the most specific known block holding a, or nil.
+func (g *Graph) blockFor(a netip.Addr) *store.Block {
+	best := -1
+	var found *store.Block
+	for bits := range g.blockBits {
+		if bits <= best || bits > a.BitLen() {
+			continue
+		}
+		p, _ := a.Prefix(bits)
+		if b := g.blocks[p]; b != nil {
+			best, found = bits, b
+		}
+	}
+	return found
+}
+
+// poolFor returns the most specific pool holding p, or nil. Pools are few.
+func (g *Graph) poolFor(p netip.Prefix) *store.IPPool {
+	var found *store.IPPool
+	for _, pool := range g.pools {
+		if pool.CIDR.Bits() <= p.Bits() && pool.CIDR.Contains(p.Addr()) {
+			if found == nil || pool.CIDR.Bits() > found.CIDR.Bits() || (pool.CIDR.Bits() == found.CIDR.Bits() && pool.Name < found.Name) {
+				found = pool
+			}
+		}
+	}
+	return found
+}
+
+// underlay returns a node's underlay address (with its subnet) for the family of a.
+func underlay(n *store.Node, a netip.Addr) netip.Prefix {
+	if a.Is4() {
+		return n.IPv4Address
+	}
+	return n.IPv6Address
+}
+
+func tunnelAddr(n *store.Node, a netip.Addr) netip.Addr {
+	if a.Is4() {
+		return n.IPv4VXLANTunnelAddr
+	}
+	return n.IPv6VXLANTunnelAddr
+}
+
+// remoteRoute is the route for dst, held by remote node, in pool (nil: no pool, no
+// encapsulation): through VXLAN when the pool says so, else directly to the node's underlay
+// address over the parent interface.
+func (g *Graph) remoteRoute(dst netip.Prefix, node string, pool *store.IPPool, reason RouteReason) (Route, bool) {
+	n := g.nodes[node]
+	if n == nil {
+		return Route{}, false
+	}
+	mode := store.EncapNever
+	if pool != nil {
+		if pool.IPIPMode != store.EncapNever {
+			return Route{}, false // unsupported; reported once per pool
+		}
+		mode = pool.VXLANMode
+	}
+	them := underlay(n, dst.Addr())
+	vxlan := mode == store.EncapAlways
+	if mode == store.EncapCrossSubnet {
+		var us netip.Prefix
+		if self := g.nodes[g.cfg.NodeName]; self != nil {
+			us = underlay(self, dst.Addr())
+		}
+		vxlan = !us.IsValid() || !them.IsValid() || !us.Masked().Contains(them.Addr())
+	}
+	if vxlan {
+		t := tunnelAddr(n, dst.Addr())
+		if !g.cfg.VXLAN || !t.IsValid() || !them.IsValid() {
+			return Route{}, false
+		}
+		return Route{Dst: dst, Type: RouteUnicast, Device: g.cfg.VXLANDevice, Gateway: t, OnLink: true, Reason: reason, Node: node}, true
+	}
+	if !them.IsValid() {
+		return Route{}, false
+	}
+	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: them.Addr(), OnLink: true, Reason: reason, Node: node}, true
+}
+
+// computeRoute decides the route for one destination from scratch, from current inputs only.
+func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
+	single := dst.IsSingleIP()
+	if single {
+		if ids := g.wepsByNet[dst]; len(ids) > 0 {
+			if r, ok := g.workloadRoute(dst, ids); ok {
+				return r, true
+			}
+		}
+		if r, ok := g.tunnelRoute(dst); ok {
+			return r, true
+		}
+	}
+	if b := g.blocks[dst]; b != nil && g.cfg.RouteSource == SourceCalicoIPAM {
+		if r, ok := g.blockRoute(b); ok {
+			return r, true
+		}
+	}
+	if g.cfg.PoolBlackholes {
+		for _, p := range g.pools {
+			if p.CIDR == dst {
+				return Route{Dst: dst, Type: g.cfg.BlackholeType, Metric: g.cfg.PoolBlackholeMetric, Reason: ReasonPool}, true
+			}
+		}
+	}
+	return Route{}, false
+}
+
+// workloadRoute: a local workload's address goes to its interface; a remote one gets its own
+// route when it is borrowed (or always, when routes come from workloads).
+func (g *Graph) workloadRoute(dst netip.Prefix, ids set[string]) (Route, bool) {
+	sorted := make([]string, 0, len(ids))
+	for id := range ids {
+		sorted = append(sorted, id)
+	}
+	slices.Sort(sorted)
+	for _, id := range sorted {
+		if w := g.weps[id]; g.isLocal(w.Node) {
+			return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonLocalWorkload}, true
+		}
+	}
+	w := g.weps[sorted[0]]
+	if g.cfg.RouteSource == SourceWorkloadIPs {
+		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload)
+	}
+	if b := g.blockFor(dst.Addr()); b == nil || b.AffinityNode != w.Node {
+		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonBorrowed)
+	}
+	return Route{}, false
+}
+
+// tunnelRoute: a remote node's tunnel address that is not inside its own block needs a
+// route of its own through VXLAN.
+func (g *Graph) tunnelRoute(dst netip.Prefix) (Route, bool) {
+	names := g.tunnelsByAddr[dst.Addr()]
+	if len(names) == 0 || !g.cfg.VXLAN {
+		return Route{}, false
+	}
+	sorted := make([]string, 0, len(names))
+	for n := range names {
+		sorted = append(sorted, n)
+	}
+	slices.Sort(sorted)
+	node := sorted[0]
+	if g.isLocal(node) {
+		return Route{}, false
+	}
+	if b := g.blockFor(dst.Addr()); b != nil && b.AffinityNode == node && g.cfg.RouteSource == SourceCalicoIPAM {
+		return Route{}, false // the block route covers it
+	}
+	n := g.nodes[node]
+	if !underlay(n, dst.Addr()).IsValid() {
+		return Route{}, false
+	}
+	return Route{Dst: dst, Type: RouteUnicast, Device: g.cfg.VXLANDevice, Gateway: dst.Addr(), OnLink: true, Reason: ReasonRemoteTunnel, Node: node}, true
+}
+
+// blockRoute: a local block with a confirmed affinity is blackholed (but not a single-address
+// block: its workload's own route is the whole block); a remote block in an enabled pool is
+// routed to its node.
+func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
+	if b.AffinityNode == "" || b.Deleted {
+		return Route{}, false
+	}
+	if g.isLocal(b.AffinityNode) {
+		a := g.affinities[b.AffinityNode+"/"+b.CIDR.String()]
+		if a == nil || a.Deleted || a.State != store.AffinityConfirmed || b.CIDR.IsSingleIP() {
+			return Route{}, false
+		}
+		return Route{Dst: b.CIDR, Type: g.cfg.BlackholeType, Metric: g.cfg.BlackholeMetric, Reason: ReasonLocalBlock}, true
+	}
+	pool := g.poolFor(b.CIDR)
+	if pool == nil || pool.Disabled {
+		return Route{}, false
+	}
+	return g.remoteRoute(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock)
+}
+
+// recomputeRoutes recomputes every dirty destination and records what changed.
+func (g *Graph) recomputeRoutes() {
+	for dst := range g.dirtyDst {
+		r, ok := g.computeRoute(dst)
+		old, had := g.routes[dst]
+		switch {
+		case ok && (!had || old != r):
+			g.routes[dst] = r
+			g.pending.routeSets = append(g.pending.routeSets, r)
+		case !ok && had:
+			delete(g.routes, dst)
+			g.pending.routeDels = append(g.pending.routeDels, old)
+		}
+	}
+	clear(g.dirtyDst)
+}

@@ -1,0 +1,285 @@
+package calc
+
+import (
+	"cmp"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/store"
+)
+
+// ServiceID is a service's identity for the NAT tables: a 64-bit FNV-1a hash of its namespace,
+// name and uid. It is the same for the life of the service (a re-created service has a new
+// uid) and after any restart, with no state kept, and at 64 bits two services do not collide
+// in practice.
+func ServiceID(s *store.Service) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s.Namespace + "/" + s.Name + "/" + s.UID))
+	return h.Sum64()
+}
+
+// endpointSets holds a service port's endpoints, split as kube-proxy splits them: the set for
+// cluster-wide traffic and the set for node-local traffic, each with the terminating fallback.
+type endpointSets struct {
+	cluster, local []Backend
+}
+
+// backendsFor picks the endpoints of one service port across all the service's slices.
+func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
+	ids := make([]string, 0, len(g.slicesByService[svcID]))
+	for id := range g.slicesByService[svcID] {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	type cand struct {
+		b     Backend
+		ready bool
+		// usable only as a fallback: serving and terminating
+		fallback bool
+	}
+	var all []cand
+	seen := map[netip.AddrPort]bool{}
+	for _, id := range ids {
+		es := g.slices[id]
+		var port uint16
+		for _, p := range es.Ports {
+			if p.Name == sp.Name && p.Protocol == sp.Protocol {
+				port = p.Port
+				break
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			if !ep.Ready && !(ep.Serving && ep.Terminating) {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				ap := netip.AddrPortFrom(a, port)
+				if seen[ap] {
+					continue
+				}
+				seen[ap] = true
+				all = append(all, cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, Terminating: !ep.Ready}, ready: ep.Ready, fallback: !ep.Ready})
+			}
+		}
+	}
+	pick := func(local bool) []Backend {
+		var ready, fallback []Backend
+		for _, c := range all {
+			if local && !g.isLocal(c.b.Node) {
+				continue
+			}
+			if c.ready {
+				ready = append(ready, c.b)
+			} else {
+				fallback = append(fallback, c.b)
+			}
+		}
+		out := ready
+		if len(out) == 0 {
+			out = fallback
+		}
+		slices.SortFunc(out, func(a, b Backend) int {
+			if c := a.Addr.Compare(b.Addr); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Port, b.Port)
+		})
+		return out
+	}
+	return endpointSets{cluster: pick(false), local: pick(true)}
+}
+
+// ordered returns the backends of family: the local set first, then the rest of the
+// cluster set, and how many are local.
+func (e endpointSets) ordered(is4 bool) ([]Backend, int) {
+	var out []Backend
+	in := map[netip.AddrPort]bool{}
+	for _, b := range e.local {
+		if b.Addr.Is4() == is4 {
+			out = append(out, b)
+			in[netip.AddrPortFrom(b.Addr, b.Port)] = true
+		}
+	}
+	n := len(out)
+	for _, b := range e.cluster {
+		if b.Addr.Is4() == is4 && !in[netip.AddrPortFrom(b.Addr, b.Port)] {
+			out = append(out, b)
+		}
+	}
+	return out, n
+}
+
+// computeService returns the frontends and health check a service wants on this node.
+func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
+	s := g.services[id]
+	if s == nil {
+		return nil, nil
+	}
+	sid := ServiceID(s)
+	extLocal := s.ExternalTrafficPolicy == store.PolicyLocal
+	var nodeAddrs []netip.Addr
+	if self := g.nodes[g.cfg.NodeName]; self != nil && s.Type != store.ServiceClusterIP {
+		for _, p := range []netip.Prefix{self.IPv4Address, self.IPv6Address} {
+			if p.IsValid() {
+				nodeAddrs = append(nodeAddrs, p.Addr())
+			}
+		}
+	}
+	var out []Frontend
+	localReady := 0
+	for _, sp := range s.Ports {
+		sets := g.backendsFor(id, sp)
+		for _, b := range sets.local {
+			if !b.Terminating {
+				localReady++
+			}
+		}
+		add := func(a netip.Addr, kind FrontendKind, port uint16) {
+			bs, n := sets.ordered(a.Is4())
+			f := Frontend{Key: FrontendKey{Addr: a, Port: port, Protocol: sp.Protocol}, Kind: kind, Service: id, ServiceID: sid,
+				PortName: sp.Name, AffinityTimeout: s.AffinityTimeout, Backends: bs, LocalBackends: n}
+			switch kind {
+			case FrontendClusterIP:
+				f.InternalLocal = s.InternalTrafficPolicy == store.PolicyLocal
+			case FrontendLoadBalancer:
+				f.ExternalLocal = extLocal
+				f.SourceRanges = s.LoadBalancerSourceRanges
+			default:
+				f.ExternalLocal = extLocal
+			}
+			out = append(out, f)
+		}
+		for _, a := range s.ClusterIPs {
+			add(a, FrontendClusterIP, sp.Port)
+		}
+		for _, a := range s.ExternalIPs {
+			add(a, FrontendExternalIP, sp.Port)
+		}
+		for _, a := range s.LoadBalancerIPs {
+			add(a, FrontendLoadBalancer, sp.Port)
+		}
+		if sp.NodePort != 0 && s.Type != store.ServiceClusterIP {
+			families := map[bool]bool{}
+			for _, a := range nodeAddrs {
+				add(a, FrontendNodePort, sp.NodePort)
+				families[a.Is4()] = true
+			}
+			if families[true] || len(nodeAddrs) == 0 {
+				add(netip.IPv4Unspecified(), FrontendNodePort, sp.NodePort)
+			}
+			if families[false] {
+				add(netip.IPv6Unspecified(), FrontendNodePort, sp.NodePort)
+			}
+		}
+	}
+	var hc *HealthCheck
+	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
+		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id, LocalEndpoints: localReady}
+	}
+	return out, hc
+}
+
+func frontendEqual(a, b Frontend) bool {
+	return a.Key == b.Key && a.Kind == b.Kind && a.Service == b.Service && a.ServiceID == b.ServiceID && a.PortName == b.PortName &&
+		a.ExternalLocal == b.ExternalLocal && a.InternalLocal == b.InternalLocal && a.AffinityTimeout == b.AffinityTimeout &&
+		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends
+}
+
+// recomputeServices recomputes dirty services; where two services claim one frontend or
+// health-check port, the one whose "namespace/name" sorts first wins and the clash is reported.
+func (g *Graph) recomputeServices() {
+	dirtyKeys := set[FrontendKey]{}
+	dirtyHC := set[uint16]{}
+	for id := range g.dirtySvc {
+		for _, k := range g.svcKeys[id] {
+			if c := g.claims[k]; c != nil {
+				delete(c, id)
+				if len(c) == 0 {
+					delete(g.claims, k)
+				}
+			}
+			dirtyKeys.add(k)
+		}
+		delete(g.svcKeys, id)
+		if p, ok := g.svcHealth[id]; ok {
+			if c := g.hcClaims[p]; c != nil {
+				delete(c, id)
+				if len(c) == 0 {
+					delete(g.hcClaims, p)
+				}
+			}
+			dirtyHC.add(p)
+			delete(g.svcHealth, id)
+		}
+		fes, hc := g.computeService(id)
+		keys := make([]FrontendKey, 0, len(fes))
+		for _, f := range fes {
+			c := g.claims[f.Key]
+			if c == nil {
+				c = map[string]Frontend{}
+				g.claims[f.Key] = c
+			}
+			c[id] = f
+			keys = append(keys, f.Key)
+			dirtyKeys.add(f.Key)
+		}
+		if len(keys) > 0 {
+			g.svcKeys[id] = keys
+		}
+		if hc != nil {
+			c := g.hcClaims[hc.Port]
+			if c == nil {
+				c = map[string]HealthCheck{}
+				g.hcClaims[hc.Port] = c
+			}
+			c[id] = *hc
+			g.svcHealth[id] = hc.Port
+			dirtyHC.add(hc.Port)
+		}
+	}
+	clear(g.dirtySvc)
+	for k := range dirtyKeys {
+		f, ok := winner(g.claims[k])
+		if len(g.claims[k]) > 1 {
+			g.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
+		} else {
+			delete(g.problems, "frontend/"+k.String())
+		}
+		old, had := g.frontends[k]
+		switch {
+		case ok && (!had || !frontendEqual(old, f)):
+			g.frontends[k] = f
+			g.pending.frontendSets = append(g.pending.frontendSets, f)
+		case !ok && had:
+			delete(g.frontends, k)
+			g.pending.frontendDels = append(g.pending.frontendDels, old)
+		}
+	}
+	for p := range dirtyHC {
+		h, ok := winner(g.hcClaims[p])
+		old, had := g.health[p]
+		switch {
+		case ok && (!had || old != h):
+			g.health[p] = h
+			g.pending.healthSets = append(g.pending.healthSets, h)
+		case !ok && had:
+			delete(g.health, p)
+			g.pending.healthDels = append(g.pending.healthDels, old)
+		}
+	}
+}
+
+func winner[T any](claims map[string]T) (T, bool) {
+	var best string
+	var v T
+	for id, c := range claims {
+		if best == "" || id < best {
+			best, v = id, c
+		}
+	}
+	return v, best != ""
+}

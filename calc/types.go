@@ -1,0 +1,232 @@
+package calc
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/sluice-net/sluice/store"
+)
+
+// RouteSource says where routes come from.
+type RouteSource string
+
+// Route sources.
+const (
+	// SourceCalicoIPAM: routes come from IPAM blocks and their affinities.
+	SourceCalicoIPAM RouteSource = "CalicoIPAM"
+	// SourceWorkloadIPs: routes come from workload endpoints (OpenStack, no blocks).
+	SourceWorkloadIPs RouteSource = "WorkloadIPs"
+)
+
+// RouteType is the kernel route type.
+type RouteType string
+
+// Route types.
+const (
+	RouteUnicast     RouteType = "unicast"
+	RouteBlackhole   RouteType = "blackhole"
+	RouteUnreachable RouteType = "unreachable"
+	RouteProhibit    RouteType = "prohibit"
+)
+
+// ParentDevice stands for the interface that holds this node's underlay address; the
+// dataplane resolves it.
+const ParentDevice = "@parent"
+
+// Config is the agent's configuration as far as calc is concerned.
+type Config struct {
+	NodeName    string
+	RouteSource RouteSource
+	VXLAN       bool
+	// VXLANDevice is the name of sluice's VXLAN device.
+	VXLANDevice string
+	// BlackholeType is the type of the routes for local blocks: blackhole, unreachable or prohibit.
+	BlackholeType RouteType
+	// BlackholeMetric is the metric of local-block blackholes (high, so an operator's route wins).
+	BlackholeMetric int
+	// PoolBlackholes adds a lowest-priority blackhole for each whole pool (off by default: a
+	// pool may share its range with other address users).
+	PoolBlackholes bool
+	// PoolBlackholeMetric is the metric of pool blackholes; default BlackholeMetric+1.
+	PoolBlackholeMetric int
+}
+
+// DefaultConfig returns the defaults for node.
+func DefaultConfig(node string) Config {
+	return Config{NodeName: node, RouteSource: SourceCalicoIPAM, VXLAN: true, VXLANDevice: "vxlan.sluice",
+		BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
+}
+
+func (c *Config) normalise() error {
+	if c.NodeName == "" {
+		return fmt.Errorf("calc: node name is required")
+	}
+	switch c.RouteSource {
+	case "":
+		c.RouteSource = SourceCalicoIPAM
+	case SourceCalicoIPAM, SourceWorkloadIPs:
+	default:
+		return fmt.Errorf("calc: route source %q: want CalicoIPAM or WorkloadIPs", c.RouteSource)
+	}
+	switch c.BlackholeType {
+	case "":
+		c.BlackholeType = RouteBlackhole
+	case RouteBlackhole, RouteUnreachable, RouteProhibit:
+	default:
+		return fmt.Errorf("calc: blackhole type %q: want blackhole, unreachable or prohibit", c.BlackholeType)
+	}
+	if c.VXLANDevice == "" {
+		c.VXLANDevice = "vxlan.sluice"
+	}
+	if c.BlackholeMetric == 0 {
+		c.BlackholeMetric = 1024
+	}
+	if c.PoolBlackholeMetric == 0 {
+		c.PoolBlackholeMetric = c.BlackholeMetric + 1
+	}
+	return nil
+}
+
+// RouteReason says why a route is wanted; it is shown to people and does not reach the kernel.
+type RouteReason string
+
+// Route reasons.
+const (
+	ReasonLocalWorkload  RouteReason = "local-workload"
+	ReasonRemoteBlock    RouteReason = "remote-block"
+	ReasonBorrowed       RouteReason = "borrowed"
+	ReasonRemoteTunnel   RouteReason = "remote-tunnel"
+	ReasonRemoteWorkload RouteReason = "remote-workload"
+	ReasonLocalBlock     RouteReason = "local-block"
+	ReasonPool           RouteReason = "pool"
+)
+
+// Route is one desired route in sluice's table.
+type Route struct {
+	Dst     netip.Prefix
+	Type    RouteType
+	Device  string
+	Gateway netip.Addr
+	OnLink  bool
+	Metric  int
+	Reason  RouteReason
+	// Node is the node the route leads to ("" for local routes and blackholes).
+	Node string
+}
+
+func (r Route) String() string {
+	var b strings.Builder
+	if r.Type != RouteUnicast {
+		b.WriteString(string(r.Type) + " ")
+	}
+	b.WriteString(r.Dst.String())
+	if r.Gateway.IsValid() {
+		b.WriteString(" via " + r.Gateway.String())
+	}
+	if r.Device != "" {
+		b.WriteString(" dev " + r.Device)
+	}
+	if r.OnLink {
+		b.WriteString(" onlink")
+	}
+	if r.Metric != 0 {
+		fmt.Fprintf(&b, " metric %d", r.Metric)
+	}
+	return b.String()
+}
+
+// VTEP is a VXLAN tunnel endpoint: a node's tunnel address and MAC, reached at its underlay
+// address. Local is true for this node's own VTEP (the device's address and MAC).
+type VTEP struct {
+	Node       string
+	TunnelAddr netip.Addr
+	MAC        net.HardwareAddr
+	Underlay   netip.Addr
+	Local      bool
+}
+
+// VTEPKey identifies a VTEP: a node and an address family.
+type VTEPKey struct {
+	Node string
+	IPv6 bool
+}
+
+// Key returns the VTEP's key.
+func (v VTEP) Key() VTEPKey { return VTEPKey{Node: v.Node, IPv6: v.TunnelAddr.Is6()} }
+
+func (v VTEP) String() string {
+	l := ""
+	if v.Local {
+		l = " (local)"
+	}
+	return fmt.Sprintf("%s %s mac %s underlay %s%s", v.Node, v.TunnelAddr, v.MAC, v.Underlay, l)
+}
+
+// FrontendKind says how a frontend address is reached.
+type FrontendKind string
+
+// Frontend kinds.
+const (
+	FrontendClusterIP    FrontendKind = "cluster-ip"
+	FrontendExternalIP   FrontendKind = "external-ip"
+	FrontendLoadBalancer FrontendKind = "load-balancer"
+	FrontendNodePort     FrontendKind = "node-port"
+)
+
+// FrontendKey identifies a frontend: address, port and protocol. A node port's wildcard
+// entry has the unspecified address (0.0.0.0 or ::).
+type FrontendKey struct {
+	Addr     netip.Addr
+	Port     uint16
+	Protocol store.Protocol
+}
+
+func (k FrontendKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
+}
+
+// Backend is one endpoint a frontend forwards to.
+type Backend struct {
+	Addr netip.Addr
+	Port uint16
+	Node string
+	// Terminating is set when the backend is used only because no endpoint is ready.
+	Terminating bool
+}
+
+// Frontend is one address:port:protocol a service answers on, with its backends ordered
+// local first; LocalBackends counts the local ones at the front.
+type Frontend struct {
+	Key       FrontendKey
+	Kind      FrontendKind
+	Service   string // "namespace/name"
+	ServiceID uint64
+	PortName  string
+	// ExternalLocal: traffic from outside the cluster goes only to local backends
+	// (externalTrafficPolicy Local on node-port, load-balancer and external-IP frontends).
+	ExternalLocal bool
+	// InternalLocal: traffic from inside the cluster to the cluster IP goes only to local
+	// backends (internalTrafficPolicy Local).
+	InternalLocal bool
+	// AffinityTimeout is the client-IP affinity timeout in seconds; 0 means none.
+	AffinityTimeout int
+	// SourceRanges limits clients of load-balancer frontends; empty means any.
+	SourceRanges  []netip.Prefix
+	Backends      []Backend
+	LocalBackends int
+}
+
+// HealthCheck is a health-check node port and what it should answer.
+type HealthCheck struct {
+	Port           uint16
+	Service        string
+	LocalEndpoints int
+}
+
+// Problem is something in the input that calc cannot act on, keyed so each is reported once.
+type Problem struct {
+	Key    string
+	Reason string
+}

@@ -1,0 +1,170 @@
+package calc
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Op is one change to the desired state: exactly one of the pointers is set. Remove ops carry
+// the object as it was.
+type Op struct {
+	Remove      bool
+	VTEP        *VTEP
+	Route       *Route
+	Frontend    *Frontend
+	HealthCheck *HealthCheck
+}
+
+// Update is what calc hands the dataplane after a batch. Full means Ops is the whole desired
+// state (the first update after in-sync): the consumer replaces everything it had. Ops are in
+// apply order: VTEPs before the routes that use them, route removals before VTEP removals.
+type Update struct {
+	Full     bool
+	Ops      []Op
+	Problems []Problem
+}
+
+// pendingOps collects changes until the end of a batch.
+type pendingOps struct {
+	vtepSets, vtepDels         []VTEP
+	routeSets, routeDels       []Route
+	frontendSets, frontendDels []Frontend
+	healthSets, healthDels     []HealthCheck
+	problems                   []Problem
+}
+
+func sortRoutes(r []Route) {
+	slices.SortFunc(r, func(a, b Route) int { return cmpPrefix(a.Dst, b.Dst) })
+}
+
+func sortVTEPs(v []VTEP) {
+	slices.SortFunc(v, func(a, b VTEP) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), a.TunnelAddr.Compare(b.TunnelAddr))
+	})
+}
+
+func sortFrontends(f []Frontend) {
+	slices.SortFunc(f, func(a, b Frontend) int { return cmpFrontendKey(a.Key, b.Key) })
+}
+
+func sortHealth(h []HealthCheck) {
+	slices.SortFunc(h, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
+}
+
+func cmpFrontendKey(a, b FrontendKey) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), strings.Compare(string(a.Protocol), string(b.Protocol)))
+}
+
+// take turns the collected changes into an ordered update, or nil when there are none.
+func (p *pendingOps) take() *Update {
+	n := len(p.vtepSets) + len(p.vtepDels) + len(p.routeSets) + len(p.routeDels) + len(p.frontendSets) +
+		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels)
+	if n == 0 && len(p.problems) == 0 {
+		return nil
+	}
+	sortVTEPs(p.vtepSets)
+	sortVTEPs(p.vtepDels)
+	sortRoutes(p.routeSets)
+	sortRoutes(p.routeDels)
+	sortFrontends(p.frontendSets)
+	sortFrontends(p.frontendDels)
+	sortHealth(p.healthSets)
+	sortHealth(p.healthDels)
+	u := &Update{Ops: make([]Op, 0, n), Problems: p.problems}
+	for i := range p.vtepSets {
+		u.Ops = append(u.Ops, Op{VTEP: &p.vtepSets[i]})
+	}
+	for i := range p.routeSets {
+		u.Ops = append(u.Ops, Op{Route: &p.routeSets[i]})
+	}
+	for i := range p.frontendSets {
+		u.Ops = append(u.Ops, Op{Frontend: &p.frontendSets[i]})
+	}
+	for i := range p.healthSets {
+		u.Ops = append(u.Ops, Op{HealthCheck: &p.healthSets[i]})
+	}
+	for i := range p.healthDels {
+		u.Ops = append(u.Ops, Op{Remove: true, HealthCheck: &p.healthDels[i]})
+	}
+	for i := range p.frontendDels {
+		u.Ops = append(u.Ops, Op{Remove: true, Frontend: &p.frontendDels[i]})
+	}
+	for i := range p.routeDels {
+		u.Ops = append(u.Ops, Op{Remove: true, Route: &p.routeDels[i]})
+	}
+	for i := range p.vtepDels {
+		u.Ops = append(u.Ops, Op{Remove: true, VTEP: &p.vtepDels[i]})
+	}
+	*p = pendingOps{}
+	return u
+}
+
+func (g *Graph) recompute() {
+	g.recomputeVTEPs()
+	g.recomputeRoutes()
+	g.recomputeServices()
+}
+
+// State is the whole desired state, sorted.
+type State struct {
+	VTEPs        []VTEP
+	Routes       []Route
+	Frontends    []Frontend
+	HealthChecks []HealthCheck
+	Problems     []Problem
+}
+
+// State returns the desired state as it stands (computed up to the last batch).
+func (g *Graph) State() *State {
+	s := &State{}
+	for _, v := range g.vteps {
+		s.VTEPs = append(s.VTEPs, v)
+	}
+	for _, r := range g.routes {
+		s.Routes = append(s.Routes, r)
+	}
+	for _, f := range g.frontends {
+		s.Frontends = append(s.Frontends, f)
+	}
+	for _, h := range g.health {
+		s.HealthChecks = append(s.HealthChecks, h)
+	}
+	for k, r := range g.problems {
+		s.Problems = append(s.Problems, Problem{Key: k, Reason: r})
+	}
+	return SortState(s)
+}
+
+// SortState sorts every list of s in place, in the order State returns, and returns s.
+func SortState(s *State) *State {
+	sortVTEPs(s.VTEPs)
+	sortRoutes(s.Routes)
+	sortFrontends(s.Frontends)
+	sortHealth(s.HealthChecks)
+	slices.SortFunc(s.Problems, func(a, b Problem) int { return strings.Compare(a.Key, b.Key) })
+	return s
+}
+
+func (g *Graph) fullUpdate() *Update {
+	s := g.State()
+	u := &Update{Full: true, Problems: s.Problems}
+	for i := range s.VTEPs {
+		u.Ops = append(u.Ops, Op{VTEP: &s.VTEPs[i]})
+	}
+	for i := range s.Routes {
+		u.Ops = append(u.Ops, Op{Route: &s.Routes[i]})
+	}
+	for i := range s.Frontends {
+		u.Ops = append(u.Ops, Op{Frontend: &s.Frontends[i]})
+	}
+	for i := range s.HealthChecks {
+		u.Ops = append(u.Ops, Op{HealthCheck: &s.HealthChecks[i]})
+	}
+	return u
+}
+
+func cmpPrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
