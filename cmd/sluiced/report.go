@@ -41,7 +41,9 @@ func (r *reporter) Retry(err error, attempt int, delay time.Duration) {
 	r.pending++
 	r.lastErr = err
 	now := r.now()
-	if attempt > 1 && now.Sub(r.lastSummary) < r.every {
+	// Limited by time alone: a flapping etcd (each list succeeds, each watch then breaks)
+	// retries every 100 ms or so with attempt 1 each time.
+	if now.Sub(r.lastSummary) < r.every {
 		return
 	}
 	r.log.Warn().Err(err).Int("retries", r.pending).Int("attempt", attempt).Dur("next_in", delay).

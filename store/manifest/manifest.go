@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"reflect"
+	"sort"
 	"strings"
 
 	"github.com/sluice-net/sluice/store"
@@ -95,10 +97,107 @@ func Parse(name string, r io.Reader) ([]Document, error) {
 }
 
 // strictUnmarshal decodes JSON into v, refusing fields v does not have.
+//
+// Hazard: encoding/json matches names regardless of case, so DisallowUnknownFields alone
+// lets "vxlanmode" through as vxlanMode; exactNames refuses it.
 func strictUnmarshal(b []byte, v any) error {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
-	return d.Decode(v)
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	var generic any
+	if err := json.Unmarshal(b, &generic); err != nil {
+		return err
+	}
+	return exactNames(generic, reflect.TypeOf(v), "")
+}
+
+var jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+
+// exactNames returns an error for the first key of doc (in key order) that is no field of t
+// spelled exactly, naming its path.
+func exactNames(doc any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(jsonUnmarshaler) {
+		return nil
+	}
+	join := func(k string) string {
+		if path == "" {
+			return k
+		}
+		return path + "." + k
+	}
+	switch doc := doc.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(doc))
+		for k := range doc {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		switch t.Kind() {
+		case reflect.Struct:
+			fields := map[string]reflect.Type{}
+			jsonFields(t, fields)
+			for _, k := range keys {
+				ft, ok := fields[k]
+				if !ok {
+					for name := range fields {
+						if strings.EqualFold(name, k) {
+							return fmt.Errorf("unknown field %q (did you mean %q?)", join(k), name)
+						}
+					}
+					return fmt.Errorf("unknown field %q", join(k))
+				}
+				if err := exactNames(doc[k], ft, join(k)); err != nil {
+					return err
+				}
+			}
+		case reflect.Map:
+			for _, k := range keys {
+				if err := exactNames(doc[k], t.Elem(), join(k)); err != nil {
+					return err
+				}
+			}
+		}
+	case []any:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, e := range doc {
+				if err := exactNames(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// jsonFields adds the JSON names of t's fields, with those of embedded structs, to fields.
+func jsonFields(t reflect.Type, fields map[string]reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		name, _, _ := strings.Cut(tag, ",")
+		if tag == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		if f.Anonymous && name == "" {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				jsonFields(ft, fields)
+				continue
+			}
+		}
+		if name == "" {
+			name = f.Name
+		}
+		fields[name] = f.Type
+	}
 }
 
 func fromMap(src string, generic any) (Document, error) {

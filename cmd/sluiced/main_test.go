@@ -1,0 +1,421 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/etcdtest"
+	"github.com/sluice-net/sluice/store/ipam"
+	"github.com/sluice-net/sluice/store/manifest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseFlagsDefaults(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil {
+		t.Skipf("no hostname: %v", err)
+	}
+	var stderr bytes.Buffer
+	c, err := parseFlags(nil, envOf(nil), &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &config{
+		etcd:     store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
+		nodeName: host,
+		logLevel: "info",
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("defaults:\n%+v\nwant\n%+v", *c, *want)
+	}
+}
+
+func TestParseFlagsFlagBeatsEnv(t *testing.T) {
+	env := envOf(map[string]string{
+		"SLUICE_NODE_NAME":      "env-node",
+		"SLUICE_LOG_FORMAT":     "console",
+		"SLUICE_LOG_LEVEL":      "warn",
+		"SLUICE_ETCD_ENDPOINTS": "http://192.0.2.1:2379,http://192.0.2.2:2379",
+	})
+	var stderr bytes.Buffer
+	c, err := parseFlags(nil, env, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.nodeName != "env-node" || c.logFormat != "console" || c.logLevel != "warn" ||
+		!slices.Equal(c.etcd.Endpoints, []string{"http://192.0.2.1:2379", "http://192.0.2.2:2379"}) {
+		t.Errorf("from the environment: %+v", *c)
+	}
+	c, err = parseFlags([]string{"--node-name", "flag-node", "--log-format", "json", "--log-level", "debug",
+		"--etcd-endpoints", "http://198.51.100.1:2379", "--record", "/tmp/events.jsonl"}, env, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.nodeName != "flag-node" || c.logFormat != "json" || c.logLevel != "debug" || c.record != "/tmp/events.jsonl" ||
+		!slices.Equal(c.etcd.Endpoints, []string{"http://198.51.100.1:2379"}) {
+		t.Errorf("flags and environment: %+v", *c)
+	}
+}
+
+func TestParseFlagsErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want []string
+	}{
+		{[]string{"--log-format", "xml"}, nil, []string{`--log-format "xml"`, "json or console"}},
+		{nil, map[string]string{"SLUICE_LOG_FORMAT": "text"}, []string{`--log-format "text"`, "json or console"}},
+		{[]string{"--log-level", "verbose"}, nil, []string{`--log-level "verbose"`, "debug, info, warn or error"}},
+		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, []string{`--log-level "loud"`, "debug, info, warn or error"}},
+		{[]string{"--node-name", "a", "node-b"}, nil, []string{`unexpected argument "node-b"`}},
+		{[]string{"--colour"}, nil, []string{"flag provided but not defined: -colour"}},
+	} {
+		var stderr bytes.Buffer
+		c, err := parseFlags(tc.args, envOf(tc.env), &stderr)
+		if err == nil {
+			t.Errorf("parseFlags(%q, %v) = %+v, want an error", tc.args, tc.env, *c)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("parseFlags(%q, %v): %v; want it to contain %q", tc.args, tc.env, err, w)
+			}
+		}
+	}
+	var stderr bytes.Buffer
+	if _, err := parseFlags([]string{"-h"}, envOf(nil), &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-node-name") {
+		t.Errorf("-h: %v, usage %q; want flag.ErrHelp and the flags listed", err, stderr.String())
+	}
+}
+
+func TestNewLogger(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	log := newLogger(&config{nodeName: "node-a", logLevel: "warn"}, f)
+	log.Info().Msg("quiet")
+	log.Warn().Str("key", "k").Msg("loud")
+	b, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := parseLines(t, b)
+	if len(lines) != 1 || lines[0]["message"] != "loud" || lines[0]["node"] != "node-a" || lines[0]["level"] != "warn" || lines[0]["time"] == nil {
+		t.Errorf("a file gets JSON at level warn with the node and time; got\n%s", b)
+	}
+}
+
+// parseLines decodes JSON log lines.
+func parseLines(t *testing.T, b []byte) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("log line is not JSON: %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// logBuffer is a log destination the agent's goroutines write while the test reads.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) lines(t *testing.T) []map[string]any {
+	b.mu.Lock()
+	raw := bytes.Clone(b.buf.Bytes())
+	b.mu.Unlock()
+	return parseLines(t, raw)
+}
+
+// matching returns the lines with the message msg whose string fields include fields.
+func (b *logBuffer) matching(t *testing.T, msg string, fields map[string]string) []map[string]any {
+	var out []map[string]any
+	for _, l := range b.lines(t) {
+		if l["message"] != msg {
+			continue
+		}
+		ok := true
+		for k, v := range fields {
+			ok = ok && l[k] == v
+		}
+		if ok {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// waitFor waits until a line with msg and fields appears and returns it.
+func (b *logBuffer) waitFor(t *testing.T, msg string, fields map[string]string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if ls := b.matching(t, msg, fields); len(ls) > 0 {
+			return ls[0]
+		}
+		if time.Now().After(deadline) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			t.Fatalf("no log line %q with %v after 10s; log:\n%s", msg, fields, b.buf.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestReporterRateLimitsRetries(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		attempt func(i int) int
+	}{
+		// One outage: attempts count up.
+		{"outage", func(i int) int { return i }},
+		// A flapping etcd: every list succeeds and every watch then breaks, so each retry
+		// is the first since a success.
+		{"flapping", func(int) int { return 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			r := newReporter(zerolog.New(&buf))
+			t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+			now := t0
+			r.now = func() time.Time { return now }
+			errLost := errors.New("watch lost: etcdserver: no leader")
+
+			// 100 retries within 29.7 s: one line, for the first.
+			for i := range 100 {
+				now = t0.Add(time.Duration(i) * 300 * time.Millisecond)
+				r.Retry(errLost, tc.attempt(i+1), 100*time.Millisecond)
+			}
+			lines := parseLines(t, buf.Bytes())
+			if len(lines) != 1 {
+				t.Fatalf("100 retries in 30 s logged %d lines, want 1:\n%s", len(lines), buf.String())
+			}
+			if l := lines[0]; l["level"] != "warn" || l["retries"] != 1.0 || l["error"] != errLost.Error() {
+				t.Errorf("first line: %v; want a warning with retries 1 and the error", l)
+			}
+
+			// 30 s after the first line: the next retry logs the 99 held back and itself.
+			now = t0.Add(30 * time.Second)
+			r.Retry(errLost, tc.attempt(101), 200*time.Millisecond)
+			now = t0.Add(31 * time.Second)
+			r.Retry(errLost, tc.attempt(102), 200*time.Millisecond)
+			lines = parseLines(t, buf.Bytes())
+			if len(lines) != 2 {
+				t.Fatalf("after 30 s: %d lines, want 2:\n%s", len(lines), buf.String())
+			}
+			if l := lines[1]; l["retries"] != 100.0 || l["attempt"] != float64(tc.attempt(101)) {
+				t.Errorf("second line: %v; want retries 100, attempt %d", l, tc.attempt(101))
+			}
+		})
+	}
+}
+
+func TestReporterBadValue(t *testing.T) {
+	var buf bytes.Buffer
+	r := newReporter(zerolog.New(&buf))
+	r.BadValue(&store.BadValueError{Key: store.IPPoolPrefix + "p", Field: "spec.vxlanMode", Reason: `unknown mode "Sometimes"`})
+	r.BadValue(&store.BadValueError{Key: store.NodePrefix + "n", Reason: "not valid JSON"})
+	lines := parseLines(t, buf.Bytes())
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2:\n%s", len(lines), buf.String())
+	}
+	want := []map[string]any{
+		{"level": "warn", "message": "skipping invalid value", "key": store.IPPoolPrefix + "p", "field": "spec.vxlanMode", "reason": `unknown mode "Sometimes"`},
+		{"level": "warn", "message": "skipping invalid value", "key": store.NodePrefix + "n", "reason": "not valid JSON"},
+	}
+	if !reflect.DeepEqual(lines, want) {
+		t.Errorf("logged\n%v\nwant\n%v", lines, want)
+	}
+}
+
+// loadCluster writes the sample cluster with a block claimed for node-a, and returns
+// what every kind should count.
+func loadCluster(t *testing.T, cli *clientv3.Client) map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	files, _ := filepath.Glob("../../testdata/sample/*.yaml")
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs, err := manifest.Parse(f, fh)
+		fh.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range docs {
+			if _, err := manifest.Apply(ctx, cli, d, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m := ipam.New(cli)
+	if _, err := m.ClaimBlock(ctx, "node-a", "pool-vxlan", netip.MustParsePrefix("10.65.0.0/26")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Assign(ctx, ipam.AssignRequest{Handle: "k8s-pod-network.web-a", Node: "node-a", IP: netip.MustParseAddr("10.65.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	return map[string]any{"ippools": 2.0, "nodes": 3.0, "blocks": 1.0, "blockaffinities": 1.0,
+		"workloadendpoints": 5.0, "services": 1.0, "endpointslices": 1.0}
+}
+
+// etcdObjects decodes every valid value under the watched prefixes, by kind and ID.
+func etcdObjects(t *testing.T, cli *clientv3.Client) map[store.Kind]map[string]store.Object {
+	t.Helper()
+	out := map[store.Kind]map[string]store.Object{}
+	for _, k := range store.Kinds {
+		out[k] = map[string]store.Object{}
+	}
+	for _, p := range store.WatchedPrefixes {
+		resp, err := cli.Get(context.Background(), p, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			if obj, err := store.Decode(string(kv.Key), kv.Value); err == nil {
+				out[obj.Kind()][obj.ID()] = obj
+			}
+		}
+	}
+	return out
+}
+
+func TestRun(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	counts := loadCluster(t, cli)
+	rev0, err := cli.Get(context.Background(), "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	record := filepath.Join(t.TempDir(), "events.jsonl")
+	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record},
+		envOf(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	log := zerolog.New(&logs).Level(zerolog.DebugLevel).With().Str("node", c.nodeName).Logger()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c, log) }()
+
+	if l := logs.waitFor(t, "starting", nil); !reflect.DeepEqual(l["etcd"], []any{srv.Endpoint()}) || l["node"] != "node-a" {
+		t.Errorf("starting line %v; want the endpoint and the node", l)
+	}
+	inSync := logs.waitFor(t, "in sync with etcd", nil)
+	if !reflect.DeepEqual(inSync["objects"], counts) || inSync["revision"] != float64(rev0.Header.Revision) {
+		t.Errorf("in-sync line %v; want objects %v at revision %d", inSync, counts, rev0.Header.Revision)
+	}
+	if n := len(logs.matching(t, "event", map[string]string{"event": "upsert"})); n != 14 {
+		t.Errorf("%d upsert events logged at debug, want 14", n)
+	}
+
+	// A bad value is one warning naming key and field; the next good change still arrives.
+	badKey := store.IPPoolPrefix + "pool-bad"
+	if _, err := cli.Put(context.Background(), badKey,
+		`{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"pool-bad"},"spec":{"cidr":"10.67.0.0/16","vxlanMode":"Sometimes"}}`); err != nil {
+		t.Fatal(err)
+	}
+	nodeKey := store.NodePrefix + "node-d"
+	if _, err := cli.Put(context.Background(), nodeKey,
+		`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-d"},"spec":{"bgp":{"ipv4Address":"192.168.20.14/24"}}}`); err != nil {
+		t.Fatal(err)
+	}
+	logs.waitFor(t, "event", map[string]string{"event": "upsert", "kind": "Node", "key": nodeKey})
+	warns := logs.matching(t, "skipping invalid value", nil)
+	if len(warns) != 1 {
+		t.Fatalf("%d invalid-value warnings, want 1: %v", len(warns), warns)
+	}
+	if w := warns[0]; w["level"] != "warn" || w["key"] != badKey || w["field"] != "spec.vxlanMode" || !strings.Contains(fmt.Sprint(w["reason"]), `"Sometimes"`) {
+		t.Errorf("warning %v; want level warn, key %s, field spec.vxlanMode and the bad mode", w, badKey)
+	}
+	final, err := cli.Get(context.Background(), "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run returned %v after cancel, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return 10 s after cancel")
+	}
+	stopped := logs.waitFor(t, "stopped", nil)
+	if stopped["revision"] != float64(final.Header.Revision) || stopped["events"] != 16.0 || stopped["bad_values"] != 1.0 {
+		t.Errorf("stopped line %v; want revision %d, 16 events (14 upserts, in-sync, node-d), 1 bad value", stopped, final.Header.Revision)
+	}
+
+	// The recording rebuilds the same index, the event after the last in-sync included.
+	f, err := os.Open(record)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	idx := store.NewIndex()
+	if err := store.Replay(f, idx); err != nil {
+		t.Fatal(err)
+	}
+	snap := idx.Snapshot()
+	if snap.Revision() != final.Header.Revision || !snap.InSync() {
+		t.Errorf("replayed index at revision %d, in sync %t; want %d, true", snap.Revision(), snap.InSync(), final.Header.Revision)
+	}
+	want := etcdObjects(t, cli)
+	for _, k := range store.Kinds {
+		got := map[string]store.Object{}
+		for _, o := range snap.List(k) {
+			got[o.ID()] = o
+		}
+		if !reflect.DeepEqual(got, want[k]) {
+			t.Errorf("replayed %s: %v\nwant %v", k.Plural(), slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want[k])))
+		}
+	}
+	if snap.Get(store.KindNode, "node-d") == nil || snap.Get(store.KindIPPool, "pool-bad") != nil {
+		t.Errorf("replayed index: node-d %v, pool-bad %v; want node-d only", snap.Get(store.KindNode, "node-d"), snap.Get(store.KindIPPool, "pool-bad"))
+	}
+}

@@ -1,0 +1,89 @@
+package manifest_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/manifest"
+)
+
+func TestParseSample(t *testing.T) {
+	files, err := filepath.Glob("../../testdata/sample/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no sample files: %v", err)
+	}
+	n := 0
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs, err := manifest.Parse(f, fh)
+		fh.Close()
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+		for _, d := range docs {
+			if _, err := store.Decode(d.Key, d.Value); err != nil {
+				t.Errorf("%s: %s does not decode: %v", d.Source, d.Key, err)
+			}
+		}
+		n += len(docs)
+	}
+	if n != 12 {
+		t.Errorf("the sample holds %d documents, want 12", n)
+	}
+}
+
+// TestParseExactFieldNames checks that a field spelled in the wrong case is refused with
+// its path, wherever it sits, while keys of maps (labels) are free.
+func TestParseExactFieldNames(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc, want string
+	}{
+		{"pool spec", `{kind: IPPool, metadata: {name: p}, spec: {cidr: 10.1.0.0/16, vxlanmode: Always}}`,
+			`unknown field "spec.vxlanmode" (did you mean "vxlanMode"?)`},
+		{"metadata", `{kind: IPPool, metadata: {Name: p}, spec: {cidr: 10.1.0.0/16}}`,
+			`unknown field "metadata.Name" (did you mean "name"?)`},
+		{"type meta", `{kind: IPPool, APIVersion: projectcalico.org/v3, metadata: {name: p}, spec: {cidr: 10.1.0.0/16}}`,
+			`unknown field "APIVersion" (did you mean "apiVersion"?)`},
+		{"nested struct", `{kind: Node, metadata: {name: n}, spec: {bgp: {ipv4address: 192.0.2.1/24}}}`,
+			`unknown field "spec.bgp.ipv4address" (did you mean "ipv4Address"?)`},
+		{"list element", `{kind: Service, metadata: {name: s}, spec: {clusterIPs: [10.96.0.1], ports: [{port: 80, nodeport: 30080}]}}`,
+			`unknown field "spec.ports[0].nodeport" (did you mean "nodePort"?)`},
+		{"slice endpoint", `{kind: EndpointSlice, metadata: {name: e, labels: {kubernetes.io/service-name: s}}, addressType: IPv4, endpoints: [{addresses: [10.65.0.1], nodename: a}], ports: []}`,
+			`unknown field "endpoints[0].nodename" (did you mean "nodeName"?)`},
+		{"block affinity", `{kind: BlockAffinity, Node: node-a, cidr: 10.65.0.0/26}`,
+			`unknown field "Node" (did you mean "node"?)`},
+		{"block", `{kind: Block, cidr: 10.65.0.0/26, strictaffinity: true}`,
+			`unknown field "strictaffinity" (did you mean "strictAffinity"?)`},
+		{"list item", "kind: List\nitems:\n- {kind: IPPool, metadata: {name: p}, spec: {cidr: 10.1.0.0/16, blocksize: 26}}\n",
+			`item 0: unknown field "spec.blocksize" (did you mean "blockSize"?)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			docs, err := manifest.Parse("in.yaml", strings.NewReader(tc.doc))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Parse: %v; want an error with %q", err, tc.want)
+			}
+			if len(docs) != 0 {
+				t.Errorf("Parse returned %d documents along with the error, want none", len(docs))
+			}
+		})
+	}
+
+	// Map keys are the user's own; they are not field names.
+	docs, err := manifest.Parse("ok.yaml", strings.NewReader(`{kind: WorkloadEndpoint, metadata: {name: w, labels: {App: web, Tier: front}, annotations: {Note: x}}, spec: {node: a, interfaceName: cali0, ipNetworks: [10.65.0.1/32]}}
+---
+{kind: Service, metadata: {name: s}, spec: {clusterIPs: [10.96.0.1], ports: [{port: 80, targetPort: http}]}}
+---
+{kind: Block, cidr: 10.65.0.0/26, affinity: "host:node-a", sequenceNumberForAllocation: {"0": 1}}
+---
+{kind: BlockAffinity, node: node-a, cidr: 10.65.0.0/26, state: confirmed}
+`))
+	if err != nil || len(docs) != 4 {
+		t.Fatalf("Parse: %d documents, %v; want 4 and no error", len(docs), err)
+	}
+}
