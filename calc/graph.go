@@ -1,7 +1,9 @@
 package calc
 
 import (
+	"cmp"
 	"net/netip"
+	"slices"
 
 	"github.com/sluice-net/sluice/store"
 )
@@ -9,6 +11,39 @@ import (
 type set[K comparable] map[K]struct{}
 
 func (s set[K]) add(k K) { s[k] = struct{}{} }
+
+// multi maps a key to a small sorted list of values: most keys have one, and a slice is a
+// fraction of a map's size.
+type multi[K comparable, V cmp.Ordered] map[K][]V
+
+func (m multi[K, V]) add(k K, v V) {
+	vs := m[k]
+	i, found := slices.BinarySearch(vs, v)
+	if !found {
+		m[k] = slices.Insert(vs, i, v)
+	}
+}
+
+func (m multi[K, V]) remove(k K, v V) {
+	vs := m[k]
+	if i, found := slices.BinarySearch(vs, v); found {
+		if len(vs) == 1 {
+			delete(m, k)
+			return
+		}
+		m[k] = slices.Delete(vs, i, i+1)
+	}
+}
+
+// reset empties a dirty set; a set that grew large (the first full computation) is replaced,
+// since clearing a map costs its capacity, not its length.
+func reset[K comparable](s *set[K], n int) {
+	if n > 256 {
+		*s = set[K]{}
+		return
+	}
+	clear(*s)
+}
 
 // addTo adds v to the set at m[k], creating it.
 func addTo[K, V comparable](m map[K]set[V], k K, v V) {
@@ -51,10 +86,10 @@ type Graph struct {
 
 	// Indexes from an input to what it touches.
 	blocksByNode    map[string]set[netip.Prefix]
-	wepsByNet       map[netip.Prefix]set[string]
+	wepsByNet       multi[netip.Prefix, string]
 	wepsByNode      map[string]set[string]
-	tunnelsByAddr   map[netip.Addr]set[string]
-	slicesByService map[string]set[string]
+	tunnelsByAddr   multi[netip.Addr, string]
+	slicesByService multi[string, string]
 	blockBits       map[int]int // prefix lengths of known blocks, with counts, for longest match
 
 	// What needs recomputing.
@@ -65,9 +100,9 @@ type Graph struct {
 	// Desired state as last computed.
 	routes    map[netip.Prefix]Route
 	vteps     map[VTEPKey]VTEP
-	svcKeys   map[string][]FrontendKey // frontends each service claims
-	svcHealth map[string]uint16        // health-check port each service claims
-	claims    map[FrontendKey]map[string]Frontend
+	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
+	svcHealth map[string]uint16          // health-check port each service claims
+	claims    multi[FrontendKey, string] // services wanting each frontend
 	frontends map[FrontendKey]Frontend
 	hcClaims  map[uint16]map[string]HealthCheck
 	health    map[uint16]HealthCheck
@@ -75,7 +110,9 @@ type Graph struct {
 
 	inSync  bool
 	emitted bool
-	pending pendingOps
+	// everything is dirty until the first computation: marking per input is skipped
+	everything bool
+	pending    pendingOps
 }
 
 // New returns an empty graph for cfg.
@@ -93,23 +130,24 @@ func New(cfg Config) (*Graph, error) {
 		services:        map[string]*store.Service{},
 		slices:          map[string]*store.EndpointSlice{},
 		blocksByNode:    map[string]set[netip.Prefix]{},
-		wepsByNet:       map[netip.Prefix]set[string]{},
+		wepsByNet:       multi[netip.Prefix, string]{},
 		wepsByNode:      map[string]set[string]{},
-		tunnelsByAddr:   map[netip.Addr]set[string]{},
-		slicesByService: map[string]set[string]{},
+		tunnelsByAddr:   multi[netip.Addr, string]{},
+		slicesByService: multi[string, string]{},
 		blockBits:       map[int]int{},
 		dirtyDst:        set[netip.Prefix]{},
 		dirtyVTEP:       set[string]{},
 		dirtySvc:        set[string]{},
 		routes:          map[netip.Prefix]Route{},
 		vteps:           map[VTEPKey]VTEP{},
-		svcKeys:         map[string][]FrontendKey{},
+		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},
-		claims:          map[FrontendKey]map[string]Frontend{},
+		claims:          multi[FrontendKey, string]{},
 		frontends:       map[FrontendKey]Frontend{},
 		hcClaims:        map[uint16]map[string]HealthCheck{},
 		health:          map[uint16]HealthCheck{},
 		problems:        map[string]string{},
+		everything:      true,
 	}, nil
 }
 
@@ -175,6 +213,9 @@ func (g *Graph) isLocal(node string) bool { return node == g.cfg.NodeName }
 // markBlockContents marks every address of a block whose route may depend on the block:
 // workload addresses (borrowed or not) and tunnel addresses.
 func (g *Graph) markBlockContents(cidr netip.Prefix) {
+	if g.everything {
+		return
+	}
 	n := store.BlockSlots(cidr)
 	a := cidr.Addr()
 	for range n {
@@ -198,7 +239,7 @@ func (g *Graph) onPool(id string, p *store.IPPool) {
 	}
 	// A pool decides the route of every block inside it, and of borrowed addresses there.
 	for _, q := range []*store.IPPool{old, p} {
-		if q == nil {
+		if q == nil || g.everything {
 			continue
 		}
 		g.dirtyDst.add(q.CIDR)
@@ -244,19 +285,19 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		}
 		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
 			if a.IsValid() {
-				removeFrom(g.tunnelsByAddr, a, id)
+				g.tunnelsByAddr.remove(a, id)
 			}
 		}
 	}
 	if n != nil {
 		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr} {
 			if a.IsValid() {
-				addTo(g.tunnelsByAddr, a, id)
+				g.tunnelsByAddr.add(a, id)
 			}
 		}
 	}
 	g.dirtyVTEP.add(id)
-	if g.isLocal(id) {
+	if g.isLocal(id) && !g.everything {
 		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
 		for cidr := range g.blocks {
 			g.dirtyDst.add(cidr)
@@ -272,6 +313,9 @@ func (g *Graph) onNode(id string, n *store.Node) {
 				g.dirtySvc.add(sid)
 			}
 		}
+		return
+	}
+	if g.everything {
 		return
 	}
 	for cidr := range g.blocksByNode[id] {
@@ -323,7 +367,7 @@ func (g *Graph) onAffinity(id string, a *store.BlockAffinity) {
 func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 	if old := g.weps[id]; old != nil {
 		for _, net := range old.IPNetworks {
-			removeFrom(g.wepsByNet, net, id)
+			g.wepsByNet.remove(net, id)
 			g.dirtyDst.add(net)
 		}
 		removeFrom(g.wepsByNode, old.Node, id)
@@ -334,7 +378,7 @@ func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 	}
 	g.weps[id] = w
 	for _, net := range w.IPNetworks {
-		addTo(g.wepsByNet, net, id)
+		g.wepsByNet.add(net, id)
 		g.dirtyDst.add(net)
 	}
 	addTo(g.wepsByNode, w.Node, id)
@@ -351,7 +395,7 @@ func (g *Graph) onService(id string, s *store.Service) {
 
 func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	if old := g.slices[id]; old != nil {
-		removeFrom(g.slicesByService, old.ServiceID(), id)
+		g.slicesByService.remove(old.ServiceID(), id)
 		g.dirtySvc.add(old.ServiceID())
 	}
 	if e == nil {
@@ -359,8 +403,31 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 		return
 	}
 	g.slices[id] = e
-	addTo(g.slicesByService, e.ServiceID(), id)
+	g.slicesByService.add(e.ServiceID(), id)
 	g.dirtySvc.add(e.ServiceID())
+}
+
+// markEverything makes every destination, VTEP and service dirty, for the first computation.
+func (g *Graph) markEverything() {
+	for _, p := range g.pools {
+		g.dirtyDst.add(p.CIDR)
+	}
+	for cidr := range g.blocks {
+		g.dirtyDst.add(cidr)
+	}
+	for net := range g.wepsByNet {
+		g.dirtyDst.add(net)
+	}
+	for a := range g.tunnelsByAddr {
+		g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
+	}
+	for n := range g.nodes {
+		g.dirtyVTEP.add(n)
+	}
+	for id := range g.services {
+		g.dirtySvc.add(id)
+	}
+	g.everything = false
 }
 
 // problem records something calc cannot act on; it is reported once, in the next update.

@@ -2,7 +2,6 @@ package calc
 
 import (
 	"net/netip"
-	"slices"
 
 	"github.com/sluice-net/sluice/store"
 )
@@ -118,12 +117,7 @@ func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
 
 // workloadRoute: a local workload's address goes to its interface; a remote one gets its own
 // route when it is borrowed (or always, when routes come from workloads).
-func (g *Graph) workloadRoute(dst netip.Prefix, ids set[string]) (Route, bool) {
-	sorted := make([]string, 0, len(ids))
-	for id := range ids {
-		sorted = append(sorted, id)
-	}
-	slices.Sort(sorted)
+func (g *Graph) workloadRoute(dst netip.Prefix, sorted []string) (Route, bool) {
 	for _, id := range sorted {
 		if w := g.weps[id]; g.isLocal(w.Node) {
 			return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonLocalWorkload}, true
@@ -146,12 +140,7 @@ func (g *Graph) tunnelRoute(dst netip.Prefix) (Route, bool) {
 	if len(names) == 0 || !g.cfg.VXLAN {
 		return Route{}, false
 	}
-	sorted := make([]string, 0, len(names))
-	for n := range names {
-		sorted = append(sorted, n)
-	}
-	slices.Sort(sorted)
-	node := sorted[0]
+	node := names[0]
 	if g.isLocal(node) {
 		return Route{}, false
 	}
@@ -188,6 +177,7 @@ func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
 
 // recomputeRoutes recomputes every dirty destination and records what changed.
 func (g *Graph) recomputeRoutes() {
+	n := len(g.dirtyDst)
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
 		old, had := g.routes[dst]
@@ -200,5 +190,5 @@ func (g *Graph) recomputeRoutes() {
 			g.pending.routeDels = append(g.pending.routeDels, old)
 		}
 	}
-	clear(g.dirtyDst)
+	reset(&g.dirtyDst, n)
 }

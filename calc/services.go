@@ -27,11 +27,7 @@ type endpointSets struct {
 
 // backendsFor picks the endpoints of one service port across all the service's slices.
 func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
-	ids := make([]string, 0, len(g.slicesByService[svcID]))
-	for id := range g.slicesByService[svcID] {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	ids := g.slicesByService[svcID]
 	type cand struct {
 		b     Backend
 		ready bool
@@ -194,17 +190,13 @@ func frontendEqual(a, b Frontend) bool {
 func (g *Graph) recomputeServices() {
 	dirtyKeys := set[FrontendKey]{}
 	dirtyHC := set[uint16]{}
+	n := len(g.dirtySvc)
 	for id := range g.dirtySvc {
-		for _, k := range g.svcKeys[id] {
-			if c := g.claims[k]; c != nil {
-				delete(c, id)
-				if len(c) == 0 {
-					delete(g.claims, k)
-				}
-			}
-			dirtyKeys.add(k)
+		for _, f := range g.svcFronts[id] {
+			g.claims.remove(f.Key, id)
+			dirtyKeys.add(f.Key)
 		}
-		delete(g.svcKeys, id)
+		delete(g.svcFronts, id)
 		if p, ok := g.svcHealth[id]; ok {
 			if c := g.hcClaims[p]; c != nil {
 				delete(c, id)
@@ -216,19 +208,13 @@ func (g *Graph) recomputeServices() {
 			delete(g.svcHealth, id)
 		}
 		fes, hc := g.computeService(id)
-		keys := make([]FrontendKey, 0, len(fes))
 		for _, f := range fes {
-			c := g.claims[f.Key]
-			if c == nil {
-				c = map[string]Frontend{}
-				g.claims[f.Key] = c
-			}
-			c[id] = f
-			keys = append(keys, f.Key)
+			g.claims.add(f.Key, id)
 			dirtyKeys.add(f.Key)
 		}
-		if len(keys) > 0 {
-			g.svcKeys[id] = keys
+		if len(fes) > 0 {
+			sortFrontends(fes)
+			g.svcFronts[id] = slices.Clip(fes)
 		}
 		if hc != nil {
 			c := g.hcClaims[hc.Port]
@@ -241,9 +227,9 @@ func (g *Graph) recomputeServices() {
 			dirtyHC.add(hc.Port)
 		}
 	}
-	clear(g.dirtySvc)
+	reset(&g.dirtySvc, n)
 	for k := range dirtyKeys {
-		f, ok := winner(g.claims[k])
+		f, ok := g.claimed(k)
 		if len(g.claims[k]) > 1 {
 			g.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
 		} else {
@@ -271,6 +257,20 @@ func (g *Graph) recomputeServices() {
 			g.pending.healthDels = append(g.pending.healthDels, old)
 		}
 	}
+}
+
+// claimed returns the frontend at k of the service whose "namespace/name" sorts first.
+func (g *Graph) claimed(k FrontendKey) (Frontend, bool) {
+	ids := g.claims[k]
+	if len(ids) == 0 {
+		return Frontend{}, false
+	}
+	fes := g.svcFronts[ids[0]]
+	i, found := slices.BinarySearchFunc(fes, k, func(f Frontend, k FrontendKey) int { return cmpFrontendKey(f.Key, k) })
+	if !found {
+		return Frontend{}, false
+	}
+	return fes[i], true
 }
 
 func winner[T any](claims map[string]T) (T, bool) {

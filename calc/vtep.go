@@ -45,6 +45,7 @@ func vtepEqual(a, b VTEP) bool {
 }
 
 func (g *Graph) recomputeVTEPs() {
+	n := len(g.dirtyVTEP)
 	for node := range g.dirtyVTEP {
 		for _, v6 := range []bool{false, true} {
 			key := VTEPKey{Node: node, IPv6: v6}
@@ -60,5 +61,5 @@ func (g *Graph) recomputeVTEPs() {
 			}
 		}
 	}
-	clear(g.dirtyVTEP)
+	reset(&g.dirtyVTEP, n)
 }

@@ -1,0 +1,149 @@
+package calc_test
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"testing"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+)
+
+// benchCluster builds a cluster of nodes with 4 blocks each, 20 workload endpoints per node,
+// and 2 services of 10 endpoints per node, as store events (already decoded).
+type benchCluster struct {
+	events []store.Event
+	weps   []*store.WorkloadEndpoint
+	blocks []*store.Block
+}
+
+func up(o store.Object) store.Event {
+	key, _ := store.KeyFor(o.Kind(), o.ID())
+	return store.Event{Type: store.EventUpsert, Kind: o.Kind(), ID: o.ID(), Key: key, Object: o}
+}
+
+func nodeName(i int) string { return fmt.Sprintf("node-%05d", i) }
+
+// blockCIDR gives node i's j-th /26 inside 10.0.0.0/8.
+func blockCIDR(i, j int) netip.Prefix {
+	n := (i*4 + j) * 64
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(n >> 16), byte(n >> 8), byte(n)}), 26)
+}
+
+func makeCluster(nodes int) *benchCluster {
+	c := &benchCluster{}
+	c.events = append(c.events, up(&store.IPPool{Name: "pool", CIDR: netip.MustParsePrefix("10.0.0.0/8"), VXLANMode: store.EncapCrossSubnet, IPIPMode: store.EncapNever, BlockSize: 26}))
+	for i := range nodes {
+		name := nodeName(i)
+		tunnel := blockCIDR(i, 0).Addr()
+		c.events = append(c.events, up(&store.Node{Name: name, IPv4Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, byte(16 + i>>16), byte(i >> 8), byte(i)}), 20), IPv4VXLANTunnelAddr: tunnel}))
+		for j := range 4 {
+			b := &store.Block{CIDR: blockCIDR(i, j), Affinity: "host:" + name, AffinityNode: name}
+			c.blocks = append(c.blocks, b)
+			c.events = append(c.events, up(b), up(&store.BlockAffinity{Node: name, CIDR: b.CIDR, State: store.AffinityConfirmed}))
+		}
+		for k := range 20 {
+			addr := blockCIDR(i, k%4).Addr()
+			for range 1 + k/4 {
+				addr = addr.Next()
+			}
+			w := &store.WorkloadEndpoint{Namespace: "ns", Name: fmt.Sprintf("%s-w%d", name, k), Node: name,
+				InterfaceName: fmt.Sprintf("cali%05d%02d", i, k), IPNetworks: []netip.Prefix{netip.PrefixFrom(addr, 32)}}
+			c.weps = append(c.weps, w)
+			c.events = append(c.events, up(w))
+		}
+		for s := range 2 {
+			id := i*2 + s
+			svc := &store.Service{Namespace: "ns", Name: fmt.Sprintf("svc-%d", id), UID: fmt.Sprint(id), Type: store.ServiceNodePort,
+				ClusterIPs:            []netip.Addr{netip.AddrFrom4([4]byte{10, 96 + byte(id>>16), byte(id >> 8), byte(id)})},
+				Ports:                 []store.ServicePortSpec{{Name: "http", Protocol: store.ProtocolTCP, Port: 80, NodePort: uint16(30000 + id%2768)}},
+				ExternalTrafficPolicy: store.PolicyCluster, InternalTrafficPolicy: store.PolicyCluster}
+			es := &store.EndpointSlice{Namespace: "ns", Name: svc.Name + "-1", Service: svc.Name, AddressType: "IPv4",
+				Ports: []store.EndpointPort{{Name: "http", Protocol: store.ProtocolTCP, Port: 8080}}}
+			for e := range 10 {
+				w := c.weps[len(c.weps)-1-(e*7+s)%20]
+				if i > 0 && e%2 == 1 { // half the endpoints on the previous node
+					w = c.weps[len(c.weps)-21-(e*3)%20]
+				}
+				es.Endpoints = append(es.Endpoints, store.Endpoint{Addresses: []netip.Addr{w.IPNetworks[0].Addr()}, Ready: true, Serving: true, NodeName: w.Node})
+			}
+			c.events = append(c.events, up(svc), up(es))
+		}
+	}
+	c.events = append(c.events, store.Event{Type: store.EventInSync})
+	return c
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// BenchmarkFullComputation: 5,000 nodes, 20,000 blocks, 100,000 workload endpoints and 10,000
+// services of 10 endpoints, from nothing to the full state at in-sync.
+func BenchmarkFullComputation(b *testing.B) {
+	c := makeCluster(5000)
+	var g *calc.Graph
+	var ops int
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		g, _ = calc.New(calc.DefaultConfig(nodeName(7)))
+		u := g.OnEvents(c.events)
+		ops = len(u.Ops)
+	}
+	b.StopTimer()
+	before := heapInUse()
+	g, _ = calc.New(calc.DefaultConfig(nodeName(7)))
+	g.OnEvents(c.events)
+	after := heapInUse()
+	runtime.KeepAlive(g)
+	b.ReportMetric(float64(after-before)/float64(len(c.weps)), "calc-bytes/wep")
+	b.ReportMetric(float64(ops), "ops")
+}
+
+// BenchmarkOneChange measures one change after in-sync at several cluster sizes: a remote
+// workload endpoint moving to another address, or a remote block's allocations changing.
+func BenchmarkOneChange(b *testing.B) {
+	for _, nodes := range []int{1000, 5000, 20000} {
+		c := makeCluster(nodes)
+		g, _ := calc.New(calc.DefaultConfig(nodeName(7)))
+		g.OnEvents(c.events)
+		b.Run(fmt.Sprintf("endpoint/nodes=%d", nodes), func(b *testing.B) {
+			// Precompute two versions of many endpoints; each change flips one.
+			const n = 1024
+			alt := make([][2]store.Event, n)
+			for i := range n {
+				w := c.weps[(i*7919)%len(c.weps)]
+				moved := *w
+				moved.IPNetworks = []netip.Prefix{netip.PrefixFrom(w.IPNetworks[0].Addr().Next().Next().Next().Next().Next().Next(), 32)}
+				alt[i] = [2]store.Event{up(&moved), up(w)}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				e := alt[i%n][(i/n)%2]
+				g.OnEvents([]store.Event{e})
+			}
+		})
+		b.Run(fmt.Sprintf("block/nodes=%d", nodes), func(b *testing.B) {
+			const n = 1024
+			alt := make([][2]store.Event, n)
+			for i := range n {
+				blk := c.blocks[(i*7919)%len(c.blocks)]
+				changed := *blk
+				changed.Allocations = append([]store.Allocation{{Addr: blk.CIDR.Addr(), Handle: "h", Node: blk.AffinityNode}}, blk.Allocations...)
+				alt[i] = [2]store.Event{up(&changed), up(blk)}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				g.OnEvents([]store.Event{alt[i%n][(i/n)%2]})
+			}
+		})
+	}
+}
