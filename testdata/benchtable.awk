@@ -10,11 +10,11 @@
 }
 END {
 	if (n == 0) { print "no benchmark results"; exit 1 }
-	printf "\n%-22s", "benchmark"
+	printf "\n%-34s", "benchmark"
 	for (j = 1; j <= u; j++) printf " %16s", units[j]
 	printf "\n"
 	for (r = 1; r <= n; r++) {
-		printf "%-22s", rows[r]
+		printf "%-34s", rows[r]
 		for (j = 1; j <= u; j++) {
 			v = val[rows[r], units[j]]
 			printf " %16s", (v == "" ? "-" : v)

@@ -48,6 +48,7 @@ var commands = map[string]command{
 	"ipam":   {"claim blocks, assign and release addresses, show usage", runIPAM},
 	"record": {"record the event stream to a file: record FILE", runRecord},
 	"replay": {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
+	"plan":   {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
 }
 
 func (a *app) globalFlags(fs *flag.FlagSet) {
