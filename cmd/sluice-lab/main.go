@@ -172,6 +172,12 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	l.check(a.waitFor(10*time.Second, "in sync with etcd", `"ippools":2`, `"nodes":3`, `"blocks":5`, `"blockaffinities":5`, `"workloadendpoints":5`, `"services":1`, `"endpointslices":1`),
 		"sluiced is in sync and holds 2 pools, 3 nodes, 5 blocks, 5 affinities, 5 endpoints, 1 service, 1 slice")
 
+	l.check(a.waitFor(10*time.Second, "desired state computed", "vteps=3", "routes=7"),
+		"sluiced computes node-a's desired dataplane: 3 VTEPs and 7 routes (2 blackholed local blocks, 2 local workloads, 3 remote blocks)")
+	plan := l.mustCtl("plan", "--node", "node-a")
+	l.check(strings.Contains(plan, "10.65.0.0/26    blackhole") && strings.Contains(plan, "10.66.0.64/26   unicast    192.168.10.12  @parent"),
+		"sluicectl plan shows node-a's blackhole and its direct CrossSubnet route to node-b")
+
 	l.step("a change arrives through the watch; a bad value is reported with its key and field, and skipped")
 	f, err := os.CreateTemp("", "sluice-lab-*.yaml")
 	if err != nil {

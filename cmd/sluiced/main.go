@@ -1,7 +1,7 @@
 // Command sluiced is the sluice node agent. It watches etcd for the network's intent and keeps
-// this node's kernel matching it. Today it runs the first stage: it reads and follows every key
-// sluice acts on into its index, and reports what it holds; the calculation and dataplane
-// stages plug in behind the same event stream.
+// this node's kernel matching it. Today it runs the first two stages: it reads and follows every
+// key sluice acts on into its index, computes this node's desired dataplane with calc, and
+// reports both; the dataplane stage plugs in behind the same updates.
 package main
 
 import (
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 )
 
@@ -24,6 +25,9 @@ type config struct {
 	logFormat string
 	logLevel  string
 	record    string
+	calc      calc.Config
+	routeSrc  string
+	blackhole string
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
@@ -35,6 +39,13 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 	fs.StringVar(&c.logFormat, "log-format", "", "json or console (env SLUICE_LOG_FORMAT; default console on a terminal, else json)")
 	fs.StringVar(&c.logLevel, "log-level", "", "debug, info, warn or error (env SLUICE_LOG_LEVEL; default info)")
 	fs.StringVar(&c.record, "record", "", "also record every event to this file as JSON lines (replay with sluicectl replay)")
+	c.calc = calc.DefaultConfig("")
+	fs.StringVar(&c.routeSrc, "route-source", string(c.calc.RouteSource), "CalicoIPAM (routes from IPAM blocks) or WorkloadIPs (from workload endpoints, for OpenStack without blocks)")
+	fs.BoolVar(&c.calc.VXLAN, "vxlan", c.calc.VXLAN, "program VXLAN routes and VTEPs")
+	fs.StringVar(&c.calc.VXLANDevice, "vxlan-device", c.calc.VXLANDevice, "name of sluice's VXLAN device")
+	fs.StringVar(&c.blackhole, "blackhole-type", string(c.calc.BlackholeType), "route type for local blocks: blackhole (silent), unreachable or prohibit (ICMP errors)")
+	fs.IntVar(&c.calc.BlackholeMetric, "blackhole-metric", c.calc.BlackholeMetric, "metric of local-block blackholes (high, so an operator's route wins)")
+	fs.BoolVar(&c.calc.PoolBlackholes, "pool-blackholes", c.calc.PoolBlackholes, "also blackhole whole pools at the lowest priority")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -51,6 +62,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 			return nil, fmt.Errorf("--node-name not set and the hostname is unknown: %w", err)
 		}
 		c.nodeName = h
+	}
+	c.calc.NodeName, c.calc.RouteSource, c.calc.BlackholeType = c.nodeName, calc.RouteSource(c.routeSrc), calc.RouteType(c.blackhole)
+	if _, err := calc.New(c.calc); err != nil {
+		return nil, err
 	}
 	if c.logFormat == "" {
 		c.logFormat = getenv("SLUICE_LOG_FORMAT")
@@ -98,7 +113,11 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	}
 	defer cli.Close()
 	index := store.NewIndex()
-	handlers := store.Fanout{index, &eventLogger{log: log, index: index}}
+	graph, err := calc.New(c.calc)
+	if err != nil {
+		return err
+	}
+	handlers := store.Fanout{index, &eventLogger{log: log, index: index}, &planner{graph: graph, log: log}}
 	var rec *store.Recorder
 	if c.record != "" {
 		f, err := os.Create(c.record)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
 	"github.com/sluice-net/sluice/store/ipam"
@@ -38,10 +39,14 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	calcDefaults := calc.DefaultConfig(host)
 	want := &config{
-		etcd:     store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
-		nodeName: host,
-		logLevel: "info",
+		etcd:      store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
+		nodeName:  host,
+		logLevel:  "info",
+		calc:      calcDefaults,
+		routeSrc:  string(calcDefaults.RouteSource),
+		blackhole: string(calcDefaults.BlackholeType),
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n%+v\nwant\n%+v", *c, *want)
@@ -348,6 +353,9 @@ func TestRun(t *testing.T) {
 	inSync := logs.waitFor(t, "in sync with etcd", nil)
 	if !reflect.DeepEqual(inSync["objects"], counts) || inSync["revision"] != float64(rev0.Header.Revision) {
 		t.Errorf("in-sync line %v; want objects %v at revision %d", inSync, counts, rev0.Header.Revision)
+	}
+	if planned := logs.waitFor(t, "desired state computed", nil); planned["vteps"] == nil || planned["routes"] == nil {
+		t.Errorf("desired-state line %v; want counts of VTEPs and routes", planned)
 	}
 	if n := len(logs.matching(t, "event", map[string]string{"event": "upsert"})); n != 14 {
 		t.Errorf("%d upsert events logged at debug, want 14", n)
