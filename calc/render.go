@@ -62,10 +62,13 @@ func (s *State) WriteText(w io.Writer) error {
 			flags = append(flags, "source="+r.String())
 		}
 		var bs []string
-		for _, b := range f.Backends {
+		for i, b := range f.Backends {
 			t := ""
 			if b.Terminating {
 				t = "(terminating)"
+			}
+			if i < f.ClusterStart {
+				t += "(local-only)"
 			}
 			bs = append(bs, fmt.Sprintf("%s@%s%s", netip.AddrPortFrom(b.Addr, b.Port), orDash(b.Node), t))
 		}

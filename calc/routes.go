@@ -155,8 +155,10 @@ func (g *Graph) tunnelRoute(dst netip.Prefix) (Route, bool) {
 }
 
 // blockRoute: a local block with a confirmed affinity is blackholed (but not a single-address
-// block: its workload's own route is the whole block); a remote block in an enabled pool is
-// routed to its node.
+// block: its workload's own route is the whole block); a remote block in a pool is routed to
+// its node. A disabled pool still routes: in Calico "disabled" only stops new allocations,
+// and disabling the old pool is the first step of migrating to a new one, while its
+// workloads still carry traffic.
 func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
 	if b.AffinityNode == "" || b.Deleted {
 		return Route{}, false
@@ -169,7 +171,7 @@ func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
 		return Route{Dst: b.CIDR, Type: g.cfg.BlackholeType, Metric: g.cfg.BlackholeMetric, Reason: ReasonLocalBlock}, true
 	}
 	pool := g.poolFor(b.CIDR)
-	if pool == nil || pool.Disabled {
+	if pool == nil {
 		return Route{}, false
 	}
 	return g.remoteRoute(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock)

@@ -35,7 +35,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		fallback bool
 	}
 	var all []cand
-	seen := map[netip.AddrPort]bool{}
+	seen := map[netip.AddrPort]int{}
 	for _, id := range ids {
 		es := g.slices[id]
 		var port uint16
@@ -54,11 +54,15 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 			}
 			for _, a := range ep.Addresses {
 				ap := netip.AddrPortFrom(a, port)
-				if seen[ap] {
+				c := cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, Terminating: !ep.Ready}, ready: ep.Ready, fallback: !ep.Ready}
+				if i, dup := seen[ap]; dup {
+					if c.ready && !all[i].ready {
+						all[i] = c // the same endpoint in two slices: a ready copy wins
+					}
 					continue
 				}
-				seen[ap] = true
-				all = append(all, cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, Terminating: !ep.Ready}, ready: ep.Ready, fallback: !ep.Ready})
+				seen[ap] = len(all)
+				all = append(all, c)
 			}
 		}
 	}
@@ -89,25 +93,49 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 	return endpointSets{cluster: pick(false), local: pick(true)}
 }
 
-// ordered returns the backends of family: the local set first, then the rest of the
-// cluster set, and how many are local.
-func (e endpointSets) ordered(is4 bool) ([]Backend, int) {
-	var out []Backend
-	in := map[netip.AddrPort]bool{}
-	for _, b := range e.local {
-		if b.Addr.Is4() == is4 {
-			out = append(out, b)
-			in[netip.AddrPortFrom(b.Addr, b.Port)] = true
-		}
-	}
-	n := len(out)
+// ordered returns the backends of one family as a Frontend holds them (see Frontend): the
+// local set, then the rest of the cluster set, the local count and where the cluster set starts.
+// With localPolicy false the local set is just the local part of the cluster set.
+func (e endpointSets) ordered(is4, localPolicy bool) (out []Backend, nLocal, clusterStart int) {
+	inCluster := map[netip.AddrPort]bool{}
 	for _, b := range e.cluster {
-		if b.Addr.Is4() == is4 && !in[netip.AddrPortFrom(b.Addr, b.Port)] {
-			out = append(out, b)
+		inCluster[netip.AddrPortFrom(b.Addr, b.Port)] = true
+	}
+	var localOnly, localShared, remote []Backend
+	isLocal := map[netip.AddrPort]bool{}
+	if localPolicy {
+		for _, b := range e.local {
+			if b.Addr.Is4() != is4 {
+				continue
+			}
+			ap := netip.AddrPortFrom(b.Addr, b.Port)
+			isLocal[ap] = true
+			if inCluster[ap] {
+				localShared = append(localShared, b)
+			} else {
+				localOnly = append(localOnly, b)
+			}
+		}
+	} else {
+		for _, b := range e.local {
+			if ap := netip.AddrPortFrom(b.Addr, b.Port); b.Addr.Is4() == is4 && inCluster[ap] {
+				isLocal[ap] = true
+				localShared = append(localShared, b)
+			}
 		}
 	}
-	return out, n
+	for _, b := range e.cluster {
+		if b.Addr.Is4() == is4 && !isLocal[netip.AddrPortFrom(b.Addr, b.Port)] {
+			remote = append(remote, b)
+		}
+	}
+	out = append(append(append(out, localOnly...), localShared...), remote...)
+	return out, len(localOnly) + len(localShared), len(localOnly)
 }
+
+// kindRank orders frontends of one service that share a key: a load-balancer address keeps
+// its source ranges over the same address listed as an external IP.
+var kindRank = map[FrontendKind]int{FrontendLoadBalancer: 0, FrontendExternalIP: 1, FrontendNodePort: 2, FrontendClusterIP: 3}
 
 // computeService returns the frontends and health check a service wants on this node.
 func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
@@ -126,18 +154,23 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 		}
 	}
 	var out []Frontend
-	localReady := 0
+	// Local ready endpoints, by address, for the health check; only the families the
+	// load balancer reaches this node on count, so the check agrees with what it forwards.
+	localReady := map[netip.Addr]bool{}
+	lbFamilies := map[bool]bool{}
+	for _, a := range s.LoadBalancerIPs {
+		lbFamilies[a.Is4()] = true
+	}
 	for _, sp := range s.Ports {
 		sets := g.backendsFor(id, sp)
 		for _, b := range sets.local {
-			if !b.Terminating {
-				localReady++
+			if !b.Terminating && (len(lbFamilies) == 0 || lbFamilies[b.Addr.Is4()]) {
+				localReady[b.Addr] = true
 			}
 		}
 		add := func(a netip.Addr, kind FrontendKind, port uint16) {
-			bs, n := sets.ordered(a.Is4())
 			f := Frontend{Key: FrontendKey{Addr: a, Port: port, Protocol: sp.Protocol}, Kind: kind, Service: id, ServiceID: sid,
-				PortName: sp.Name, AffinityTimeout: s.AffinityTimeout, Backends: bs, LocalBackends: n}
+				PortName: sp.Name, AffinityTimeout: s.AffinityTimeout}
 			switch kind {
 			case FrontendClusterIP:
 				f.InternalLocal = s.InternalTrafficPolicy == store.PolicyLocal
@@ -147,6 +180,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			default:
 				f.ExternalLocal = extLocal
 			}
+			f.Backends, f.LocalBackends, f.ClusterStart = sets.ordered(a.Is4(), f.ExternalLocal || f.InternalLocal)
 			out = append(out, f)
 		}
 		for _, a := range s.ClusterIPs {
@@ -172,9 +206,15 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			}
 		}
 	}
+	// One frontend per key within a service: the load-balancer kind wins over the same
+	// address listed as an external IP, so its source ranges are never bypassed.
+	slices.SortStableFunc(out, func(a, b Frontend) int {
+		return cmp.Or(cmpFrontendKey(a.Key, b.Key), cmp.Compare(kindRank[a.Kind], kindRank[b.Kind]))
+	})
+	out = slices.CompactFunc(out, func(a, b Frontend) bool { return a.Key == b.Key })
 	var hc *HealthCheck
 	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
-		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id, LocalEndpoints: localReady}
+		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id, LocalEndpoints: len(localReady)}
 	}
 	return out, hc
 }
@@ -182,7 +222,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 func frontendEqual(a, b Frontend) bool {
 	return a.Key == b.Key && a.Kind == b.Kind && a.Service == b.Service && a.ServiceID == b.ServiceID && a.PortName == b.PortName &&
 		a.ExternalLocal == b.ExternalLocal && a.InternalLocal == b.InternalLocal && a.AffinityTimeout == b.AffinityTimeout &&
-		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends
+		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends && a.ClusterStart == b.ClusterStart
 }
 
 // recomputeServices recomputes dirty services; where two services claim one frontend or

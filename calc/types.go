@@ -196,8 +196,16 @@ type Backend struct {
 	Terminating bool
 }
 
-// Frontend is one address:port:protocol a service answers on, with its backends ordered
-// local first; LocalBackends counts the local ones at the front.
+// Frontend is one address:port:protocol a service answers on, with its backends.
+//
+// Backends holds two overlapping ranges: the node-local set is Backends[:LocalBackends] and
+// the cluster-wide set is Backends[ClusterStart:]. Each set has its own terminating fallback
+// (as in kube-proxy), so a local set made of terminating endpoints is not mixed into a
+// cluster set of ready ones: such entries sit before ClusterStart. In the common case
+// ClusterStart is 0 and the list is simply "local first, then the rest".
+//
+// Hazard: forwarding cluster-policy traffic to Backends[:] instead of Backends[ClusterStart:]
+// would send connections to terminating endpoints while ready ones exist.
 type Frontend struct {
 	Key       FrontendKey
 	Kind      FrontendKind
@@ -216,6 +224,7 @@ type Frontend struct {
 	SourceRanges  []netip.Prefix
 	Backends      []Backend
 	LocalBackends int
+	ClusterStart  int
 }
 
 // HealthCheck is a health-check node port and what it should answer.

@@ -185,7 +185,19 @@ func parseOptionalMAC(field, s string) (net.HardwareAddr, error) {
 	if err != nil || len(mac) != 6 {
 		return nil, bad(field, "%q is not a MAC address", s)
 	}
+	if mac[0]&1 != 0 {
+		return nil, bad(field, "%q is a multicast or broadcast MAC: want a unicast one", s)
+	}
 	return mac, nil
+}
+
+// usableAddr rejects addresses that cannot be a host's: unspecified, loopback, multicast,
+// link-local.
+func usableAddr(field string, a netip.Addr) error {
+	if !a.IsGlobalUnicast() {
+		return bad(field, "%s cannot be a node's address", a)
+	}
+	return nil
 }
 
 func decodeNode(id string, value []byte) (Object, error) {
@@ -237,6 +249,19 @@ func decodeNode(id string, value []byte) (Object, error) {
 	}
 	if n.IPv4VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv4VXLANTunnelAddr", r.Spec.IPv4VXLANTunnelAddr, true); err != nil {
 		return nil, err
+	}
+	for _, c := range []struct {
+		field string
+		addr  netip.Addr
+	}{
+		{"spec.bgp.ipv4Address", n.IPv4Address.Addr()}, {"spec.bgp.ipv6Address", n.IPv6Address.Addr()},
+		{"spec.ipv4VXLANTunnelAddr", n.IPv4VXLANTunnelAddr},
+	} {
+		if c.addr.IsValid() {
+			if err := usableAddr(c.field, c.addr); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if n.IPv6VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv6VXLANTunnelAddr", r.Spec.IPv6VXLANTunnelAddr, false); err != nil {
 		return nil, err
@@ -345,7 +370,10 @@ func decodeWorkloadEndpoint(id string, value []byte) (Object, error) {
 		if !ok {
 			return nil, bad(fmt.Sprintf("spec.ipNetworks[%d]", i), "%q is not a CIDR", s)
 		}
-		w.IPNetworks = append(w.IPNetworks, p.Masked())
+		if p.Masked() != p {
+			return nil, bad(fmt.Sprintf("spec.ipNetworks[%d]", i), "%q has host bits set: want an address (/32, /128) or a network", s)
+		}
+		w.IPNetworks = append(w.IPNetworks, p)
 	}
 	for i, n := range r.Spec.IPNATs {
 		in, err1 := netip.ParseAddr(n.InternalIP)
@@ -483,6 +511,22 @@ func decodeService(id string, value []byte) (Object, error) {
 			return nil, bad(f, "duplicate port %s", k)
 		}
 		seen[k] = true
+		if len(r.Spec.Ports) > 1 {
+			if sp.Name == "" {
+				return nil, bad(f+".name", "missing: every port of a multi-port service needs a name")
+			}
+			if seen["name/"+sp.Name] {
+				return nil, bad(f+".name", "duplicate port name %q", sp.Name)
+			}
+			seen["name/"+sp.Name] = true
+		}
+		if sp.NodePort != 0 {
+			nk := "node/" + string(sp.Protocol) + "/" + strconv.Itoa(int(sp.NodePort))
+			if seen[nk] {
+				return nil, bad(f+".nodePort", "duplicate node port %d/%s", sp.NodePort, sp.Protocol)
+			}
+			seen[nk] = true
+		}
 		s.Ports = append(s.Ports, sp)
 	}
 	if s.ExternalTrafficPolicy, err = parsePolicy("spec.externalTrafficPolicy", r.Spec.ExternalTrafficPolicy); err != nil {
@@ -539,7 +583,7 @@ func decodeEndpointSlice(id string, value []byte) (Object, error) {
 		if c.Ready != nil {
 			out.Ready = *c.Ready
 		}
-		out.Serving = out.Ready
+		out.Serving = true // as kube-proxy reads it: unknown means serving
 		if c.Serving != nil {
 			out.Serving = *c.Serving
 		}
@@ -566,7 +610,7 @@ func decodeEndpointSlice(id string, value []byte) (Object, error) {
 			return nil, err
 		}
 		if p.Port == nil {
-			return nil, bad(f+".port", "missing")
+			continue // "all ports" in Kubernetes: nothing a service port can be matched to
 		}
 		if ep.Port, err = parsePort(f+".port", *p.Port, false); err != nil {
 			return nil, err

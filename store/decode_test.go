@@ -77,7 +77,14 @@ func TestDecodeRejectsWithField(t *testing.T) {
 		{"svc type", store.ServicePrefix + "ns/s", `{"spec":{"type":"Headless"}}`, "spec.type", "unknown type"},
 		{"svc port", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"port":0}]}}`, "spec.ports[0].port", "not a port"},
 		{"svc proto", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"port":80,"protocol":"ICMP"}]}}`, "spec.ports[0].protocol", "unknown protocol"},
-		{"svc dup port", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"port":80},{"port":80}]}}`, "spec.ports[1]", "duplicate"},
+		{"svc dup port", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"name":"a","port":80},{"name":"b","port":80}]}}`, "spec.ports[1]", "duplicate"},
+		{"svc unnamed ports", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"port":80},{"port":81}]}}`, "spec.ports[0].name", "needs a name"},
+		{"svc dup names", store.ServicePrefix + "ns/s", `{"spec":{"ports":[{"name":"a","port":80},{"name":"a","port":81}]}}`, "spec.ports[1].name", "duplicate port name"},
+		{"svc dup node port", store.ServicePrefix + "ns/s", `{"spec":{"type":"NodePort","ports":[{"name":"a","port":80,"nodePort":30000},{"name":"b","port":81,"nodePort":30000}]}}`, "spec.ports[1].nodePort", "duplicate node port"},
+		{"wep host bits", store.WorkloadEndpointPrefix + "ns/w", `{"spec":{"node":"n","interfaceName":"cali1","ipNetworks":["10.65.0.5/24"]}}`, "spec.ipNetworks[0]", "host bits"},
+		{"node underlay any", store.NodePrefix + "n", `{"spec":{"bgp":{"ipv4Address":"0.0.0.0/0"}}}`, "spec.bgp.ipv4Address", "cannot be a node's address"},
+		{"node tunnel loopback", store.NodePrefix + "n", `{"spec":{"ipv4VXLANTunnelAddr":"127.0.0.1"}}`, "spec.ipv4VXLANTunnelAddr", "cannot be a node's address"},
+		{"node broadcast mac", store.NodePrefix + "n", `{"spec":{"vxlanTunnelMACAddr":"ff:ff:ff:ff:ff:ff"}}`, "spec.vxlanTunnelMACAddr", "unicast"},
 		{"svc policy", store.ServicePrefix + "ns/s", `{"spec":{"externalTrafficPolicy":"Nearby"}}`, "spec.externalTrafficPolicy", "unknown policy"},
 		{"svc affinity timeout", store.ServicePrefix + "ns/s", `{"spec":{"sessionAffinity":"ClientIP","sessionAffinityConfig":{"clientIP":{"timeoutSeconds":90000}}}}`, "spec.sessionAffinityConfig.clientIP.timeoutSeconds", "out of range"},
 		{"svc cluster ip", store.ServicePrefix + "ns/s", `{"spec":{"clusterIPs":["10.96.0.300"]}}`, "spec.clusterIPs[0]", "not an IP"},
@@ -134,7 +141,7 @@ func TestDecodeDefaultsAndFallbacks(t *testing.T) {
 		b.Allocations[1].Node != "n2" || b.Allocations[1].Handle != "h2" {
 		t.Errorf("block: %+v", b)
 	}
-	s := dec(store.ServicePrefix+"ns/s", `{"spec":{"clusterIP":"10.96.0.1","ports":[{"port":53,"protocol":"UDP","targetPort":"dns"},{"port":80,"targetPort":"8080"}],"sessionAffinity":"ClientIP"}}`).(*store.Service)
+	s := dec(store.ServicePrefix+"ns/s", `{"spec":{"clusterIP":"10.96.0.1","ports":[{"name":"dns","port":53,"protocol":"UDP","targetPort":"dns"},{"name":"http","port":80,"targetPort":"8080"}],"sessionAffinity":"ClientIP"}}`).(*store.Service)
 	if s.Type != store.ServiceClusterIP || len(s.ClusterIPs) != 1 || s.Ports[0].TargetPortName != "dns" || s.Ports[1].TargetPort != 8080 ||
 		s.Ports[1].Protocol != store.ProtocolTCP || s.AffinityTimeout != store.DefaultAffinityTimeout ||
 		s.ExternalTrafficPolicy != store.PolicyCluster || s.InternalTrafficPolicy != store.PolicyCluster {
@@ -147,7 +154,7 @@ func TestDecodeDefaultsAndFallbacks(t *testing.T) {
 	want := []store.Endpoint{
 		{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, Ready: true, Serving: true},
 		{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.2")}, Serving: true, Terminating: true},
-		{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.3")}},
+		{Addresses: []netip.Addr{netip.MustParseAddr("10.0.0.3")}, Serving: true}, // serving unknown means serving, as kube-proxy reads it
 	}
 	for i, w := range want {
 		g := e.Endpoints[i]

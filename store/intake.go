@@ -130,11 +130,16 @@ func (in *Intake) Run(ctx context.Context) error {
 			in.stats.Resyncs.Add(1)
 		}
 		first = false
-		attempt = 0
+		started := time.Now()
 		err = in.watch(ctx, rev+1)
 		in.stats.InSync.Store(false)
 		if ctx.Err() != nil {
 			break
+		}
+		// Only a watch that stayed up resets the backoff: one that fails straight after
+		// every good read (no permission, no leader) must not relist at full speed.
+		if time.Since(started) >= stableWatch {
+			attempt = 0
 		}
 		attempt++
 		in.retry(ctx, err, attempt)
@@ -302,6 +307,15 @@ func (in *Intake) flush() {
 	in.batch = in.batch[:0]
 }
 
+// stableWatch is how long a watch must stay up before a failure counts as a new first one.
+const stableWatch = 10 * time.Second
+
+// watchMsg is one watch response, or the news that a watch channel closed.
+type watchMsg struct {
+	resp   clientv3.WatchResponse
+	closed bool
+}
+
 // errCompacted marks a watch that fell behind a compaction.
 var errCompacted = errors.New("watch revision compacted")
 
@@ -309,7 +323,7 @@ var errCompacted = errors.New("watch revision compacted")
 func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	merged := make(chan clientv3.WatchResponse)
+	merged := make(chan watchMsg)
 	done := make(chan struct{})
 	defer close(done)
 	for _, prefix := range in.cfg.Prefixes {
@@ -317,25 +331,29 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		go func() {
 			for resp := range wch {
 				select {
-				case merged <- resp:
+				case merged <- watchMsg{resp: resp}:
 				case <-done:
 					return
 				}
 			}
 			// The channel closed: the watch is over, whatever the reason.
 			select {
-			case merged <- clientv3.WatchResponse{Canceled: true}:
+			case merged <- watchMsg{closed: true}:
 			case <-done:
 			}
 		}()
 	}
 	for {
-		var resp clientv3.WatchResponse
+		var msg watchMsg
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case resp = <-merged:
+		case msg = <-merged:
 		}
+		if msg.closed {
+			return errors.New("watch lost: the watch channel closed")
+		}
+		resp := msg.resp
 		if resp.CompactRevision != 0 {
 			return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
 		}
@@ -346,7 +364,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			return fmt.Errorf("watch lost: %w", err)
 		}
 		if resp.Canceled {
-			return errors.New("watch lost: channel closed")
+			return errors.New("watch lost: cancelled by the server")
 		}
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
