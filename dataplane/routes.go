@@ -1,0 +1,292 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// routeKey is a route's identity in one table: destination and metric (the kernel keeps
+// routes to one destination with different metrics apart).
+type routeKey struct {
+	dst    netip.Prefix
+	metric int
+}
+
+// kernelRoute is the part of a kernel route sluice decides.
+type kernelRoute struct {
+	typ      int
+	link     int
+	gw       netip.Addr
+	onlink   bool
+	scope    netlink.Scope
+	protocol netlink.RouteProtocol
+}
+
+// RouteReporter hears what the route table does beyond its own routes.
+type RouteReporter interface {
+	// Conflict is called once for each foreign route that sat exactly where a sluice route
+	// must go and was replaced.
+	Conflict(dst netip.Prefix, metric int, protocol int)
+}
+
+// RouteTableConfig configures a RouteTable.
+type RouteTableConfig struct {
+	Table    int // default main (254)
+	Protocol int // default DefaultRouteProtocol
+	// ParentAddr is this node's underlay address: the link holding it is calc.ParentDevice.
+	ParentAddr netip.Addr
+	Reporter   RouteReporter
+}
+
+// RouteTable owns the routes in one table that carry sluice's protocol number.
+//
+// Ownership rule: a route is sluice's when its protocol is sluice's. Other routes are never
+// removed or changed, except one sitting at exactly the destination and metric of a desired
+// route, which is replaced (and reported).
+type RouteTable struct {
+	k       Kernel
+	cfg     RouteTableConfig
+	tracker *Tracker[routeKey, kernelRoute]
+	// byDst remembers each desired route's key so a new metric replaces the old key.
+	byDst map[netip.Prefix]routeKey
+	// desired as calc gave them, for resolving devices at Apply time.
+	routes     map[routeKey]calc.Route
+	needRead   bool
+	reported   map[routeKey]bool
+	writes     int
+	unresolved int
+}
+
+// NewRouteTable returns a route table driver; nothing is read or written until Apply.
+func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
+	if cfg.Table == 0 {
+		cfg.Table = unix.RT_TABLE_MAIN
+	}
+	if cfg.Protocol == 0 {
+		cfg.Protocol = DefaultRouteProtocol
+	}
+	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }),
+		byDst: map[netip.Prefix]routeKey{}, routes: map[routeKey]calc.Route{}, needRead: true, reported: map[routeKey]bool{}}
+}
+
+// SetRoute wants r in the kernel (replacing any earlier desired route to r.Dst).
+func (t *RouteTable) SetRoute(r calc.Route) {
+	k := routeKey{dst: r.Dst, metric: r.Metric}
+	if old, ok := t.byDst[r.Dst]; ok && old != k {
+		t.DeleteRoute(r.Dst)
+	}
+	t.byDst[r.Dst] = k
+	t.routes[k] = r // resolved to its kernel form (device index) at Apply
+}
+
+// DeleteRoute wants no sluice route to dst.
+func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
+	k, ok := t.byDst[dst]
+	if !ok {
+		return
+	}
+	delete(t.byDst, dst)
+	delete(t.routes, k)
+	t.tracker.DeleteDesired(k)
+}
+
+// QueueResync makes the next Apply read the kernel again (drift, link changes, failures).
+func (t *RouteTable) QueueResync() { t.needRead = true }
+
+// Writes is how many routes Apply has written or deleted since the table was made.
+func (t *RouteTable) Writes() int { return t.writes }
+
+// Unresolved is how many desired routes the last Apply could not program because their
+// device does not exist (yet): a workload interface that has not appeared.
+func (t *RouteTable) Unresolved() int { return t.unresolved }
+
+func routeType(t calc.RouteType) int {
+	switch t {
+	case calc.RouteBlackhole:
+		return unix.RTN_BLACKHOLE
+	case calc.RouteUnreachable:
+		return unix.RTN_UNREACHABLE
+	case calc.RouteProhibit:
+		return unix.RTN_PROHIBIT
+	}
+	return unix.RTN_UNICAST
+}
+
+// resolve turns a calc route into its kernel form, or false when its device is missing.
+func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent int) (kernelRoute, bool) {
+	kr := kernelRoute{typ: routeType(r.Type), gw: r.Gateway, onlink: r.OnLink, protocol: netlink.RouteProtocol(t.cfg.Protocol)}
+	if kr.typ != unix.RTN_UNICAST {
+		return kr, true
+	}
+	switch r.Device {
+	case "":
+	case calc.ParentDevice:
+		if parent == 0 {
+			return kr, false
+		}
+		kr.link = parent
+	default:
+		idx, ok := links[r.Device]
+		if !ok {
+			return kr, false
+		}
+		kr.link = idx
+	}
+	if !r.Gateway.IsValid() {
+		kr.scope = netlink.SCOPE_LINK
+	}
+	return kr, true
+}
+
+func fromKernel(r netlink.Route) (routeKey, kernelRoute, bool) {
+	if r.Dst == nil {
+		return routeKey{}, kernelRoute{}, false // a default route is never sluice's
+	}
+	ip, ok := netip.AddrFromSlice(r.Dst.IP)
+	if !ok {
+		return routeKey{}, kernelRoute{}, false
+	}
+	ones, _ := r.Dst.Mask.Size()
+	dst := netip.PrefixFrom(ip.Unmap(), ones)
+	kr := kernelRoute{typ: r.Type, link: r.LinkIndex, onlink: r.Flags&unix.RTNH_F_ONLINK != 0, scope: r.Scope, protocol: r.Protocol}
+	if r.Gw != nil {
+		gw, _ := netip.AddrFromSlice(r.Gw)
+		kr.gw = gw.Unmap()
+	}
+	if kr.typ != unix.RTN_UNICAST {
+		kr.link, kr.scope = 0, netlink.SCOPE_UNIVERSE // the kernel reports the loopback device for these
+	}
+	return routeKey{dst: dst, metric: r.Priority}, kr, true
+}
+
+func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *netlink.Route {
+	bits := k.dst.Addr().BitLen()
+	r := &netlink.Route{
+		Dst:      &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), bits)},
+		Table:    t.cfg.Table,
+		Protocol: kr.protocol,
+		Priority: k.metric,
+		Type:     kr.typ,
+		Scope:    kr.scope,
+	}
+	if kr.typ == unix.RTN_UNICAST {
+		r.LinkIndex = kr.link
+	}
+	if kr.gw.IsValid() {
+		r.Gw = kr.gw.AsSlice()
+	}
+	if kr.onlink {
+		r.Flags |= unix.RTNH_F_ONLINK
+	}
+	return r
+}
+
+// Apply makes the table match: after a read of the kernel (first Apply, QueueResync, or a
+// failure) it adopts routes that already match, replaces what differs and deletes sluice's
+// own stale routes; otherwise it writes only what changed since the last Apply. Failures are
+// joined; the failed routes stay pending.
+func (t *RouteTable) Apply() error {
+	links, err := t.k.LinkIndexes()
+	if err != nil {
+		t.needRead = true
+		return err
+	}
+	parent := 0
+	if t.cfg.ParentAddr.IsValid() {
+		if parent, err = t.k.LinkHoldingAddr(t.cfg.ParentAddr.AsSlice()); err != nil {
+			t.needRead = true
+			return err
+		}
+	}
+	if t.needRead {
+		if err := t.read(); err != nil {
+			return err
+		}
+	}
+	// Resolve every desired route against the links as they are now.
+	t.unresolved = 0
+	for k, r := range t.routes {
+		kr, ok := t.resolve(r, links, parent)
+		if !ok {
+			t.unresolved++
+			t.tracker.DeleteDesired(k) // nothing to program until the device appears
+			continue
+		}
+		t.tracker.SetDesired(k, kr)
+	}
+	var errs []error
+	failed := false
+	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
+		if err := t.k.RouteReplace(t.toKernel(k, want)); err != nil {
+			errs = append(errs, fmt.Errorf("replacing route to %s: %w", k.dst, err))
+			failed = true
+			return false
+		}
+		t.writes++
+		t.tracker.SetActual(k, want)
+		return true
+	}, func(k routeKey, have kernelRoute) bool {
+		if int(have.protocol) != t.cfg.Protocol {
+			return true // not ours: never deleted
+		}
+		if err := t.k.RouteDel(t.toKernel(k, have)); err != nil {
+			errs = append(errs, fmt.Errorf("deleting route to %s: %w", k.dst, err))
+			failed = true
+			return false
+		}
+		t.writes++
+		t.tracker.DeleteActual(k)
+		return true
+	})
+	if failed {
+		t.needRead = true
+	}
+	return errors.Join(errs...)
+}
+
+// read loads the table: sluice's routes, and foreign routes sitting exactly where a desired
+// route goes (those are replaced, and reported once).
+func (t *RouteTable) read() error {
+	rs, err := t.k.RouteList(t.cfg.Table)
+	if err != nil {
+		return err
+	}
+	actual := map[routeKey]kernelRoute{}
+	for _, r := range rs {
+		k, kr, ok := fromKernel(r)
+		if !ok {
+			continue
+		}
+		if int(kr.protocol) == t.cfg.Protocol {
+			actual[k] = kr
+			continue
+		}
+		if _, wanted := t.routes[k]; wanted && kr.protocol != unix.RTPROT_KERNEL {
+			actual[k] = kr
+			if !t.reported[k] && t.cfg.Reporter != nil {
+				t.cfg.Reporter.Conflict(k.dst, k.metric, int(kr.protocol))
+			}
+			t.reported[k] = true
+		}
+	}
+	t.tracker.ReplaceActual(actual)
+	t.needRead = false
+	return nil
+}
+
+// Routes returns the desired routes, sorted, for diagnostics.
+func (t *RouteTable) Routes() []calc.Route {
+	out := make([]calc.Route, 0, len(t.routes))
+	for _, r := range t.routes {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b calc.Route) int { return a.Dst.Addr().Compare(b.Dst.Addr()) })
+	return out
+}

@@ -1,0 +1,93 @@
+package dataplane
+
+// Tracker holds the desired and the actual (as last read or written) value of each key of
+// one kind of kernel object, and which keys may differ. It is the one diff used for every
+// kind: routes now; neighbours, FDB entries and map entries next.
+//
+// Hazard: a key is clean only once the kernel confirmed the write; a failed write leaves it
+// dirty, so the next Apply retries it without rereading everything.
+type Tracker[K comparable, V any] struct {
+	equal   func(a, b V) bool
+	desired map[K]V
+	actual  map[K]V
+	dirty   map[K]struct{}
+}
+
+// NewTracker returns an empty tracker comparing values with equal.
+func NewTracker[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
+	return &Tracker[K, V]{equal: equal, desired: map[K]V{}, actual: map[K]V{}, dirty: map[K]struct{}{}}
+}
+
+// SetDesired wants v at k.
+func (t *Tracker[K, V]) SetDesired(k K, v V) {
+	if old, ok := t.desired[k]; ok && t.equal(old, v) {
+		return
+	}
+	t.desired[k] = v
+	t.dirty[k] = struct{}{}
+}
+
+// DeleteDesired wants nothing at k.
+func (t *Tracker[K, V]) DeleteDesired(k K) {
+	if _, ok := t.desired[k]; !ok {
+		return
+	}
+	delete(t.desired, k)
+	t.dirty[k] = struct{}{}
+}
+
+// Desired returns the desired value at k.
+func (t *Tracker[K, V]) Desired(k K) (V, bool) {
+	v, ok := t.desired[k]
+	return v, ok
+}
+
+// DesiredLen is how many keys are desired.
+func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
+
+// ReplaceActual records a fresh read of the kernel; every key becomes dirty.
+func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
+	t.actual = actual
+	clear(t.dirty)
+	for k := range t.desired {
+		t.dirty[k] = struct{}{}
+	}
+	for k := range t.actual {
+		t.dirty[k] = struct{}{}
+	}
+}
+
+// SetActual records that the kernel now holds v at k.
+func (t *Tracker[K, V]) SetActual(k K, v V) { t.actual[k] = v }
+
+// DeleteActual records that the kernel holds nothing at k.
+func (t *Tracker[K, V]) DeleteActual(k K) { delete(t.actual, k) }
+
+// Pending calls set for each dirty key whose desired value the kernel lacks, then del for
+// each dirty key the kernel holds but nobody wants (adds before deletes). Keys whose callback
+// returns true are clean afterwards; the rest stay dirty.
+func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V) bool) {
+	for k := range t.dirty {
+		want, wanted := t.desired[k]
+		have, held := t.actual[k]
+		switch {
+		case wanted && (!held || !t.equal(want, have)):
+			if set(k, want) {
+				delete(t.dirty, k)
+			}
+		case !wanted && held:
+			// second pass
+		default:
+			delete(t.dirty, k)
+		}
+	}
+	for k := range t.dirty {
+		have, held := t.actual[k]
+		if _, wanted := t.desired[k]; !wanted && held && del(k, have) {
+			delete(t.dirty, k)
+		}
+	}
+}
+
+// Dirty is how many keys may differ.
+func (t *Tracker[K, V]) Dirty() int { return len(t.dirty) }
