@@ -21,6 +21,12 @@ type FakeKernel struct {
 	routes map[int]map[string]netlink.Route
 	links  map[string]int
 	addrs  map[netip.Addr]int
+	// attrs of links made through LinkAdd (or given by SetLink), by name
+	linkObj map[string]netlink.Link
+	mtu     map[string]int
+	up      map[string]bool
+	// neighbours by link index, family, then IP (or MAC for FDB entries)
+	neighs map[int]map[int]map[string]netlink.Neigh
 	// fail decides, for an operation and its subject, whether it fails and with what.
 	fail   func(op, subject string) error
 	Writes int
@@ -28,7 +34,8 @@ type FakeKernel struct {
 
 // NewFakeKernel returns an empty fake kernel.
 func NewFakeKernel() *FakeKernel {
-	return &FakeKernel{routes: map[int]map[string]netlink.Route{}, links: map[string]int{}, addrs: map[netip.Addr]int{}}
+	return &FakeKernel{routes: map[int]map[string]netlink.Route{}, links: map[string]int{}, addrs: map[netip.Addr]int{},
+		linkObj: map[string]netlink.Link{}, mtu: map[string]int{}, up: map[string]bool{}, neighs: map[int]map[int]map[string]netlink.Neigh{}}
 }
 
 // FailWith installs a failure rule: f is asked about each operation ("route-replace",
@@ -54,8 +61,16 @@ func (f *FakeKernel) AddLink(name string) int {
 	if i, ok := f.links[name]; ok {
 		return i
 	}
-	idx := len(f.links) + 2 // 1 is lo
+	return f.addLinkLocked(name)
+}
+
+func (f *FakeKernel) addLinkLocked(name string) int {
+	idx := 2 // 1 is lo
+	for _, i := range f.links {
+		idx = max(idx, i+1)
+	}
 	f.links[name] = idx
+	f.mtu[name] = 1500
 	return idx
 }
 
@@ -65,6 +80,13 @@ func (f *FakeKernel) DelLink(name string) {
 	defer f.mu.Unlock()
 	idx := f.links[name]
 	delete(f.links, name)
+	delete(f.linkObj, name)
+	delete(f.neighs, idx)
+	for a, i := range f.addrs {
+		if i == idx {
+			delete(f.addrs, a)
+		}
+	}
 	for _, t := range f.routes {
 		for k, r := range t {
 			if r.LinkIndex == idx && idx != 0 {
@@ -220,4 +242,237 @@ func RenderRoute(r netlink.Route, names map[int]string) string {
 		b.WriteString(" onlink")
 	}
 	return b.String()
+}
+
+func (f *FakeKernel) linkLocked(name string) netlink.Link {
+	idx, ok := f.links[name]
+	if !ok {
+		return nil
+	}
+	l := f.linkObj[name]
+	if l == nil {
+		l = &netlink.Device{}
+	}
+	a := l.Attrs()
+	a.Name, a.Index, a.MTU = name, idx, f.mtu[name]
+	if f.up[name] {
+		a.Flags |= net.FlagUp
+	}
+	return l
+}
+
+func (f *FakeKernel) Link(name string) (netlink.Link, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("link-get", name); err != nil {
+		return nil, err
+	}
+	return f.linkLocked(name), nil
+}
+
+func (f *FakeKernel) LinkByIndex(index int) (netlink.Link, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for n, i := range f.links {
+		if i == index {
+			return f.linkLocked(n), nil
+		}
+	}
+	return nil, nil
+}
+
+// SetMTU sets a link's MTU as another program would.
+func (f *FakeKernel) SetMTU(name string, mtu int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mtu[name] = mtu
+}
+
+func (f *FakeKernel) LinkAdd(l netlink.Link) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	name := l.Attrs().Name
+	if err := f.check("link-add", name); err != nil {
+		return err
+	}
+	if _, ok := f.links[name]; ok {
+		return unix.EEXIST
+	}
+	f.Writes++
+	f.addLinkLocked(name)
+	if l.Attrs().MTU != 0 {
+		f.mtu[name] = l.Attrs().MTU
+	}
+	f.linkObj[name] = l
+	return nil
+}
+
+func (f *FakeKernel) LinkDel(name string) error {
+	f.mu.Lock()
+	if err := f.check("link-del", name); err != nil {
+		f.mu.Unlock()
+		return err
+	}
+	_, ok := f.links[name]
+	if ok {
+		f.Writes++
+	}
+	f.mu.Unlock()
+	if ok {
+		f.DelLink(name)
+	}
+	return nil
+}
+
+func (f *FakeKernel) LinkSetUp(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("link-up", name); err != nil {
+		return err
+	}
+	if _, ok := f.links[name]; !ok {
+		return unix.ENODEV
+	}
+	if !f.up[name] {
+		f.Writes++
+	}
+	f.up[name] = true
+	return nil
+}
+
+func (f *FakeKernel) LinkSetMTU(name string, mtu int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("link-mtu", name); err != nil {
+		return err
+	}
+	f.Writes++
+	f.mtu[name] = mtu
+	return nil
+}
+
+func (f *FakeKernel) LinkSetMAC(name string, mac net.HardwareAddr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("link-mac", name); err != nil {
+		return err
+	}
+	f.Writes++
+	if l := f.linkObj[name]; l != nil {
+		l.Attrs().HardwareAddr = mac
+	}
+	return nil
+}
+
+func (f *FakeKernel) Addrs(name string) ([]netip.Prefix, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []netip.Prefix
+	idx := f.links[name]
+	for a, i := range f.addrs {
+		if i == idx {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return out, nil
+}
+
+func (f *FakeKernel) AddrReplace(name string, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("addr-replace", name); err != nil {
+		return err
+	}
+	f.Writes++
+	f.addrs[p.Addr()] = f.links[name]
+	return nil
+}
+
+func (f *FakeKernel) AddrDel(name string, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Writes++
+	delete(f.addrs, p.Addr())
+	return nil
+}
+
+func neighID(n *netlink.Neigh) string {
+	if n.Family == unix.AF_BRIDGE {
+		return n.HardwareAddr.String()
+	}
+	return n.IP.String()
+}
+
+func (f *FakeKernel) Neighs(linkIndex, family int) ([]netlink.Neigh, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("neigh-list", ""); err != nil {
+		return nil, err
+	}
+	var out []netlink.Neigh
+	for _, n := range f.neighs[linkIndex][family] {
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (f *FakeKernel) NeighSet(n *netlink.Neigh) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("neigh-set", neighID(n)); err != nil {
+		return err
+	}
+	f.Writes++
+	byFam := f.neighs[n.LinkIndex]
+	if byFam == nil {
+		byFam = map[int]map[string]netlink.Neigh{}
+		f.neighs[n.LinkIndex] = byFam
+	}
+	if byFam[n.Family] == nil {
+		byFam[n.Family] = map[string]netlink.Neigh{}
+	}
+	byFam[n.Family][neighID(n)] = *n
+	return nil
+}
+
+func (f *FakeKernel) NeighDel(n *netlink.Neigh) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("neigh-del", neighID(n)); err != nil {
+		return err
+	}
+	f.Writes++
+	delete(f.neighs[n.LinkIndex][n.Family], neighID(n))
+	return nil
+}
+
+// RenderLink prints a link, its addresses, neighbours and FDB entries, sorted.
+func (f *FakeKernel) RenderLink(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.linkLocked(name)
+	if l == nil {
+		return name + " absent"
+	}
+	var lines []string
+	head := fmt.Sprintf("%s mtu %d up %t mac %s", name, f.mtu[name], f.up[name], l.Attrs().HardwareAddr)
+	if vx, ok := l.(*netlink.Vxlan); ok {
+		head += fmt.Sprintf(" vxlan id %d port %d learning %t local %s dev %d", vx.VxlanId, vx.Port, vx.Learning, vx.SrcAddr, vx.VtepDevIndex)
+	}
+	for a, i := range f.addrs {
+		if i == l.Attrs().Index {
+			lines = append(lines, "addr "+a.String())
+		}
+	}
+	for fam, ns := range f.neighs[l.Attrs().Index] {
+		for _, n := range ns {
+			if fam == unix.AF_BRIDGE {
+				lines = append(lines, fmt.Sprintf("fdb %s dst %s", n.HardwareAddr, n.IP))
+			} else {
+				lines = append(lines, fmt.Sprintf("neigh %s lladdr %s", n.IP, n.HardwareAddr))
+			}
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(append([]string{head}, lines...), "\n")
 }

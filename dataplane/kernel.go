@@ -7,7 +7,10 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -29,6 +32,24 @@ type Kernel interface {
 	LinkIndexes() (map[string]int, error)
 	// LinkHoldingAddr returns the index of the link that holds addr, or 0.
 	LinkHoldingAddr(addr []byte) (int, error)
+
+	// Link returns the named link, or nil when there is none.
+	Link(name string) (netlink.Link, error)
+	// LinkByIndex returns the link with that index, or nil.
+	LinkByIndex(index int) (netlink.Link, error)
+	LinkAdd(l netlink.Link) error
+	LinkDel(name string) error
+	LinkSetUp(name string) error
+	LinkSetMTU(name string, mtu int) error
+	LinkSetMAC(name string, mac net.HardwareAddr) error
+	// Addrs lists the addresses on the named link.
+	Addrs(name string) ([]netip.Prefix, error)
+	AddrReplace(name string, p netip.Prefix) error
+	AddrDel(name string, p netip.Prefix) error
+	// Neighs lists the neighbour (AF_INET, AF_INET6) or FDB (AF_BRIDGE) entries of a link.
+	Neighs(linkIndex, family int) ([]netlink.Neigh, error)
+	NeighSet(n *netlink.Neigh) error
+	NeighDel(n *netlink.Neigh) error
 }
 
 // netlinkKernel is the real Kernel over one netlink handle.
@@ -81,4 +102,92 @@ func (k *netlinkKernel) LinkHoldingAddr(addr []byte) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+func (k *netlinkKernel) Link(name string) (netlink.Link, error) {
+	l, err := k.h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil, nil
+	}
+	return l, err
+}
+
+func (k *netlinkKernel) LinkByIndex(index int) (netlink.Link, error) {
+	l, err := k.h.LinkByIndex(index)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return nil, nil
+	}
+	return l, err
+}
+
+func (k *netlinkKernel) LinkAdd(l netlink.Link) error { return k.h.LinkAdd(l) }
+
+func (k *netlinkKernel) withLink(name string, f func(netlink.Link) error) error {
+	l, err := k.h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("link %s: %w", name, err)
+	}
+	return f(l)
+}
+
+func (k *netlinkKernel) LinkDel(name string) error {
+	l, err := k.Link(name)
+	if err != nil || l == nil {
+		return err
+	}
+	return k.h.LinkDel(l)
+}
+
+func (k *netlinkKernel) LinkSetUp(name string) error {
+	return k.withLink(name, k.h.LinkSetUp)
+}
+
+func (k *netlinkKernel) LinkSetMTU(name string, mtu int) error {
+	return k.withLink(name, func(l netlink.Link) error { return k.h.LinkSetMTU(l, mtu) })
+}
+
+func (k *netlinkKernel) LinkSetMAC(name string, mac net.HardwareAddr) error {
+	return k.withLink(name, func(l netlink.Link) error { return k.h.LinkSetHardwareAddr(l, mac) })
+}
+
+func (k *netlinkKernel) Addrs(name string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	err := k.withLink(name, func(l netlink.Link) error {
+		as, err := k.h.AddrList(l, netlink.FAMILY_ALL)
+		for _, a := range as {
+			ip, _ := netip.AddrFromSlice(a.IP)
+			ones, _ := a.Mask.Size()
+			out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+		return err
+	})
+	return out, err
+}
+
+func toAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+}
+
+func (k *netlinkKernel) AddrReplace(name string, p netip.Prefix) error {
+	return k.withLink(name, func(l netlink.Link) error { return k.h.AddrReplace(l, toAddr(p)) })
+}
+
+func (k *netlinkKernel) AddrDel(name string, p netip.Prefix) error {
+	return k.withLink(name, func(l netlink.Link) error { return k.h.AddrDel(l, toAddr(p)) })
+}
+
+func (k *netlinkKernel) Neighs(linkIndex, family int) ([]netlink.Neigh, error) {
+	return k.h.NeighList(linkIndex, family)
+}
+
+func (k *netlinkKernel) NeighSet(n *netlink.Neigh) error { return k.h.NeighSet(n) }
+
+func (k *netlinkKernel) NeighDel(n *netlink.Neigh) error {
+	err := k.h.NeighDel(n)
+	if err == unix.ENOENT || err == unix.ESRCH {
+		return nil
+	}
+	return err
 }

@@ -1,0 +1,292 @@
+package dataplane
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// VXLAN defaults, chosen so sluice nodes and Calico nodes can share a cluster.
+const (
+	DefaultVXLANName = "vxlan.sluice"
+	DefaultVNI       = 4096
+	DefaultVXLANPort = 4789
+	vxlanOverhead    = 50
+)
+
+// VXLANConfig configures the VXLAN device.
+type VXLANConfig struct {
+	Name string // default vxlan.sluice
+	VNI  int    // default 4096
+	Port int    // default 4789
+	// MTU of the device; 0 means the parent's MTU minus 50.
+	MTU int
+	// ParentAddr is this node's underlay address; the device is bound to the link holding it
+	// and sends from it.
+	ParentAddr netip.Addr
+}
+
+// VXLAN owns sluice's VXLAN device (recognised by its name), its address, and every
+// neighbour and FDB entry on it: the remote VTEPs, as permanent neighbour entries (tunnel
+// address → MAC) and FDB entries (MAC → underlay address). Learning is off: nothing but sluice
+// writes entries there.
+type VXLAN struct {
+	k     Kernel
+	cfg   VXLANConfig
+	local *calc.VTEP
+	// neigh: remote tunnel address → MAC; fdb: remote MAC → underlay address.
+	neigh    *Tracker[netip.Addr, string]
+	fdb      *Tracker[string, netip.Addr]
+	needRead bool
+	writes   int
+	// Recreated counts devices sluice deleted because they did not match (wrong VNI, port,
+	// learning, parent).
+	Recreated int
+}
+
+// NewVXLAN returns the driver; nothing is touched until Apply.
+func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
+	if cfg.Name == "" {
+		cfg.Name = DefaultVXLANName
+	}
+	if cfg.VNI == 0 {
+		cfg.VNI = DefaultVNI
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultVXLANPort
+	}
+	eq := func(a, b string) bool { return a == b }
+	return &VXLAN{k: k, cfg: cfg, neigh: NewTracker[netip.Addr, string](eq),
+		fdb: NewTracker[string, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
+}
+
+// SetVTEP wants a VTEP: this node's (the device) or a remote one (neighbour and FDB entry).
+// Only IPv4 VTEPs are programmed so far.
+func (x *VXLAN) SetVTEP(v calc.VTEP) {
+	if !v.TunnelAddr.Is4() {
+		return
+	}
+	if v.Local {
+		c := v
+		x.local = &c
+		return
+	}
+	x.neigh.SetDesired(v.TunnelAddr, v.MAC.String())
+	x.fdb.SetDesired(v.MAC.String(), v.Underlay)
+}
+
+// DeleteVTEP withdraws a VTEP.
+func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
+	if !v.TunnelAddr.Is4() {
+		return
+	}
+	if v.Local {
+		x.local = nil
+		return
+	}
+	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == v.MAC.String() {
+		x.neigh.DeleteDesired(v.TunnelAddr)
+	}
+	if u, ok := x.fdb.Desired(v.MAC.String()); ok && u == v.Underlay {
+		x.fdb.DeleteDesired(v.MAC.String())
+	}
+}
+
+// QueueResync makes the next Apply read the device and its entries again.
+func (x *VXLAN) QueueResync() { x.needRead = true }
+
+// Writes is how many changes Apply has made.
+func (x *VXLAN) Writes() int { return x.writes }
+
+// Name is the device's name.
+func (x *VXLAN) Name() string { return x.cfg.Name }
+
+// Apply makes the device and its entries match. Without a local VTEP (VXLAN off, or this
+// node has no tunnel address yet) the device is removed.
+func (x *VXLAN) Apply() error {
+	if x.local == nil {
+		l, err := x.k.Link(x.cfg.Name)
+		if err != nil || l == nil {
+			return err
+		}
+		x.writes++
+		return x.k.LinkDel(x.cfg.Name)
+	}
+	idx, err := x.ensureDevice()
+	if err != nil {
+		x.needRead = true
+		return err
+	}
+	if x.needRead {
+		if err := x.read(idx); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
+		hw, _ := net.ParseMAC(mac)
+		err := x.k.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw})
+		return x.done(err, &errs, "setting neighbour "+ip.String(), func() { x.neigh.SetActual(ip, mac) })
+	}, func(ip netip.Addr, mac string) bool {
+		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, IP: ip.AsSlice()})
+		return x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip) })
+	})
+	x.fdb.Pending(func(mac string, dst netip.Addr) bool {
+		hw, _ := net.ParseMAC(mac)
+		err := x.k.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: dst.AsSlice(), HardwareAddr: hw})
+		return x.done(err, &errs, "setting FDB entry "+mac, func() { x.fdb.SetActual(mac, dst) })
+	}, func(mac string, dst netip.Addr) bool {
+		hw, _ := net.ParseMAC(mac)
+		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
+		return x.done(err, &errs, "deleting FDB entry "+mac, func() { x.fdb.DeleteActual(mac) })
+	})
+	if len(errs) > 0 {
+		x.needRead = true
+	}
+	return errors.Join(errs...)
+}
+
+func (x *VXLAN) done(err error, errs *[]error, what string, ok func()) bool {
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("%s on %s: %w", what, x.cfg.Name, err))
+		return false
+	}
+	x.writes++
+	ok()
+	return true
+}
+
+// ensureDevice creates the device or corrects it, and returns its index.
+func (x *VXLAN) ensureDevice() (int, error) {
+	parent, err := x.k.LinkHoldingAddr(x.cfg.ParentAddr.AsSlice())
+	if err != nil {
+		return 0, err
+	}
+	if parent == 0 {
+		return 0, fmt.Errorf("no interface holds this node's address %s: cannot bind %s", x.cfg.ParentAddr, x.cfg.Name)
+	}
+	mtu := x.cfg.MTU
+	if mtu == 0 {
+		pl, err := x.k.LinkByIndex(parent)
+		if err != nil || pl == nil {
+			return 0, fmt.Errorf("reading the parent interface %d: %v", parent, err)
+		}
+		mtu = pl.Attrs().MTU - vxlanOverhead
+	}
+	want := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: x.cfg.Name, MTU: mtu, HardwareAddr: x.local.MAC},
+		VxlanId: x.cfg.VNI, VtepDevIndex: parent, SrcAddr: x.cfg.ParentAddr.AsSlice(), Port: x.cfg.Port, Learning: false}
+	l, err := x.k.Link(x.cfg.Name)
+	if err != nil {
+		return 0, err
+	}
+	if l != nil && !x.matches(l, parent) {
+		// Sluice's device by name, but wrong in what cannot be changed in place.
+		if err := x.k.LinkDel(x.cfg.Name); err != nil {
+			return 0, fmt.Errorf("removing the mismatched %s: %w", x.cfg.Name, err)
+		}
+		x.writes++
+		x.Recreated++
+		l = nil
+	}
+	if l == nil {
+		if err := x.k.LinkAdd(want); err != nil {
+			return 0, fmt.Errorf("creating %s: %w", x.cfg.Name, err)
+		}
+		x.writes++
+		x.needRead = true
+		if l, err = x.k.Link(x.cfg.Name); err != nil || l == nil {
+			return 0, fmt.Errorf("reading the new %s: %v", x.cfg.Name, err)
+		}
+	}
+	a := l.Attrs()
+	if a.MTU != mtu {
+		if err := x.k.LinkSetMTU(x.cfg.Name, mtu); err != nil {
+			return 0, fmt.Errorf("setting %s's MTU: %w", x.cfg.Name, err)
+		}
+		x.writes++
+	}
+	if !bytes.Equal(a.HardwareAddr, x.local.MAC) {
+		if err := x.k.LinkSetMAC(x.cfg.Name, x.local.MAC); err != nil {
+			return 0, fmt.Errorf("setting %s's MAC: %w", x.cfg.Name, err)
+		}
+		x.writes++
+	}
+	if a.Flags&net.FlagUp == 0 {
+		if err := x.k.LinkSetUp(x.cfg.Name); err != nil {
+			return 0, fmt.Errorf("bringing %s up: %w", x.cfg.Name, err)
+		}
+		x.writes++
+	}
+	return a.Index, x.ensureAddr()
+}
+
+func (x *VXLAN) matches(l netlink.Link, parent int) bool {
+	vx, ok := l.(*netlink.Vxlan)
+	return ok && vx.VxlanId == x.cfg.VNI && vx.Port == x.cfg.Port && !vx.Learning && vx.VtepDevIndex == parent &&
+		net.IP(x.cfg.ParentAddr.AsSlice()).Equal(vx.SrcAddr)
+}
+
+// ensureAddr puts the tunnel address on the device, alone.
+func (x *VXLAN) ensureAddr() error {
+	want := netip.PrefixFrom(x.local.TunnelAddr, 32)
+	have, err := x.k.Addrs(x.cfg.Name)
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, p := range have {
+		if p == want {
+			found = true
+			continue
+		}
+		if p.Addr().Is6() && p.Addr().IsLinkLocalUnicast() {
+			continue
+		}
+		if err := x.k.AddrDel(x.cfg.Name, p); err != nil {
+			return fmt.Errorf("removing %s from %s: %w", p, x.cfg.Name, err)
+		}
+		x.writes++
+	}
+	if !found {
+		if err := x.k.AddrReplace(x.cfg.Name, want); err != nil {
+			return fmt.Errorf("adding %s to %s: %w", want, x.cfg.Name, err)
+		}
+		x.writes++
+	}
+	return nil
+}
+
+// read loads the device's neighbour and FDB entries: all of them are sluice's.
+func (x *VXLAN) read(idx int) error {
+	ns, err := x.k.Neighs(idx, unix.AF_INET)
+	if err != nil {
+		return fmt.Errorf("listing neighbours of %s: %w", x.cfg.Name, err)
+	}
+	neigh := map[netip.Addr]string{}
+	for _, n := range ns {
+		if ip, ok := netip.AddrFromSlice(n.IP); ok && n.HardwareAddr != nil && n.State&netlink.NUD_PERMANENT != 0 {
+			neigh[ip.Unmap()] = n.HardwareAddr.String()
+		}
+	}
+	fs, err := x.k.Neighs(idx, unix.AF_BRIDGE)
+	if err != nil {
+		return fmt.Errorf("listing FDB entries of %s: %w", x.cfg.Name, err)
+	}
+	fdb := map[string]netip.Addr{}
+	for _, n := range fs {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if ok && n.HardwareAddr != nil && !bytes.Equal(n.HardwareAddr, make(net.HardwareAddr, 6)) {
+			fdb[n.HardwareAddr.String()] = ip.Unmap()
+		}
+	}
+	x.neigh.ReplaceActual(neigh)
+	x.fdb.ReplaceActual(fdb)
+	x.needRead = false
+	return nil
+}

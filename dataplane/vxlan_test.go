@@ -1,0 +1,192 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+func mac(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+var (
+	vLocal = calc.VTEP{Node: "node-a", TunnelAddr: ip("10.65.0.0"), MAC: mac("66:c1:a0:00:00:0a"), Underlay: nodeAddr, Local: true}
+	vB     = calc.VTEP{Node: "node-b", TunnelAddr: ip("10.65.0.64"), MAC: mac("66:89:3a:22:7a:ac"), Underlay: ip("192.0.2.12")}
+	vC     = calc.VTEP{Node: "node-c", TunnelAddr: ip("10.65.0.128"), MAC: mac("66:c1:a0:00:00:0c"), Underlay: ip("198.51.100.13")}
+)
+
+func TestVXLANFake(t *testing.T) {
+	f := NewFakeKernel()
+	f.AddLink("eth0")
+	f.AddAddr("eth0", nodeAddr)
+	f.SetMTU("eth0", 9000)
+	x := NewVXLAN(f, VXLANConfig{ParentAddr: nodeAddr})
+	for _, v := range []calc.VTEP{vLocal, vB, vC} {
+		x.SetVTEP(v)
+	}
+	if err := x.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	want := `vxlan.sluice mtu 8950 up true mac 66:c1:a0:00:00:0a vxlan id 4096 port 4789 learning false local 192.0.2.11 dev 2
+addr 10.65.0.0
+fdb 66:89:3a:22:7a:ac dst 192.0.2.12
+fdb 66:c1:a0:00:00:0c dst 198.51.100.13
+neigh 10.65.0.128 lladdr 66:c1:a0:00:00:0c
+neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ac`
+	if got := f.RenderLink("vxlan.sluice"); got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+	// node-c moves to another underlay address; node-b goes.
+	moved := vC
+	moved.Underlay = ip("198.51.100.99")
+	x.DeleteVTEP(vB)
+	x.SetVTEP(moved)
+	boom := errors.New("injected")
+	f.FailWith(func(op, subject string) error {
+		if op == "neigh-del" && subject == "10.65.0.64" {
+			return boom
+		}
+		return nil
+	})
+	if err := x.Apply(); !errors.Is(err, boom) {
+		t.Fatalf("Apply = %v, want the injected failure", err)
+	}
+	f.FailWith(nil)
+	if err := x.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	want = `vxlan.sluice mtu 8950 up true mac 66:c1:a0:00:00:0a vxlan id 4096 port 4789 learning false local 192.0.2.11 dev 2
+addr 10.65.0.0
+fdb 66:c1:a0:00:00:0c dst 198.51.100.99
+neigh 10.65.0.128 lladdr 66:c1:a0:00:00:0c`
+	if got := f.RenderLink("vxlan.sluice"); got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+	// A restart with the same desired state writes nothing.
+	before := f.Writes
+	y := NewVXLAN(f, VXLANConfig{ParentAddr: nodeAddr})
+	y.SetVTEP(vLocal)
+	y.SetVTEP(moved)
+	if err := y.Apply(); err != nil || f.Writes != before {
+		t.Fatalf("restart: %v, %d writes", err, f.Writes-before)
+	}
+	// VXLAN off: the device goes.
+	y.DeleteVTEP(vLocal)
+	if err := y.Apply(); err != nil || f.RenderLink("vxlan.sluice") != "vxlan.sluice absent" {
+		t.Fatalf("after withdrawing the local VTEP: %v\n%s", err, f.RenderLink("vxlan.sluice"))
+	}
+}
+
+// renderVXLAN reads the real device and its entries like `ip -d link`, `ip neigh`, `bridge fdb`.
+func (n *testNode) renderVXLAN(name string) string {
+	n.t.Helper()
+	l, err := n.h.LinkByName(name)
+	if err != nil {
+		return name + " absent"
+	}
+	vx := l.(*netlink.Vxlan)
+	parent := ""
+	if pl, err := n.h.LinkByIndex(vx.VtepDevIndex); err == nil {
+		parent = pl.Attrs().Name
+	}
+	lines := []string{fmt.Sprintf("%s mtu %d up %t mac %s vxlan id %d port %d learning %t local %s dev %s", name, l.Attrs().MTU,
+		l.Attrs().Flags&net.FlagUp != 0, l.Attrs().HardwareAddr, vx.VxlanId, vx.Port, vx.Learning, vx.SrcAddr, parent)}
+	var rest []string
+	addrs, _ := n.h.AddrList(l, netlink.FAMILY_V4)
+	for _, a := range addrs {
+		rest = append(rest, "addr "+a.IPNet.String())
+	}
+	ns, _ := n.h.NeighList(l.Attrs().Index, unix.AF_INET)
+	for _, e := range ns {
+		if e.State&netlink.NUD_PERMANENT != 0 {
+			rest = append(rest, fmt.Sprintf("neigh %s lladdr %s permanent", e.IP, e.HardwareAddr))
+		}
+	}
+	fs, _ := n.h.NeighList(l.Attrs().Index, unix.AF_BRIDGE)
+	for _, e := range fs {
+		if e.IP != nil && e.HardwareAddr.String() != "00:00:00:00:00:00" {
+			rest = append(rest, fmt.Sprintf("fdb %s dst %s", e.HardwareAddr, e.IP))
+		}
+	}
+	slices.Sort(rest)
+	return strings.Join(append(lines, rest...), "\n")
+}
+
+// TestVXLANRealKernel checks the device against what Calico's Felix programs for the same
+// data: VNI 4096, port 4789, the node's MAC, learning off, MTU parent-50, the tunnel address,
+// a permanent neighbour and an FDB entry per remote VTEP. Then restart, drift and a wrong
+// device left behind.
+func TestVXLANRealKernel(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	// A stale device on sluice's name with another VNI and learning on, left by earlier software.
+	if err := n.h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan.sluice"}, VxlanId: 1, Port: 8472, Learning: true}); err != nil {
+		t.Fatal(err)
+	}
+	x := NewVXLAN(n.kernel(), VXLANConfig{ParentAddr: nodeAddr})
+	for _, v := range []calc.VTEP{vLocal, vB, vC} {
+		x.SetVTEP(v)
+	}
+	if err := x.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	want := `vxlan.sluice mtu 1450 up true mac 66:c1:a0:00:00:0a vxlan id 4096 port 4789 learning false local 192.0.2.11 dev eth0
+addr 10.65.0.0/32
+fdb 66:89:3a:22:7a:ac dst 192.0.2.12
+fdb 66:c1:a0:00:00:0c dst 198.51.100.13
+neigh 10.65.0.128 lladdr 66:c1:a0:00:00:0c permanent
+neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ac permanent`
+	if got := n.renderVXLAN("vxlan.sluice"); got != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
+	}
+	if x.Recreated != 1 {
+		t.Fatalf("the stale device was recreated %d times, want 1", x.Recreated)
+	}
+
+	restarted := NewVXLAN(n.kernel(), VXLANConfig{ParentAddr: nodeAddr})
+	for _, v := range []calc.VTEP{vLocal, vB, vC} {
+		restarted.SetVTEP(v)
+	}
+	if err := restarted.Apply(); err != nil || restarted.Writes() != 0 {
+		t.Fatalf("restart: %v, %d writes", err, restarted.Writes())
+	}
+
+	// Someone deletes a neighbour and an FDB entry: a resync puts them back.
+	l := n.link("vxlan.sluice")
+	if err := n.h.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_INET, IP: net.ParseIP("10.65.0.64")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.h.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: net.ParseIP("198.51.100.13"), HardwareAddr: vC.MAC}); err != nil {
+		t.Fatal(err)
+	}
+	restarted.QueueResync()
+	if err := restarted.Apply(); err != nil || restarted.Writes() != 2 {
+		t.Fatalf("repair: %v, %d writes, want 2", err, restarted.Writes())
+	}
+	if got := n.renderVXLAN("vxlan.sluice"); got != want {
+		t.Fatalf("after repair:\n%s", got)
+	}
+	// Someone deletes the device: it comes back whole.
+	if err := n.h.LinkDel(l); err != nil {
+		t.Fatal(err)
+	}
+	restarted.QueueResync()
+	if err := restarted.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.renderVXLAN("vxlan.sluice"); got != want {
+		t.Fatalf("after the device was deleted:\n%s", got)
+	}
+}
