@@ -23,7 +23,7 @@ func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
 // sample desired routes, as calc emits them for node-a.
 var (
 	rBlackhole = calc.Route{Dst: pfx("10.65.0.0/26"), Type: calc.RouteBlackhole, Metric: 1024}
-	rLocal     = calc.Route{Dst: pfx("10.65.0.1/32"), Type: calc.RouteUnicast, Device: "cali-web-1"}
+	rLocal     = calc.Route{Dst: pfx("10.65.0.1/32"), Type: calc.RouteUnicast, Device: "cali-web-1", Reason: calc.ReasonLocalWorkload}
 	rVXLAN     = calc.Route{Dst: pfx("10.65.0.64/26"), Type: calc.RouteUnicast, Device: "vxlan.sluice", Gateway: ip("10.65.0.64"), OnLink: true}
 	rDirect    = calc.Route{Dst: pfx("10.66.0.64/26"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.12"), OnLink: true}
 )

@@ -1,0 +1,314 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-net/sluice/calc"
+)
+
+// Config configures the dataplane.
+type Config struct {
+	Routes RouteTableConfig
+	VXLAN  VXLANConfig
+	// ParentAddr is this node's underlay address when no local VTEP says it (VXLAN off).
+	ParentAddr netip.Addr
+	// MinInterval is the least time between applies (coalescing); default 10 ms.
+	MinInterval time.Duration
+	// ResyncInterval is the period of the full safety-net resync; default 90 s.
+	ResyncInterval time.Duration
+	// Sysctl writes a sysctl (path under /proc/sys, value); nil means the real file.
+	Sysctl func(path, value string) error
+	// OnApply, when set, hears the outcome of every apply that did something or failed
+	// (the agent logs, rate-limited); writes is how many kernel changes it made.
+	OnApply func(err error, writes int, took time.Duration)
+}
+
+// Stats are the dataplane's counters.
+type Stats struct {
+	Applies, Failures, Resyncs, Writes int
+	LastErr                            error
+}
+
+// Dataplane takes calc's updates and keeps the kernel matching them. Updates only change the
+// drivers' desired state (cheap, under a lock); Run applies them, coalesced and rate-limited,
+// and reads the kernel again after any failure, on every kernel change it is told of, and
+// periodically.
+type Dataplane struct {
+	cfg Config
+
+	mu      sync.Mutex
+	routes  *RouteTable
+	vxlan   *VXLAN
+	synced  bool // a full update has arrived: writing is allowed
+	dsts    map[netip.Prefix]bool
+	vteps   map[calc.VTEPKey]calc.VTEP
+	locals  map[string]int // workload interfaces with local routes, and how many
+	sysctls map[string]string
+	stats   Stats
+
+	kick chan struct{}
+}
+
+// New returns a dataplane over k; nothing is written before the first full update.
+func New(k Kernel, cfg Config) *Dataplane {
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = 10 * time.Millisecond
+	}
+	if cfg.ResyncInterval == 0 {
+		cfg.ResyncInterval = 90 * time.Second
+	}
+	if cfg.Sysctl == nil {
+		cfg.Sysctl = writeSysctl
+	}
+	cfg.Routes.ParentAddr = cfg.ParentAddr
+	cfg.VXLAN.ParentAddr = cfg.ParentAddr
+	return &Dataplane{cfg: cfg, routes: NewRouteTable(k, cfg.Routes), vxlan: NewVXLAN(k, cfg.VXLAN),
+		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{},
+		kick: make(chan struct{}, 1)}
+}
+
+// OnUpdate takes one calc update.
+func (d *Dataplane) OnUpdate(u *calc.Update) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if u.Full {
+		seen := map[netip.Prefix]bool{}
+		seenV := map[calc.VTEPKey]bool{}
+		for _, op := range u.Ops {
+			if op.Route != nil {
+				seen[op.Route.Dst] = true
+			}
+			if op.VTEP != nil {
+				seenV[op.VTEP.Key()] = true
+			}
+		}
+		for dst := range d.dsts {
+			if !seen[dst] {
+				d.dropLocalLocked(dst)
+				d.routes.DeleteRoute(dst)
+				delete(d.dsts, dst)
+			}
+		}
+		for k, v := range d.vteps {
+			if !seenV[k] {
+				d.vxlan.DeleteVTEP(v)
+				delete(d.vteps, k)
+			}
+		}
+		d.synced = true
+	}
+	for _, op := range u.Ops {
+		switch {
+		case op.VTEP != nil && op.Remove:
+			d.vxlan.DeleteVTEP(*op.VTEP)
+			delete(d.vteps, op.VTEP.Key())
+		case op.VTEP != nil:
+			d.vxlan.SetVTEP(*op.VTEP)
+			d.vteps[op.VTEP.Key()] = *op.VTEP
+			if op.VTEP.Local && op.VTEP.Underlay.IsValid() {
+				d.setParentLocked(op.VTEP.Underlay)
+			}
+		case op.Route != nil && op.Remove:
+			d.dropLocalLocked(op.Route.Dst)
+			d.routes.DeleteRoute(op.Route.Dst)
+			delete(d.dsts, op.Route.Dst)
+		case op.Route != nil:
+			d.dropLocalLocked(op.Route.Dst)
+			d.routes.SetRoute(*op.Route)
+			d.dsts[op.Route.Dst] = true
+			if op.Route.Reason == calc.ReasonLocalWorkload && op.Route.Device != "" {
+				d.locals[op.Route.Device]++
+			}
+		}
+	}
+	d.Kick()
+}
+
+// dropLocalLocked forgets the workload interface of the route now desired at dst, if any.
+func (d *Dataplane) dropLocalLocked(dst netip.Prefix) {
+	k, ok := d.routes.byDst[dst]
+	if !ok {
+		return
+	}
+	if r := d.routes.routes[k]; r.Reason == calc.ReasonLocalWorkload {
+		if d.locals[r.Device]--; d.locals[r.Device] <= 0 {
+			delete(d.locals, r.Device)
+		}
+	}
+}
+
+func (d *Dataplane) setParentLocked(a netip.Addr) {
+	if d.routes.cfg.ParentAddr != a {
+		d.routes.cfg.ParentAddr = a
+		d.vxlan.cfg.ParentAddr = a
+		d.routes.QueueResync()
+		d.vxlan.QueueResync()
+	}
+}
+
+// Kick asks for an apply soon.
+func (d *Dataplane) Kick() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// QueueResync asks for a full read of the kernel at the next apply (the kernel changed
+// under sluice), and kicks.
+func (d *Dataplane) QueueResync() {
+	d.mu.Lock()
+	d.routes.QueueResync()
+	d.vxlan.QueueResync()
+	d.stats.Resyncs++
+	d.mu.Unlock()
+	d.Kick()
+}
+
+// Stats returns the counters.
+func (d *Dataplane) Stats() Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.stats
+	s.Writes = d.routes.Writes() + d.vxlan.Writes()
+	return s
+}
+
+// Synced reports whether the last apply succeeded after a full update.
+func (d *Dataplane) Synced() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.synced && d.stats.Applies > 0 && d.stats.LastErr == nil
+}
+
+// Apply writes what is pending now. Before the first full update it does nothing.
+func (d *Dataplane) Apply() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.synced {
+		return nil
+	}
+	var errs []error
+	if err := d.applySysctls(); err != nil {
+		errs = append(errs, err)
+	}
+	// VTEPs (device, neighbours) before the routes that use them.
+	if err := d.vxlan.Apply(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.routes.Apply(); err != nil {
+		errs = append(errs, err)
+	}
+	err := errors.Join(errs...)
+	d.stats.Applies++
+	d.stats.LastErr = err
+	if err != nil {
+		d.stats.Failures++
+		d.routes.QueueResync()
+		d.vxlan.QueueResync()
+	}
+	return err
+}
+
+// applySysctls sets what forwarding to workloads needs: IPv4 forwarding, and on each local
+// workload's interface proxy ARP (workloads route via a link-local gateway the host answers
+// for), no proxy delay, and forwarding. Values are written only when they differ from what
+// sluice last wrote.
+func (d *Dataplane) applySysctls() error {
+	want := map[string]string{"net/ipv4/ip_forward": "1"}
+	for dev := range d.locals {
+		want["net/ipv4/conf/"+dev+"/proxy_arp"] = "1"
+		want["net/ipv4/neigh/"+dev+"/proxy_delay"] = "0"
+		want["net/ipv4/conf/"+dev+"/forwarding"] = "1"
+	}
+	var errs []error
+	for path, v := range want {
+		if d.sysctls[path] == v {
+			continue
+		}
+		if err := d.cfg.Sysctl(path, v); err != nil {
+			if errors.Is(err, os.ErrNotExist) && (strings.Contains(path, "/conf/") || strings.Contains(path, "/neigh/")) {
+				continue // the interface is not there yet; its link event brings us back
+			}
+			errs = append(errs, err)
+			continue
+		}
+		d.sysctls[path] = v
+	}
+	return errors.Join(errs...)
+}
+
+func writeSysctl(path, value string) error {
+	p := filepath.Join("/proc/sys", path)
+	cur, err := os.ReadFile(p)
+	if err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(p, []byte(value), 0o644)
+}
+
+// ForgetInterface drops what sluice remembers writing for a workload interface (it went, and
+// a new one of the same name needs its sysctls again).
+func (d *Dataplane) ForgetInterface(name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for p := range d.sysctls {
+		if strings.Contains(p, "/"+name+"/") {
+			delete(d.sysctls, p)
+		}
+	}
+}
+
+// Run applies whenever kicked, at most every MinInterval, retries failures with backoff
+// (100 ms doubling to 10 s) and resyncs every ResyncInterval, until ctx ends. Stopping leaves
+// the dataplane in place.
+func (d *Dataplane) Run(ctx context.Context) {
+	resync := time.NewTicker(d.cfg.ResyncInterval)
+	defer resync.Stop()
+	backoff := time.Duration(0)
+	var retry <-chan time.Time
+	last := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.kick:
+		case <-resync.C:
+			d.QueueResync()
+			continue
+		case <-retry:
+			retry = nil
+		}
+		if wait := d.cfg.MinInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		before := d.Stats().Writes
+		err := d.Apply()
+		if f := d.cfg.OnApply; f != nil {
+			if w := d.Stats().Writes - before; w > 0 || err != nil {
+				f(err, w, time.Since(last))
+			}
+		}
+		if err != nil {
+			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)
+			retry = time.After(backoff)
+			continue
+		}
+		backoff = 0
+	}
+}

@@ -1,0 +1,113 @@
+package dataplane
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// sysctlLog records sysctl writes instead of touching the machine's.
+type sysctlLog struct {
+	mu     sync.Mutex
+	writes map[string]string
+}
+
+func (s *sysctlLog) write(path, value string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes[path] = value
+	return nil
+}
+
+func fullUpdate(routes []calc.Route, vteps []calc.VTEP) *calc.Update {
+	u := &calc.Update{Full: true}
+	for i := range vteps {
+		u.Ops = append(u.Ops, calc.Op{VTEP: &vteps[i]})
+	}
+	for i := range routes {
+		u.Ops = append(u.Ops, calc.Op{Route: &routes[i]})
+	}
+	return u
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestDataplaneRepairsDrift runs the whole dataplane in a fresh namespace: nothing is written
+// before the full update, then everything; a route, a neighbour and the VXLAN device deleted
+// by hand come back by themselves; a workload route appears when its interface does.
+func TestDataplaneRepairsDrift(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	sys := &sysctlLog{writes: map[string]string{}}
+	d := New(n.kernel(), Config{Sysctl: sys.write})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.Run(ctx) }()
+	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
+	defer func() { cancel(); wg.Wait() }()
+
+	rLocal2 := calc.Route{Dst: pfx("10.65.0.2/32"), Type: calc.RouteUnicast, Device: "cali-web-2", Reason: calc.ReasonLocalWorkload}
+	// Partial updates before the full one write nothing.
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{Route: &rBlackhole}}})
+	time.Sleep(50 * time.Millisecond)
+	if got := n.routes(DefaultRouteProtocol); got != "" {
+		t.Fatalf("written before the first full update:\n%s", got)
+	}
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, rLocal2, rVXLAN, rDirect}, []calc.VTEP{vLocal, vB, vC}))
+	waitFor(t, "the first apply", func() bool { return n.routes(DefaultRouteProtocol) == allFour })
+	if sys.writes["net/ipv4/ip_forward"] != "1" || sys.writes["net/ipv4/conf/cali-web-1/proxy_arp"] != "1" {
+		t.Fatalf("sysctls: %v", sys.writes)
+	}
+
+	// A route deleted by hand.
+	_, dst, _ := net.ParseCIDR("10.65.0.64/26")
+	if err := n.h.RouteDel(&netlink.Route{Dst: dst, Table: unix.RT_TABLE_MAIN, Protocol: DefaultRouteProtocol}); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, "the route to come back", func() bool { return n.routes(DefaultRouteProtocol) == allFour })
+	t.Logf("route repaired in %v", took)
+
+	// The VXLAN device deleted by hand: device, neighbours and the routes through it return.
+	wantVX := n.renderVXLAN("vxlan.sluice")
+	if err := n.h.LinkDel(n.link("vxlan.sluice")); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor(t, "the VXLAN device to come back", func() bool {
+		return n.renderVXLAN("vxlan.sluice") == wantVX && n.routes(DefaultRouteProtocol) == allFour
+	})
+	t.Logf("VXLAN device and its routes repaired in %v", took)
+
+	// The second workload's interface appears.
+	n.iface("cali-web-2", "")
+	waitFor(t, "the second workload's route", func() bool {
+		return strings.Contains(n.routes(DefaultRouteProtocol), "10.65.0.2/32 dev cali-web-2")
+	})
+	if !d.Synced() {
+		t.Fatalf("not synced: %+v", d.Stats())
+	}
+}
