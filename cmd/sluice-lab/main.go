@@ -67,7 +67,7 @@ type agent struct {
 }
 
 func (l *lab) startAgent(node string) (*agent, error) {
-	cmd := exec.Command(filepath.Join(l.bin, "sluiced"), "--node-name", node, "--log-format", "console", "--log-level", "debug")
+	cmd := exec.Command(filepath.Join(l.bin, "sluiced"), "--node-name", node, "--log-format", "console", "--log-level", "debug", "--dataplane=false")
 	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS="+l.endpoint, "NO_COLOR=1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
 )
 
@@ -28,6 +30,9 @@ type config struct {
 	calc      calc.Config
 	routeSrc  string
 	blackhole string
+	dataplane bool
+	dp        dataplane.Config
+	nodeAddr  string
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
@@ -46,6 +51,14 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 	fs.StringVar(&c.blackhole, "blackhole-type", string(c.calc.BlackholeType), "route type for local blocks: blackhole (silent), unreachable or prohibit (ICMP errors)")
 	fs.IntVar(&c.calc.BlackholeMetric, "blackhole-metric", c.calc.BlackholeMetric, "metric of local-block blackholes (high, so an operator's route wins)")
 	fs.BoolVar(&c.calc.PoolBlackholes, "pool-blackholes", c.calc.PoolBlackholes, "also blackhole whole pools at the lowest priority")
+	fs.BoolVar(&c.dataplane, "dataplane", true, "program the kernel (false: read etcd and compute only)")
+	fs.IntVar(&c.dp.Routes.Table, "route-table", 254, "routing table sluice's routes go in")
+	fs.IntVar(&c.dp.Routes.Protocol, "route-protocol", dataplane.DefaultRouteProtocol, "route protocol number that marks sluice's routes (exclusive to sluice)")
+	fs.IntVar(&c.dp.VXLAN.VNI, "vxlan-vni", dataplane.DefaultVNI, "VXLAN network identifier")
+	fs.IntVar(&c.dp.VXLAN.Port, "vxlan-port", dataplane.DefaultVXLANPort, "VXLAN UDP port")
+	fs.IntVar(&c.dp.VXLAN.MTU, "vxlan-mtu", 0, "MTU of the VXLAN device (0: the parent interface's MTU minus 50)")
+	fs.DurationVar(&c.dp.ResyncInterval, "resync-interval", 90*time.Second, "period of the full dataplane resync (safety net)")
+	fs.StringVar(&c.nodeAddr, "node-address", "", "this node's underlay address, when VXLAN is off and no Node gives it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -64,6 +77,17 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 		c.nodeName = h
 	}
 	c.calc.NodeName, c.calc.RouteSource, c.calc.BlackholeType = c.nodeName, calc.RouteSource(c.routeSrc), calc.RouteType(c.blackhole)
+	c.dp.VXLAN.Name = c.calc.VXLANDevice
+	if c.nodeAddr != "" {
+		a, err := netip.ParseAddr(c.nodeAddr)
+		if err != nil {
+			return nil, fmt.Errorf("--node-address %q: want an IP address", c.nodeAddr)
+		}
+		c.dp.ParentAddr = a
+	}
+	if c.dp.Routes.Protocol < 1 || c.dp.Routes.Protocol > 255 || c.dp.Routes.Protocol == 2 {
+		return nil, fmt.Errorf("--route-protocol %d: want 1 to 255, not the kernel's 2", c.dp.Routes.Protocol)
+	}
 	if _, err := calc.New(c.calc); err != nil {
 		return nil, err
 	}
@@ -117,7 +141,15 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
-	handlers := store.Fanout{index, &eventLogger{log: log, index: index}, &planner{graph: graph, log: log}}
+	plan := &planner{graph: graph, log: log}
+	if c.dataplane {
+		dp, err := startDataplane(ctx, c, log)
+		if err != nil {
+			return err
+		}
+		plan.dp = dp
+	}
+	handlers := store.Fanout{index, &eventLogger{log: log, index: index}, plan}
 	var rec *store.Recorder
 	if c.record != "" {
 		f, err := os.Create(c.record)

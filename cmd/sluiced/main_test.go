@@ -20,6 +20,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
 	"github.com/sluice-net/sluice/store/ipam"
@@ -47,6 +48,9 @@ func TestParseFlagsDefaults(t *testing.T) {
 		calc:      calcDefaults,
 		routeSrc:  string(calcDefaults.RouteSource),
 		blackhole: string(calcDefaults.BlackholeType),
+		dataplane: true,
+		dp: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
+			VXLAN: dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort}, ResyncInterval: 90 * time.Second},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n%+v\nwant\n%+v", *c, *want)
@@ -335,7 +339,7 @@ func TestRun(t *testing.T) {
 	}
 
 	record := filepath.Join(t.TempDir(), "events.jsonl")
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record},
+	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record, "--dataplane=false"},
 		envOf(nil), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,9 +1,17 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
 
 // planner runs the calc graph on the event stream and logs what the desired dataplane
@@ -11,12 +19,16 @@ import (
 type planner struct {
 	graph *calc.Graph
 	log   zerolog.Logger
+	dp    *dataplane.Dataplane // nil with --dataplane=false
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
 	u := p.graph.OnEvents(batch)
 	if u == nil {
 		return
+	}
+	if p.dp != nil {
+		p.dp.OnUpdate(u)
 	}
 	for _, pr := range u.Problems {
 		p.log.Warn().Str("key", pr.Key).Str("reason", pr.Reason).Msg("cannot act on input")
@@ -59,4 +71,46 @@ func describe(op calc.Op) string {
 		return "health-check " + op.HealthCheck.Service
 	}
 	return ""
+}
+
+// startDataplane opens netlink in this namespace and runs the dataplane and its kernel
+// watch until ctx ends. Stopping leaves everything programmed in place.
+func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*dataplane.Dataplane, error) {
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	cfg := c.dp
+	var mu sync.Mutex
+	var lastLog time.Time
+	cfg.OnApply = func(err error, writes int, took time.Duration) {
+		if err == nil {
+			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(lastLog) > 10*time.Second {
+			lastLog = time.Now()
+			log.Warn().Err(err).Int("writes", writes).Msg("dataplane apply failed; retrying with backoff")
+		}
+	}
+	dp := dataplane.New(dataplane.NewKernel(h), cfg)
+	go func() {
+		<-ctx.Done()
+		h.Close()
+	}()
+	go dp.Run(ctx)
+	go func() {
+		for ctx.Err() == nil {
+			if err := dp.Watch(ctx, netns.None()); err != nil {
+				log.Warn().Err(err).Msg("kernel watch lost; resubscribing")
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
+			}
+		}
+	}()
+	return dp, nil
 }
