@@ -70,6 +70,9 @@ type Options struct {
 	ClientPort int
 	// PeerPort 0 means pick a free loopback port.
 	PeerPort int
+	// ClientHost is the address clients reach the server on; "" means 127.0.0.1. The lab
+	// serves the nodes' network namespaces this way; it needs an explicit ClientPort.
+	ClientHost string
 }
 
 // Server is one embedded etcd member listening on 127.0.0.1.
@@ -77,6 +80,7 @@ type Server struct {
 	mu sync.Mutex
 
 	name           string
+	clientHost     string
 	dir            string
 	ownDir         bool
 	tls            *TLSFiles
@@ -134,7 +138,12 @@ func New(t testing.TB) *Server {
 }
 
 func newServer(opts Options, name string) (*Server, error) {
-	s := &Server{name: name, tls: opts.TLS}
+	s := &Server{name: name, tls: opts.TLS, clientHost: opts.ClientHost}
+	if s.clientHost == "" {
+		s.clientHost = "127.0.0.1"
+	} else if opts.ClientPort == 0 {
+		return nil, errors.New("etcdtest: ClientHost needs an explicit ClientPort")
+	}
 	var err error
 	if opts.Dir == "" {
 		s.dir, err = os.MkdirTemp("", "etcdtest-")
@@ -183,7 +192,7 @@ func (s *Server) clientScheme() string {
 
 // Endpoint returns the client URL, "http://127.0.0.1:PORT" (or https).
 func (s *Server) Endpoint() string {
-	return s.clientScheme() + "://127.0.0.1:" + strconv.Itoa(s.clientPort)
+	return s.clientScheme() + "://" + net.JoinHostPort(s.clientHost, strconv.Itoa(s.clientPort))
 }
 
 // PeerURL returns the peer URL, "http://127.0.0.1:PORT".
@@ -212,7 +221,7 @@ func (s *Server) config() *embed.Config {
 	cfg.Name = s.name
 	cfg.Dir = s.dir
 
-	curl := url.URL{Scheme: s.clientScheme(), Host: "127.0.0.1:" + strconv.Itoa(s.clientPort)}
+	curl := url.URL{Scheme: s.clientScheme(), Host: net.JoinHostPort(s.clientHost, strconv.Itoa(s.clientPort))}
 	purl := url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(s.peerPort)}
 	cfg.ListenClientUrls = []url.URL{curl}
 	cfg.AdvertiseClientUrls = []url.URL{curl}

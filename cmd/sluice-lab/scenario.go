@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
+// dataplane with real traffic.
+func (l *lab) demo(ctx context.Context, keep bool) error {
+	l.step("building three nodes, a router, a LAN gateway, a client and five workloads as network namespaces")
+	defer l.cleanup()
+	if err := buildTopology(); err != nil {
+		return err
+	}
+	var err error
+	if l.dir, err = os.MkdirTemp("", "sluice-lab-"); err != nil {
+		return err
+	}
+
+	l.step("starting etcd in the router namespace on %s", etcdListen)
+	etcd, err := l.start(nsRouter, "etcd", false, l.tool(), "etcd", etcdListen, filepath.Join(l.dir, "etcd"))
+	if err != nil {
+		return err
+	}
+	if !etcd.waitFor(30*time.Second, "READY") {
+		return fmt.Errorf("etcd did not start: %v", etcd.lines)
+	}
+
+	l.step("loading the sample cluster from %s with sluicectl", l.testdata)
+	l.mustCtl("apply", "-f", l.testdata)
+	l.step("claiming blocks and assigning addresses as calico-ipam does")
+	for i, node := range []string{"node-a", "node-b", "node-c"} {
+		l.mustCtl("ipam", "claim", "--node", node, "--pool", "pool-vxlan", "--cidr", fmt.Sprintf("10.65.0.%d/26", 64*i))
+		l.mustCtl("ipam", "assign", "--node", node, "--handle", "vxlan-tunnel-addr-"+node, "--ip", fmt.Sprintf("10.65.0.%d", 64*i))
+		l.mustCtl("ipam", "assign", "--node", node, "--handle", "k8s-pod-network.web-"+node[5:], "--ip", fmt.Sprintf("10.65.0.%d", 64*i+1))
+	}
+	for i, node := range []string{"node-a", "node-b"} {
+		l.mustCtl("ipam", "claim", "--node", node, "--pool", "pool-cross", "--cidr", fmt.Sprintf("10.66.0.%d/26", 64*i))
+		l.mustCtl("ipam", "assign", "--node", node, "--handle", "k8s-pod-network.db-"+node[5:], "--ip", fmt.Sprintf("10.66.0.%d", 64*i+1))
+	}
+	l.mustCtl("ipam", "show")
+	l.mustCtl("get", "workloadendpoints")
+
+	l.step("starting one sluiced per node, inside its namespace")
+	for _, n := range labNodes {
+		if _, err := l.startAgent(n.name); err != nil {
+			return err
+		}
+	}
+	for _, n := range labNodes {
+		l.check(l.agents[n.name].waitFor(20*time.Second, "dataplane updated"), "sluiced on %s is in sync and has programmed its kernel", n.name)
+	}
+	for _, w := range labWorkloads {
+		if _, err := l.start(wlNS(w), "tcp "+w.name, false, l.tool(), "tcp-serve", w.addr+":8080"); err != nil {
+			return err
+		}
+	}
+
+	l.step("node-a's kernel, against what Calico's Felix programs for the same data")
+	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
+	fmt.Fprint(l.out, routes)
+	for _, want := range []string{
+		"blackhole 10.65.0.0/26 metric 1024",
+		"blackhole 10.66.0.0/26 metric 1024",
+		"10.65.0.64/26 via 10.65.0.64 dev vxlan.sluice onlink",
+		"10.65.0.128/26 via 10.65.0.128 dev vxlan.sluice onlink",
+		"10.66.0.64/26 via 192.168.10.12 dev eth0 onlink",
+		"10.65.0.1 dev cali-web-a scope link",
+	} {
+		l.check(strings.Contains(routes, want), "node-a has route %q", want)
+	}
+	link, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan.sluice")
+	l.check(strings.Contains(link, "vxlan id 4096") && strings.Contains(link, "dstport 4789") && strings.Contains(link, "nolearning") &&
+		strings.Contains(link, "66:c1:a0:00:00:0a") && strings.Contains(link, "mtu 1450"),
+		"node-a's vxlan.sluice: VNI 4096, port 4789, learning off, the node's MAC, MTU 1450")
+	neigh, _ := sh("ip", "-n", nodeNS("node-a"), "neigh", "show", "dev", "vxlan.sluice")
+	l.check(strings.Contains(neigh, "10.65.0.128 lladdr 66:c1:a0:00:00:0c PERMANENT"), "node-a has a permanent neighbour for node-c's VTEP")
+	fdb, _ := sh("bridge", "-n", nodeNS("node-a"), "fdb", "show", "dev", "vxlan.sluice")
+	l.check(strings.Contains(fdb, "66:c1:a0:00:00:0c dst 192.168.20.13"), "node-a has an FDB entry sending node-c's MAC to 192.168.20.13")
+
+	l.step("traffic between workloads on every pair of nodes")
+	pairs := [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-b", "web-c"}, {"web-c", "web-b"}, {"db-a", "db-b"}, {"db-b", "db-a"}}
+	for _, p := range pairs {
+		how := "through VXLAN"
+		if strings.HasPrefix(p[0], "db") {
+			how = "directly (CrossSubnet pool, same subnet)"
+		}
+		_, err := retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
+		l.check(err == nil, "ping %s -> %s %s", p[0], p[1], how)
+		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1]) })
+		l.check(err == nil, "TCP %s -> %s %s", p[0], p[1], how)
+	}
+
+	l.step("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway")
+	sniff := func(dst string) int {
+		p, err := l.start(nsGateway, "sniff", false, l.tool(), "sniff", "eth0", dst, "1.5")
+		if err != nil || !p.waitFor(5*time.Second, "READY") {
+			return -1
+		}
+		_, _ = nsRun(nsClient, l.tool(), "send-udp", dst)
+		<-p.done
+		for _, line := range p.lines {
+			if n, ok := strings.CutPrefix(line, "packets "); ok {
+				c, _ := strconv.Atoi(n)
+				return c
+			}
+		}
+		return -1
+	}
+	control := sniff("10.65.200.5")
+	l.check(control > 0, "control: 10.65.200.5 is in no block (pool blackholes are off), so node-a forwards it to the gateway (%d packets seen there): the capture works", control)
+	leaked := sniff("10.65.0.5")
+	l.check(leaked == 0, "10.65.0.5, unassigned in node-a's block, is blackholed: %d packets reached the gateway", leaked)
+
+	l.step("drift: a route and the VXLAN device deleted by hand")
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "del", "10.65.0.128/26"); err != nil {
+		return err
+	}
+	took, err := retry(5*time.Second, func() error {
+		out, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "10.65.0.128/26")
+		if !strings.Contains(out, "vxlan.sluice") {
+			return fmt.Errorf("not back")
+		}
+		return l.ping("web-a", "web-c")
+	})
+	l.check(err == nil, "the deleted route is back and web-a reaches web-c again (%v)", took.Round(time.Millisecond))
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "del", "vxlan.sluice"); err != nil {
+		return err
+	}
+	took, err = retry(5*time.Second, func() error { return l.ping("web-a", "web-c") })
+	l.check(err == nil, "the deleted VXLAN device is back with its neighbours and routes; traffic recovers (%v)", took.Round(time.Millisecond))
+
+	l.step("sluiced restarted on node-a while a TCP stream crosses it")
+	stream, err := l.start(wlNS(l.workload("web-a")), "stream", false, l.tool(), "stream", l.workload("web-c").addr+":8080")
+	if err != nil {
+		return err
+	}
+	l.check(stream.waitFor(5*time.Second, "READY"), "a TCP stream web-a -> web-c is running")
+	time.Sleep(500 * time.Millisecond)
+	old := l.agents["node-a"]
+	l.check(old.stop() == nil, "sluiced on node-a stops cleanly on SIGTERM, leaving the dataplane in place")
+	time.Sleep(500 * time.Millisecond)
+	restarted, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(restarted.waitFor(20*time.Second, "desired state computed"), "the new sluiced on node-a is in sync")
+	time.Sleep(1500 * time.Millisecond)
+	l.check(restarted.count("dataplane updated") == 0, "the restarted sluiced found everything in place and wrote nothing to the kernel")
+	_ = stream.stdin.Close()
+	<-stream.done
+	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
+
+	if keep {
+		l.step("the lab stays up; Ctrl-C tears it down")
+		fmt.Fprintln(l.out, "look around:")
+		fmt.Fprintf(l.out, "  ip netns exec %s ip route              # node-a's routes\n", nodeNS("node-a"))
+		fmt.Fprintf(l.out, "  ip netns exec %s %s ping 10.65.0.129   # from web-a to web-c\n", wlNS(l.workload("web-a")), l.tool())
+		fmt.Fprintf(l.out, "  ip netns exec %s env SLUICE_ETCD_ENDPOINTS=http://%s %s plan --node node-c\n", nsRouter, etcdListen, filepath.Join(l.bin, "sluicectl"))
+		<-ctx.Done()
+	}
+	l.step("tearing down")
+	return nil
+}

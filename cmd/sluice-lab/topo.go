@@ -1,0 +1,182 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// The lab's topology, all in network namespaces named "sl-*":
+//
+//	sl-router   bridges br-a 192.168.10.1/24 and br-b 192.168.20.1/24; serves etcd on
+//	            192.168.10.1:2379; default route via the LAN gateway
+//	sl-gw       the LAN gateway, 192.168.10.254: every node's default route leads here
+//	sl-client   a host outside the cluster, 192.168.10.100, routing 10.65.0.0/16 to node-a
+//	sl-node-a   192.168.10.11/24 (subnet A), sl-node-b 192.168.10.12/24, sl-node-c
+//	            192.168.20.13/24 (subnet B); the subnets reach each other through the router
+//	sl-wl-*     one namespace per workload, joined to its node by a veth pair named as its
+//	            endpoint says, addressed /32 with a link-local default gateway (Calico's way)
+const (
+	nsRouter   = "sl-router"
+	nsGateway  = "sl-gw"
+	nsClient   = "sl-client"
+	etcdListen = "192.168.10.1:2379"
+)
+
+type labNode struct {
+	name, ns, addr, gw, lan string
+}
+
+var labNodes = []labNode{
+	{"node-a", "sl-node-a", "192.168.10.11/24", "192.168.10.254", "br-a"},
+	{"node-b", "sl-node-b", "192.168.10.12/24", "192.168.10.254", "br-a"},
+	{"node-c", "sl-node-c", "192.168.20.13/24", "192.168.20.1", "br-b"},
+}
+
+type labWorkload struct {
+	name, node, iface, addr string
+}
+
+// labWorkloads match testdata/sample/03-workloads.yaml.
+var labWorkloads = []labWorkload{
+	{"web-a", "node-a", "cali-web-a", "10.65.0.1"},
+	{"web-b", "node-b", "cali-web-b", "10.65.0.65"},
+	{"web-c", "node-c", "cali-web-c", "10.65.0.129"},
+	{"db-a", "node-a", "cali-db-a", "10.66.0.1"},
+	{"db-b", "node-b", "cali-db-b", "10.66.0.65"},
+}
+
+func nodeNS(node string) string { return "sl-" + node }
+func wlNS(w labWorkload) string { return "sl-wl-" + w.name }
+
+// allNamespaces lists every namespace the lab makes.
+func allNamespaces() []string {
+	out := []string{nsRouter, nsGateway, nsClient}
+	for _, n := range labNodes {
+		out = append(out, n.ns)
+	}
+	for _, w := range labWorkloads {
+		out = append(out, wlNS(w))
+	}
+	return out
+}
+
+// sh runs a command, returning its combined output and an error that includes it.
+func sh(args ...string) (string, error) {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// nsRun runs a command inside a namespace.
+func nsRun(ns string, args ...string) (string, error) {
+	return sh(append([]string{"ip", "netns", "exec", ns}, args...)...)
+}
+
+// script runs `ip` commands in order, stopping at the first failure.
+func script(cmds ...[]string) error {
+	for _, c := range cmds {
+		if _, err := sh(c...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// teardown removes every lab namespace that exists (and with them their links).
+func teardown() {
+	existing, _ := sh("ip", "netns", "list")
+	for _, ns := range allNamespaces() {
+		for _, line := range strings.Split(existing, "\n") {
+			if strings.HasPrefix(line, ns+" ") || line == ns {
+				_, _ = sh("ip", "netns", "del", ns)
+			}
+		}
+	}
+}
+
+func buildTopology() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the lab builds network namespaces: run it as root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("the lab needs iproute2's ip command: %w", err)
+	}
+	teardown() // a previous run that died leaves its namespaces behind
+	for _, ns := range []string{nsRouter, nsGateway, nsClient} {
+		if err := script([]string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"}); err != nil {
+			return err
+		}
+	}
+	for _, n := range labNodes {
+		if err := script([]string{"ip", "netns", "add", n.ns}, []string{"ip", "-n", n.ns, "link", "set", "lo", "up"}); err != nil {
+			return err
+		}
+	}
+	err := script(
+		[]string{"ip", "-n", nsRouter, "link", "add", "br-a", "type", "bridge"},
+		[]string{"ip", "-n", nsRouter, "link", "add", "br-b", "type", "bridge"},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.10.1/24", "dev", "br-a"},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.20.1/24", "dev", "br-b"},
+		[]string{"ip", "-n", nsRouter, "link", "set", "br-a", "up"},
+		[]string{"ip", "-n", nsRouter, "link", "set", "br-b", "up"},
+		[]string{"ip", "netns", "exec", nsRouter, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	)
+	if err != nil {
+		return err
+	}
+	// Attach a namespace's eth0 to a bridge in the router.
+	attach := func(ns, peer, bridge, addr string) error {
+		return script(
+			[]string{"ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
+			[]string{"ip", "-n", nsRouter, "link", "set", peer, "master", bridge, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", addr, "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+		)
+	}
+	if err := attach(nsGateway, "a-gw", "br-a", "192.168.10.254/24"); err != nil {
+		return err
+	}
+	if err := attach(nsClient, "a-client", "br-a", "192.168.10.100/24"); err != nil {
+		return err
+	}
+	for _, n := range labNodes {
+		if err := attach(n.ns, n.lan[3:]+"-"+n.name, n.lan, n.addr); err != nil {
+			return err
+		}
+		if _, err := sh("ip", "-n", n.ns, "route", "add", "default", "via", n.gw); err != nil {
+			return err
+		}
+		if n.lan == "br-a" { // the other subnet is through the router, not the gateway
+			if _, err := sh("ip", "-n", n.ns, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"); err != nil {
+				return err
+			}
+		}
+	}
+	if err := script(
+		[]string{"ip", "-n", nsRouter, "route", "add", "default", "via", "192.168.10.254"},
+		[]string{"ip", "-n", nsClient, "route", "add", "10.65.0.0/16", "via", "192.168.10.11"},
+	); err != nil {
+		return err
+	}
+	for _, w := range labWorkloads {
+		node := nodeNS(w.node)
+		ns := wlNS(w)
+		if err := script(
+			[]string{"ip", "netns", "add", ns},
+			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
+			[]string{"ip", "-n", node, "link", "add", w.iface, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"ip", "-n", node, "link", "set", w.iface, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", w.addr + "/32", "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
+			[]string{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
+		); err != nil {
+			return err
+		}
+	}
+	return nil
+}
