@@ -3,7 +3,11 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo bench fuzz clean
+.PHONY: all build test vet fmt-check demo bench fuzz install clean
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+ROUTE_PROTOCOL ?= 83
 
 all: build
 
@@ -21,7 +25,8 @@ fmt-check:
 test: fmt-check vet
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
-# The lab: an embedded etcd, the sample cluster loaded with sluicectl, sluiced reading it.
+# The lab, as root: three nodes as network namespaces, etcd, the sample cluster loaded with
+# sluicectl, one sluiced per node, and real traffic checked. DEMO_FLAGS=--keep leaves it up.
 demo: build
 	./$(BIN)/sluice-lab demo --testdata testdata/sample $(DEMO_FLAGS)
 
@@ -37,6 +42,12 @@ bench:
 FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./store/ -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+
+# Binaries, and the route protocol's name so `ip route` shows "proto sluice".
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/iproute2/rt_protos.d
+	install -m 0755 $(BIN)/sluiced $(BIN)/sluicectl $(DESTDIR)$(PREFIX)/bin/
+	printf '%s\tsluice\n' $(ROUTE_PROTOCOL) > $(DESTDIR)/etc/iproute2/rt_protos.d/sluice.conf
 
 clean:
 	rm -rf $(BIN)
