@@ -25,6 +25,11 @@ type Config struct {
 	ResyncInterval time.Duration
 	// Sysctl writes a sysctl (path under /proc/sys, value); nil means the real file.
 	Sysctl func(path, value string) error
+	// CleanConflicts lets sluice remove the leftovers it finds (see Leftover); without it
+	// they are only reported.
+	CleanConflicts bool
+	// OnLeftover hears each leftover once (and again when it is removed).
+	OnLeftover func(Leftover)
 	// OnApply, when set, hears the outcome of every apply that did something or failed
 	// (the agent logs, rate-limited); writes is how many kernel changes it made.
 	OnApply func(err error, writes int, took time.Duration)
@@ -52,6 +57,8 @@ type Dataplane struct {
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
 	stats   Stats
+	// reportedLeftovers keys the leftovers already reported.
+	reportedLeftovers map[string]bool
 
 	kick chan struct{}
 }
@@ -70,7 +77,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	cfg.Routes.ParentAddr = cfg.ParentAddr
 	cfg.VXLAN.ParentAddr = cfg.ParentAddr
 	return &Dataplane{cfg: cfg, routes: NewRouteTable(k, cfg.Routes), vxlan: NewVXLAN(k, cfg.VXLAN),
-		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{},
+		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -203,8 +210,14 @@ func (d *Dataplane) Apply() error {
 	if err := d.vxlan.Apply(); err != nil {
 		errs = append(errs, err)
 	}
+	scan := d.routes.needRead
 	if err := d.routes.Apply(); err != nil {
 		errs = append(errs, err)
+	}
+	if scan && d.handleLeftovers() {
+		d.routes.QueueResync()
+		d.vxlan.QueueResync()
+		d.Kick()
 	}
 	err := errors.Join(errs...)
 	d.stats.Applies++

@@ -183,6 +183,25 @@ func (f *FakeKernel) LinkIndexes() (map[string]int, error) {
 	return out, nil
 }
 
+func (f *FakeKernel) Links() ([]netlink.Link, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []netlink.Link
+	for name := range f.links {
+		out = append(out, f.linkLocked(name))
+	}
+	return out, nil
+}
+
+// PutLink adds a link of any type as another program would, without counting a write.
+func (f *FakeKernel) PutLink(l netlink.Link) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	idx := f.addLinkLocked(l.Attrs().Name)
+	f.linkObj[l.Attrs().Name] = l
+	return idx
+}
+
 func (f *FakeKernel) LinkHoldingAddr(addr []byte) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -30,6 +30,8 @@ type Kernel interface {
 	RouteDel(r *netlink.Route) error
 	// LinkIndexes maps every link's name to its index.
 	LinkIndexes() (map[string]int, error)
+	// Links lists every link with its attributes and type.
+	Links() ([]netlink.Link, error)
 	// LinkHoldingAddr returns the index of the link that holds addr, or 0.
 	LinkHoldingAddr(addr []byte) (int, error)
 
@@ -90,6 +92,8 @@ func (k *netlinkKernel) LinkIndexes() (map[string]int, error) {
 	}
 	return out, nil
 }
+
+func (k *netlinkKernel) Links() ([]netlink.Link, error) { return k.h.LinkList() }
 
 func (k *netlinkKernel) LinkHoldingAddr(addr []byte) (int, error) {
 	addrs, err := k.h.AddrList(nil, netlink.FAMILY_ALL)

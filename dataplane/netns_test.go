@@ -93,8 +93,8 @@ func (n *testNode) iface(name, addr string) {
 	}
 }
 
-// routes renders the main table's routes of protocol proto (or every protocol but the
-// kernel's when proto is 0) like `ip route`.
+// routes renders the main table's routes of protocol proto (every protocol but the kernel's
+// when proto is 0, every route when it is -1) like `ip route`.
 func (n *testNode) routes(proto int) string {
 	n.t.Helper()
 	rs, err := n.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
@@ -108,7 +108,7 @@ func (n *testNode) routes(proto int) string {
 	}
 	var lines []string
 	for _, r := range rs {
-		if (proto != 0 && int(r.Protocol) != proto) || (proto == 0 && r.Protocol == unix.RTPROT_KERNEL) {
+		if (proto > 0 && int(r.Protocol) != proto) || (proto == 0 && r.Protocol == unix.RTPROT_KERNEL) {
 			continue
 		}
 		if r.Type != unix.RTN_UNICAST {

@@ -57,7 +57,9 @@ type RouteTable struct {
 	// byDst remembers each desired route's key so a new metric replaces the old key.
 	byDst map[netip.Prefix]routeKey
 	// desired as calc gave them, for resolving devices at Apply time.
-	routes     map[routeKey]calc.Route
+	routes map[routeKey]calc.Route
+	// foreign holds the other programs' routes as of the last read, for the leftover scan.
+	foreign    []netlink.Route
 	needRead   bool
 	reported   map[routeKey]bool
 	writes     int
@@ -259,6 +261,7 @@ func (t *RouteTable) read() error {
 		return err
 	}
 	actual := map[routeKey]kernelRoute{}
+	t.foreign = t.foreign[:0]
 	for _, r := range rs {
 		k, kr, ok := fromKernel(r)
 		if !ok {
@@ -267,6 +270,9 @@ func (t *RouteTable) read() error {
 		if int(kr.protocol) == t.cfg.Protocol {
 			actual[k] = kr
 			continue
+		}
+		if _, wanted := t.routes[k]; !wanted {
+			t.foreign = append(t.foreign, r)
 		}
 		if _, wanted := t.routes[k]; wanted && kr.protocol != unix.RTPROT_KERNEL {
 			actual[k] = kr

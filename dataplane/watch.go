@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"context"
-	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -76,9 +75,8 @@ func (d *Dataplane) routeMatters(u netlink.RouteUpdate) bool {
 	if int(u.Protocol) == cfg.Protocol {
 		return u.Type == unix.RTM_DELROUTE // one of ours removed
 	}
-	ip, ok := netip.AddrFromSlice(u.Dst.IP)
-	ones, _ := u.Dst.Mask.Size()
-	return ok && u.Type == unix.RTM_NEWROUTE && d.dsts[netip.PrefixFrom(ip.Unmap(), ones)] // a foreign route where ours goes
+	// Another program's new route: where ours goes, or a leftover to look at.
+	return u.Type == unix.RTM_NEWROUTE
 }
 
 func (d *Dataplane) onVXLAN(index int) bool {

@@ -58,6 +58,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 	fs.IntVar(&c.dp.VXLAN.Port, "vxlan-port", dataplane.DefaultVXLANPort, "VXLAN UDP port")
 	fs.IntVar(&c.dp.VXLAN.MTU, "vxlan-mtu", 0, "MTU of the VXLAN device (0: the parent interface's MTU minus 50)")
 	fs.DurationVar(&c.dp.ResyncInterval, "resync-interval", 90*time.Second, "period of the full dataplane resync (safety net)")
+	fs.BoolVar(&c.dp.CleanConflicts, "clean-conflicts", false, "remove what other networking software left that breaks sluice's routes (routes over sluice's destinations, VXLAN devices on its VNI or port); without it they are only reported")
 	fs.StringVar(&c.nodeAddr, "node-address", "", "this node's underlay address, when VXLAN is off and no Node gives it")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -95,6 +95,16 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*datapl
 			log.Warn().Err(err).Int("writes", writes).Msg("dataplane apply failed; retrying with backoff")
 		}
 	}
+	cfg.OnLeftover = func(l dataplane.Leftover) {
+		switch {
+		case l.Removed:
+			log.Warn().Str("leftover", l.What).Msg("removed a leftover of other networking software")
+		case l.Err != nil:
+			log.Error().Err(l.Err).Str("leftover", l.What).Msg("could not remove a leftover of other networking software")
+		default:
+			log.Warn().Str("leftover", l.What).Str("fix", l.Fix).Msg("leftover of other networking software breaks sluice's routes")
+		}
+	}
 	dp := dataplane.New(dataplane.NewKernel(h), cfg)
 	go func() {
 		<-ctx.Done()

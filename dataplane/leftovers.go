@@ -1,0 +1,117 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Leftover is something another networking program left on the node that can break sluice's
+// routes: a route over a sluice destination through another device (flannel.1, cni0, another
+// agent's), or a VXLAN device on sluice's VNI or UDP port. It is reported once with what to
+// do, and removed only when the operator opted in (CleanConflicts).
+type Leftover struct {
+	// Key identifies the leftover, so each is reported once.
+	Key string
+	// What describes it; Fix says how to remove it by hand.
+	What, Fix string
+	// Removed is set when sluice removed it (CleanConflicts).
+	Removed bool
+	// Err is set when removing it failed.
+	Err error
+
+	route *netlink.Route
+	link  string
+}
+
+// findLeftovers lists the leftovers in the kernel now. Routes are judged against the desired
+// destinations: a foreign route overlapping one (more or less specific) either steals its
+// traffic or catches what sluice blackholes.
+func (d *Dataplane) findLeftovers() ([]Leftover, error) {
+	var out []Leftover
+	names := map[int]string{}
+	links, err := d.routes.k.Links()
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	dsts := make([]netip.Prefix, 0, len(d.dsts))
+	for dst := range d.dsts {
+		dsts = append(dsts, dst)
+	}
+	for _, r := range d.routes.foreign {
+		k, _, ok := fromKernel(r)
+		if !ok {
+			continue
+		}
+		var hit netip.Prefix
+		for _, dst := range dsts {
+			if dst.Overlaps(k.dst) {
+				hit = dst
+				break
+			}
+		}
+		if !hit.IsValid() {
+			continue
+		}
+		rr := r
+		dev := names[r.LinkIndex]
+		if dev == "" {
+			dev = "no device"
+		}
+		out = append(out, Leftover{
+			Key:   fmt.Sprintf("route %s metric %d dev %s", k.dst, k.metric, dev),
+			What:  fmt.Sprintf("route %s (protocol %d, metric %d) via %s overlaps sluice's route to %s", k.dst, r.Protocol, k.metric, dev, hit),
+			Fix:   fmt.Sprintf("ip route del %s metric %d dev %s (or start sluiced with --clean-conflicts)", k.dst, k.metric, dev),
+			route: &rr,
+		})
+	}
+	for _, l := range links {
+		vx, ok := l.(*netlink.Vxlan)
+		name := l.Attrs().Name
+		if !ok || name == d.vxlan.cfg.Name {
+			continue
+		}
+		if vx.VxlanId == d.vxlan.cfg.VNI || vx.Port == d.vxlan.cfg.Port {
+			out = append(out, Leftover{
+				Key:  "device " + name,
+				What: fmt.Sprintf("VXLAN device %s uses VNI %d and UDP port %d; sluice's %s needs VNI %d and port %d", name, vx.VxlanId, vx.Port, d.vxlan.cfg.Name, d.vxlan.cfg.VNI, d.vxlan.cfg.Port),
+				Fix:  fmt.Sprintf("ip link del %s (or start sluiced with --clean-conflicts)", name),
+				link: name,
+			})
+		}
+	}
+	return out, nil
+}
+
+// handleLeftovers reports new leftovers and, when allowed, removes them. It returns whether
+// anything was removed (the routes must then be read again).
+func (d *Dataplane) handleLeftovers() bool {
+	found, err := d.findLeftovers()
+	if err != nil {
+		return false
+	}
+	removed := false
+	for _, l := range found {
+		if d.cfg.CleanConflicts {
+			if l.route != nil {
+				l.Err = d.routes.k.RouteDel(l.route)
+			} else {
+				l.Err = d.routes.k.LinkDel(l.link)
+			}
+			l.Removed = l.Err == nil
+			removed = removed || l.Removed
+		}
+		if d.reportedLeftovers[l.Key] && !l.Removed {
+			continue
+		}
+		d.reportedLeftovers[l.Key] = true
+		if d.cfg.OnLeftover != nil {
+			d.cfg.OnLeftover(l)
+		}
+	}
+	return removed
+}

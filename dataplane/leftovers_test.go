@@ -1,0 +1,129 @@
+package dataplane
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+type leftoverLog struct {
+	mu  sync.Mutex
+	got []Leftover
+}
+
+func (l *leftoverLog) add(x Leftover) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, x)
+}
+
+func (l *leftoverLog) keys(removed bool) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, x := range l.got {
+		if x.Removed == removed {
+			out = append(out, x.Key)
+		}
+	}
+	return out
+}
+
+// leftoverNode is a namespace after a Flannel-then-Calico history: cni0 still holds an
+// address in the pool (its connected route covers sluice's blocks), and Calico's vxlan.calico
+// still sits on VNI 4096, port 4789.
+func leftoverNode(t *testing.T) *testNode {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	if err := n.h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cni0"}}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := netlink.ParseAddr("10.65.0.129/25")
+	if err := n.h.AddrAdd(n.link("cni0"), a); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.h.LinkSetUp(n.link("cni0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan.calico"}, VxlanId: 4096, Port: 4789}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func runDataplane(t *testing.T, n *testNode, clean bool) (*Dataplane, *leftoverLog) {
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	log := &leftoverLog{}
+	sys := &sysctlLog{writes: map[string]string{}}
+	d := New(n.kernel(), Config{Sysctl: sys.write, CleanConflicts: clean, OnLeftover: log.add})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.Run(ctx) }()
+	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, {Dst: pfx("10.65.0.128/26"), Type: calc.RouteUnicast, Device: "vxlan.sluice", Gateway: ip("10.65.0.128"), OnLink: true}}, []calc.VTEP{vLocal, vC}))
+	return d, log
+}
+
+func TestLeftoversReportedNotTouched(t *testing.T) {
+	n := leftoverNode(t)
+	_, log := runDataplane(t, n, false)
+	waitFor(t, "both leftovers reported", func() bool { return len(log.keys(false)) >= 2 })
+	time.Sleep(100 * time.Millisecond)
+	got := strings.Join(log.keys(false), "|")
+	if !strings.Contains(got, "route 10.65.0.128/25 metric 0 dev cni0") || !strings.Contains(got, "device vxlan.calico") {
+		t.Fatalf("reported %q", got)
+	}
+	if c := strings.Count(got, "|") + 1; c != 2 {
+		t.Fatalf("reported %d times, want each once: %q", c, got)
+	}
+	for _, x := range log.got {
+		if !strings.Contains(x.Fix, "--clean-conflicts") {
+			t.Fatalf("no advice in %+v", x)
+		}
+	}
+	if out := n.routes(-1); !strings.Contains(out, "10.65.0.128/25 dev cni0") {
+		t.Fatalf("the leftover route was removed without --clean-conflicts:\n%s", out)
+	}
+	if _, err := n.h.LinkByName("vxlan.calico"); err != nil {
+		t.Fatal("the leftover device was removed without --clean-conflicts")
+	}
+}
+
+func TestLeftoversCleaned(t *testing.T) {
+	n := leftoverNode(t)
+	d, log := runDataplane(t, n, true)
+	waitFor(t, "the leftovers removed and sluice's dataplane complete", func() bool {
+		out := n.routes(-1)
+		_, calico := n.h.LinkByName("vxlan.calico")
+		return !strings.Contains(out, "cni0") && calico != nil &&
+			strings.Contains(out, "10.65.0.128/26 via 10.65.0.128 dev vxlan.sluice") && d.Synced()
+	})
+	if got := strings.Join(log.keys(true), "|"); !strings.Contains(got, "cni0") || !strings.Contains(got, "vxlan.calico") {
+		t.Fatalf("removals reported: %q", got)
+	}
+	// Calico's old device removed; sluice's own on the same VNI and port works.
+	vx := n.link("vxlan.sluice").(*netlink.Vxlan)
+	if vx.VxlanId != 4096 || vx.Port != 4789 {
+		t.Fatalf("vxlan.sluice: %+v", vx)
+	}
+	_, dst, _ := net.ParseCIDR("10.65.0.0/26")
+	rs, _ := n.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: dst, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	if len(rs) != 1 || rs[0].Type != unix.RTN_BLACKHOLE {
+		t.Fatalf("the blackhole: %+v", rs)
+	}
+}
