@@ -26,8 +26,10 @@ type Leftover struct {
 }
 
 // findLeftovers lists the leftovers in the kernel now. Routes are judged against the desired
-// destinations: a foreign route overlapping one (more or less specific) either steals its
-// traffic or catches what sluice blackholes.
+// destinations: a foreign route inside one (as or more specific) steals its traffic; a
+// foreign route around one (less specific, e.g. a whole pool) through another device than
+// the node's uplink (flannel.1, cni0, another agent's tunnel) catches the pool's traffic that
+// sluice does not route. Default routes and wider routes out of the uplink are normal.
 func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	var out []Leftover
 	names := map[int]string{}
@@ -47,9 +49,14 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		if !ok {
 			continue
 		}
+		if k.dst.Bits() == 0 {
+			continue
+		}
 		var hit netip.Prefix
 		for _, dst := range dsts {
-			if dst.Overlaps(k.dst) {
+			inside := dst.Bits() <= k.dst.Bits() && dst.Contains(k.dst.Addr())
+			around := k.dst.Bits() < dst.Bits() && k.dst.Contains(dst.Addr()) && r.LinkIndex != d.routes.parent && r.LinkIndex != 0
+			if inside || around {
 				hit = dst
 				break
 			}

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"net"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -125,5 +126,27 @@ func TestLeftoversCleaned(t *testing.T) {
 	rs, _ := n.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: dst, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if len(rs) != 1 || rs[0].Type != unix.RTN_BLACKHOLE {
 		t.Fatalf("the blackhole: %+v", rs)
+	}
+}
+
+// TestNormalRoutesAreNotLeftovers: the default route and a wider route out of the uplink are
+// how networks are built, not leftovers.
+func TestNormalRoutesAreNotLeftovers(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	for _, r := range []string{"default via 192.0.2.1 dev eth0", "10.0.0.0/8 via 192.0.2.254 dev eth0"} {
+		if _, err := exec.Command("ip", append([]string{"-n", n.name, "route", "add"}, strings.Fields(r)...)...).CombinedOutput(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, log := runDataplane(t, n, true)
+	waitFor(t, "sync", d.Synced)
+	time.Sleep(100 * time.Millisecond)
+	if got := log.keys(false); len(got) != 0 || len(log.keys(true)) != 0 {
+		t.Fatalf("normal routes reported as leftovers: %v %v", got, log.keys(true))
+	}
+	if out := n.routes(0); !strings.Contains(out, "0.0.0.0/0 via 192.0.2.1") || !strings.Contains(out, "10.0.0.0/8 via 192.0.2.254") {
+		t.Fatalf("normal routes touched:\n%s", out)
 	}
 }

@@ -61,6 +61,7 @@ type RouteTable struct {
 	// foreign holds the other programs' routes as of the last read, for the leftover scan.
 	foreign    []netlink.Route
 	needRead   bool
+	parent     int // index of the link holding ParentAddr, as of the last Apply
 	reported   map[routeKey]bool
 	writes     int
 	unresolved int
@@ -207,6 +208,7 @@ func (t *RouteTable) Apply() error {
 			return err
 		}
 	}
+	t.parent = parent
 	if t.needRead {
 		if err := t.read(); err != nil {
 			return err
