@@ -19,7 +19,8 @@ type Config struct {
 	VXLAN  VXLANConfig
 	// ParentAddr is this node's underlay address when no local VTEP says it (VXLAN off).
 	ParentAddr netip.Addr
-	// MinInterval is the least time between applies (coalescing); default 10 ms.
+	// MinInterval is the least time between applies; default 1 ms. Changes that arrive
+	// while an apply runs coalesce into the next one.
 	MinInterval time.Duration
 	// ResyncInterval is the period of the full safety-net resync; default 90 s.
 	ResyncInterval time.Duration
@@ -66,7 +67,7 @@ type Dataplane struct {
 // New returns a dataplane over k; nothing is written before the first full update.
 func New(k Kernel, cfg Config) *Dataplane {
 	if cfg.MinInterval == 0 {
-		cfg.MinInterval = 10 * time.Millisecond
+		cfg.MinInterval = time.Millisecond
 	}
 	if cfg.ResyncInterval == 0 {
 		cfg.ResyncInterval = 90 * time.Second

@@ -151,6 +151,14 @@ func (f *FakeKernel) RouteReplace(r *netlink.Route) error {
 	return nil
 }
 
+func (f *FakeKernel) RouteReplaceMany(rs []*netlink.Route) []error {
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		errs[i] = f.RouteReplace(r)
+	}
+	return errs
+}
+
 func (f *FakeKernel) RouteDel(r *netlink.Route) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

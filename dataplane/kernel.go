@@ -13,6 +13,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,6 +28,8 @@ type Kernel interface {
 	// RouteList lists every route of one table, both families.
 	RouteList(table int) ([]netlink.Route, error)
 	RouteReplace(r *netlink.Route) error
+	// RouteReplaceMany replaces many routes at once and returns one error per route.
+	RouteReplaceMany(rs []*netlink.Route) []error
 	RouteDel(r *netlink.Route) error
 	// LinkIndexes maps every link's name to its index.
 	LinkIndexes() (map[string]int, error)
@@ -54,14 +57,43 @@ type Kernel interface {
 	NeighDel(n *netlink.Neigh) error
 }
 
-// netlinkKernel is the real Kernel over one netlink handle.
+// netlinkKernel is the real Kernel over one netlink handle, plus a socket for batches.
 type netlinkKernel struct {
-	h *netlink.Handle
+	h     *netlink.Handle
+	batch *routeBatcher
 }
 
-// NewKernel returns the real Kernel over h (netlink.NewHandle for this namespace,
-// netlink.NewHandleAt for another).
-func NewKernel(h *netlink.Handle) Kernel { return &netlinkKernel{h: h} }
+// NewKernel returns the real Kernel for namespace ns (netns.None() for this one). Close it
+// when done.
+func NewKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
+	var h *netlink.Handle
+	var err error
+	if ns.IsOpen() {
+		h, err = netlink.NewHandleAt(ns)
+	} else {
+		h, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening netlink: %w", err)
+	}
+	b, err := newRouteBatcher(ns)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &NetlinkKernel{netlinkKernel{h: h, batch: b}}, nil
+}
+
+// NetlinkKernel is the real Kernel.
+type NetlinkKernel struct{ netlinkKernel }
+
+// Close releases the netlink sockets.
+func (k *NetlinkKernel) Close() {
+	k.h.Close()
+	k.batch.close()
+}
+
+func (k *netlinkKernel) RouteReplaceMany(rs []*netlink.Route) []error { return k.batch.replace(rs) }
 
 func (k *netlinkKernel) RouteList(table int) ([]netlink.Route, error) {
 	rs, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)

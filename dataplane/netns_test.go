@@ -120,7 +120,20 @@ func (n *testNode) routes(proto int) string {
 	return strings.Join(lines, "\n")
 }
 
-func (n *testNode) kernel() Kernel { return NewKernel(n.h) }
+func (n *testNode) kernel() Kernel {
+	n.t.Helper()
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer ns.Close()
+	k, err := NewKernel(ns)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(k.Close)
+	return k
+}
 
 // TestRoutesRealKernel programs node-a's routes into a fresh namespace, restarts with the same
 // desired state (no writes), repairs a route deleted by hand, and leaves other routes alone.

@@ -58,6 +58,13 @@ type RouteTable struct {
 	byDst map[netip.Prefix]routeKey
 	// desired as calc gave them, for resolving devices at Apply time.
 	routes map[routeKey]calc.Route
+	// links caches link names to indexes; refreshed when links may have changed.
+	links      map[string]int
+	linksStale bool
+	// changed holds desired routes to resolve at the next Apply; unres those whose device
+	// was missing at the last one.
+	changed map[routeKey]bool
+	unres   map[routeKey]bool
 	// foreign holds the other programs' routes as of the last read, for the leftover scan.
 	foreign    []netlink.Route
 	needRead   bool
@@ -76,7 +83,8 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 		cfg.Protocol = DefaultRouteProtocol
 	}
 	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }),
-		byDst: map[netip.Prefix]routeKey{}, routes: map[routeKey]calc.Route{}, needRead: true, reported: map[routeKey]bool{}}
+		byDst: map[netip.Prefix]routeKey{}, routes: map[routeKey]calc.Route{}, needRead: true, reported: map[routeKey]bool{},
+		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
 }
 
 // SetRoute wants r in the kernel (replacing any earlier desired route to r.Dst).
@@ -86,7 +94,10 @@ func (t *RouteTable) SetRoute(r calc.Route) {
 		t.DeleteRoute(r.Dst)
 	}
 	t.byDst[r.Dst] = k
-	t.routes[k] = r // resolved to its kernel form (device index) at Apply
+	if old, ok := t.routes[k]; !ok || old != r {
+		t.routes[k] = r // resolved to its kernel form (device index) at Apply
+		t.changed[k] = true
+	}
 }
 
 // DeleteRoute wants no sluice route to dst.
@@ -97,11 +108,26 @@ func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	}
 	delete(t.byDst, dst)
 	delete(t.routes, k)
+	delete(t.changed, k)
+	delete(t.unres, k)
 	t.tracker.DeleteDesired(k)
 }
 
 // QueueResync makes the next Apply read the kernel again (drift, link changes, failures).
-func (t *RouteTable) QueueResync() { t.needRead = true }
+func (t *RouteTable) QueueResync() { t.needRead, t.linksStale = true, true }
+
+// LinksChanged makes the next Apply look at the links again (one appeared or went).
+func (t *RouteTable) LinksChanged() { t.linksStale = true }
+
+// RouteGone records that the kernel lost one of sluice's routes (someone deleted it): the
+// next Apply puts it back without reading the whole table.
+func (t *RouteTable) RouteGone(dst netip.Prefix, metric int) {
+	k := routeKey{dst: dst, metric: metric}
+	if _, ok := t.routes[k]; ok {
+		t.tracker.DeleteActual(k)
+		t.tracker.MarkDirty(k)
+	}
+}
 
 // Writes is how many routes Apply has written or deleted since the table was made.
 func (t *RouteTable) Writes() int { return t.writes }
@@ -196,47 +222,76 @@ func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *netlink.Route {
 // own stale routes; otherwise it writes only what changed since the last Apply. Failures are
 // joined; the failed routes stay pending.
 func (t *RouteTable) Apply() error {
-	links, err := t.k.LinkIndexes()
-	if err != nil {
-		t.needRead = true
-		return err
-	}
-	parent := 0
-	if t.cfg.ParentAddr.IsValid() {
-		if parent, err = t.k.LinkHoldingAddr(t.cfg.ParentAddr.AsSlice()); err != nil {
+	all := t.linksStale || t.needRead
+	if t.linksStale {
+		links, err := t.k.LinkIndexes()
+		if err != nil {
 			t.needRead = true
 			return err
 		}
+		parent := 0
+		if t.cfg.ParentAddr.IsValid() {
+			if parent, err = t.k.LinkHoldingAddr(t.cfg.ParentAddr.AsSlice()); err != nil {
+				t.needRead = true
+				return err
+			}
+		}
+		t.links, t.parent, t.linksStale = links, parent, false
 	}
-	t.parent = parent
 	if t.needRead {
 		if err := t.read(); err != nil {
 			return err
 		}
 	}
-	// Resolve every desired route against the links as they are now.
-	t.unresolved = 0
-	for k, r := range t.routes {
-		kr, ok := t.resolve(r, links, parent)
+	// Resolve desired routes against the links: all of them when links or the kernel may
+	// have changed, else only the changed ones and those still waiting for their device.
+	resolve := func(k routeKey) {
+		kr, ok := t.resolve(t.routes[k], t.links, t.parent)
 		if !ok {
-			t.unresolved++
+			t.unres[k] = true
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears
-			continue
+			return
 		}
+		delete(t.unres, k)
 		t.tracker.SetDesired(k, kr)
 	}
+	if all {
+		for k := range t.routes {
+			resolve(k)
+		}
+	} else {
+		for k := range t.changed {
+			resolve(k)
+		}
+		for k := range t.unres {
+			resolve(k)
+		}
+	}
+	clear(t.changed)
+	t.unresolved = len(t.unres)
 	var errs []error
 	failed := false
+	// Adds and changes go out as one batch; deletes follow, one by one (they are rare).
+	var setKeys []routeKey
+	var setVals []kernelRoute
+	var batch []*netlink.Route
 	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
-		if err := t.k.RouteReplace(t.toKernel(k, want)); err != nil {
+		setKeys, setVals = append(setKeys, k), append(setVals, want)
+		batch = append(batch, t.toKernel(k, want))
+		return false // cleaned below, once the kernel acknowledged it
+	}, func(routeKey, kernelRoute) bool { return false })
+	for i, err := range t.k.RouteReplaceMany(batch) {
+		k := setKeys[i]
+		if err != nil {
 			errs = append(errs, fmt.Errorf("replacing route to %s: %w", k.dst, err))
 			failed = true
-			return false
+			continue
 		}
 		t.writes++
-		t.tracker.SetActual(k, want)
-		return true
-	}, func(k routeKey, have kernelRoute) bool {
+		t.tracker.SetActual(k, setVals[i])
+		t.tracker.Clean(k)
+	}
+	t.tracker.Pending(func(routeKey, kernelRoute) bool { return false }, func(k routeKey, have kernelRoute) bool {
 		if int(have.protocol) != t.cfg.Protocol {
 			return true // not ours: never deleted
 		}

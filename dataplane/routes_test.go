@@ -200,6 +200,7 @@ func TestRouteWaitsForItsDevice(t *testing.T) {
 		t.Fatalf("unresolved %d, kernel:\n%s", rt.Unresolved(), f.Render(main))
 	}
 	f.AddLink("cali-web-1")
+	rt.LinksChanged() // what the link watch says
 	if err := rt.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +209,7 @@ func TestRouteWaitsForItsDevice(t *testing.T) {
 	}
 	// The interface goes: the kernel drops the route, and sluice does not fight it.
 	f.DelLink("cali-web-1")
+	rt.LinksChanged()
 	if err := rt.Apply(); err != nil || rt.Unresolved() != 1 {
 		t.Fatalf("Apply = %v, unresolved %d", err, rt.Unresolved())
 	}

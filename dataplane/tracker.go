@@ -89,5 +89,11 @@ func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V
 	}
 }
 
+// Clean records that k now matches (after a write confirmed out of band of Pending).
+func (t *Tracker[K, V]) Clean(k K) { delete(t.dirty, k) }
+
+// MarkDirty makes k be compared again at the next Pending.
+func (t *Tracker[K, V]) MarkDirty(k K) { t.dirty[k] = struct{}{} }
+
 // Dirty is how many keys may differ.
 func (t *Tracker[K, V]) Dirty() int { return len(t.dirty) }

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -49,34 +50,60 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			d.QueueResync()
 			return err
 		case u := <-routes:
-			if d.routeMatters(u) {
-				d.QueueResync()
-			}
+			d.onRoute(u)
 		case u := <-links:
-			if u.Header.Type == unix.RTM_DELLINK {
-				d.ForgetInterface(u.Attrs().Name)
-			}
-			d.QueueResync()
+			d.onLink(u)
 		case u := <-neighs:
 			if u.Type == unix.RTM_DELNEIGH && d.onVXLAN(u.LinkIndex) {
-				d.QueueResync()
+				d.mu.Lock()
+				ip, _ := netip.AddrFromSlice(u.IP)
+				d.vxlan.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE)
+				d.mu.Unlock()
+				d.Kick()
 			}
 		}
 	}
 }
 
-func (d *Dataplane) routeMatters(u netlink.RouteUpdate) bool {
+// onRoute: one of sluice's routes deleted is put back at once (no full read); another
+// program's new route may sit where ours goes or be a leftover: read the table again.
+func (d *Dataplane) onRoute(u netlink.RouteUpdate) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	cfg := d.routes.cfg
 	if u.Table != cfg.Table || u.Dst == nil {
-		return false
+		d.mu.Unlock()
+		return
 	}
 	if int(u.Protocol) == cfg.Protocol {
-		return u.Type == unix.RTM_DELROUTE // one of ours removed
+		if u.Type == unix.RTM_DELROUTE {
+			ip, _ := netip.AddrFromSlice(u.Dst.IP)
+			ones, _ := u.Dst.Mask.Size()
+			d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority)
+			d.mu.Unlock()
+			d.Kick()
+			return
+		}
+		d.mu.Unlock()
+		return
 	}
-	// Another program's new route: where ours goes, or a leftover to look at.
-	return u.Type == unix.RTM_NEWROUTE
+	d.mu.Unlock()
+	if u.Type == unix.RTM_NEWROUTE {
+		d.QueueResync()
+	}
+}
+
+// onLink: a link came or went (a workload interface, the VXLAN device, the uplink).
+func (d *Dataplane) onLink(u netlink.LinkUpdate) {
+	if u.Header.Type == unix.RTM_DELLINK {
+		d.ForgetInterface(u.Attrs().Name)
+	}
+	d.mu.Lock()
+	d.routes.LinksChanged()
+	if u.Attrs().Name == d.vxlan.cfg.Name {
+		d.vxlan.QueueResync()
+	}
+	d.mu.Unlock()
+	d.Kick()
 }
 
 func (d *Dataplane) onVXLAN(index int) bool {

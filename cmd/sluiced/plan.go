@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -76,9 +74,9 @@ func describe(op calc.Op) string {
 // startDataplane opens netlink in this namespace and runs the dataplane and its kernel
 // watch until ctx ends. Stopping leaves everything programmed in place.
 func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*dataplane.Dataplane, error) {
-	h, err := netlink.NewHandle()
+	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return nil, err
 	}
 	cfg := c.dp
 	var mu sync.Mutex
@@ -105,10 +103,10 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*datapl
 			log.Warn().Str("leftover", l.What).Str("fix", l.Fix).Msg("leftover of other networking software breaks sluice's routes")
 		}
 	}
-	dp := dataplane.New(dataplane.NewKernel(h), cfg)
+	dp := dataplane.New(k, cfg)
 	go func() {
 		<-ctx.Done()
-		h.Close()
+		k.Close()
 	}()
 	go dp.Run(ctx)
 	go func() {
