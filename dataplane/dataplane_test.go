@@ -102,6 +102,13 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	})
 	t.Logf("VXLAN device and its routes repaired in %v", took)
 
+	// Someone changes the device's MTU: it is put back.
+	if err := n.h.LinkSetMTU(n.link("vxlan.sluice"), 1300); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor(t, "the VXLAN MTU to be put back", func() bool { return n.link("vxlan.sluice").Attrs().MTU == 1450 })
+	t.Logf("VXLAN MTU repaired in %v", took)
+
 	// The second workload's interface appears.
 	n.iface("cali-web-2", "")
 	waitFor(t, "the second workload's route", func() bool {

@@ -149,4 +149,12 @@ func TestNormalRoutesAreNotLeftovers(t *testing.T) {
 	if out := n.routes(0); !strings.Contains(out, "0.0.0.0/0 via 192.0.2.1") || !strings.Contains(out, "10.0.0.0/8 via 192.0.2.254") {
 		t.Fatalf("normal routes touched:\n%s", out)
 	}
+	// A leftover that appears later is found when it appears, and (opted in) removed.
+	if err := n.h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "flannel.1"}, VxlanId: 1, Port: 4789}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the late leftover removed", func() bool {
+		_, err := n.h.LinkByName("flannel.1")
+		return err != nil && strings.Contains(strings.Join(log.keys(true), "|"), "device flannel.1")
+	})
 }

@@ -97,11 +97,12 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate) {
 	if u.Header.Type == unix.RTM_DELLINK {
 		d.ForgetInterface(u.Attrs().Name)
 	}
+	if u.Link != nil && u.Link.Type() == "vxlan" {
+		d.QueueResync() // sluice's device changed, or another one that may be a leftover
+		return
+	}
 	d.mu.Lock()
 	d.routes.LinksChanged()
-	if u.Attrs().Name == d.vxlan.cfg.Name {
-		d.vxlan.QueueResync()
-	}
 	d.mu.Unlock()
 	d.Kick()
 }
