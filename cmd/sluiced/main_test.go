@@ -40,15 +40,13 @@ func TestParseFlagsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	calcDefaults := calc.DefaultConfig(host)
 	want := &config{
-		etcd:      store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
-		nodeName:  host,
-		logLevel:  "info",
-		calc:      calcDefaults,
-		routeSrc:  string(calcDefaults.RouteSource),
-		blackhole: string(calcDefaults.BlackholeType),
-		dataplane: true,
+		etcd:         store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
+		nodeName:     host,
+		logLevel:     "info",
+		calc:         calc.DefaultConfig(host),
+		dataplane:    true,
+		healthListen: "127.0.0.1:9097",
 		dp: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
 			VXLAN: dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort}, ResyncInterval: 90 * time.Second},
 	}
@@ -90,10 +88,17 @@ func TestParseFlagsErrors(t *testing.T) {
 		env  map[string]string
 		want []string
 	}{
-		{[]string{"--log-format", "xml"}, nil, []string{`--log-format "xml"`, "json or console"}},
-		{nil, map[string]string{"SLUICE_LOG_FORMAT": "text"}, []string{`--log-format "text"`, "json or console"}},
-		{[]string{"--log-level", "verbose"}, nil, []string{`--log-level "verbose"`, "debug, info, warn or error"}},
-		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, []string{`--log-level "loud"`, "debug, info, warn or error"}},
+		{[]string{"--log-format", "xml"}, nil, []string{"option log-format", "flag --log-format", `"xml"`, "json, console"}},
+		{nil, map[string]string{"SLUICE_LOG_FORMAT": "text"}, []string{"option log-format", "environment SLUICE_LOG_FORMAT", `"text"`, "json, console"}},
+		{[]string{"--log-level", "verbose"}, nil, []string{"option log-level", `"verbose"`, "debug, info, warn or error"}},
+		{nil, map[string]string{"SLUICE_LOG_LEVEL": "loud"}, []string{"option log-level", `"loud"`, "debug, info, warn or error"}},
+		{[]string{"--vxlan-vni", "0"}, nil, []string{"option vxlan-vni", "1 to 16777215"}},
+		{[]string{"--route-protocol", "2"}, nil, []string{"option route-protocol", "3 to 255"}},
+		{[]string{"--route-table", "255"}, nil, []string{"option route-table", "the local table"}},
+		{[]string{"--resync-interval", "5ms"}, nil, []string{"option resync-interval", "at least 1s"}},
+		{[]string{"--node-address", "node-a"}, nil, []string{"option node-address", "an IP address"}},
+		{[]string{"--vxlan=maybe"}, nil, []string{"option vxlan", "true or false"}},
+		{[]string{"--config", "/does/not/exist.yaml"}, nil, []string{"reading configuration file"}},
 		{[]string{"--node-name", "a", "node-b"}, nil, []string{`unexpected argument "node-b"`}},
 		{[]string{"--colour"}, nil, []string{"flag provided but not defined: -colour"}},
 	} {
