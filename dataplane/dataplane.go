@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-net/sluice/calc"
@@ -39,7 +40,11 @@ type Config struct {
 // Stats are the dataplane's counters.
 type Stats struct {
 	Applies, Failures, Resyncs, Writes int
-	LastErr                            error
+	// Repairs counts drift put back: routes and neighbour or FDB entries deleted by someone.
+	RouteRepairs, NeighRepairs int
+	// DesiredRoutes and ProgrammedRoutes compare what calc wants with what the kernel holds.
+	DesiredRoutes, ProgrammedRoutes int
+	LastErr                         error
 }
 
 // Dataplane takes calc's updates and keeps the kernel matching them. Updates only change the
@@ -62,6 +67,13 @@ type Dataplane struct {
 	reportedLeftovers map[string]bool
 
 	kick chan struct{}
+	// beat is when the apply loop last went round (unix nanoseconds), for liveness.
+	beat atomic.Int64
+}
+
+// Alive reports whether the apply loop went round within the last d.
+func (d *Dataplane) Alive(within time.Duration) bool {
+	return time.Since(time.Unix(0, d.beat.Load())) < within
 }
 
 // New returns a dataplane over k; nothing is written before the first full update.
@@ -186,6 +198,8 @@ func (d *Dataplane) Stats() Stats {
 	defer d.mu.Unlock()
 	s := d.stats
 	s.Writes = d.routes.Writes() + d.vxlan.Writes()
+	s.DesiredRoutes = len(d.routes.routes)
+	s.ProgrammedRoutes = d.routes.tracker.ActualLen()
 	return s
 }
 
@@ -289,6 +303,9 @@ func (d *Dataplane) ForgetInterface(name string) {
 func (d *Dataplane) Run(ctx context.Context) {
 	resync := time.NewTicker(d.cfg.ResyncInterval)
 	defer resync.Stop()
+	heartbeat := time.NewTicker(time.Second)
+	defer heartbeat.Stop()
+	d.beat.Store(time.Now().UnixNano())
 	backoff := time.Duration(0)
 	var retry <-chan time.Time
 	last := time.Time{}
@@ -302,7 +319,11 @@ func (d *Dataplane) Run(ctx context.Context) {
 			continue
 		case <-retry:
 			retry = nil
+		case <-heartbeat.C:
+			d.beat.Store(time.Now().UnixNano())
+			continue
 		}
+		d.beat.Store(time.Now().UnixNano())
 		if wait := d.cfg.MinInterval - time.Since(last); wait > 0 {
 			select {
 			case <-ctx.Done():

@@ -120,13 +120,16 @@ func (t *RouteTable) QueueResync() { t.needRead, t.linksStale = true, true }
 func (t *RouteTable) LinksChanged() { t.linksStale = true }
 
 // RouteGone records that the kernel lost one of sluice's routes (someone deleted it): the
-// next Apply puts it back without reading the whole table.
-func (t *RouteTable) RouteGone(dst netip.Prefix, metric int) {
+// next Apply puts it back without reading the whole table. It reports whether the route was
+// one sluice wants (a repair is due) rather than one it removed itself.
+func (t *RouteTable) RouteGone(dst netip.Prefix, metric int) bool {
 	k := routeKey{dst: dst, metric: metric}
 	if _, ok := t.routes[k]; ok {
 		t.tracker.DeleteActual(k)
 		t.tracker.MarkDirty(k)
+		return true
 	}
+	return false
 }
 
 // Writes is how many routes Apply has written or deleted since the table was made.

@@ -42,6 +42,9 @@ func (t *Tracker[K, V]) Desired(k K) (V, bool) {
 	return v, ok
 }
 
+// ActualLen is how many keys the kernel holds, as far as the tracker knows.
+func (t *Tracker[K, V]) ActualLen() int { return len(t.actual) }
+
 // DesiredLen is how many keys are desired.
 func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
 

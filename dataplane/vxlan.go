@@ -100,18 +100,22 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 
 // NeighGone records that a neighbour (family AF_INET, by IP) or FDB entry (AF_BRIDGE, by MAC)
 // on the device was deleted by someone: the next Apply puts it back without a full read.
-func (x *VXLAN) NeighGone(ip netip.Addr, mac string, fdb bool) {
+// It reports whether the entry is one sluice wants (a repair is due).
+func (x *VXLAN) NeighGone(ip netip.Addr, mac string, fdb bool) bool {
 	if fdb {
 		if _, ok := x.fdb.Desired(mac); ok {
 			x.fdb.DeleteActual(mac)
 			x.fdb.MarkDirty(mac)
+			return true
 		}
-		return
+		return false
 	}
 	if _, ok := x.neigh.Desired(ip); ok {
 		x.neigh.DeleteActual(ip)
 		x.neigh.MarkDirty(ip)
+		return true
 	}
+	return false
 }
 
 // QueueResync makes the next Apply read the device and its entries again.

@@ -57,7 +57,9 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			if u.Type == unix.RTM_DELNEIGH && d.onVXLAN(u.LinkIndex) {
 				d.mu.Lock()
 				ip, _ := netip.AddrFromSlice(u.IP)
-				d.vxlan.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE)
+				if d.vxlan.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
+					d.stats.NeighRepairs++
+				}
 				d.mu.Unlock()
 				d.Kick()
 			}
@@ -78,7 +80,9 @@ func (d *Dataplane) onRoute(u netlink.RouteUpdate) {
 		if u.Type == unix.RTM_DELROUTE {
 			ip, _ := netip.AddrFromSlice(u.Dst.IP)
 			ones, _ := u.Dst.Mask.Size()
-			d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority)
+			if d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority) {
+				d.stats.RouteRepairs++
+			}
 			d.mu.Unlock()
 			d.Kick()
 			return

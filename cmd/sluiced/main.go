@@ -47,15 +47,18 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	state := newAgentState()
+	state.index = index
 	plan := &planner{graph: graph, log: log}
 	if c.dataplane {
-		dp, err := startDataplane(ctx, c, log)
+		dp, err := startDataplane(ctx, c, log, state)
 		if err != nil {
 			return err
 		}
 		plan.dp = dp
+		state.dp = dp
 	}
-	handlers := store.Fanout{index, &eventLogger{log: log, index: index}, plan}
+	handlers := store.Fanout{index, state, &eventLogger{log: log, index: index}, plan}
 	var rec *store.Recorder
 	if c.record != "" {
 		f, err := os.Create(c.record)
@@ -69,6 +72,14 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log)})
 	if err != nil {
 		return err
+	}
+	state.intake = intake
+	if c.healthListen != "" {
+		go func() {
+			if err := state.serveHealth(ctx, c.healthListen); err != nil {
+				log.Error().Err(err).Str("listen", c.healthListen).Msg("health and metrics endpoint failed")
+			}
+		}()
 	}
 	log.Info().Strs("etcd", c.etcd.Endpoints).Msg("starting")
 	err = intake.Run(ctx)

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -344,7 +347,8 @@ func TestRun(t *testing.T) {
 	}
 
 	record := filepath.Join(t.TempDir(), "events.jsonl")
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record, "--dataplane=false"},
+	healthAddr := freeAddr(t)
+	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record, "--dataplane=false", "--health-listen", healthAddr},
 		envOf(nil), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -360,6 +364,7 @@ func TestRun(t *testing.T) {
 		t.Errorf("starting line %v; want the endpoint and the node", l)
 	}
 	inSync := logs.waitFor(t, "in sync with etcd", nil)
+	checkHealth(t, healthAddr)
 	if !reflect.DeepEqual(inSync["objects"], counts) || inSync["revision"] != float64(rev0.Header.Revision) {
 		t.Errorf("in-sync line %v; want objects %v at revision %d", inSync, counts, rev0.Header.Revision)
 	}
@@ -434,5 +439,58 @@ func TestRun(t *testing.T) {
 	}
 	if snap.Get(store.KindNode, "node-d") == nil || snap.Get(store.KindIPPool, "pool-bad") != nil {
 		t.Errorf("replayed index: node-d %v, pool-bad %v; want node-d only", snap.Get(store.KindNode, "node-d"), snap.Get(store.KindIPPool, "pool-bad"))
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	for range 100 {
+		if resp, err = http.Get(url); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// checkHealth: live and ready once in sync (no dataplane in this run), and metrics present.
+func checkHealth(t *testing.T, addr string) {
+	t.Helper()
+	if code, _ := get(t, "http://"+addr+"/livez"); code != 200 {
+		t.Errorf("/livez = %d", code)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, _ := get(t, "http://"+addr+"/readyz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d after in-sync", code)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, "sluice_index_nodes ", "sluice_ready 1", "sluice_etcd_revision "} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }

@@ -73,7 +73,7 @@ func describe(op calc.Op) string {
 
 // startDataplane opens netlink in this namespace and runs the dataplane and its kernel
 // watch until ctx ends. Stopping leaves everything programmed in place.
-func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*dataplane.Dataplane, error) {
+func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *agentState) (*dataplane.Dataplane, error) {
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {
 		return nil, err
@@ -82,6 +82,7 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*datapl
 	var mu sync.Mutex
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
+		state.applySeconds.Observe(took.Seconds())
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")
 			return
@@ -94,6 +95,7 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger) (*datapl
 		}
 	}
 	cfg.OnLeftover = func(l dataplane.Leftover) {
+		state.leftovers.Inc()
 		switch {
 		case l.Removed:
 			log.Warn().Str("leftover", l.What).Msg("removed a leftover of other networking software")

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/store"
+)
+
+// agentState is what the health endpoints and metrics read: the intake, the index and the
+// dataplane (nil when --dataplane=false).
+type agentState struct {
+	intake *store.Intake
+	index  *store.Index
+	dp     *dataplane.Dataplane
+	// metrics fed by the agent as things happen
+	events       *prometheus.CounterVec
+	applySeconds prometheus.Histogram
+	leftovers    prometheus.Counter
+}
+
+func (a *agentState) live() bool {
+	return a.dp == nil || a.dp.Alive(10*time.Second)
+}
+
+func (a *agentState) ready() bool {
+	if a.intake == nil || !a.intake.Stats().InSync.Load() {
+		return false
+	}
+	return a.dp == nil || a.dp.Synced()
+}
+
+func newAgentState() *agentState {
+	return &agentState{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_events_total",
+			Help: "Store events delivered, by kind and type."}, []string{"kind", "type"}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_dataplane_apply_seconds",
+			Help: "Time one dataplane apply took (only applies that changed something or failed).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
+			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
+	}
+}
+
+// OnEvents counts events by kind and type (a store.Handler).
+func (a *agentState) OnEvents(batch []store.Event) {
+	for i := range batch {
+		kind := batch[i].Kind.String()
+		if batch[i].Type == store.EventInSync {
+			kind = "-"
+		}
+		a.events.WithLabelValues(kind, batch[i].Type.String()).Inc()
+	}
+}
+
+// registry builds the Prometheus registry: counters fed by the agent, and gauges read from
+// the intake, index and dataplane when scraped.
+func (a *agentState) registry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(a.events, a.applySeconds, a.leftovers)
+	gauge := func(name, help string, f func() float64) {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+	counter := func(name, help string, f func() float64) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
+	}
+	st := func() *store.IntakeStats { return a.intake.Stats() }
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge("sluice_etcd_in_sync", "1 when the intake is in sync with etcd, 0 while it reads again or waits for etcd.", func() float64 { return b2f(st().InSync.Load()) })
+	gauge("sluice_etcd_revision", "Newest etcd revision delivered.", func() float64 { return float64(st().Revision.Load()) })
+	counter("sluice_etcd_bad_values_total", "Values rejected (each bad version once).", func() float64 { return float64(st().BadValues.Load()) })
+	counter("sluice_etcd_retries_total", "Failed reads and broken watches.", func() float64 { return float64(st().Retries.Load()) })
+	counter("sluice_etcd_resyncs_total", "Full reads of etcd after the first.", func() float64 { return float64(st().Resyncs.Load()) })
+	for _, k := range store.Kinds {
+		gauge("sluice_index_"+k.Plural(), "Objects of this kind in the index.", func() float64 { return float64(a.index.Snapshot().Count(k)) })
+	}
+	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
+	if a.dp != nil {
+		ds := func() dataplane.Stats { return a.dp.Stats() }
+		counter("sluice_dataplane_applies_total", "Dataplane applies.", func() float64 { return float64(ds().Applies) })
+		counter("sluice_dataplane_apply_failures_total", "Dataplane applies that failed (retried with backoff).", func() float64 { return float64(ds().Failures) })
+		counter("sluice_dataplane_resyncs_total", "Full reads of the kernel asked for (kernel changes, periodic, failures).", func() float64 { return float64(ds().Resyncs) })
+		counter("sluice_dataplane_writes_total", "Kernel changes made.", func() float64 { return float64(ds().Writes) })
+		counter("sluice_drift_repairs_route_total", "Routes someone deleted that sluice put back.", func() float64 { return float64(ds().RouteRepairs) })
+		counter("sluice_drift_repairs_neighbour_total", "Neighbour and FDB entries someone deleted that sluice put back.", func() float64 { return float64(ds().NeighRepairs) })
+		gauge("sluice_routes_desired", "Routes calc wants.", func() float64 { return float64(ds().DesiredRoutes) })
+		gauge("sluice_routes_programmed", "Routes sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedRoutes) })
+	}
+	return r
+}
+
+// serveHealth serves /livez, /readyz and /metrics on addr until ctx ends.
+func (a *agentState) serveHealth(ctx context.Context, addr string) error {
+	mux := http.NewServeMux()
+	answer := func(ok bool, w http.ResponseWriter) {
+		if ok {
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write([]byte("ok\n"))
+			return
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("not ok\n"))
+	}
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { answer(a.live(), w) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { answer(a.ready(), w) })
+	mux.Handle("/metrics", promhttp.HandlerFor(a.registry(), promhttp.HandlerOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
