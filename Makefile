@@ -51,10 +51,14 @@ FUZZTIME ?= 60s
 fuzz:
 	$(GO) test ./store/ -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 
-# Binaries, and the route protocol's name so `ip route` shows "proto sluice".
+# Binaries, the systemd unit, an example configuration, and the route protocol's name so
+# `ip route` shows "proto sluice".
+UNITDIR ?= /etc/systemd/system
 install: build
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/iproute2/rt_protos.d
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)/etc/iproute2/rt_protos.d $(DESTDIR)$(UNITDIR) $(DESTDIR)/etc/sluice
 	install -m 0755 $(BIN)/sluiced $(BIN)/sluicectl $(DESTDIR)$(PREFIX)/bin/
+	sed 's|/usr/local/bin/sluiced|$(PREFIX)/bin/sluiced|' deploy/systemd/sluiced.service > $(DESTDIR)$(UNITDIR)/sluiced.service
+	install -m 0644 deploy/sluiced.yaml.example $(DESTDIR)/etc/sluice/sluiced.yaml.example
 	printf '%s\tsluice\n' $(ROUTE_PROTOCOL) > $(DESTDIR)/etc/iproute2/rt_protos.d/sluice.conf
 
 clean:

@@ -30,6 +30,9 @@ type config struct {
 	dataplane    bool
 	dp           dataplane.Config
 	healthListen string
+	// set by systemd, not options
+	notifySocket string
+	watchdog     time.Duration
 }
 
 // option is one setting: its flag, environment variable and file key, its default, what it
@@ -246,6 +249,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 		}
 	}
 	c.etcd = c.etcd.WithEnv(getenv)
+	c.notifySocket = getenv("NOTIFY_SOCKET")
+	c.watchdog = watchdogInterval(getenv("WATCHDOG_USEC"), getenv("WATCHDOG_PID"), os.Getpid())
 	if c.nodeName == "" {
 		h, err := os.Hostname()
 		if err != nil {

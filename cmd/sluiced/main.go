@@ -74,6 +74,15 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	state.intake = intake
+	notify, err := newNotifier(c.notifySocket)
+	if err != nil {
+		return err
+	}
+	defer notify.close()
+	superviseDone := make(chan struct{})
+	sctx, stopSupervise := context.WithCancel(ctx)
+	go func() { defer close(superviseDone); supervise(sctx, notify, state, c.watchdog) }()
+	defer func() { stopSupervise(); <-superviseDone }()
 	if c.healthListen != "" {
 		go func() {
 			if err := state.serveHealth(ctx, c.healthListen); err != nil {

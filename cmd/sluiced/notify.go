@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// notifier speaks systemd's sd_notify protocol: datagrams of "KEY=VALUE" lines to the
+// socket named by NOTIFY_SOCKET. Without that variable it does nothing.
+type notifier struct {
+	conn *net.UnixConn
+}
+
+func newNotifier(socket string) (*notifier, error) {
+	if socket == "" {
+		return &notifier{}, nil
+	}
+	if strings.HasPrefix(socket, "@") {
+		socket = "\x00" + socket[1:] // an abstract socket
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: socket, Net: "unixgram"})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to NOTIFY_SOCKET: %w", err)
+	}
+	return &notifier{conn: c}, nil
+}
+
+func (n *notifier) send(lines ...string) {
+	if n.conn == nil {
+		return
+	}
+	_, _ = n.conn.Write([]byte(strings.Join(lines, "\n")))
+}
+
+func (n *notifier) close() {
+	if n.conn != nil {
+		n.conn.Close()
+	}
+}
+
+// watchdogInterval reads WATCHDOG_USEC (and WATCHDOG_PID, which must be ours when set).
+func watchdogInterval(usec, pid string, self int) time.Duration {
+	if usec == "" {
+		return 0
+	}
+	if pid != "" && pid != strconv.Itoa(self) {
+		return 0
+	}
+	n, err := strconv.ParseInt(usec, 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return time.Duration(n) * time.Microsecond
+}
+
+// supervise tells systemd how the agent is doing: STATUS lines as it progresses, READY=1
+// once the first full apply after in-sync is done (or in-sync, without a dataplane), and a
+// watchdog keepalive at half the watchdog interval as long as the apply loop is alive, so a
+// hung loop gets the service restarted. STOPPING=1 when ctx ends.
+func supervise(ctx context.Context, n *notifier, state *agentState, watchdog time.Duration) {
+	tick := 250 * time.Millisecond
+	if watchdog > 0 && watchdog/2 < tick {
+		tick = watchdog / 2
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	ready := false
+	status := ""
+	lastKeepalive := time.Time{}
+	n.send("STATUS=reading etcd")
+	for {
+		select {
+		case <-ctx.Done():
+			n.send("STOPPING=1", "STATUS=stopping; the dataplane stays in place")
+			return
+		case <-t.C:
+		}
+		now := ""
+		switch {
+		case state.intake == nil || !state.intake.Stats().InSync.Load():
+			now = "waiting for etcd"
+		case !state.ready():
+			now = fmt.Sprintf("in sync with etcd at revision %d; programming the kernel", state.intake.Stats().Revision.Load())
+		default:
+			now = fmt.Sprintf("ready: in sync at revision %d", state.intake.Stats().Revision.Load())
+			if state.dp != nil {
+				s := state.dp.Stats()
+				now += fmt.Sprintf(", %d routes programmed", s.ProgrammedRoutes)
+			}
+		}
+		if now != status {
+			status = now
+			n.send("STATUS=" + status)
+		}
+		if !ready && state.ready() {
+			ready = true
+			n.send("READY=1", "STATUS="+status)
+		}
+		if watchdog > 0 && state.live() && time.Since(lastKeepalive) >= watchdog/2 {
+			lastKeepalive = time.Now()
+			n.send("WATCHDOG=1")
+		}
+	}
+}
