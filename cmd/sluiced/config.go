@@ -30,6 +30,7 @@ type config struct {
 	dataplane    bool
 	dp           dataplane.Config
 	healthListen string
+	statusTTL    time.Duration
 	// set by systemd, not options
 	notifySocket string
 	watchdog     time.Duration
@@ -175,6 +176,15 @@ func optionTable() []option {
 			}},
 		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
 			set: func(c *config, v string) (err error) { c.dp.CleanConflicts, err = parseBool(v); return }},
+		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
+			set: func(c *config, v string) error {
+				d, err := time.ParseDuration(v)
+				if err != nil || d < time.Second {
+					return errors.New("not a duration of at least 1s")
+				}
+				c.statusTTL = d
+				return nil
+			}},
 		{name: "health-listen", env: "SLUICE_HEALTH_LISTEN", key: "healthListen", def: "127.0.0.1:9097", accepts: "host:port, or empty to turn it off", help: "address of /livez, /readyz and /metrics",
 			set: func(c *config, v string) error { c.healthListen = v; return nil }},
 	}

@@ -79,6 +79,12 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	defer notify.close()
+	statusDone := make(chan struct{})
+	go func() {
+		defer close(statusDone)
+		reportStatus(ctx, cli, c.nodeName, c.statusTTL, state, log)
+	}()
+	defer func() { <-statusDone }()
 	superviseDone := make(chan struct{})
 	sctx, stopSupervise := context.WithCancel(ctx)
 	go func() { defer close(superviseDone); supervise(sctx, notify, state, c.watchdog) }()

@@ -50,6 +50,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		calc:         calc.DefaultConfig(host),
 		dataplane:    true,
 		healthListen: "127.0.0.1:9097",
+		statusTTL:    15 * time.Second,
 		dp: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
 			VXLAN: dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort}, ResyncInterval: 90 * time.Second},
 	}

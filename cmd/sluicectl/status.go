@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/sluice-net/sluice/store"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// statusRow is one node as `sluicectl status` sees it.
+type statusRow struct {
+	Node   string            `json:"node"`
+	State  string            `json:"state"`
+	Lag    int64             `json:"lagRevisions,omitempty"`
+	Status *store.NodeStatus `json:"status,omitempty"`
+}
+
+func runStatus(ctx context.Context, a *app, args []string) error {
+	fs := a.flagSet("status")
+	output := fs.String("o", "table", "output format: table or json")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	cli, err := a.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := nodeStatuses(ctx, cli)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		b, err := json.MarshalIndent(rows, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+		return err
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tLAST-ERROR")
+	for _, r := range rows {
+		if r.Status == nil {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\n", r.Node, r.State)
+			continue
+		}
+		s := r.Status
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, or(s.LastError, "-"))
+	}
+	return tw.Flush()
+}
+
+// nodeStatuses joins Calico's nodes with the agents' status keys. The newest revision of the
+// keys sluice reads is the yardstick: an agent that applied it is in sync; one behind it lags.
+func nodeStatuses(ctx context.Context, cli *clientv3.Client) ([]statusRow, error) {
+	var latest int64
+	for _, p := range store.WatchedPrefixes {
+		resp, err := cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend),
+			clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", p, err)
+		}
+		if len(resp.Kvs) > 0 {
+			latest = max(latest, resp.Kvs[0].ModRevision)
+		}
+	}
+	rows := map[string]*statusRow{}
+	nodes, err := cli.Get(ctx, store.NodePrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, fmt.Errorf("reading nodes: %w", err)
+	}
+	for _, kv := range nodes.Kvs {
+		name := string(kv.Key)[len(store.NodePrefix):]
+		rows[name] = &statusRow{Node: name, State: "gone"}
+	}
+	st, err := cli.Get(ctx, store.StatusPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("reading statuses: %w", err)
+	}
+	for _, kv := range st.Kvs {
+		var s store.NodeStatus
+		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			continue
+		}
+		r := rows[s.Node]
+		if r == nil {
+			r = &statusRow{Node: s.Node}
+			rows[s.Node] = r
+		}
+		r.Status = &s
+		switch {
+		case !s.Ready && s.AppliedRevision == 0:
+			r.State = "starting"
+		case s.AppliedRevision >= latest:
+			r.State = "in sync"
+		default:
+			r.Lag = latest - s.AppliedRevision
+			r.State = "lagging by " + strconv.FormatInt(r.Lag, 10)
+		}
+	}
+	out := make([]statusRow, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out, nil
+}

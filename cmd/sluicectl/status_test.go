@@ -1,0 +1,38 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/store"
+)
+
+func TestStatus(t *testing.T) {
+	c := newCluster(t)
+	c.loadSample() // node-a, node-b, node-c
+	latest := c.revision()
+	put := func(s store.NodeStatus) {
+		b, _ := json.Marshal(s)
+		if _, err := c.raw.Put(context.Background(), store.StatusPrefix+s.Node, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
+	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
+	out := table(c.mustCtl("status"))
+	for _, want := range []string{
+		"node-a in sync", "7/7",
+		"node-b lagging by 3", "no such device",
+		"node-c gone",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	var rows []statusRow
+	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json")), &rows); err != nil || len(rows) != 3 || rows[1].Lag != 3 {
+		t.Fatalf("json: %v %+v", err, rows)
+	}
+}

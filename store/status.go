@@ -1,0 +1,23 @@
+package store
+
+import "time"
+
+// StatusPrefix holds one key per running sluiced, under a lease: etcd removes a node's key
+// when its agent dies and the lease expires.
+const StatusPrefix = "/sluice/v1/status/"
+
+// NodeStatus is what a sluiced reports about itself.
+type NodeStatus struct {
+	Node string `json:"node"`
+	// Revision is the newest etcd revision the agent has read; AppliedRevision the newest one
+	// whose desired state it had programmed when it last reported ready.
+	Revision         int64     `json:"revision"`
+	AppliedRevision  int64     `json:"appliedRevision"`
+	InSync           bool      `json:"inSync"`
+	Ready            bool      `json:"ready"`
+	RoutesDesired    int       `json:"routesDesired"`
+	RoutesProgrammed int       `json:"routesProgrammed"`
+	BadValues        int64     `json:"badValues"`
+	LastError        string    `json:"lastError,omitempty"`
+	Updated          time.Time `json:"updated"`
+}
