@@ -347,3 +347,21 @@ func (d *Dataplane) Run(ctx context.Context) {
 		backoff = 0
 	}
 }
+
+// Diff compares the kernel with the desired state given by a full update, writing nothing:
+// what the kernel lacks or holds differently, and what sluice-owned state it holds too much of.
+func Diff(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err error) {
+	d := New(k, cfg)
+	d.OnUpdate(u)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	vm, ve, err := d.vxlan.Diff()
+	if err != nil {
+		return nil, nil, err
+	}
+	rm, re, err := d.routes.Diff()
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(vm, rm...), append(ve, re...), nil
+}

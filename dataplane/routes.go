@@ -225,6 +225,14 @@ func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *netlink.Route {
 // own stale routes; otherwise it writes only what changed since the last Apply. Failures are
 // joined; the failed routes stay pending.
 func (t *RouteTable) Apply() error {
+	if err := t.prepare(); err != nil {
+		return err
+	}
+	return t.write()
+}
+
+// prepare looks at links and the kernel as needed and resolves the desired routes.
+func (t *RouteTable) prepare() error {
 	all := t.linksStale || t.needRead
 	if t.linksStale {
 		links, err := t.k.LinkIndexes()
@@ -272,6 +280,43 @@ func (t *RouteTable) Apply() error {
 	}
 	clear(t.changed)
 	t.unresolved = len(t.unres)
+	return nil
+}
+
+// Diff reads the kernel and lists, without writing, what it lacks (or holds differently)
+// and what it holds too much of, each line like `ip route` prints it.
+func (t *RouteTable) Diff() (missing, extra []string, err error) {
+	t.QueueResync()
+	if err := t.prepare(); err != nil {
+		return nil, nil, err
+	}
+	names := map[int]string{}
+	for n, i := range t.links {
+		names[i] = n
+	}
+	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
+		line := RenderRoute(*t.toKernel(k, want), names)
+		if have, ok := t.tracker.actual[k]; ok {
+			line += "  (the kernel has: " + RenderRoute(*t.toKernel(k, have), names) + ")"
+		}
+		missing = append(missing, line)
+		return false
+	}, func(k routeKey, have kernelRoute) bool {
+		if int(have.protocol) == t.cfg.Protocol {
+			extra = append(extra, RenderRoute(*t.toKernel(k, have), names))
+		}
+		return false
+	})
+	for k := range t.unres {
+		missing = append(missing, fmt.Sprintf("%s (its device %s does not exist)", t.routes[k].String(), t.routes[k].Device))
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	return missing, extra, nil
+}
+
+// write sends what is pending.
+func (t *RouteTable) write() error {
 	var errs []error
 	failed := false
 	// Adds and changes go out as one batch; deletes follow, one by one (they are rare).

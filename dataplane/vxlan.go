@@ -310,3 +310,51 @@ func (x *VXLAN) read(idx int) error {
 	x.needRead = false
 	return nil
 }
+
+// Diff lists, without writing, how the device and its entries differ from the desired ones.
+func (x *VXLAN) Diff() (missing, extra []string, err error) {
+	if x.local == nil {
+		l, err := x.k.Link(x.cfg.Name)
+		if err == nil && l != nil {
+			extra = append(extra, "device "+x.cfg.Name+" (VXLAN is off)")
+		}
+		return nil, extra, err
+	}
+	l, err := x.k.Link(x.cfg.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if l == nil {
+		missing = append(missing, fmt.Sprintf("device %s (VNI %d, port %d, address %s, MAC %s)", x.cfg.Name, x.cfg.VNI, x.cfg.Port, x.local.TunnelAddr, x.local.MAC))
+		x.neigh.Pending(func(ip netip.Addr, mac string) bool {
+			missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s", ip, mac))
+			return false
+		}, func(netip.Addr, string) bool { return false })
+		return missing, nil, nil
+	}
+	parent, _ := x.k.LinkHoldingAddr(x.cfg.ParentAddr.AsSlice())
+	if !x.matches(l, parent) {
+		missing = append(missing, fmt.Sprintf("device %s as sluice makes it (VNI %d, port %d, learning off, bound to this node's address)", x.cfg.Name, x.cfg.VNI, x.cfg.Port))
+	}
+	if !bytes.Equal(l.Attrs().HardwareAddr, x.local.MAC) {
+		missing = append(missing, fmt.Sprintf("device %s MAC %s (has %s)", x.cfg.Name, x.local.MAC, l.Attrs().HardwareAddr))
+	}
+	if err := x.read(l.Attrs().Index); err != nil {
+		return nil, nil, err
+	}
+	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
+		missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
+		return false
+	}, func(ip netip.Addr, mac string) bool {
+		extra = append(extra, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
+		return false
+	})
+	x.fdb.Pending(func(mac string, dst netip.Addr) bool {
+		missing = append(missing, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
+		return false
+	}, func(mac string, dst netip.Addr) bool {
+		extra = append(extra, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
+		return false
+	})
+	return missing, extra, nil
+}

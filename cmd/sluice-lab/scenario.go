@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -156,6 +157,36 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	_ = stream.stdin.Close()
 	<-stream.done
 	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
+
+	l.step("sluicectl diff on a node, and sluicectl status")
+	diff := func(node string) (string, error) {
+		cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
+		cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen)
+		out, err := cmd.CombinedOutput()
+		fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
+		return string(out), err
+	}
+	out, err := diff("node-b")
+	l.check(err == nil && strings.Contains(out, "matches"), "node-b's kernel matches its desired state")
+	l.check(l.agents["node-b"].stop() == nil, "sluiced on node-b stopped, to let drift stand")
+	_, err1 := sh("ip", "-n", nodeNS("node-b"), "route", "del", "10.65.0.0/26")
+	_, err2 := sh("ip", "-n", nodeNS("node-b"), "route", "add", "10.99.0.0/24", "dev", "eth0", "proto", "83")
+	if err1 != nil || err2 != nil {
+		return fmt.Errorf("injecting drift: %v %v", err1, err2)
+	}
+	out, err = diff("node-b")
+	l.check(err != nil && strings.Contains(out, "missing: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
+		"diff reports the missing route and the extra one, and exits 1")
+	status, _ := l.ctl("status")
+	l.check(strings.Contains(status, "node-b") && strings.Contains(strings.Split(status[strings.Index(status, "node-b"):], "\n")[0], "gone"),
+		"sluicectl status shows node-b's agent gone and the others in sync")
+	nb, err := l.startAgent("node-b")
+	if err != nil {
+		return err
+	}
+	nb.waitFor(20*time.Second, "dataplane updated")
+	_, err = retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
+	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
 
 	if keep {
 		l.step("the lab stays up; Ctrl-C tears it down")

@@ -49,6 +49,7 @@ var commands = map[string]command{
 	"record": {"record the event stream to a file: record FILE", runRecord},
 	"replay": {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
 	"plan":   {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
+	"diff":   {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
 	"status": {"list every node's agent: in sync, lagging (by how many revisions), starting or gone", runStatus},
 }
 

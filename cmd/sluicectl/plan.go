@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 
@@ -12,11 +13,9 @@ import (
 
 // runPlan prints the desired dataplane of any node, computed by the same calc graph sluiced
 // runs, from a live etcd or from a recorded event log. It touches no kernel.
-func runPlan(ctx context.Context, a *app, args []string) error {
-	fs := a.flagSet("plan")
-	node := fs.String("node", "", "the node to plan for (required)")
-	fromLog := fs.String("from-log", "", "read a recorded event log instead of etcd")
-	output := fs.String("o", "table", "output format: table or json")
+// calcFlags registers the calculation options sluiced takes too; the returned function
+// builds the configuration for a node after parsing.
+func calcFlags(fs *flag.FlagSet) func(node string) (calc.Config, error) {
 	cfg := calc.DefaultConfig("")
 	routeSource := fs.String("route-source", string(cfg.RouteSource), "CalicoIPAM (routes from blocks) or WorkloadIPs (from workload endpoints)")
 	fs.BoolVar(&cfg.VXLAN, "vxlan", cfg.VXLAN, "VXLAN on or off")
@@ -24,6 +23,22 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	blackhole := fs.String("blackhole-type", string(cfg.BlackholeType), "blackhole, unreachable or prohibit for local blocks")
 	fs.IntVar(&cfg.BlackholeMetric, "blackhole-metric", cfg.BlackholeMetric, "metric of local-block blackholes")
 	fs.BoolVar(&cfg.PoolBlackholes, "pool-blackholes", cfg.PoolBlackholes, "add a lowest-priority blackhole for each whole pool")
+	return func(node string) (calc.Config, error) {
+		c := cfg
+		c.NodeName, c.RouteSource, c.BlackholeType = node, calc.RouteSource(*routeSource), calc.RouteType(*blackhole)
+		_, err := calc.New(c)
+		return c, err
+	}
+}
+
+// runPlan prints the desired dataplane of any node, computed by the same calc graph sluiced
+// runs, from a live etcd or from a recorded event log. It touches no kernel.
+func runPlan(ctx context.Context, a *app, args []string) error {
+	fs := a.flagSet("plan")
+	node := fs.String("node", "", "the node to plan for (required)")
+	fromLog := fs.String("from-log", "", "read a recorded event log instead of etcd")
+	output := fs.String("o", "table", "output format: table or json")
+	config := calcFlags(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -37,7 +52,10 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	if *output != "table" && *output != "json" {
 		return usagef("-o %q: want table or json", *output)
 	}
-	cfg.NodeName, cfg.RouteSource, cfg.BlackholeType = *node, calc.RouteSource(*routeSource), calc.RouteType(*blackhole)
+	cfg, err := config(*node)
+	if err != nil {
+		return usagef("%v", err)
+	}
 	g, err := calc.New(cfg)
 	if err != nil {
 		return usagef("%v", err)
