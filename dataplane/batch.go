@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -27,6 +28,12 @@ func newRouteBatcher(ns netns.NsHandle) (*routeBatcher, error) {
 		return nil, fmt.Errorf("opening a netlink socket: %w", err)
 	}
 	_ = s.SetReceiveBufferSize(4<<20, false)
+	// An acknowledgement that never comes must not hold an apply (and the lock) for ever.
+	tv := unix.NsecToTimeval(int64(5 * time.Second))
+	if err := s.SetReceiveTimeout(&tv); err != nil {
+		s.Close()
+		return nil, err
+	}
 	return &routeBatcher{sock: s}, nil
 }
 
@@ -82,11 +89,13 @@ func (b *routeBatcher) replace(rs []*netlink.Route) []error {
 		}
 		for _, m := range msgs {
 			i, ok := pending[m.Header.Seq]
-			if !ok || m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+			if !ok || m.Header.Type != unix.NLMSG_ERROR {
 				continue
 			}
 			delete(pending, m.Header.Seq)
-			if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+			if len(m.Data) < 4 {
+				errs[i] = fmt.Errorf("short netlink acknowledgement")
+			} else if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
 				errs[i] = syscall.Errno(-code)
 			}
 		}

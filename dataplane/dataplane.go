@@ -63,8 +63,14 @@ type Dataplane struct {
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
 	stats   Stats
-	// reportedLeftovers keys the leftovers already reported.
+	// reportedLeftovers keys the leftovers already reported; removedLeftovers when each was
+	// last removed (a program that puts its route back is not fought in a tight loop).
 	reportedLeftovers map[string]bool
+	removedLeftovers  map[string]time.Time
+	// vxlanIndex is the VXLAN device's index as of the last apply (for neighbour events).
+	vxlanIndex int
+	// table and protocol never change after New: read without the lock.
+	table, protocol int
 
 	kick chan struct{}
 	// beat is when the apply loop last went round (unix nanoseconds), for liveness.
@@ -89,8 +95,9 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	cfg.Routes.ParentAddr = cfg.ParentAddr
 	cfg.VXLAN.ParentAddr = cfg.ParentAddr
-	return &Dataplane{cfg: cfg, routes: NewRouteTable(k, cfg.Routes), vxlan: NewVXLAN(k, cfg.VXLAN),
-		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{},
+	rt := NewRouteTable(k, cfg.Routes)
+	return &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN),
+		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -225,6 +232,11 @@ func (d *Dataplane) Apply() error {
 	if err := d.vxlan.Apply(); err != nil {
 		errs = append(errs, err)
 	}
+	if d.vxlan.index != d.vxlanIndex {
+		// A new device (first, or recreated): routes through it must use its new index.
+		d.vxlanIndex = d.vxlan.index
+		d.routes.QueueResync()
+	}
 	scan := d.routes.needRead
 	if err := d.routes.Apply(); err != nil {
 		errs = append(errs, err)
@@ -314,6 +326,9 @@ func (d *Dataplane) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-d.kick:
+			if retry != nil {
+				continue // backing off after a failure: the retry applies this change too
+			}
 		case <-resync.C:
 			d.QueueResync()
 			continue

@@ -3,8 +3,11 @@ package dataplane
 import (
 	"fmt"
 	"net/netip"
+	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Leftover is something another networking program left on the node that can break sluice's
@@ -52,10 +55,19 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		if k.dst.Bits() == 0 {
 			continue
 		}
+		dev := names[r.LinkIndex]
+		otherCNI := otherCNIDevice(dev)
+		if r.Protocol == unix.RTPROT_KERNEL && !otherCNI {
+			continue // a connected subnet of one of the node's own interfaces
+		}
 		var hit netip.Prefix
 		for _, dst := range dsts {
-			inside := dst.Bits() <= k.dst.Bits() && dst.Contains(k.dst.Addr())
-			around := k.dst.Bits() < dst.Bits() && k.dst.Contains(dst.Addr()) && r.LinkIndex != d.routes.parent && r.LinkIndex != 0
+			// Strictly more specific than a sluice route: it steals that route's traffic. (The
+			// same destination at another metric is an operator's deliberate override.)
+			inside := dst.Bits() < k.dst.Bits() && dst.Contains(k.dst.Addr())
+			// Around a sluice route, through another networking program's device: it catches
+			// the pool's traffic that sluice does not route.
+			around := k.dst.Bits() < dst.Bits() && k.dst.Contains(dst.Addr()) && otherCNI
 			if inside || around {
 				hit = dst
 				break
@@ -65,7 +77,6 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 			continue
 		}
 		rr := r
-		dev := names[r.LinkIndex]
 		if dev == "" {
 			dev = "no device"
 		}
@@ -103,7 +114,8 @@ func (d *Dataplane) handleLeftovers() bool {
 	}
 	removed := false
 	for _, l := range found {
-		if d.cfg.CleanConflicts {
+		if d.cfg.CleanConflicts && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
+			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
 				l.Err = d.routes.k.RouteDel(l.route)
 			} else {
@@ -121,4 +133,15 @@ func (d *Dataplane) handleLeftovers() bool {
 		}
 	}
 	return removed
+}
+
+// otherCNIDevice recognises the devices other container and cloud networking programs make:
+// Flannel's, the CNI bridge plugin's, Calico's, Weave's, Cilium's, kube-router's.
+func otherCNIDevice(name string) bool {
+	for _, p := range []string{"flannel.", "cni", "vxlan.calico", "vxlan-v6.calico", "tunl", "weave", "cilium_", "kube-bridge"} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
 }

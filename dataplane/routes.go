@@ -89,6 +89,9 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 
 // SetRoute wants r in the kernel (replacing any earlier desired route to r.Dst).
 func (t *RouteTable) SetRoute(r calc.Route) {
+	if r.Dst.Addr().Is6() && r.Metric == 0 {
+		r.Metric = 1024 // the kernel stores IPv6 metric 0 as 1024: key it as the kernel will
+	}
 	k := routeKey{dst: r.Dst, metric: r.Metric}
 	if old, ok := t.byDst[r.Dst]; ok && old != k {
 		t.DeleteRoute(r.Dst)
@@ -171,8 +174,8 @@ func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent int) (ke
 		}
 		kr.link = idx
 	}
-	if !r.Gateway.IsValid() {
-		kr.scope = netlink.SCOPE_LINK
+	if !r.Gateway.IsValid() && r.Dst.Addr().Is4() {
+		kr.scope = netlink.SCOPE_LINK // IPv6 routes are always reported as scope universe
 	}
 	return kr, true
 }

@@ -45,6 +45,8 @@ type VXLAN struct {
 	fdb      *Tracker[string, netip.Addr]
 	needRead bool
 	writes   int
+	// index is the device's index as of the last Apply (0: none).
+	index int
 	// Recreated counts devices sluice deleted because they did not match (wrong VNI, port,
 	// learning, parent).
 	Recreated int
@@ -131,6 +133,7 @@ func (x *VXLAN) Name() string { return x.cfg.Name }
 // node has no tunnel address yet) the device is removed.
 func (x *VXLAN) Apply() error {
 	if x.local == nil {
+		x.index = 0
 		l, err := x.k.Link(x.cfg.Name)
 		if err != nil || l == nil {
 			return err
@@ -143,6 +146,7 @@ func (x *VXLAN) Apply() error {
 		x.needRead = true
 		return err
 	}
+	x.index = idx
 	if x.needRead {
 		if err := x.read(idx); err != nil {
 			return err

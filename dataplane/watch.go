@@ -2,25 +2,61 @@ package dataplane
 
 import (
 	"context"
+	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-// Watch subscribes to the kernel's route, link and neighbour changes in namespace ns (the
-// current one when ns is not open) and asks for a resync whenever one may have undone
-// sluice's work: one of its routes deleted, another program's route put where a sluice route
-// goes, a link added or removed (a workload interface, the VXLAN device), a neighbour or FDB
-// entry on the VXLAN device removed. It returns when ctx ends.
+// subscriptionBuffer is the receive buffer of each netlink subscription: bulk route changes
+// (sluice's own 20,000-route cold start, or another program's) must not overrun it.
+const subscriptionBuffer = 16 << 20
+
+// Watch subscribes to the kernel's route, link, address and neighbour changes in namespace
+// ns (the current one when ns is not open) and reacts to those that may have undone sluice's
+// work:
+//   - one of sluice's routes deleted: put back from the event alone;
+//   - a neighbour or FDB entry on the VXLAN device deleted: put back from the event alone;
+//   - another program's route added: read the table again (at most once a second), since it
+//     may sit where a sluice route goes or be a leftover;
+//   - a link added: resolve devices again; a link removed or going down or up, or a VXLAN
+//     device appearing or changing: read everything again (the kernel drops routes through a
+//     link that goes down without telling);
+//   - an address added or removed: the parent interface may have changed.
+//
+// It returns when ctx ends, or with an error when a subscription is lost (events may have been
+// dropped); the caller subscribes again, and every new subscription starts with a resync.
 func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	done := make(chan struct{})
-	defer close(done)
-	routes := make(chan netlink.RouteUpdate, 1024)
+	routes := make(chan netlink.RouteUpdate, 4096)
 	links := make(chan netlink.LinkUpdate, 256)
+	addrs := make(chan netlink.AddrUpdate, 256)
 	neighs := make(chan netlink.NeighUpdate, 1024)
-	lost := make(chan error, 3)
+	defer func() {
+		close(done)
+		// netlink's readers close their channels once done; drain until then so none is
+		// left blocked on a send.
+		go func() {
+			for range routes {
+			}
+		}()
+		go func() {
+			for range links {
+			}
+		}()
+		go func() {
+			for range addrs {
+			}
+		}()
+		go func() {
+			for range neighs {
+			}
+		}()
+	}()
+	lost := make(chan error, 4)
 	onErr := func(err error) {
 		select {
 		case lost <- err:
@@ -31,89 +67,123 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	if ns.IsOpen() {
 		nsp = &ns
 	}
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
 		return err
 	}
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
 		return err
 	}
-	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: nsp, ErrorCallback: onErr}); err != nil {
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
 		return err
 	}
+	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
+		return err
+	}
+	// Whatever happened before this subscription is unseen: read everything once.
+	d.QueueResync()
+
+	flags := map[int]net.Flags{}
+	var foreignTimer <-chan time.Time
+	lastForeign := time.Time{}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-lost:
-			// A lost subscription (e.g. an overrun socket) may have dropped events: read
-			// everything again; the caller restarts the watch.
-			d.QueueResync()
 			return err
 		case u := <-routes:
-			d.onRoute(u)
+			if !d.onRoute(u) {
+				continue
+			}
+			// Another program's route: resync, at most once a second.
+			if since := time.Since(lastForeign); since >= time.Second {
+				lastForeign = time.Now()
+				d.QueueResync()
+			} else if foreignTimer == nil {
+				foreignTimer = time.After(time.Second - since)
+			}
+		case <-foreignTimer:
+			foreignTimer = nil
+			lastForeign = time.Now()
+			d.QueueResync()
 		case u := <-links:
-			d.onLink(u)
+			d.onLink(u, flags)
+		case u := <-addrs:
+			d.mu.Lock()
+			d.routes.LinksChanged()
+			if u.LinkAddress.IP != nil {
+				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
+					d.vxlan.QueueResync()
+				}
+			}
+			d.mu.Unlock()
+			d.Kick()
 		case u := <-neighs:
-			if u.Type == unix.RTM_DELNEIGH && d.onVXLAN(u.LinkIndex) {
-				d.mu.Lock()
+			if u.Type != unix.RTM_DELNEIGH {
+				continue
+			}
+			d.mu.Lock()
+			if u.LinkIndex == d.vxlanIndex {
 				ip, _ := netip.AddrFromSlice(u.IP)
 				if d.vxlan.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
 					d.stats.NeighRepairs++
 				}
-				d.mu.Unlock()
-				d.Kick()
-			}
-		}
-	}
-}
-
-// onRoute: one of sluice's routes deleted is put back at once (no full read); another
-// program's new route may sit where ours goes or be a leftover: read the table again.
-func (d *Dataplane) onRoute(u netlink.RouteUpdate) {
-	d.mu.Lock()
-	cfg := d.routes.cfg
-	if u.Table != cfg.Table || u.Dst == nil {
-		d.mu.Unlock()
-		return
-	}
-	if int(u.Protocol) == cfg.Protocol {
-		if u.Type == unix.RTM_DELROUTE {
-			ip, _ := netip.AddrFromSlice(u.Dst.IP)
-			ones, _ := u.Dst.Mask.Size()
-			if d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority) {
-				d.stats.RouteRepairs++
 			}
 			d.mu.Unlock()
 			d.Kick()
-			return
+		}
+	}
+}
+
+// onRoute handles one route event; it returns true for another program's new route in
+// sluice's table (the caller decides when to resync). Sluice's own new routes are dropped
+// before taking the lock: a cold start makes tens of thousands of them.
+func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
+	if u.Dst == nil || u.Table != d.table || u.Protocol == unix.RTPROT_KERNEL {
+		return false
+	}
+	ours := int(u.Protocol) == d.protocol
+	switch {
+	case ours && u.Type == unix.RTM_DELROUTE:
+		ip, _ := netip.AddrFromSlice(u.Dst.IP)
+		ones, _ := u.Dst.Mask.Size()
+		d.mu.Lock()
+		if d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority) {
+			d.stats.RouteRepairs++
 		}
 		d.mu.Unlock()
-		return
+		d.Kick()
+		return false
+	case !ours && u.Type == unix.RTM_NEWROUTE:
+		return true
 	}
-	d.mu.Unlock()
-	if u.Type == unix.RTM_NEWROUTE {
-		d.QueueResync()
-	}
+	return false
 }
 
-// onLink: a link came or went (a workload interface, the VXLAN device, the uplink).
-func (d *Dataplane) onLink(u netlink.LinkUpdate) {
+// onLink handles one link event; flags remembers each link's flags to see it go up or down.
+func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
+	a := u.Attrs()
 	if u.Header.Type == unix.RTM_DELLINK {
-		d.ForgetInterface(u.Attrs().Name)
-	}
-	if u.Link != nil && u.Link.Type() == "vxlan" {
-		d.QueueResync() // sluice's device changed, or another one that may be a leftover
+		delete(flags, a.Index)
+		d.ForgetInterface(a.Name)
+		d.QueueResync() // the kernel dropped the routes through it
 		return
 	}
-	d.mu.Lock()
-	d.routes.LinksChanged()
-	d.mu.Unlock()
-	d.Kick()
-}
-
-func (d *Dataplane) onVXLAN(index int) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	l, err := d.vxlan.k.Link(d.vxlan.cfg.Name)
-	return err == nil && l != nil && l.Attrs().Index == index
+	old, known := flags[a.Index]
+	flags[a.Index] = a.Flags
+	switch {
+	case u.Link != nil && u.Link.Type() == "vxlan":
+		d.QueueResync() // sluice's device changed, or another one that may be a leftover
+	case known && (old^a.Flags)&net.FlagUp != 0:
+		d.QueueResync() // down or up: routes through it were dropped
+	default:
+		d.mu.Lock()
+		d.routes.LinksChanged()
+		d.mu.Unlock()
+		d.Kick()
+	}
 }

@@ -106,21 +106,24 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *a
 		}
 	}
 	dp := dataplane.New(k, cfg)
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() { defer loops.Done(); dp.Run(ctx) }()
 	go func() {
-		<-ctx.Done()
-		k.Close()
-	}()
-	go dp.Run(ctx)
-	go func() {
+		defer loops.Done()
 		for ctx.Err() == nil {
 			if err := dp.Watch(ctx, netns.None()); err != nil {
-				log.Warn().Err(err).Msg("kernel watch lost; resubscribing")
+				log.Warn().Err(err).Msg("kernel watch lost; subscribing again (with a full resync)")
 				select {
 				case <-ctx.Done():
-				case <-time.After(time.Second):
+				case <-time.After(100 * time.Millisecond):
 				}
 			}
 		}
+	}()
+	go func() {
+		loops.Wait() // nothing uses the kernel handle any more
+		k.Close()
 	}()
 	return dp, nil
 }
