@@ -32,6 +32,9 @@ type Config struct {
 	CleanConflicts bool
 	// OnLeftover hears each leftover once (and again when it is removed).
 	OnLeftover func(Leftover)
+	// OnKernelLatency, when set, hears, after each successful apply, how long the oldest
+	// update it carried waited between arriving and being in the kernel.
+	OnKernelLatency func(time.Duration)
 	// OnApply, when set, hears the outcome of every apply that did something or failed
 	// (the agent logs, rate-limited); writes is how many kernel changes it made.
 	OnApply func(err error, writes int, took time.Duration)
@@ -73,6 +76,8 @@ type Dataplane struct {
 	table, protocol int
 
 	kick chan struct{}
+	// pendingSince is when the oldest update not yet in the kernel arrived (zero: none).
+	pendingSince time.Time
 	// beat is when the apply loop last went round (unix nanoseconds), for liveness.
 	beat atomic.Int64
 }
@@ -105,6 +110,9 @@ func New(k Kernel, cfg Config) *Dataplane {
 func (d *Dataplane) OnUpdate(u *calc.Update) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.pendingSince.IsZero() {
+		d.pendingSince = time.Now()
+	}
 	if u.Full {
 		seen := map[netip.Prefix]bool{}
 		seenV := map[calc.VTEPKey]bool{}
@@ -249,6 +257,12 @@ func (d *Dataplane) Apply() error {
 	err := errors.Join(errs...)
 	d.stats.Applies++
 	d.stats.LastErr = err
+	if err == nil && !d.pendingSince.IsZero() {
+		if f := d.cfg.OnKernelLatency; f != nil {
+			f(time.Since(d.pendingSince))
+		}
+		d.pendingSince = time.Time{}
+	}
 	if err != nil {
 		d.stats.Failures++
 		d.routes.QueueResync()

@@ -27,13 +27,15 @@ type Reporter interface {
 // ResyncCause says why the intake read everything again.
 type ResyncCause string
 
-// Causes of a resync.
+// Causes of a resync after the first read.
 const (
-	CauseStart     ResyncCause = "start"
-	CauseCompacted ResyncCause = "compacted"
-	CauseWatchLost ResyncCause = "watch-lost"
-	CauseListError ResyncCause = "list-error"
+	CauseCompacted ResyncCause = "compacted"  // the watch fell behind a compaction
+	CauseWatchLost ResyncCause = "watch-lost" // the watch broke (leader lost, cancelled, etcd gone)
+	CauseListError ResyncCause = "list-error" // a read failed and was tried again
 )
+
+// ResyncCauses lists the causes, for metrics.
+var ResyncCauses = []ResyncCause{CauseCompacted, CauseWatchLost, CauseListError}
 
 // IntakeStats are the intake's counters, safe to read from any goroutine.
 type IntakeStats struct {
@@ -41,6 +43,8 @@ type IntakeStats struct {
 	BadValues atomic.Int64 // values rejected
 	Retries   atomic.Int64 // failed lists and broken watches
 	Resyncs   atomic.Int64 // full reads after the first
+	// ResyncsBy counts the resyncs by cause, in the order of ResyncCauses.
+	ResyncsBy [3]atomic.Int64
 	Revision  atomic.Int64 // newest revision delivered
 	InSync    atomic.Bool  // true between an in-sync and the next failure
 }
@@ -116,6 +120,7 @@ func (in *Intake) Stats() *IntakeStats { return &in.stats }
 func (in *Intake) Run(ctx context.Context) error {
 	attempt := 0
 	first := true
+	cause := CauseWatchLost
 	for ctx.Err() == nil {
 		rev, err := in.resync(ctx)
 		if err != nil {
@@ -123,11 +128,15 @@ func (in *Intake) Run(ctx context.Context) error {
 				break
 			}
 			attempt++
+			if !first {
+				cause = CauseListError
+			}
 			in.retry(ctx, fmt.Errorf("reading etcd: %w", err), attempt)
 			continue
 		}
 		if !first {
 			in.stats.Resyncs.Add(1)
+			in.stats.ResyncsBy[slices.Index(ResyncCauses, cause)].Add(1)
 		}
 		first = false
 		started := time.Now()
@@ -140,6 +149,10 @@ func (in *Intake) Run(ctx context.Context) error {
 		// every good read (no permission, no leader) must not relist at full speed.
 		if time.Since(started) >= stableWatch {
 			attempt = 0
+		}
+		cause = CauseWatchLost
+		if errors.Is(err, errCompacted) {
+			cause = CauseCompacted
 		}
 		attempt++
 		in.retry(ctx, err, attempt)

@@ -142,6 +142,9 @@ func TestIntakeCompactedWhileDisconnected(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("events after reconnect:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	if in.Stats().ResyncsBy[0].Load() < 1 { // store.CauseCompacted
+		t.Fatalf("no resync counted as caused by compaction: %v", in.Stats().ResyncsBy[0].Load())
+	}
 	if in.Stats().Resyncs.Load() < 1 || in.Stats().Retries.Load() < 1 {
 		t.Fatalf("resyncs %d retries %d, want both >= 1", in.Stats().Resyncs.Load(), in.Stats().Retries.Load())
 	}

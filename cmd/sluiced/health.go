@@ -22,6 +22,7 @@ type agentState struct {
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
+	kernelDelay  prometheus.Histogram
 	leftovers    prometheus.Counter
 }
 
@@ -42,6 +43,8 @@ func newAgentState() *agentState {
 			Help: "Store events delivered, by kind and type."}, []string{"kind", "type"}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_dataplane_apply_seconds",
 			Help: "Time one dataplane apply took (only applies that changed something or failed).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		kernelDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_event_to_kernel_seconds",
+			Help: "Time from an etcd change reaching sluiced to its effect being in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
 			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
 	}
@@ -62,7 +65,7 @@ func (a *agentState) OnEvents(batch []store.Event) {
 // the intake, index and dataplane when scraped.
 func (a *agentState) registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(a.events, a.applySeconds, a.leftovers)
+	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers)
 	gauge := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
@@ -80,15 +83,32 @@ func (a *agentState) registry() *prometheus.Registry {
 	gauge("sluice_etcd_revision", "Newest etcd revision delivered.", func() float64 { return float64(st().Revision.Load()) })
 	counter("sluice_etcd_bad_values_total", "Values rejected (each bad version once).", func() float64 { return float64(st().BadValues.Load()) })
 	counter("sluice_etcd_retries_total", "Failed reads and broken watches.", func() float64 { return float64(st().Retries.Load()) })
-	counter("sluice_etcd_resyncs_total", "Full reads of etcd after the first.", func() float64 { return float64(st().Resyncs.Load()) })
+	for i, cause := range store.ResyncCauses {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_etcd_resyncs_total",
+			Help: "Full reads of etcd after the first, by cause.", ConstLabels: prometheus.Labels{"cause": string(cause)}},
+			func() float64 { return float64(st().ResyncsBy[i].Load()) }))
+	}
 	for _, k := range store.Kinds {
 		gauge("sluice_index_"+k.Plural(), "Objects of this kind in the index.", func() float64 { return float64(a.index.Snapshot().Count(k)) })
 	}
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
+	errorKinds := map[string]func() float64{
+		"bad-value": func() float64 { return float64(st().BadValues.Load()) },
+		"etcd":      func() float64 { return float64(st().Retries.Load()) },
+		"apply": func() float64 {
+			if a.dp == nil {
+				return 0
+			}
+			return float64(a.dp.Stats().Failures)
+		},
+	}
+	for kind, f := range errorKinds {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_errors_total",
+			Help: "Errors by kind: rejected values, failed etcd reads or watches, failed dataplane applies.", ConstLabels: prometheus.Labels{"kind": kind}}, f))
+	}
 	if a.dp != nil {
 		ds := func() dataplane.Stats { return a.dp.Stats() }
 		counter("sluice_dataplane_applies_total", "Dataplane applies.", func() float64 { return float64(ds().Applies) })
-		counter("sluice_dataplane_apply_failures_total", "Dataplane applies that failed (retried with backoff).", func() float64 { return float64(ds().Failures) })
 		counter("sluice_dataplane_resyncs_total", "Full reads of the kernel asked for (kernel changes, periodic, failures).", func() float64 { return float64(ds().Resyncs) })
 		counter("sluice_dataplane_writes_total", "Kernel changes made.", func() float64 { return float64(ds().Writes) })
 		counter("sluice_drift_repairs_route_total", "Routes someone deleted that sluice put back.", func() float64 { return float64(ds().RouteRepairs) })

@@ -94,6 +94,7 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *a
 			log.Warn().Err(err).Int("writes", writes).Msg("dataplane apply failed; retrying with backoff")
 		}
 	}
+	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
 	cfg.OnLeftover = func(l dataplane.Leftover) {
 		state.leftovers.Inc()
 		switch {

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/store"
+)
+
+// TestHealthStates: /readyz is 503 until the intake is in sync and the dataplane applied;
+// /livez is 503 when the apply loop stopped going round; metrics move with events.
+func TestHealthStates(t *testing.T) {
+	state := newAgentState()
+	state.index = store.NewIndex()
+	state.dp = dataplane.New(dataplane.NewFakeKernel(), dataplane.Config{})
+	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
+		t.Fatal(err)
+	}
+	if state.ready() {
+		t.Fatal("ready before the intake is in sync")
+	}
+	if state.live() {
+		t.Fatal("live although the apply loop never ran")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go state.dp.Run(ctx)
+	deadline := time.Now().Add(3 * time.Second)
+	for !state.live() {
+		if time.Now().After(deadline) {
+			t.Fatal("not live with the loop running")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+
+	before := testutil.ToFloat64(state.events.WithLabelValues("Node", "upsert"))
+	state.OnEvents([]store.Event{{Type: store.EventUpsert, Kind: store.KindNode, ID: "n"}, {Type: store.EventInSync}})
+	if after := testutil.ToFloat64(state.events.WithLabelValues("Node", "upsert")); after != before+1 {
+		t.Fatalf("sluice_events_total did not move: %v -> %v", before, after)
+	}
+	r := state.registry()
+	n, err := testutil.GatherAndCount(r)
+	if err != nil || n < 20 {
+		t.Fatalf("metrics: %d, %v", n, err)
+	}
+	names, _ := r.Gather()
+	for _, mf := range names {
+		if !strings.HasPrefix(mf.GetName(), "sluice_") {
+			t.Fatalf("metric %s lacks the sluice_ prefix", mf.GetName())
+		}
+	}
+}
