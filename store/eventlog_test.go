@@ -48,7 +48,10 @@ func TestRecordReplayGivesSameIndex(t *testing.T) {
 	del(t, cli, store.NodePrefix+"node-c")
 	put(t, cli, store.IPPoolPrefix+"pool-cross", `{"spec":{"cidr":"broken"}}`)
 	last := put(t, cli, sliceKey, sliceValue("default", "web-abc", "web", "10.65.9.5", "node-b"))
-	eventually(t, 10*time.Second, "watched changes", func() bool { return in.Stats().Revision.Load() >= last })
+	eventually(t, 10*time.Second, "watched changes", func() bool {
+		snap := live.Snapshot()
+		return in.Stats().Revision.Load() >= last && snap.Get(store.KindIPPool, "pool-cross") == nil && snap.Get(store.KindNode, "node-d") != nil
+	})
 	stop()
 	if err := rec.Flush(); err != nil {
 		t.Fatal(err)

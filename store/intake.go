@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -323,50 +324,60 @@ func (in *Intake) flush() {
 // stableWatch is how long a watch must stay up before a failure counts as a new first one.
 const stableWatch = 10 * time.Second
 
-// watchMsg is one watch response, or the news that a watch channel closed.
-type watchMsg struct {
-	resp   clientv3.WatchResponse
-	closed bool
-}
-
 // errCompacted marks a watch that fell behind a compaction.
 var errCompacted = errors.New("watch revision compacted")
 
-// watch follows every prefix from rev until the watch fails or ctx ends.
+// watch follows the prefixes from rev until a watch fails or ctx ends. Prefixes that share a
+// first path segment ("/calico/", "/sluice/") are followed by one watch over the range that
+// spans them, so events within each arrive in revision order; keys in a range outside the
+// prefixes (IPAM handles, other Calico resources) are skipped. Keeping the ranges per root
+// keeps another application's keys in a shared etcd out of the stream.
 func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	merged := make(chan watchMsg)
+	type span struct{ start, end string }
+	spans := map[string]*span{}
+	var roots []string
+	for _, p := range in.cfg.Prefixes {
+		root := p
+		if i := strings.IndexByte(p[1:], '/'); i >= 0 {
+			root = p[:i+2]
+		}
+		sp := spans[root]
+		if sp == nil {
+			sp = &span{p, clientv3.GetPrefixRangeEnd(p)}
+			spans[root] = sp
+			roots = append(roots, root)
+			continue
+		}
+		sp.start, sp.end = min(sp.start, p), max(sp.end, clientv3.GetPrefixRangeEnd(p))
+	}
+	merged := make(chan clientv3.WatchResponse)
+	closed := make(chan struct{}, len(roots))
 	done := make(chan struct{})
 	defer close(done)
-	for _, prefix := range in.cfg.Prefixes {
-		wch := in.cfg.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithPrevKV())
+	for _, root := range roots {
+		wch := in.cfg.Client.Watch(wctx, spans[root].start, clientv3.WithRange(spans[root].end), clientv3.WithRev(rev), clientv3.WithPrevKV())
 		go func() {
 			for resp := range wch {
 				select {
-				case merged <- watchMsg{resp: resp}:
+				case merged <- resp:
 				case <-done:
 					return
 				}
 			}
-			// The channel closed: the watch is over, whatever the reason.
-			select {
-			case merged <- watchMsg{closed: true}:
-			case <-done:
-			}
+			closed <- struct{}{} // the watch is over, whatever the reason
 		}()
 	}
 	for {
-		var msg watchMsg
+		var resp clientv3.WatchResponse
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case msg = <-merged:
-		}
-		if msg.closed {
+		case <-closed:
 			return errors.New("watch lost: the watch channel closed")
+		case resp = <-merged:
 		}
-		resp := msg.resp
 		if resp.CompactRevision != 0 {
 			return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
 		}
@@ -381,6 +392,9 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		}
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
+			if !in.watched(key) {
+				continue
+			}
 			switch ev.Type {
 			case clientv3.EventTypePut:
 				in.observe(key, ev.Kv.Value, ev.Kv.ModRevision)
@@ -395,4 +409,14 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		}
 		in.flush()
 	}
+}
+
+// watched reports whether key is under one of the prefixes.
+func (in *Intake) watched(key string) bool {
+	for _, p := range in.cfg.Prefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -47,13 +47,11 @@ func runIPAM(ctx context.Context, a *app, args []string) error {
 		}
 		return addr, nil
 	}
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
+	defer done()
 	m := ipam.New(cli)
 
 	switch sub {

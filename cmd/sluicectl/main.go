@@ -63,6 +63,16 @@ func (a *app) client() (*clientv3.Client, error) {
 	return a.etcd.WithEnv(a.getenv).New()
 }
 
+// connect returns a client and a context bounded by --timeout; done releases both.
+func (a *app) connect(ctx context.Context) (*clientv3.Client, context.Context, func(), error) {
+	cli, err := a.client()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	return cli, ctx, func() { cancel(); cli.Close() }, nil
+}
+
 // flagSet returns a flag set for a command that also takes the global flags.
 func (a *app) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)

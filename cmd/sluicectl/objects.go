@@ -100,13 +100,11 @@ func runApply(ctx context.Context, a *app, args []string) error {
 	if len(docs) == 0 {
 		return errors.New("no documents found")
 	}
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
+	defer done()
 	now := time.Now()
 	for _, d := range docs {
 		act, err := manifest.Apply(ctx, cli, d, now)
@@ -168,13 +166,11 @@ func runGet(ctx context.Context, a *app, args []string) error {
 	if *output != "table" && *output != "yaml" && *output != "json" {
 		return usagef("-o %q: want table, yaml or json", *output)
 	}
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
+	defer done()
 
 	var resp *clientv3.GetResponse
 	if len(pos) == 2 {
@@ -243,13 +239,11 @@ func runDelete(ctx context.Context, a *app, args []string) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
+	defer done()
 	if err := manifest.Delete(ctx, cli, key); err != nil {
 		return err
 	}

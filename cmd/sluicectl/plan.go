@@ -88,12 +88,12 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 
 // readUntilInSync runs an intake into h until its first in-sync.
 func (a *app) readUntilInSync(ctx context.Context, h store.Handler) error {
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer done()
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	synced := false
 	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Reporter: stderrReporter{a}, Handler: store.HandlerFunc(func(b []store.Event) {

@@ -30,13 +30,11 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	cli, err := a.client()
+	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
+	defer done()
 	rows, err := nodeStatuses(ctx, cli)
 	if err != nil {
 		return err

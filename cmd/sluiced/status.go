@@ -10,6 +10,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// revisionEvery is the least time between status writes that only move revisions.
+const revisionEvery = 5 * time.Second
+
 // reportStatus keeps this node's status key in etcd under a lease until ctx ends, then
 // revokes the lease so the key goes at once. If the agent dies, the lease expires after ttl
 // and etcd removes the key. It rewrites the key when the status changes (at most every
@@ -17,7 +20,8 @@ import (
 func reportStatus(ctx context.Context, cli *clientv3.Client, node string, ttl time.Duration, state *agentState, log zerolog.Logger) {
 	key := store.StatusPrefix + node
 	var lease clientv3.LeaseID
-	var last []byte
+	var last, lastRaw []byte
+	var lastWrite time.Time
 	applied := int64(0)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
@@ -40,17 +44,21 @@ func reportStatus(ctx context.Context, cli *clientv3.Client, node string, ttl ti
 		if lease != 0 {
 			s := state.status(node, &applied)
 			raw, _ := json.Marshal(s)
-			cmp := raw
+			// What changed decides how soon to write: readiness, sync, counts or errors at
+			// once; revisions alone at most every revisionEvery (every etcd change moves every
+			// node's revision: writing each would multiply the cluster's writes by its nodes).
 			s.Updated = time.Time{}
+			revRaw, _ := json.Marshal(s)
+			s.Revision, s.AppliedRevision = 0, 0
 			cmpRaw, _ := json.Marshal(s)
-			if string(cmpRaw) != string(last) {
+			if string(cmpRaw) != string(last) || (string(revRaw) != string(lastRaw) && time.Since(lastWrite) >= revisionEvery) {
 				pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := cli.Put(pctx, key, string(cmp), clientv3.WithLease(lease))
+				_, err := cli.Put(pctx, key, string(raw), clientv3.WithLease(lease))
 				cancel()
 				if err != nil {
 					lease = 0 // lost or expired: grant a new one
 				} else {
-					last = cmpRaw
+					last, lastRaw, lastWrite = cmpRaw, revRaw, time.Now()
 				}
 			}
 		}

@@ -268,85 +268,57 @@ func nameCheck(field, v string) error {
 	return nil
 }
 
+// resource builds the key and value of a Kubernetes-shaped resource: it decodes strictly,
+// checks the name (and the namespace, "default" when absent, for namespaced kinds), and stamps
+// the kind and apiVersion as calicoctl and kubectl store them.
+func resource[T any](raw []byte, r *T, meta func(*T) (*store.TypeMeta, *store.ObjectMeta), kind, apiVersion string, namespaced bool, prefix string) (string, []byte, error) {
+	if err := strictUnmarshal(raw, r); err != nil {
+		return "", nil, &Error{Reason: err.Error()}
+	}
+	tm, m := meta(r)
+	if err := nameCheck("metadata.name", m.Name); err != nil {
+		return "", nil, err
+	}
+	id := m.Name
+	if namespaced {
+		if m.Namespace == "" {
+			m.Namespace = "default"
+		}
+		if err := nameCheck("metadata.namespace", m.Namespace); err != nil {
+			return "", nil, err
+		}
+		id = m.Namespace + "/" + m.Name
+	} else {
+		m.Namespace = ""
+	}
+	*tm = store.TypeMeta{Kind: kind, APIVersion: apiVersion}
+	v, err := json.Marshal(r)
+	return prefix + id, v, err
+}
+
 // build turns a document's JSON into the key and value to store.
 func build(kind store.Kind, raw []byte) (string, []byte, error) {
 	fieldErr := func(err error) error { return &Error{Reason: err.Error()} }
 	switch kind {
 	case store.KindIPPool:
-		var r store.IPPoolResource
-		if err := strictUnmarshal(raw, &r); err != nil {
-			return "", nil, fieldErr(err)
-		}
-		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
-			return "", nil, err
-		}
-		r.TypeMeta = store.TypeMeta{Kind: "IPPool", APIVersion: store.CalicoAPIVersion}
-		r.Metadata.Namespace = ""
-		v, err := json.Marshal(r)
-		return store.IPPoolPrefix + r.Metadata.Name, v, err
+		return resource(raw, &store.IPPoolResource{}, func(r *store.IPPoolResource) (*store.TypeMeta, *store.ObjectMeta) { return &r.TypeMeta, &r.Metadata },
+			"IPPool", store.CalicoAPIVersion, false, store.IPPoolPrefix)
 	case store.KindNode:
-		var r store.NodeResource
-		if err := strictUnmarshal(raw, &r); err != nil {
-			return "", nil, fieldErr(err)
-		}
-		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
-			return "", nil, err
-		}
-		r.TypeMeta = store.TypeMeta{Kind: "Node", APIVersion: store.CalicoAPIVersion}
-		r.Metadata.Namespace = ""
-		v, err := json.Marshal(r)
-		return store.NodePrefix + r.Metadata.Name, v, err
+		return resource(raw, &store.NodeResource{}, func(r *store.NodeResource) (*store.TypeMeta, *store.ObjectMeta) { return &r.TypeMeta, &r.Metadata },
+			"Node", store.CalicoAPIVersion, false, store.NodePrefix)
 	case store.KindWorkloadEndpoint:
-		var r store.WorkloadEndpointResource
-		if err := strictUnmarshal(raw, &r); err != nil {
-			return "", nil, fieldErr(err)
-		}
-		if r.Metadata.Namespace == "" {
-			r.Metadata.Namespace = "default"
-		}
-		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
-			return "", nil, err
-		}
-		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
-			return "", nil, err
-		}
-		r.TypeMeta = store.TypeMeta{Kind: "WorkloadEndpoint", APIVersion: store.CalicoAPIVersion}
-		v, err := json.Marshal(r)
-		return store.WorkloadEndpointPrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+		return resource(raw, &store.WorkloadEndpointResource{}, func(r *store.WorkloadEndpointResource) (*store.TypeMeta, *store.ObjectMeta) {
+			return &r.TypeMeta, &r.Metadata
+		},
+			"WorkloadEndpoint", store.CalicoAPIVersion, true, store.WorkloadEndpointPrefix)
 	case store.KindService:
-		var r store.ServiceResource
-		if err := strictUnmarshal(raw, &r); err != nil {
-			return "", nil, fieldErr(err)
-		}
-		if r.Metadata.Namespace == "" {
-			r.Metadata.Namespace = "default"
-		}
-		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
-			return "", nil, err
-		}
-		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
-			return "", nil, err
-		}
-		r.TypeMeta = store.TypeMeta{Kind: "Service", APIVersion: store.ServiceAPIVersion}
-		v, err := json.Marshal(r)
-		return store.ServicePrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+		return resource(raw, &store.ServiceResource{}, func(r *store.ServiceResource) (*store.TypeMeta, *store.ObjectMeta) { return &r.TypeMeta, &r.Metadata },
+			"Service", store.ServiceAPIVersion, true, store.ServicePrefix)
 	case store.KindEndpointSlice:
-		var r store.EndpointSliceResource
-		if err := strictUnmarshal(raw, &r); err != nil {
-			return "", nil, fieldErr(err)
-		}
-		if r.Metadata.Namespace == "" {
-			r.Metadata.Namespace = "default"
-		}
-		if err := nameCheck("metadata.name", r.Metadata.Name); err != nil {
-			return "", nil, err
-		}
-		if err := nameCheck("metadata.namespace", r.Metadata.Namespace); err != nil {
-			return "", nil, err
-		}
-		r.TypeMeta = store.TypeMeta{Kind: "EndpointSlice", APIVersion: store.EndpointSliceAPIVersion}
-		v, err := json.Marshal(r)
-		return store.EndpointSlicePrefix + r.Metadata.Namespace + "/" + r.Metadata.Name, v, err
+		return resource(raw, &store.EndpointSliceResource{}, func(r *store.EndpointSliceResource) (*store.TypeMeta, *store.ObjectMeta) {
+			return &r.TypeMeta, &r.Metadata
+		},
+			"EndpointSlice", store.EndpointSliceAPIVersion, true, store.EndpointSlicePrefix)
 	case store.KindBlock:
 		var d blockDoc
 		if err := strictUnmarshal(raw, &d); err != nil {
