@@ -218,6 +218,14 @@ func (d *Dataplane) Stats() Stats {
 	return s
 }
 
+// AppliedOnce reports whether an apply ran after the first full update, whatever its outcome:
+// the agent has started (failed items are retried; they must not hold the start).
+func (d *Dataplane) AppliedOnce() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.synced && d.stats.Applies > 0
+}
+
 // Synced reports whether the last apply succeeded after a full update.
 func (d *Dataplane) Synced() bool {
 	d.mu.Lock()

@@ -159,6 +159,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 1
 	}
 	fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], err)
+	if rest[0] == "diff" {
+		return 2 // as diff(1): 1 means "they differ", 2 means trouble
+	}
 	return 1
 }
 

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,6 +24,7 @@ type statusRow struct {
 func runStatus(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("status")
 	output := fs.String("o", "table", "output format: table or json")
+	settle := fs.Duration("settle", 6*time.Second, "how long to wait for nodes behind the newest revision to report before calling them lagging (agents pace revision-only reports to every 5 s)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -30,14 +32,31 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
+	if *output != "table" && *output != "json" {
+		return usagef("-o %q: want table or json", *output)
+	}
 	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	rows, err := nodeStatuses(ctx, cli)
+	latest, err := latestRevision(ctx, cli)
 	if err != nil {
 		return err
+	}
+	var rows []statusRow
+	for deadline := time.Now().Add(*settle); ; {
+		if rows, err = nodeStatuses(ctx, cli, latest); err != nil {
+			return err
+		}
+		lagging := false
+		for _, r := range rows {
+			lagging = lagging || r.Lag > 0
+		}
+		if !lagging || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	if *output == "json" {
 		b, err := json.MarshalIndent(rows, "", "  ")
@@ -60,20 +79,25 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 	return tw.Flush()
 }
 
-// nodeStatuses joins Calico's nodes with the agents' status keys. The newest revision of the
-// keys sluice reads is the yardstick: an agent that applied it is in sync; one behind it lags.
-func nodeStatuses(ctx context.Context, cli *clientv3.Client) ([]statusRow, error) {
+// latestRevision is the newest revision of the keys sluice reads: the yardstick.
+func latestRevision(ctx context.Context, cli *clientv3.Client) (int64, error) {
 	var latest int64
 	for _, p := range store.WatchedPrefixes {
 		resp, err := cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend),
 			clientv3.WithLimit(1), clientv3.WithKeysOnly())
 		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", p, err)
+			return 0, fmt.Errorf("reading %s: %w", p, err)
 		}
 		if len(resp.Kvs) > 0 {
 			latest = max(latest, resp.Kvs[0].ModRevision)
 		}
 	}
+	return latest, nil
+}
+
+// nodeStatuses joins Calico's nodes with the agents' status keys: an agent that is ready, in
+// sync and applied latest is in sync; one with an error is failing; one behind lags.
+func nodeStatuses(ctx context.Context, cli *clientv3.Client, latest int64) ([]statusRow, error) {
 	rows := map[string]*statusRow{}
 	nodes, err := cli.Get(ctx, store.NodePrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
@@ -90,6 +114,8 @@ func nodeStatuses(ctx context.Context, cli *clientv3.Client) ([]statusRow, error
 	for _, kv := range st.Kvs {
 		var s store.NodeStatus
 		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			name := string(kv.Key)[len(store.StatusPrefix):]
+			rows[name] = &statusRow{Node: name, State: "unreadable status: " + err.Error()}
 			continue
 		}
 		r := rows[s.Node]
@@ -99,9 +125,13 @@ func nodeStatuses(ctx context.Context, cli *clientv3.Client) ([]statusRow, error
 		}
 		r.Status = &s
 		switch {
+		case s.LastError != "":
+			r.State = "failing"
+		case !s.InSync:
+			r.State = "not in sync with etcd"
 		case !s.Ready && s.AppliedRevision == 0:
 			r.State = "starting"
-		case s.AppliedRevision >= latest:
+		case s.Ready && s.AppliedRevision >= latest:
 			r.State = "in sync"
 		default:
 			r.Lag = latest - s.AppliedRevision

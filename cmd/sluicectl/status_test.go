@@ -20,19 +20,30 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
-	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
-	out := table(c.mustCtl("status"))
+	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true})
+	put(store.NodeStatus{Node: "node-x", Revision: latest, AppliedRevision: latest, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
+	out := table(c.mustCtl("status", "--settle", "0"))
 	for _, want := range []string{
 		"node-a in sync", "7/7",
-		"node-b lagging by 3", "no such device",
+		"node-b lagging by 3",
 		"node-c gone",
+		"node-x failing", "no such device",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
 	}
 	var rows []statusRow
-	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json")), &rows); err != nil || len(rows) != 3 || rows[1].Lag != 3 {
+	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json", "--settle", "0")), &rows); err != nil || len(rows) != 4 || rows[1].Lag != 3 {
 		t.Fatalf("json: %v %+v", err, rows)
+	}
+}
+
+// TestDiffTroubleExitsTwo: diff exits 1 only for "they differ"; trouble (here no etcd) is 2.
+func TestDiffTroubleExitsTwo(t *testing.T) {
+	c := newCluster(t)
+	c.env["SLUICE_ETCD_ENDPOINTS"] = "http://127.0.0.1:1"
+	if r := c.ctl("", "diff", "--node", "node-a", "--timeout", "500ms"); r.code != 2 {
+		t.Fatalf("diff without etcd exited %d, want 2: %s", r.code, r.stderr)
 	}
 }

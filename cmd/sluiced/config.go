@@ -266,7 +266,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 		if err != nil {
 			return nil, fmt.Errorf("option node-name is not set and the hostname is unknown: %w", err)
 		}
-		c.nodeName = h
+		c.nodeName = strings.ToLower(h) // as Calico names a node after its host
 	}
 	c.calc.NodeName = c.nodeName
 	if _, err := calc.New(c.calc); err != nil {

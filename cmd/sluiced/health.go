@@ -37,6 +37,15 @@ func (a *agentState) ready() bool {
 	return a.dp == nil || a.dp.Synced()
 }
 
+// started is what READY=1 waits for: in sync with etcd and the first full apply done, even
+// if some items failed (they are retried; one bad item must not keep systemd restarting us).
+func (a *agentState) started() bool {
+	if a.intake == nil || !a.intake.Stats().InSync.Load() {
+		return false
+	}
+	return a.dp == nil || a.dp.AppliedOnce()
+}
+
 func newAgentState() *agentState {
 	return &agentState{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_events_total",
@@ -119,8 +128,8 @@ func (a *agentState) registry() *prometheus.Registry {
 	return r
 }
 
-// serveHealth serves /livez, /readyz and /metrics on addr until ctx ends.
-func (a *agentState) serveHealth(ctx context.Context, addr string) error {
+// serveHealth serves /livez, /readyz and /metrics on ln until ctx ends.
+func (a *agentState) serveHealth(ctx context.Context, ln net.Listener) error {
 	mux := http.NewServeMux()
 	answer := func(ok bool, w http.ResponseWriter) {
 		if ok {
@@ -134,11 +143,7 @@ func (a *agentState) serveHealth(ctx context.Context, addr string) error {
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { answer(a.live(), w) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { answer(a.ready(), w) })
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry(), promhttp.HandlerOpts{}))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

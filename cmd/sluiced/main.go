@@ -9,8 +9,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -36,12 +38,32 @@ func newLogger(c *config, w *os.File) zerolog.Logger {
 	return zerolog.New(out).Level(lvl).With().Timestamp().Str("node", c.nodeName).Logger()
 }
 
-func run(ctx context.Context, c *config, log zerolog.Logger) error {
+func run(parent context.Context, c *config, log zerolog.Logger) error {
+	// Everything the agent starts ends with this context; run waits for it all before it
+	// returns, so no apply is cut off half-way by the process exiting.
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
 	cli, err := c.etcd.New()
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	// What can fail at start fails before anything runs.
+	var healthLn net.Listener
+	if c.healthListen != "" {
+		if healthLn, err = net.Listen("tcp", c.healthListen); err != nil {
+			return fmt.Errorf("option health-listen %q: %w", c.healthListen, err)
+		}
+	}
+	var rec *store.Recorder
+	if c.record != "" {
+		f, err := os.Create(c.record)
+		if err != nil {
+			return fmt.Errorf("option record: opening the event log: %w", err)
+		}
+		defer f.Close()
+		rec = store.NewRecorder(f)
+	}
 	index := store.NewIndex()
 	graph, err := calc.New(c.calc)
 	if err != nil {
@@ -50,23 +72,21 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	state := newAgentState()
 	state.index = index
 	plan := &planner{graph: graph, log: log}
+	var background sync.WaitGroup
+	defer background.Wait()
+	defer cancel() // runs first: stop, then wait
 	if c.dataplane {
-		dp, err := startDataplane(ctx, c, log, state)
+		dp, wait, err := startDataplane(ctx, c, log, state)
 		if err != nil {
 			return err
 		}
 		plan.dp = dp
 		state.dp = dp
+		background.Add(1)
+		go func() { defer background.Done(); wait() }()
 	}
 	handlers := store.Fanout{index, state, &eventLogger{log: log, index: index}, plan}
-	var rec *store.Recorder
-	if c.record != "" {
-		f, err := os.Create(c.record)
-		if err != nil {
-			return fmt.Errorf("opening event log: %w", err)
-		}
-		defer f.Close()
-		rec = store.NewRecorder(f)
+	if rec != nil {
 		handlers = append(handlers, rec)
 	}
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log)})
@@ -76,22 +96,19 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	state.intake = intake
 	notify, err := newNotifier(c.notifySocket)
 	if err != nil {
-		return err
+		// sd_notify is best effort: a stale NOTIFY_SOCKET must not stop the agent.
+		log.Warn().Err(err).Str("socket", c.notifySocket).Msg("cannot reach systemd's notify socket; carrying on without it")
+		notify = &notifier{}
 	}
 	defer notify.close()
-	statusDone := make(chan struct{})
-	go func() {
-		defer close(statusDone)
-		reportStatus(ctx, cli, c.nodeName, c.statusTTL, state, log)
-	}()
-	defer func() { <-statusDone }()
-	superviseDone := make(chan struct{})
-	sctx, stopSupervise := context.WithCancel(ctx)
-	go func() { defer close(superviseDone); supervise(sctx, notify, state, c.watchdog) }()
-	defer func() { stopSupervise(); <-superviseDone }()
-	if c.healthListen != "" {
+	background.Add(2)
+	go func() { defer background.Done(); reportStatus(ctx, cli, c.nodeName, c.statusTTL, state, log) }()
+	go func() { defer background.Done(); supervise(ctx, notify, state, c.watchdog) }()
+	if healthLn != nil {
+		background.Add(1)
 		go func() {
-			if err := state.serveHealth(ctx, c.healthListen); err != nil {
+			defer background.Done()
+			if err := state.serveHealth(ctx, healthLn); err != nil {
 				log.Error().Err(err).Str("listen", c.healthListen).Msg("health and metrics endpoint failed")
 			}
 		}()
@@ -106,7 +123,7 @@ func run(ctx context.Context, c *config, log zerolog.Logger) error {
 	st := intake.Stats()
 	log.Info().Int64("revision", st.Revision.Load()).Int64("events", st.Events.Load()).
 		Int64("bad_values", st.BadValues.Load()).Int64("retries", st.Retries.Load()).Msg("stopped")
-	if ctx.Err() != nil {
+	if parent.Err() != nil {
 		return nil // asked to stop
 	}
 	return err

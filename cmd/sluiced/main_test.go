@@ -45,9 +45,9 @@ func TestParseFlagsDefaults(t *testing.T) {
 	}
 	want := &config{
 		etcd:         store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
-		nodeName:     host,
+		nodeName:     strings.ToLower(host),
 		logLevel:     "info",
-		calc:         calc.DefaultConfig(host),
+		calc:         calc.DefaultConfig(strings.ToLower(host)),
 		dataplane:    true,
 		healthListen: "127.0.0.1:9097",
 		statusTTL:    15 * time.Second,

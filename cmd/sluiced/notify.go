@@ -33,6 +33,8 @@ func (n *notifier) send(lines ...string) {
 	if n.conn == nil {
 		return
 	}
+	// Best effort, never blocking the loop: a full systemd queue drops the message.
+	_ = n.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 	_, _ = n.conn.Write([]byte(strings.Join(lines, "\n")))
 }
 
@@ -83,8 +85,10 @@ func supervise(ctx context.Context, n *notifier, state *agentState, watchdog tim
 		switch {
 		case state.intake == nil || !state.intake.Stats().InSync.Load():
 			now = "waiting for etcd"
-		case !state.ready():
+		case !state.started():
 			now = fmt.Sprintf("in sync with etcd at revision %d; programming the kernel", state.intake.Stats().Revision.Load())
+		case !state.ready() && state.dp != nil:
+			now = fmt.Sprintf("in sync at revision %d; retrying: %v", state.intake.Stats().Revision.Load(), state.dp.Stats().LastErr)
 		default:
 			now = fmt.Sprintf("ready: in sync at revision %d", state.intake.Stats().Revision.Load())
 			if state.dp != nil {
@@ -96,7 +100,7 @@ func supervise(ctx context.Context, n *notifier, state *agentState, watchdog tim
 			status = now
 			n.send("STATUS=" + status)
 		}
-		if !ready && state.ready() {
+		if !ready && state.started() {
 			ready = true
 			n.send("READY=1", "STATUS="+status)
 		}

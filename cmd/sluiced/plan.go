@@ -73,10 +73,12 @@ func describe(op calc.Op) string {
 
 // startDataplane opens netlink in this namespace and runs the dataplane and its kernel
 // watch until ctx ends. Stopping leaves everything programmed in place.
-func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *agentState) (*dataplane.Dataplane, error) {
+// The returned wait blocks until the dataplane's loops have ended (after ctx) and the kernel
+// handle is closed.
+func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *agentState) (*dataplane.Dataplane, func(), error) {
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg := c.dp
 	var mu sync.Mutex
@@ -122,9 +124,8 @@ func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *a
 			}
 		}
 	}()
-	go func() {
+	return dp, func() {
 		loops.Wait() // nothing uses the kernel handle any more
 		k.Close()
-	}()
-	return dp, nil
+	}, nil
 }

@@ -1,14 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -86,4 +90,66 @@ func TestStatusKeyLifecycle(t *testing.T) {
 	_ = cmd.Wait()
 	took = waitStatus("the key gone by lease expiry after kill -9", func(s *store.NodeStatus) bool { return s == nil })
 	t.Logf("status key gone %v after kill -9 (lease 2s)", took)
+}
+
+// TestStatusLeaseLostIsReplaced: a lease lost while the agent lives (here revoked from
+// outside, as an expiry during an etcd outage would) is replaced and the key written again.
+func TestStatusLeaseLostIsReplaced(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", "", "--status-ttl", "2s"},
+		envOf(map[string]string{"NOTIFY_SOCKET": "/nonexistent/notify.sock"}), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c, zerolog.Nop()) }() // an unreachable NOTIFY_SOCKET must not stop it
+	defer func() { cancel(); <-done }()
+	leaseOf := func() clientv3.LeaseID {
+		resp, err := cli.Get(context.Background(), store.StatusPrefix+"node-a")
+		if err != nil || len(resp.Kvs) == 0 {
+			return 0
+		}
+		return clientv3.LeaseID(resp.Kvs[0].Lease)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for leaseOf() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no status key")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	first := leaseOf()
+	if _, err := cli.Revoke(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	for l := leaseOf(); l == 0 || l == first; l = leaseOf() {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("the status key was not written again under a new lease")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestHealthPortInUse: a taken health port stops the start, naming the option.
+func TestHealthPortInUse(t *testing.T) {
+	srv := etcdtest.New(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", l.Addr().String()},
+		envOf(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(context.Background(), c, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), "option health-listen") {
+		t.Fatalf("run = %v, want an error naming health-listen", err)
+	}
 }
