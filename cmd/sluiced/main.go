@@ -73,8 +73,7 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 	state.index = index
 	plan := &planner{graph: graph, log: log}
 	var background sync.WaitGroup
-	defer background.Wait()
-	defer cancel() // runs first: stop, then wait
+	defer func() { cancel(); background.Wait() }()
 	if c.dataplane {
 		dp, wait, err := startDataplane(ctx, c, log, state)
 		if err != nil {
@@ -100,10 +99,13 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 		log.Warn().Err(err).Str("socket", c.notifySocket).Msg("cannot reach systemd's notify socket; carrying on without it")
 		notify = &notifier{}
 	}
-	defer notify.close()
 	background.Add(2)
 	go func() { defer background.Done(); reportStatus(ctx, cli, c.nodeName, c.statusTTL, state, log) }()
-	go func() { defer background.Done(); supervise(ctx, notify, state, c.watchdog) }()
+	go func() {
+		defer background.Done()
+		supervise(ctx, notify, state, c.watchdog) // ends with STOPPING=1
+		notify.close()
+	}()
 	if healthLn != nil {
 		background.Add(1)
 		go func() {
