@@ -148,6 +148,7 @@ func startAgent(b *testing.B, bin, endpoint string) *agentProc {
 		b.Fatal(err)
 	}
 	a := &agentProc{cmd: cmd, lines: make(chan string, 1024)}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // even when the benchmark fails
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
