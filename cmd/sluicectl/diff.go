@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"net/netip"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netns"
@@ -16,14 +16,8 @@ import (
 // namespace's kernel).
 func runDiff(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("diff")
-	node := fs.String("node", "", "this node's name (required)")
-	config := calcFlags(fs)
-	var dp dataplane.Config
-	fs.IntVar(&dp.Routes.Table, "route-table", 254, "routing table sluice's routes go in")
-	fs.IntVar(&dp.Routes.Protocol, "route-protocol", dataplane.DefaultRouteProtocol, "route protocol number of sluice's routes")
-	fs.IntVar(&dp.VXLAN.VNI, "vxlan-vni", dataplane.DefaultVNI, "VXLAN network identifier")
-	fs.IntVar(&dp.VXLAN.Port, "vxlan-port", dataplane.DefaultVXLANPort, "VXLAN UDP port")
-	nodeAddr := fs.String("node-address", "", "this node's underlay address, when VXLAN is off")
+	node := fs.String("node", "", "this node's name (default: as sluiced would name it)")
+	configFile := fs.String("config", "", "sluiced's configuration file (default: SLUICE_CONFIG, or "+agentconfig.DefaultConfigFile+" when present)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -31,23 +25,25 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	if *node == "" {
-		return usagef("need --node NAME")
+	// The same configuration sluiced reads (its file and SLUICE_* variables), so the kernel
+	// is compared with what this node's sluiced is set to program.
+	var agentArgs []string
+	if *configFile != "" {
+		agentArgs = append(agentArgs, "--config", *configFile)
 	}
-	cfg, err := config(*node)
+	if *node != "" {
+		agentArgs = append(agentArgs, "--node-name", *node)
+	}
+	agent, err := agentconfig.Parse(agentArgs, a.getenv, a.stderr)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
-	dp.VXLAN.Name = cfg.VXLANDevice
-	if *nodeAddr != "" {
-		if dp.ParentAddr, err = netip.ParseAddr(*nodeAddr); err != nil {
-			return usagef("--node-address %q: want an IP address", *nodeAddr)
-		}
-	}
-	g, err := calc.New(cfg)
+	g, err := calc.New(agent.Calc)
 	if err != nil {
-		return usagef("%v", err)
+		return err
 	}
+	dp := agent.DP
+	*node = agent.NodeName
 	var full *calc.Update
 	if err := a.readUntilInSync(ctx, store.HandlerFunc(func(b []store.Event) {
 		if u := g.OnEvents(b); u != nil && u.Full {

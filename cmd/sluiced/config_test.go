@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"flag"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,31 +18,31 @@ func TestConfigPrecedence(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := envOf(map[string]string{"SLUICE_CONFIG": file, "SLUICE_NODE_NAME": "env-node", "SLUICE_VXLAN_VNI": "6000"})
-	c, err := parseFlags([]string{"--vxlan-vni", "7000"}, env, &bytes.Buffer{})
+	c, err := agentconfig.Parse([]string{"--vxlan-vni", "7000"}, env, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.nodeName != "env-node" || c.logLevel != "warn" || c.dp.VXLAN.VNI != 7000 || !c.dp.CleanConflicts ||
-		strings.Join(c.etcd.Endpoints, ",") != "http://192.0.2.1:2379,http://192.0.2.2:2379" {
+	if c.NodeName != "env-node" || c.LogLevel != "warn" || c.DP.VXLAN.VNI != 7000 || !c.DP.CleanConflicts ||
+		strings.Join(c.Etcd.Endpoints, ",") != "http://192.0.2.1:2379,http://192.0.2.2:2379" {
 		t.Fatalf("flags > env > file > defaults broken: %+v", *c)
 	}
-	c, err = parseFlags(nil, env, &bytes.Buffer{})
-	if err != nil || c.dp.VXLAN.VNI != 6000 {
-		t.Fatalf("env over file: %v %d", err, c.dp.VXLAN.VNI)
+	c, err = agentconfig.Parse(nil, env, &bytes.Buffer{})
+	if err != nil || c.DP.VXLAN.VNI != 6000 {
+		t.Fatalf("env over file: %v %d", err, c.DP.VXLAN.VNI)
 	}
-	c, err = parseFlags([]string{"--config", file, "--clean-conflicts=false", "--pool-blackholes"}, envOf(nil), &bytes.Buffer{})
-	if err != nil || c.dp.VXLAN.VNI != 5000 || c.dp.CleanConflicts || !c.calc.PoolBlackholes {
+	c, err = agentconfig.Parse([]string{"--config", file, "--clean-conflicts=false", "--pool-blackholes"}, envOf(nil), &bytes.Buffer{})
+	if err != nil || c.DP.VXLAN.VNI != 5000 || c.DP.CleanConflicts || !c.Calc.PoolBlackholes {
 		t.Fatalf("file, bare and explicit boolean flags: %v %+v", err, c)
 	}
 
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("vxlanPort: 70000\n"), 0o644)
-	if _, err := parseFlags([]string{"--config", bad}, envOf(nil), &bytes.Buffer{}); err == nil ||
+	if _, err := agentconfig.Parse([]string{"--config", bad}, envOf(nil), &bytes.Buffer{}); err == nil ||
 		!strings.Contains(err.Error(), "option vxlan-port (from file "+bad+" key vxlanPort)") || !strings.Contains(err.Error(), "1 to 65535") {
 		t.Fatalf("bad file value: %v", err)
 	}
 	os.WriteFile(bad, []byte("vxlanPorts: 4789\n"), 0o644)
-	if _, err := parseFlags([]string{"--config", bad}, envOf(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), `unknown key "vxlanPorts"`) {
+	if _, err := agentconfig.Parse([]string{"--config", bad}, envOf(nil), &bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), `unknown key "vxlanPorts"`) {
 		t.Fatalf("unknown file key: %v", err)
 	}
 }
@@ -50,7 +51,7 @@ func TestConfigPrecedence(t *testing.T) {
 // it), and --help prints the same table.
 func TestConfigurationDoc(t *testing.T) {
 	var b bytes.Buffer
-	configurationDoc(&b)
+	agentconfig.Doc(&b)
 	path := "../../docs/configuration.md"
 	if *update {
 		if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
@@ -62,15 +63,16 @@ func TestConfigurationDoc(t *testing.T) {
 		t.Fatalf("docs/configuration.md is stale (go test ./cmd/sluiced -run ConfigurationDoc -update): %v", err)
 	}
 	var help bytes.Buffer
-	parseFlags([]string{"--help"}, envOf(nil), &help)
+	agentconfig.Parse([]string{"--help"}, envOf(nil), &help)
 	var table bytes.Buffer
-	writeOptionTable(&table)
+	agentconfig.WriteOptionTable(&table)
 	if !strings.Contains(help.String(), table.String()) {
 		t.Fatal("--help does not print the option table")
 	}
-	for _, o := range optionTable() {
-		if !strings.Contains(string(got), "`--"+o.name+"`") || !strings.Contains(string(got), "`"+o.env+"`") {
-			t.Fatalf("option %s missing from the docs", o.name)
+	flags, envs := agentconfig.OptionNames()
+	for i := range flags {
+		if !strings.Contains(string(got), "`--"+flags[i]+"`") || !strings.Contains(string(got), "`"+envs[i]+"`") {
+			t.Fatalf("option %s missing from the docs", flags[i])
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"io"
 	"net"
 	"os"
@@ -21,8 +22,8 @@ import (
 	"github.com/sluice-net/sluice/store"
 )
 
-func newLogger(c *config, w *os.File) zerolog.Logger {
-	format := c.logFormat
+func newLogger(c *agentconfig.Config, w *os.File) zerolog.Logger {
+	format := c.LogFormat
 	if format == "" {
 		format = "json"
 		if st, err := w.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
@@ -34,30 +35,30 @@ func newLogger(c *config, w *os.File) zerolog.Logger {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
-	lvl, _ := zerolog.ParseLevel(c.logLevel)
-	return zerolog.New(out).Level(lvl).With().Timestamp().Str("node", c.nodeName).Logger()
+	lvl, _ := zerolog.ParseLevel(c.LogLevel)
+	return zerolog.New(out).Level(lvl).With().Timestamp().Str("node", c.NodeName).Logger()
 }
 
-func run(parent context.Context, c *config, log zerolog.Logger) error {
+func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) error {
 	// Everything the agent starts ends with this context; run waits for it all before it
 	// returns, so no apply is cut off half-way by the process exiting.
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	cli, err := c.etcd.New()
+	cli, err := c.Etcd.New()
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
 	// What can fail at start fails before anything runs.
 	var healthLn net.Listener
-	if c.healthListen != "" {
-		if healthLn, err = net.Listen("tcp", c.healthListen); err != nil {
-			return fmt.Errorf("option health-listen %q: %w", c.healthListen, err)
+	if c.HealthListen != "" {
+		if healthLn, err = net.Listen("tcp", c.HealthListen); err != nil {
+			return fmt.Errorf("option health-listen %q: %w", c.HealthListen, err)
 		}
 	}
 	var rec *store.Recorder
-	if c.record != "" {
-		f, err := os.Create(c.record)
+	if c.Record != "" {
+		f, err := os.Create(c.Record)
 		if err != nil {
 			return fmt.Errorf("option record: opening the event log: %w", err)
 		}
@@ -65,7 +66,7 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 		rec = store.NewRecorder(f)
 	}
 	index := store.NewIndex()
-	graph, err := calc.New(c.calc)
+	graph, err := calc.New(c.Calc)
 	if err != nil {
 		return err
 	}
@@ -74,7 +75,7 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 	plan := &planner{graph: graph, log: log}
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
-	if c.dataplane {
+	if c.Dataplane {
 		dp, wait, err := startDataplane(ctx, c, log, state)
 		if err != nil {
 			return err
@@ -93,17 +94,17 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 		return err
 	}
 	state.intake = intake
-	notify, err := newNotifier(c.notifySocket)
+	notify, err := newNotifier(c.NotifySocket)
 	if err != nil {
 		// sd_notify is best effort: a stale NOTIFY_SOCKET must not stop the agent.
-		log.Warn().Err(err).Str("socket", c.notifySocket).Msg("cannot reach systemd's notify socket; carrying on without it")
+		log.Warn().Err(err).Str("socket", c.NotifySocket).Msg("cannot reach systemd's notify socket; carrying on without it")
 		notify = &notifier{}
 	}
 	background.Add(2)
-	go func() { defer background.Done(); reportStatus(ctx, cli, c.nodeName, c.statusTTL, state, log) }()
+	go func() { defer background.Done(); reportStatus(ctx, cli, c.NodeName, c.StatusTTL, state, log) }()
 	go func() {
 		defer background.Done()
-		supervise(ctx, notify, state, c.watchdog) // ends with STOPPING=1
+		supervise(ctx, notify, state, c.Watchdog) // ends with STOPPING=1
 		notify.close()
 	}()
 	if healthLn != nil {
@@ -111,11 +112,11 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 		go func() {
 			defer background.Done()
 			if err := state.serveHealth(ctx, healthLn); err != nil {
-				log.Error().Err(err).Str("listen", c.healthListen).Msg("health and metrics endpoint failed")
+				log.Error().Err(err).Str("listen", c.HealthListen).Msg("health and metrics endpoint failed")
 			}
 		}()
 	}
-	log.Info().Strs("etcd", c.etcd.Endpoints).Msg("starting")
+	log.Info().Strs("etcd", c.Etcd.Endpoints).Msg("starting")
 	err = intake.Run(ctx)
 	if rec != nil {
 		if ferr := rec.Flush(); ferr != nil {
@@ -132,7 +133,7 @@ func run(parent context.Context, c *config, log zerolog.Logger) error {
 }
 
 func main() {
-	c, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	c, err := agentconfig.Parse(os.Args[1:], os.Getenv, os.Stderr)
 	if err == flag.ErrHelp {
 		os.Exit(0)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"io"
 	"maps"
 	"net"
@@ -39,19 +40,19 @@ func TestParseFlagsDefaults(t *testing.T) {
 		t.Skipf("no hostname: %v", err)
 	}
 	var stderr bytes.Buffer
-	c, err := parseFlags(nil, envOf(nil), &stderr)
+	c, err := agentconfig.Parse(nil, envOf(nil), &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &config{
-		etcd:         store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
-		nodeName:     strings.ToLower(host),
-		logLevel:     "info",
-		calc:         calc.DefaultConfig(strings.ToLower(host)),
-		dataplane:    true,
-		healthListen: "127.0.0.1:9097",
-		statusTTL:    15 * time.Second,
-		dp: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
+	want := &agentconfig.Config{
+		Etcd:         store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
+		NodeName:     strings.ToLower(host),
+		LogLevel:     "info",
+		Calc:         calc.DefaultConfig(strings.ToLower(host)),
+		Dataplane:    true,
+		HealthListen: "127.0.0.1:9097",
+		StatusTTL:    15 * time.Second,
+		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
 			VXLAN: dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort}, ResyncInterval: 90 * time.Second},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -67,21 +68,21 @@ func TestParseFlagsFlagBeatsEnv(t *testing.T) {
 		"SLUICE_ETCD_ENDPOINTS": "http://192.0.2.1:2379,http://192.0.2.2:2379",
 	})
 	var stderr bytes.Buffer
-	c, err := parseFlags(nil, env, &stderr)
+	c, err := agentconfig.Parse(nil, env, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.nodeName != "env-node" || c.logFormat != "console" || c.logLevel != "warn" ||
-		!slices.Equal(c.etcd.Endpoints, []string{"http://192.0.2.1:2379", "http://192.0.2.2:2379"}) {
+	if c.NodeName != "env-node" || c.LogFormat != "console" || c.LogLevel != "warn" ||
+		!slices.Equal(c.Etcd.Endpoints, []string{"http://192.0.2.1:2379", "http://192.0.2.2:2379"}) {
 		t.Errorf("from the environment: %+v", *c)
 	}
-	c, err = parseFlags([]string{"--node-name", "flag-node", "--log-format", "json", "--log-level", "debug",
+	c, err = agentconfig.Parse([]string{"--node-name", "flag-node", "--log-format", "json", "--log-level", "debug",
 		"--etcd-endpoints", "http://198.51.100.1:2379", "--record", "/tmp/events.jsonl"}, env, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.nodeName != "flag-node" || c.logFormat != "json" || c.logLevel != "debug" || c.record != "/tmp/events.jsonl" ||
-		!slices.Equal(c.etcd.Endpoints, []string{"http://198.51.100.1:2379"}) {
+	if c.NodeName != "flag-node" || c.LogFormat != "json" || c.LogLevel != "debug" || c.Record != "/tmp/events.jsonl" ||
+		!slices.Equal(c.Etcd.Endpoints, []string{"http://198.51.100.1:2379"}) {
 		t.Errorf("flags and environment: %+v", *c)
 	}
 }
@@ -107,19 +108,19 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--colour"}, nil, []string{"flag provided but not defined: -colour"}},
 	} {
 		var stderr bytes.Buffer
-		c, err := parseFlags(tc.args, envOf(tc.env), &stderr)
+		c, err := agentconfig.Parse(tc.args, envOf(tc.env), &stderr)
 		if err == nil {
-			t.Errorf("parseFlags(%q, %v) = %+v, want an error", tc.args, tc.env, *c)
+			t.Errorf("agentconfig.Parse(%q, %v) = %+v, want an error", tc.args, tc.env, *c)
 			continue
 		}
 		for _, w := range tc.want {
 			if !strings.Contains(err.Error(), w) {
-				t.Errorf("parseFlags(%q, %v): %v; want it to contain %q", tc.args, tc.env, err, w)
+				t.Errorf("agentconfig.Parse(%q, %v): %v; want it to contain %q", tc.args, tc.env, err, w)
 			}
 		}
 	}
 	var stderr bytes.Buffer
-	if _, err := parseFlags([]string{"-h"}, envOf(nil), &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-node-name") {
+	if _, err := agentconfig.Parse([]string{"-h"}, envOf(nil), &stderr); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "-node-name") {
 		t.Errorf("-h: %v, usage %q; want flag.ErrHelp and the flags listed", err, stderr.String())
 	}
 }
@@ -130,7 +131,7 @@ func TestNewLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	log := newLogger(&config{nodeName: "node-a", logLevel: "warn"}, f)
+	log := newLogger(&agentconfig.Config{NodeName: "node-a", LogLevel: "warn"}, f)
 	log.Info().Msg("quiet")
 	log.Warn().Str("key", "k").Msg("loud")
 	b, err := os.ReadFile(f.Name())
@@ -349,13 +350,13 @@ func TestRun(t *testing.T) {
 
 	record := filepath.Join(t.TempDir(), "events.jsonl")
 	healthAddr := freeAddr(t)
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record, "--dataplane=false", "--health-listen", healthAddr},
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--log-level", "debug", "--record", record, "--dataplane=false", "--health-listen", healthAddr},
 		envOf(nil), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var logs logBuffer
-	log := zerolog.New(&logs).Level(zerolog.DebugLevel).With().Str("node", c.nodeName).Logger()
+	log := zerolog.New(&logs).Level(zerolog.DebugLevel).With().Str("node", c.NodeName).Logger()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -42,21 +41,6 @@ func (n *notifier) close() {
 	if n.conn != nil {
 		n.conn.Close()
 	}
-}
-
-// watchdogInterval reads WATCHDOG_USEC (and WATCHDOG_PID, which must be ours when set).
-func watchdogInterval(usec, pid string, self int) time.Duration {
-	if usec == "" {
-		return 0
-	}
-	if pid != "" && pid != strconv.Itoa(self) {
-		return 0
-	}
-	n, err := strconv.ParseInt(usec, 10, 64)
-	if err != nil || n <= 0 {
-		return 0
-	}
-	return time.Duration(n) * time.Microsecond
 }
 
 // supervise tells systemd how the agent is doing: STATUS lines as it progresses, READY=1

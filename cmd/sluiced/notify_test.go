@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"path/filepath"
 	"strings"
@@ -71,13 +72,13 @@ func (f *fakeSystemd) index(part string) int {
 func TestSystemdNotify(t *testing.T) {
 	srv := etcdtest.New(t)
 	sd, sock := newFakeSystemd(t)
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", ""},
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", ""},
 		envOf(map[string]string{"NOTIFY_SOCKET": sock, "WATCHDOG_USEC": "200000"}), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.watchdog != 200*time.Millisecond {
-		t.Fatalf("watchdog %v", c.watchdog)
+	if c.Watchdog != 200*time.Millisecond {
+		t.Fatalf("watchdog %v", c.Watchdog)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -109,7 +110,7 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatalf("no STOPPING=1: %q", sd.msgs)
 	}
 	// Without a live apply loop there are no keepalives (a hung loop gets restarted).
-	if watchdogInterval("200000", "1", 2) != 0 || watchdogInterval("x", "", 1) != 0 {
+	if agentconfig.WatchdogInterval("200000", "1", 2) != 0 || agentconfig.WatchdogInterval("x", "", 1) != 0 {
 		t.Fatal("WATCHDOG_PID or a bad WATCHDOG_USEC accepted")
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"sync"
 	"time"
 
@@ -75,12 +76,12 @@ func describe(op calc.Op) string {
 // watch until ctx ends. Stopping leaves everything programmed in place.
 // The returned wait blocks until the dataplane's loops have ended (after ctx) and the kernel
 // handle is closed.
-func startDataplane(ctx context.Context, c *config, log zerolog.Logger, state *agentState) (*dataplane.Dataplane, func(), error) {
+func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logger, state *agentState) (*dataplane.Dataplane, func(), error) {
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := c.dp
+	cfg := c.DP
 	var mu sync.Mutex
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -101,7 +102,7 @@ func TestStatusLeaseLostIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", "", "--status-ttl", "2s"},
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", "", "--status-ttl", "2s"},
 		envOf(map[string]string{"NOTIFY_SOCKET": "/nonexistent/notify.sock"}), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func TestHealthPortInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	c, err := parseFlags([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", l.Addr().String()},
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", l.Addr().String()},
 		envOf(nil), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)

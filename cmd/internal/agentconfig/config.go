@@ -1,4 +1,8 @@
-package main
+// Package agentconfig is sluiced's configuration: one option table that drives the flags, the
+// SLUICE_* environment variables, the configuration file, `sluiced --help` and
+// docs/configuration.md. sluicectl diff reads it too, so it compares a node's kernel with the
+// state that node's sluiced is configured to program.
+package agentconfig
 
 import (
 	"errors"
@@ -20,20 +24,21 @@ import (
 // DefaultConfigFile is read when present; a missing default file is fine.
 const DefaultConfigFile = "/etc/sluice/sluiced.yaml"
 
-type config struct {
-	etcd         store.ClientConfig
-	nodeName     string
-	logFormat    string
-	logLevel     string
-	record       string
-	calc         calc.Config
-	dataplane    bool
-	dp           dataplane.Config
-	healthListen string
-	statusTTL    time.Duration
+// Config is the agent's whole configuration.
+type Config struct {
+	Etcd         store.ClientConfig
+	NodeName     string
+	LogFormat    string
+	LogLevel     string
+	Record       string
+	Calc         calc.Config
+	Dataplane    bool
+	DP           dataplane.Config
+	HealthListen string
+	StatusTTL    time.Duration
 	// set by systemd, not options
-	notifySocket string
-	watchdog     time.Duration
+	NotifySocket string
+	Watchdog     time.Duration
 }
 
 // option is one setting: its flag, environment variable and file key, its default, what it
@@ -45,7 +50,7 @@ type option struct {
 	accepts        string
 	help           string
 	boolean        bool
-	set            func(c *config, v string) error
+	set            func(c *Config, v string) error
 }
 
 func parseBool(v string) (bool, error) {
@@ -74,119 +79,119 @@ func oneOf(v string, allowed ...string) error {
 }
 
 func optionTable() []option {
-	str := func(dst func(c *config) *string) func(*config, string) error {
-		return func(c *config, v string) error { *dst(c) = v; return nil }
+	str := func(dst func(c *Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error { *dst(c) = v; return nil }
 	}
 	return []option{
 		{name: "etcd-endpoints", env: "SLUICE_ETCD_ENDPOINTS", key: "etcdEndpoints", def: "",
 			accepts: "comma-separated URLs", help: "etcd endpoints; without them, etcdctl's ETCDCTL_ENDPOINTS, Calico's ETCD_ENDPOINTS, then " + store.DefaultEndpoint,
-			set: func(c *config, v string) error { c.etcd.Endpoints = store.SplitEndpoints(v); return nil }},
+			set: func(c *Config, v string) error { c.Etcd.Endpoints = store.SplitEndpoints(v); return nil }},
 		{name: "etcd-cacert", env: "SLUICE_ETCD_CACERT", key: "etcdCACert", accepts: "a file", help: "CA certificate for etcd's TLS (or ETCDCTL_CACERT, ETCD_CA_CERT_FILE)",
-			set: str(func(c *config) *string { return &c.etcd.CACert })},
+			set: str(func(c *Config) *string { return &c.Etcd.CACert })},
 		{name: "etcd-cert", env: "SLUICE_ETCD_CERT", key: "etcdCert", accepts: "a file", help: "client certificate for etcd (or ETCDCTL_CERT, ETCD_CERT_FILE)",
-			set: str(func(c *config) *string { return &c.etcd.Cert })},
+			set: str(func(c *Config) *string { return &c.Etcd.Cert })},
 		{name: "etcd-key", env: "SLUICE_ETCD_KEY", key: "etcdKey", accepts: "a file", help: "client key for etcd (or ETCDCTL_KEY, ETCD_KEY_FILE)",
-			set: str(func(c *config) *string { return &c.etcd.Key })},
+			set: str(func(c *Config) *string { return &c.Etcd.Key })},
 		{name: "etcd-username", env: "SLUICE_ETCD_USERNAME", key: "etcdUsername", accepts: "a name", help: "etcd user (or ETCDCTL_USER, ETCD_USERNAME)",
-			set: str(func(c *config) *string { return &c.etcd.Username })},
+			set: str(func(c *Config) *string { return &c.Etcd.Username })},
 		{name: "etcd-password", env: "SLUICE_ETCD_PASSWORD", key: "etcdPassword", accepts: "a string", help: "etcd password (or ETCDCTL_PASSWORD, ETCD_PASSWORD)",
-			set: str(func(c *config) *string { return &c.etcd.Password })},
+			set: str(func(c *Config) *string { return &c.Etcd.Password })},
 		{name: "node-name", env: "SLUICE_NODE_NAME", key: "nodeName", accepts: "a node name", help: "this node's name as in Calico's Node resources; default the hostname",
-			set: str(func(c *config) *string { return &c.nodeName })},
+			set: str(func(c *Config) *string { return &c.NodeName })},
 		{name: "node-address", env: "SLUICE_NODE_ADDRESS", key: "nodeAddress", accepts: "an IP address", help: "this node's underlay address, when VXLAN is off and no Node gives it",
-			set: func(c *config, v string) error {
+			set: func(c *Config, v string) error {
 				if v == "" {
-					c.dp.ParentAddr = netip.Addr{}
+					c.DP.ParentAddr = netip.Addr{}
 					return nil
 				}
 				a, err := netip.ParseAddr(v)
 				if err != nil {
 					return errors.New("not an IP address")
 				}
-				c.dp.ParentAddr = a
+				c.DP.ParentAddr = a
 				return nil
 			}},
 		{name: "log-format", env: "SLUICE_LOG_FORMAT", key: "logFormat", accepts: "json, console, or empty for console on a terminal and json elsewhere", help: "log line format",
-			set: func(c *config, v string) error { c.logFormat = v; return oneOf(v, "", "json", "console") }},
+			set: func(c *Config, v string) error { c.LogFormat = v; return oneOf(v, "", "json", "console") }},
 		{name: "log-level", env: "SLUICE_LOG_LEVEL", key: "logLevel", def: "info", accepts: "debug, info, warn or error", help: "least severe level logged",
-			set: func(c *config, v string) error { c.logLevel = v; return oneOf(v, "debug", "info", "warn", "error") }},
+			set: func(c *Config, v string) error { c.LogLevel = v; return oneOf(v, "debug", "info", "warn", "error") }},
 		{name: "record", env: "SLUICE_RECORD", key: "record", accepts: "a file", help: "also record every event to this file as JSON lines (replay with sluicectl replay)",
-			set: str(func(c *config) *string { return &c.record })},
+			set: str(func(c *Config) *string { return &c.Record })},
 		{name: "route-source", env: "SLUICE_ROUTE_SOURCE", key: "routeSource", def: "CalicoIPAM", accepts: "CalicoIPAM or WorkloadIPs", help: "where routes come from: IPAM blocks, or workload endpoints (OpenStack without blocks)",
-			set: func(c *config, v string) error {
-				c.calc.RouteSource = calc.RouteSource(v)
+			set: func(c *Config, v string) error {
+				c.Calc.RouteSource = calc.RouteSource(v)
 				return oneOf(v, "CalicoIPAM", "WorkloadIPs")
 			}},
 		{name: "vxlan", env: "SLUICE_VXLAN", key: "vxlan", def: "true", boolean: true, accepts: "true or false", help: "program VXLAN routes, the VXLAN device and its VTEPs",
-			set: func(c *config, v string) (err error) { c.calc.VXLAN, err = parseBool(v); return }},
+			set: func(c *Config, v string) (err error) { c.Calc.VXLAN, err = parseBool(v); return }},
 		{name: "vxlan-device", env: "SLUICE_VXLAN_DEVICE", key: "vxlanDevice", def: dataplane.DefaultVXLANName, accepts: "an interface name (at most 15 characters)", help: "name of sluice's VXLAN device",
-			set: func(c *config, v string) error {
-				c.calc.VXLANDevice, c.dp.VXLAN.Name = v, v
+			set: func(c *Config, v string) error {
+				c.Calc.VXLANDevice, c.DP.VXLAN.Name = v, v
 				if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ ") {
 					return errors.New("not an interface name")
 				}
 				return nil
 			}},
 		{name: "vxlan-vni", env: "SLUICE_VXLAN_VNI", key: "vxlanVNI", def: strconv.Itoa(dataplane.DefaultVNI), accepts: "1 to 16777215", help: "VXLAN network identifier (4096 matches Calico)",
-			set: func(c *config, v string) (err error) { c.dp.VXLAN.VNI, err = parseIntRange(v, 1, 1<<24-1); return }},
+			set: func(c *Config, v string) (err error) { c.DP.VXLAN.VNI, err = parseIntRange(v, 1, 1<<24-1); return }},
 		{name: "vxlan-port", env: "SLUICE_VXLAN_PORT", key: "vxlanPort", def: strconv.Itoa(dataplane.DefaultVXLANPort), accepts: "1 to 65535", help: "VXLAN UDP port (4789 matches Calico)",
-			set: func(c *config, v string) (err error) { c.dp.VXLAN.Port, err = parseIntRange(v, 1, 65535); return }},
+			set: func(c *Config, v string) (err error) { c.DP.VXLAN.Port, err = parseIntRange(v, 1, 65535); return }},
 		{name: "vxlan-mtu", env: "SLUICE_VXLAN_MTU", key: "vxlanMTU", def: "0", accepts: "0, or 68 to 65485", help: "MTU of the VXLAN device; 0 means the parent interface's MTU minus 50",
-			set: func(c *config, v string) error {
+			set: func(c *Config, v string) error {
 				n, err := parseIntRange(v, 0, 65485)
 				if err == nil && n != 0 && n < 68 {
 					err = errors.New("out of range")
 				}
-				c.dp.VXLAN.MTU = n
+				c.DP.VXLAN.MTU = n
 				return err
 			}},
 		{name: "blackhole-type", env: "SLUICE_BLACKHOLE_TYPE", key: "blackholeType", def: "blackhole", accepts: "blackhole, unreachable or prohibit", help: "route type for local blocks: silent drop, or ICMP errors",
-			set: func(c *config, v string) error {
-				c.calc.BlackholeType = calc.RouteType(v)
+			set: func(c *Config, v string) error {
+				c.Calc.BlackholeType = calc.RouteType(v)
 				return oneOf(v, "blackhole", "unreachable", "prohibit")
 			}},
 		{name: "blackhole-metric", env: "SLUICE_BLACKHOLE_METRIC", key: "blackholeMetric", def: "1024", accepts: "1 to 4294967294", help: "metric of local-block blackholes (high, so an operator's route wins)",
-			set: func(c *config, v string) (err error) {
-				c.calc.BlackholeMetric, err = parseIntRange(v, 1, 1<<32-2)
+			set: func(c *Config, v string) (err error) {
+				c.Calc.BlackholeMetric, err = parseIntRange(v, 1, 1<<32-2)
 				return
 			}},
 		{name: "pool-blackholes", env: "SLUICE_POOL_BLACKHOLES", key: "poolBlackholes", def: "false", boolean: true, accepts: "true or false", help: "also blackhole whole pools at the lowest priority (a pool may share its range with other users)",
-			set: func(c *config, v string) (err error) { c.calc.PoolBlackholes, err = parseBool(v); return }},
+			set: func(c *Config, v string) (err error) { c.Calc.PoolBlackholes, err = parseBool(v); return }},
 		{name: "dataplane", env: "SLUICE_DATAPLANE", key: "dataplane", def: "true", boolean: true, accepts: "true or false", help: "program the kernel; false reads etcd and computes only",
-			set: func(c *config, v string) (err error) { c.dataplane, err = parseBool(v); return }},
+			set: func(c *Config, v string) (err error) { c.Dataplane, err = parseBool(v); return }},
 		{name: "route-table", env: "SLUICE_ROUTE_TABLE", key: "routeTable", def: "254", accepts: "1 to 4294967295, not 255 (local)", help: "routing table sluice's routes go in (254 is main)",
-			set: func(c *config, v string) error {
+			set: func(c *Config, v string) error {
 				n, err := parseIntRange(v, 1, 1<<32-1)
 				if n == 255 {
 					err = errors.New("the local table is the kernel's")
 				}
-				c.dp.Routes.Table = n
+				c.DP.Routes.Table = n
 				return err
 			}},
 		{name: "route-protocol", env: "SLUICE_ROUTE_PROTOCOL", key: "routeProtocol", def: strconv.Itoa(dataplane.DefaultRouteProtocol), accepts: "3 to 255, one no other program uses", help: "route protocol number that marks sluice's routes",
-			set: func(c *config, v string) (err error) { c.dp.Routes.Protocol, err = parseIntRange(v, 3, 255); return }},
+			set: func(c *Config, v string) (err error) { c.DP.Routes.Protocol, err = parseIntRange(v, 3, 255); return }},
 		{name: "resync-interval", env: "SLUICE_RESYNC_INTERVAL", key: "resyncInterval", def: "90s", accepts: "a duration of at least 1s", help: "period of the full dataplane resync (a safety net behind the kernel watch)",
-			set: func(c *config, v string) error {
+			set: func(c *Config, v string) error {
 				d, err := time.ParseDuration(v)
 				if err != nil || d < time.Second {
 					return errors.New("not a duration of at least 1s")
 				}
-				c.dp.ResyncInterval = d
+				c.DP.ResyncInterval = d
 				return nil
 			}},
 		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
-			set: func(c *config, v string) (err error) { c.dp.CleanConflicts, err = parseBool(v); return }},
+			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
-			set: func(c *config, v string) error {
+			set: func(c *Config, v string) error {
 				d, err := time.ParseDuration(v)
 				if err != nil || d < time.Second {
 					return errors.New("not a duration of at least 1s")
 				}
-				c.statusTTL = d
+				c.StatusTTL = d
 				return nil
 			}},
 		{name: "health-listen", env: "SLUICE_HEALTH_LISTEN", key: "healthListen", def: "127.0.0.1:9097", accepts: "host:port, or empty to turn it off", help: "address of /livez, /readyz and /metrics",
-			set: func(c *config, v string) error { c.healthListen = v; return nil }},
+			set: func(c *Config, v string) error { c.HealthListen = v; return nil }},
 	}
 }
 
@@ -195,10 +200,10 @@ func optionError(o option, source, value string, err error) error {
 	return fmt.Errorf("option %s (from %s): %q: %v; it accepts %s", o.name, source, value, err, o.accepts)
 }
 
-// parseFlags builds the configuration: defaults, then the file, then the environment, then
+// Parse builds the configuration: defaults, then the file, then the environment, then
 // flags, each overriding the one before.
-func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*config, error) {
-	c := &config{calc: calc.DefaultConfig("")}
+func Parse(args []string, getenv func(string) string, stderr io.Writer) (*Config, error) {
+	c := &Config{Calc: calc.DefaultConfig("")}
 	table := optionTable()
 	fromFlags := map[string]string{}
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
@@ -215,7 +220,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 	}
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: sluiced [flags]\n\nEvery option is also an environment variable and a key of the configuration file;\nprecedence: flags, then environment, then file, then defaults.")
-		writeOptionTable(stderr)
+		WriteOptionTable(stderr)
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -258,18 +263,18 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (*c
 			}
 		}
 	}
-	c.etcd = c.etcd.WithEnv(getenv)
-	c.notifySocket = getenv("NOTIFY_SOCKET")
-	c.watchdog = watchdogInterval(getenv("WATCHDOG_USEC"), getenv("WATCHDOG_PID"), os.Getpid())
-	if c.nodeName == "" {
+	c.Etcd = c.Etcd.WithEnv(getenv)
+	c.NotifySocket = getenv("NOTIFY_SOCKET")
+	c.Watchdog = WatchdogInterval(getenv("WATCHDOG_USEC"), getenv("WATCHDOG_PID"), os.Getpid())
+	if c.NodeName == "" {
 		h, err := os.Hostname()
 		if err != nil {
 			return nil, fmt.Errorf("option node-name is not set and the hostname is unknown: %w", err)
 		}
-		c.nodeName = strings.ToLower(h) // as Calico names a node after its host
+		c.NodeName = strings.ToLower(h) // as Calico names a node after its host
 	}
-	c.calc.NodeName = c.nodeName
-	if _, err := calc.New(c.calc); err != nil {
+	c.Calc.NodeName = c.NodeName
+	if _, err := calc.New(c.Calc); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -320,9 +325,9 @@ func readConfigFile(path string, explicit bool, table []option) (map[string]stri
 	return out, nil
 }
 
-// writeOptionTable prints every option: the source of `sluiced --help` and
+// WriteOptionTable prints every option: the source of `sluiced --help` and
 // docs/configuration.md.
-func writeOptionTable(w io.Writer) {
+func WriteOptionTable(w io.Writer) {
 	table := optionTable()
 	fmt.Fprintln(w, "\n| flag | environment | file key | default | accepts | what it does |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|")
@@ -336,13 +341,36 @@ func writeOptionTable(w io.Writer) {
 	}
 }
 
-// configurationDoc is docs/configuration.md, generated from the table.
-func configurationDoc(w io.Writer) {
+// Doc writes docs/configuration.md, generated from the table.
+func Doc(w io.Writer) {
 	fmt.Fprintln(w, "# sluiced configuration")
 	fmt.Fprintln(w, "\nGenerated from sluiced's option table (`sluiced --help` prints the same); do not edit by hand.")
 	fmt.Fprintln(w, "Every option can be a flag, an environment variable or a key of the configuration file.")
 	fmt.Fprintln(w, "Precedence: flags, then environment, then the file, then the defaults. An invalid value")
 	fmt.Fprintln(w, "stops the start with a message naming the option, where the value came from and what it accepts.")
-	writeOptionTable(w)
+	WriteOptionTable(w)
 	fmt.Fprintln(w, "\nExample file:\n\n```yaml\netcdEndpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]\netcdCACert: /etc/sluice/etcd-ca.pem\netcdCert: /etc/sluice/etcd-cert.pem\netcdKey: /etc/sluice/etcd-key.pem\nlogLevel: info\ncleanConflicts: false\n```")
+}
+
+// OptionNames lists every option's flag and environment variable, for tests.
+func OptionNames() (flags, envs []string) {
+	for _, o := range optionTable() {
+		flags, envs = append(flags, o.name), append(envs, o.env)
+	}
+	return flags, envs
+}
+
+// WatchdogInterval reads WATCHDOG_USEC (and WATCHDOG_PID, which must be ours when set).
+func WatchdogInterval(usec, pid string, self int) time.Duration {
+	if usec == "" {
+		return 0
+	}
+	if pid != "" && pid != strconv.Itoa(self) {
+		return 0
+	}
+	n, err := strconv.ParseInt(usec, 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return time.Duration(n) * time.Microsecond
 }
