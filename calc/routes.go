@@ -182,15 +182,7 @@ func (g *Graph) recomputeRoutes() {
 	n := len(g.dirtyDst)
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
-		old, had := g.routes[dst]
-		switch {
-		case ok && (!had || old != r):
-			g.routes[dst] = r
-			g.pending.routeSets = append(g.pending.routeSets, r)
-		case !ok && had:
-			delete(g.routes, dst)
-			g.pending.routeDels = append(g.pending.routeDels, old)
-		}
+		settle(g.routes, dst, r, ok, same[Route], &g.pending.routeSets, &g.pending.routeDels)
 	}
 	reset(&g.dirtyDst, n)
 }

@@ -275,27 +275,11 @@ func (g *Graph) recomputeServices() {
 		} else {
 			delete(g.problems, "frontend/"+k.String())
 		}
-		old, had := g.frontends[k]
-		switch {
-		case ok && (!had || !frontendEqual(old, f)):
-			g.frontends[k] = f
-			g.pending.frontendSets = append(g.pending.frontendSets, f)
-		case !ok && had:
-			delete(g.frontends, k)
-			g.pending.frontendDels = append(g.pending.frontendDels, old)
-		}
+		settle(g.frontends, k, f, ok, frontendEqual, &g.pending.frontendSets, &g.pending.frontendDels)
 	}
 	for p := range dirtyHC {
 		h, ok := winner(g.hcClaims[p])
-		old, had := g.health[p]
-		switch {
-		case ok && (!had || old != h):
-			g.health[p] = h
-			g.pending.healthSets = append(g.pending.healthSets, h)
-		case !ok && had:
-			delete(g.health, p)
-			g.pending.healthDels = append(g.pending.healthDels, old)
-		}
+		settle(g.health, p, h, ok, same[HealthCheck], &g.pending.healthSets, &g.pending.healthDels)
 	}
 }
 

@@ -150,23 +150,33 @@ func SortState(s *State) *State {
 	return s
 }
 
+// fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
 	s := g.State()
-	u := &Update{Full: true, Problems: s.Problems}
-	for i := range s.VTEPs {
-		u.Ops = append(u.Ops, Op{VTEP: &s.VTEPs[i]})
+	p := pendingOps{vtepSets: s.VTEPs, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks, problems: s.Problems}
+	u := p.take()
+	if u == nil {
+		u = &Update{} // an empty full state still tells the consumer to clear what it has
 	}
-	for i := range s.Routes {
-		u.Ops = append(u.Ops, Op{Route: &s.Routes[i]})
-	}
-	for i := range s.Frontends {
-		u.Ops = append(u.Ops, Op{Frontend: &s.Frontends[i]})
-	}
-	for i := range s.HealthChecks {
-		u.Ops = append(u.Ops, Op{HealthCheck: &s.HealthChecks[i]})
-	}
+	u.Full = true
 	return u
 }
+
+// settle compares the value just computed for k (ok=false: nothing is wanted) with what was
+// emitted, records the new value, and queues the set or the removal.
+func settle[K comparable, V any](emitted map[K]V, k K, v V, ok bool, equal func(a, b V) bool, sets, dels *[]V) {
+	old, had := emitted[k]
+	switch {
+	case ok && (!had || !equal(old, v)):
+		emitted[k] = v
+		*sets = append(*sets, v)
+	case !ok && had:
+		delete(emitted, k)
+		*dels = append(*dels, old)
+	}
+}
+
+func same[T comparable](a, b T) bool { return a == b }
 
 func cmpPrefix(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))

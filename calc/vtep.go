@@ -48,17 +48,8 @@ func (g *Graph) recomputeVTEPs() {
 	n := len(g.dirtyVTEP)
 	for node := range g.dirtyVTEP {
 		for _, v6 := range []bool{false, true} {
-			key := VTEPKey{Node: node, IPv6: v6}
 			v, ok := g.computeVTEP(node, v6)
-			old, had := g.vteps[key]
-			switch {
-			case ok && (!had || !vtepEqual(old, v)):
-				g.vteps[key] = v
-				g.pending.vtepSets = append(g.pending.vtepSets, v)
-			case !ok && had:
-				delete(g.vteps, key)
-				g.pending.vtepDels = append(g.pending.vtepDels, old)
-			}
+			settle(g.vteps, VTEPKey{Node: node, IPv6: v6}, v, ok, vtepEqual, &g.pending.vtepSets, &g.pending.vtepDels)
 		}
 	}
 	reset(&g.dirtyVTEP, n)

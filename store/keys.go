@@ -111,19 +111,32 @@ func familyOf(p netip.Prefix) string {
 	return "ipv6"
 }
 
+// KindPrefix is the etcd prefix under which every key of kind k lives.
+func KindPrefix(k Kind) string {
+	switch k {
+	case KindIPPool:
+		return IPPoolPrefix
+	case KindNode:
+		return NodePrefix
+	case KindBlock:
+		return BlockPrefix
+	case KindBlockAffinity:
+		return AffinityPrefix
+	case KindWorkloadEndpoint:
+		return WorkloadEndpointPrefix
+	case KindService:
+		return ServicePrefix
+	case KindEndpointSlice:
+		return EndpointSlicePrefix
+	}
+	return ""
+}
+
 // KeyFor returns the etcd key of an object of kind k with the given ID.
 func KeyFor(k Kind, id string) (string, error) {
 	switch k {
-	case KindIPPool:
-		return IPPoolPrefix + id, nil
-	case KindNode:
-		return NodePrefix + id, nil
-	case KindWorkloadEndpoint:
-		return WorkloadEndpointPrefix + id, nil
-	case KindService:
-		return ServicePrefix + id, nil
-	case KindEndpointSlice:
-		return EndpointSlicePrefix + id, nil
+	case KindIPPool, KindNode, KindWorkloadEndpoint, KindService, KindEndpointSlice:
+		return KindPrefix(k) + id, nil
 	case KindBlock:
 		p, err := netip.ParsePrefix(id)
 		if err != nil {

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -19,65 +16,6 @@ type stringList []string
 
 func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-// readDocuments parses every file named (a directory means its .yaml, .yml and .json files,
-// "-" means standard input); all files are checked before anything is written.
-func (a *app) readDocuments(paths []string) ([]manifest.Document, error) {
-	var files []string
-	for _, p := range paths {
-		if p == "-" {
-			files = append(files, p)
-			continue
-		}
-		st, err := os.Stat(p)
-		if err != nil {
-			return nil, err
-		}
-		if !st.IsDir() {
-			files = append(files, p)
-			continue
-		}
-		entries, err := os.ReadDir(p)
-		if err != nil {
-			return nil, err
-		}
-		var inDir []string
-		for _, e := range entries {
-			switch strings.ToLower(filepath.Ext(e.Name())) {
-			case ".yaml", ".yml", ".json":
-				if !e.IsDir() {
-					inDir = append(inDir, filepath.Join(p, e.Name()))
-				}
-			}
-		}
-		if len(inDir) == 0 {
-			return nil, fmt.Errorf("directory %s has no .yaml, .yml or .json file", p)
-		}
-		sort.Strings(inDir)
-		files = append(files, inDir...)
-	}
-	var docs []manifest.Document
-	var errs []error
-	for _, f := range files {
-		var d []manifest.Document
-		var err error
-		if f == "-" {
-			d, err = manifest.Parse("<stdin>", a.stdin)
-		} else {
-			var fh *os.File
-			fh, err = os.Open(f)
-			if err == nil {
-				d, err = manifest.Parse(f, fh)
-				fh.Close()
-			}
-		}
-		docs = append(docs, d...)
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return docs, errors.Join(errs...)
-}
 
 func runApply(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("apply")
@@ -93,7 +31,7 @@ func runApply(ctx context.Context, a *app, args []string) error {
 	if len(files) == 0 {
 		return usagef("need -f FILE|DIR|-")
 	}
-	docs, err := a.readDocuments(files)
+	docs, err := manifest.ParsePaths(files, a.stdin)
 	if err != nil {
 		return fmt.Errorf("nothing was written:\n%w", err)
 	}
@@ -125,27 +63,6 @@ func objectID(k store.Kind, name, namespace string) string {
 		return namespace + "/" + name
 	}
 	return name
-}
-
-// kindPrefix is the etcd prefix holding every key of kind k.
-func kindPrefix(k store.Kind) string {
-	switch k {
-	case store.KindIPPool:
-		return store.IPPoolPrefix
-	case store.KindNode:
-		return store.NodePrefix
-	case store.KindBlock:
-		return store.BlockPrefix
-	case store.KindBlockAffinity:
-		return store.AffinityPrefix
-	case store.KindWorkloadEndpoint:
-		return store.WorkloadEndpointPrefix
-	case store.KindService:
-		return store.ServicePrefix
-	case store.KindEndpointSlice:
-		return store.EndpointSlicePrefix
-	}
-	return ""
 }
 
 func runGet(ctx context.Context, a *app, args []string) error {
@@ -186,7 +103,7 @@ func runGet(ctx context.Context, a *app, args []string) error {
 			return fmt.Errorf("%s %q: %w", kind.Plural(), pos[1], manifest.ErrNotFound)
 		}
 	} else {
-		prefix := kindPrefix(kind)
+		prefix := store.KindPrefix(kind)
 		if kind.Namespaced() && *namespace != "" {
 			prefix += *namespace + "/"
 		}

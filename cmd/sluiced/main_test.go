@@ -286,21 +286,13 @@ func TestReporterBadValue(t *testing.T) {
 func loadCluster(t *testing.T, cli *clientv3.Client) map[string]any {
 	t.Helper()
 	ctx := context.Background()
-	files, _ := filepath.Glob("../../testdata/sample/*.yaml")
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
+	docs, err := manifest.ParsePaths([]string{"../../testdata/sample"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range docs {
+		if _, err := manifest.Apply(ctx, cli, d, time.Now()); err != nil {
 			t.Fatal(err)
-		}
-		docs, err := manifest.Parse(f, fh)
-		fh.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range docs {
-			if _, err := manifest.Apply(ctx, cli, d, time.Now()); err != nil {
-				t.Fatal(err)
-			}
 		}
 	}
 	m := ipam.New(cli)

@@ -200,21 +200,8 @@ func (s *Server) PeerURL() string {
 	return "http://127.0.0.1:" + strconv.Itoa(s.peerPort)
 }
 
-// Name returns the member name.
-func (s *Server) Name() string { return s.name }
-
 // Dir returns the data dir.
 func (s *Server) Dir() string { return s.dir }
-
-// TLS returns the TLS files the server was started with, or nil.
-func (s *Server) TLS() *TLSFiles { return s.tls }
-
-// Etcd returns the running embedded server, or nil while stopped.
-func (s *Server) Etcd() *embed.Etcd {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.etcd
-}
 
 func (s *Server) config() *embed.Config {
 	cfg := embed.NewConfig()

@@ -47,17 +47,11 @@ func stripScheme(target string) string {
 	return target
 }
 
-// Addr returns the proxy's listening address, "127.0.0.1:PORT".
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
 // Endpoint returns "http://127.0.0.1:PORT". For a TLS target use
 // "https://" + Addr(): the proxy forwards bytes and does not care.
 func (p *Proxy) Endpoint() string {
 	return "http://127.0.0.1:" + strconv.Itoa(p.ln.Addr().(*net.TCPAddr).Port)
 }
-
-// Target returns the address the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
 
 // Cut closes every current connection and, until Restore, accepts new
 // ones only to close them at once.

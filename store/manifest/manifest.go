@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -92,6 +94,66 @@ func Parse(name string, r io.Reader) ([]Document, error) {
 			continue
 		}
 		docs = append(docs, d)
+	}
+	return docs, errors.Join(errs...)
+}
+
+// ParsePaths parses every file named: a directory means its .yaml, .yml and .json files in
+// name order, "-" means stdin. Every file is parsed and checked; the errors are joined, so a
+// caller can refuse to write anything unless all of it is valid.
+func ParsePaths(paths []string, stdin io.Reader) ([]Document, error) {
+	var files []string
+	for _, p := range paths {
+		if p == "-" {
+			files = append(files, p)
+			continue
+		}
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, p)
+			continue
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil {
+			return nil, err
+		}
+		var inDir []string
+		for _, e := range entries {
+			switch strings.ToLower(filepath.Ext(e.Name())) {
+			case ".yaml", ".yml", ".json":
+				if !e.IsDir() {
+					inDir = append(inDir, filepath.Join(p, e.Name()))
+				}
+			}
+		}
+		if len(inDir) == 0 {
+			return nil, fmt.Errorf("directory %s has no .yaml, .yml or .json file", p)
+		}
+		sort.Strings(inDir)
+		files = append(files, inDir...)
+	}
+	var docs []Document
+	var errs []error
+	for _, f := range files {
+		var d []Document
+		var err error
+		if f == "-" {
+			d, err = Parse("<stdin>", stdin)
+		} else {
+			var fh *os.File
+			fh, err = os.Open(f)
+			if err == nil {
+				d, err = Parse(f, fh)
+				fh.Close()
+			}
+		}
+		docs = append(docs, d...)
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return docs, errors.Join(errs...)
 }

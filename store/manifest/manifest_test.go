@@ -1,8 +1,6 @@
 package manifest_test
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,30 +9,20 @@ import (
 )
 
 func TestParseSample(t *testing.T) {
-	files, err := filepath.Glob("../../testdata/sample/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no sample files: %v", err)
+	docs, err := manifest.ParsePaths([]string{"../../testdata/sample"}, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n := 0
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			t.Fatal(err)
+	for _, d := range docs {
+		if _, err := store.Decode(d.Key, d.Value); err != nil {
+			t.Errorf("%s: %s does not decode: %v", d.Source, d.Key, err)
 		}
-		docs, err := manifest.Parse(f, fh)
-		fh.Close()
-		if err != nil {
-			t.Errorf("%s: %v", f, err)
-		}
-		for _, d := range docs {
-			if _, err := store.Decode(d.Key, d.Value); err != nil {
-				t.Errorf("%s: %s does not decode: %v", d.Source, d.Key, err)
-			}
-		}
-		n += len(docs)
 	}
-	if n != 12 {
-		t.Errorf("the sample holds %d documents, want 12", n)
+	if len(docs) != 12 {
+		t.Errorf("the sample holds %d documents, want 12", len(docs))
+	}
+	if _, err := manifest.ParsePaths([]string{t.TempDir()}, nil); err == nil || !strings.Contains(err.Error(), "no .yaml") {
+		t.Errorf("an empty directory: %v", err)
 	}
 }
 
