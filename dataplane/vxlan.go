@@ -47,6 +47,10 @@ type VXLAN struct {
 	writes   int
 	// index is the device's index as of the last Apply (0: none).
 	index int
+	// deviceChecked is set once the device was found (or made) as wanted; the device is
+	// looked at again only after a change, a resync, or a link or address event (CheckDevice),
+	// so an apply for one new route does not dump links and addresses.
+	deviceChecked bool
 	// Recreated counts devices sluice deleted because they did not match (wrong VNI, port,
 	// learning, parent).
 	Recreated int
@@ -77,6 +81,7 @@ func (x *VXLAN) SetVTEP(v calc.VTEP) {
 	if v.Local {
 		c := v
 		x.local = &c
+		x.deviceChecked = false
 		return
 	}
 	x.neigh.SetDesired(v.TunnelAddr, v.MAC.String())
@@ -121,7 +126,10 @@ func (x *VXLAN) NeighGone(ip netip.Addr, mac string, fdb bool) bool {
 }
 
 // QueueResync makes the next Apply read the device and its entries again.
-func (x *VXLAN) QueueResync() { x.needRead = true }
+func (x *VXLAN) QueueResync() { x.needRead, x.deviceChecked = true, false }
+
+// CheckDevice makes the next Apply look at the device again (a link or address changed).
+func (x *VXLAN) CheckDevice() { x.deviceChecked = false }
 
 // Writes is how many changes Apply has made.
 func (x *VXLAN) Writes() int { return x.writes }
@@ -141,12 +149,15 @@ func (x *VXLAN) Apply() error {
 		x.writes++
 		return x.k.LinkDel(x.cfg.Name)
 	}
-	idx, err := x.ensureDevice()
-	if err != nil {
-		x.needRead = true
-		return err
+	idx := x.index
+	if !x.deviceChecked || idx == 0 {
+		var err error
+		if idx, err = x.ensureDevice(); err != nil {
+			x.needRead = true
+			return err
+		}
+		x.index, x.deviceChecked = idx, true
 	}
-	x.index = idx
 	if x.needRead {
 		if err := x.read(idx); err != nil {
 			return err

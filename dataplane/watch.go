@@ -115,6 +115,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 		case u := <-addrs:
 			d.mu.Lock()
 			d.routes.LinksChanged()
+			d.vxlan.CheckDevice()
 			if u.LinkAddress.IP != nil {
 				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
 					d.vxlan.QueueResync()
@@ -183,6 +184,7 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 	default:
 		d.mu.Lock()
 		d.routes.LinksChanged()
+		d.vxlan.CheckDevice() // the parent's MTU or addresses may have changed
 		d.mu.Unlock()
 		d.Kick()
 	}
