@@ -12,15 +12,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// routeBatcher writes many routes over one netlink socket without waiting for each
-// acknowledgement: it keeps a window of requests in flight and matches the acknowledgements
-// by sequence number. One request per route still, so one failure stays one route's.
+// routeBatcher writes many routes over one netlink socket with few system calls: it packs
+// the requests into packets of up to packetSize bytes, one sendmsg each, and asks for an
+// acknowledgement only of each packet's last request. The kernel handles a packet's requests
+// in order inside that sendmsg and answers a failed one with an error naming its sequence
+// number, so one failure stays one route's, and the last request's acknowledgement says the
+// whole packet is done.
 type routeBatcher struct {
 	sock *nl.NetlinkSocket
 	seq  uint32
+	buf  []byte
 }
 
-const batchWindow = 256
+// packetSize keeps a packet well inside the socket's default send buffer (212,992 bytes):
+// about 400 IPv4 routes.
+const packetSize = 32 << 10
 
 func newRouteBatcher(ns netns.NsHandle) (*routeBatcher, error) {
 	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
@@ -40,7 +46,7 @@ func newRouteBatcher(ns netns.NsHandle) (*routeBatcher, error) {
 func (b *routeBatcher) close() { b.sock.Close() }
 
 func routeRequest(r *netlink.Route, seq uint32) *nl.NetlinkRequest {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+	req := nl.NewNetlinkRequest(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE)
 	req.Seq = seq
 	msg := nl.NewRtMsg()
 	dst := r.Dst.IP.To4()
@@ -81,48 +87,79 @@ func routeRequest(r *netlink.Route, seq uint32) *nl.NetlinkRequest {
 // replace writes every route and returns one error per route (nil where it succeeded).
 func (b *routeBatcher) replace(rs []*netlink.Route) []error {
 	errs := make([]error, len(rs))
-	pending := map[uint32]int{}
-	receive := func() error {
+	first := 0 // the first route of the packet being built
+	firstSeq := b.seq + 1
+	b.buf = b.buf[:0]
+	for i, r := range rs {
+		b.seq++
+		msg := routeRequest(r, b.seq).Serialize()
+		if len(b.buf) > 0 && len(b.buf)+len(msg) > packetSize {
+			// This route starts the next packet: send what is built, its last request acked.
+			if err := b.flush(errs, first, firstSeq); err != nil {
+				return b.failFrom(errs, first, err)
+			}
+			first, firstSeq = i, b.seq
+			b.buf = b.buf[:0]
+		}
+		b.buf = append(b.buf, msg...)
+	}
+	if len(rs) > 0 {
+		if err := b.flush(errs, first, firstSeq); err != nil {
+			return b.failFrom(errs, first, err)
+		}
+	}
+	return errs
+}
+
+// ackRequest sets NLM_F_ACK in a serialized request's header.
+func ackRequest(msg []byte) {
+	flags := binary.NativeEndian.Uint16(msg[6:8])
+	binary.NativeEndian.PutUint16(msg[6:8], flags|unix.NLM_F_ACK)
+}
+
+// flush sends the packet in b.buf, whose requests carry sequence numbers firstSeq.. and
+// stand for errs[first:], and reads the answers until the last request's acknowledgement.
+func (b *routeBatcher) flush(errs []error, first int, firstSeq uint32) error {
+	// The packet's last request is the one to ack: mark it if it was not marked yet.
+	n := 0
+	for off := 0; off < len(b.buf); n++ {
+		l := int(binary.NativeEndian.Uint32(b.buf[off : off+4]))
+		if off+l == len(b.buf) {
+			ackRequest(b.buf[off : off+l])
+		}
+		off += l
+	}
+	if err := unix.Sendto(b.sock.GetFd(), b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return fmt.Errorf("sending routes: %w", err)
+	}
+	for {
 		msgs, _, err := b.sock.Receive()
 		if err != nil {
-			return err
+			return fmt.Errorf("reading route acknowledgements: %w", err)
 		}
 		for _, m := range msgs {
-			i, ok := pending[m.Header.Seq]
-			if !ok || m.Header.Type != unix.NLMSG_ERROR {
-				continue
+			k := m.Header.Seq - firstSeq // wraps around to a large number for earlier packets
+			if m.Header.Type != unix.NLMSG_ERROR || k >= uint32(n) {
+				continue // an answer to an earlier, abandoned packet
 			}
-			delete(pending, m.Header.Seq)
+			i := first + int(k)
 			if len(m.Data) < 4 {
 				errs[i] = fmt.Errorf("short netlink acknowledgement")
 			} else if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
 				errs[i] = syscall.Errno(-code)
 			}
-		}
-		return nil
-	}
-	fail := func(err error) []error {
-		for _, i := range pending {
-			errs[i] = err
-		}
-		return errs
-	}
-	for i, r := range rs {
-		b.seq++
-		if err := b.sock.Send(routeRequest(r, b.seq)); err != nil {
-			errs[i] = err
-			continue
-		}
-		pending[b.seq] = i
-		for len(pending) >= batchWindow {
-			if err := receive(); err != nil {
-				return fail(err)
+			if int(k) == n-1 {
+				return nil
 			}
 		}
 	}
-	for len(pending) > 0 {
-		if err := receive(); err != nil {
-			return fail(err)
+}
+
+// failFrom marks every route from first on that has no answer yet as failed with err.
+func (b *routeBatcher) failFrom(errs []error, first int, err error) []error {
+	for i := first; i < len(errs); i++ {
+		if errs[i] == nil {
+			errs[i] = err
 		}
 	}
 	return errs
