@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -126,6 +128,37 @@ func BenchmarkRouteWrite(b *testing.B) {
 			}
 		}
 	})
+	// The same with a route subscription open, as sluiced always has: netlink's own, which
+	// hears every route, and sluice's, whose socket filter drops sluice's own new routes.
+	listened := func(subscribe func(chan netlink.RouteUpdate, chan struct{}) error) func(b *testing.B) {
+		return func(b *testing.B) {
+			ch := make(chan netlink.RouteUpdate, 4096)
+			done := make(chan struct{})
+			defer close(done)
+			if err := subscribe(ch, done); err != nil {
+				b.Fatal(err)
+			}
+			go func() {
+				for range ch {
+				}
+			}()
+			for range b.N {
+				flush()
+				for _, err := range k.RouteReplaceMany(rs) {
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	b.Run("packed-netlink-subscribed", listened(func(ch chan netlink.RouteUpdate, done chan struct{}) error {
+		return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{Namespace: &ns,
+			ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true})
+	}))
+	b.Run("packed-sluice-subscribed", listened(func(ch chan netlink.RouteUpdate, done chan struct{}) error {
+		return subscribeRoutes(&ns, DefaultRouteProtocol, ch, done, subscriptionBuffer, func(error) {})
+	}))
 	b.Run("one-ack-each", func(b *testing.B) {
 		for range b.N {
 			flush()
@@ -146,4 +179,68 @@ func BenchmarkRouteWrite(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestRouteSubscriptionFilter: the route subscription hears another program's new route and
+// the deletion of one of sluice's, but not sluice's own new routes, which its socket filter
+// drops in the kernel.
+func TestRouteSubscriptionFilter(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	ch := make(chan netlink.RouteUpdate, 100)
+	done := make(chan struct{})
+	defer close(done)
+	if err := subscribeRoutes(&ns, DefaultRouteProtocol, ch, done, 1<<20, func(err error) { t.Error(err) }); err != nil {
+		t.Fatal(err)
+	}
+	eth0 := n.link("eth0").Attrs().Index
+	ours := batchRoutes(3, eth0, nil)
+	for _, err := range n.kernel().RouteReplaceMany(ours) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := batchRoutes(4, eth0, nil)[3]
+	foreign.Protocol = unix.RTPROT_STATIC
+	foreign.Priority = 7
+	if err := n.h.RouteAdd(foreign); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.h.RouteDel(ours[1]); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < 2 {
+		select {
+		case u := <-ch:
+			if !strings.HasPrefix(u.Dst.String(), "10.64.") {
+				continue // the kernel's own IPv6 link-local routes as eth0 comes up
+			}
+			got = append(got, fmt.Sprintf("type=%d %s table=%d proto=%d metric=%d", u.Type, u.Dst, u.Table, u.Protocol, u.Priority))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %d events: %v", len(got), got)
+		}
+	}
+	want := []string{
+		fmt.Sprintf("type=%d 10.64.0.192/26 table=254 proto=4 metric=7", unix.RTM_NEWROUTE),
+		fmt.Sprintf("type=%d 10.64.0.64/26 table=254 proto=83 metric=0", unix.RTM_DELROUTE),
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	for {
+		select {
+		case u := <-ch:
+			if strings.HasPrefix(u.Dst.String(), "10.64.") {
+				t.Fatalf("an event too many: type=%d %s proto=%d", u.Type, u.Dst, u.Protocol)
+			}
+		case <-time.After(100 * time.Millisecond):
+			return
+		}
+	}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // subscriptionBuffer is the receive buffer of each netlink subscription: bulk route changes
-// (sluice's own 20,000-route cold start, or another program's) must not overrun it.
+// (another program's, or sluice deleting 20,000 stale routes) must not overrun it.
 const subscriptionBuffer = 16 << 20
 
 // Watch subscribes to the kernel's route, link, address and neighbour changes in namespace
@@ -67,8 +67,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	if ns.IsOpen() {
 		nsp = &ns
 	}
-	if err := netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
-		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
+	if err := subscribeRoutes(nsp, d.protocol, routes, done, subscriptionBuffer, onErr); err != nil {
 		return err
 	}
 	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
@@ -141,8 +140,8 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 }
 
 // onRoute handles one route event; it returns true for another program's new route in
-// sluice's table (the caller decides when to resync). Sluice's own new routes are dropped
-// before taking the lock: a cold start makes tens of thousands of them.
+// sluice's table (the caller decides when to resync). Sluice's own new routes never get here:
+// the subscription's socket filter drops them in the kernel (routewatch.go).
 func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
 	if u.Dst == nil || u.Table != d.table || u.Protocol == unix.RTPROT_KERNEL {
 		return false

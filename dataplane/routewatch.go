@@ -1,0 +1,138 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// subscribeRoutes delivers the kernel's IPv4 and IPv6 route changes in namespace ns (this one
+// when ns is nil) to ch, like netlink.RouteSubscribe, except sluice's own new routes: a socket
+// filter drops RTM_NEWROUTE messages of route protocol proto inside the kernel, before they
+// are queued. A cold start or a large change writes tens of thousands of routes; telling the
+// agent about each of its own writes would wake its reader once per route and cost the writer
+// half as much time again. What the watch needs still arrives: sluice's routes going away,
+// and every other program's routes.
+//
+// Each update carries the route's Dst, Table, Protocol, Priority and Type only. ch is closed
+// when done is closed or the socket fails; errors go to onErr.
+func subscribeRoutes(ns *netns.NsHandle, proto int, ch chan<- netlink.RouteUpdate, done <-chan struct{}, bufSize int, onErr func(error)) error {
+	target := netns.None()
+	if ns != nil {
+		target = *ns
+	}
+	s, err := nl.SubscribeAt(target, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_ROUTE, unix.RTNLGRP_IPV6_ROUTE)
+	if err != nil {
+		return fmt.Errorf("subscribing to route changes: %w", err)
+	}
+	if err := s.SetReceiveBufferSize(bufSize, true); err != nil {
+		s.Close()
+		return fmt.Errorf("sizing the route subscription's buffer: %w", err)
+	}
+	if err := attachOwnRouteFilter(s.GetFd(), proto); err != nil {
+		s.Close()
+		return err
+	}
+	go func() {
+		<-done
+		s.Close()
+	}()
+	go func() {
+		defer close(ch)
+		for {
+			msgs, from, err := s.Receive()
+			if err != nil {
+				select {
+				case <-done: // closed on purpose
+				default:
+					onErr(fmt.Errorf("route subscription: %w", err))
+				}
+				return
+			}
+			if from.Pid != nl.PidKernel {
+				continue
+			}
+			for _, m := range msgs {
+				if m.Header.Type != unix.RTM_NEWROUTE && m.Header.Type != unix.RTM_DELROUTE {
+					continue
+				}
+				r, err := parseRouteEvent(m.Data)
+				if err != nil {
+					onErr(err)
+					continue
+				}
+				ch <- netlink.RouteUpdate{Type: m.Header.Type, Route: r}
+			}
+		}
+	}()
+	return nil
+}
+
+// attachOwnRouteFilter attaches a classic BPF program to a route subscription's socket that
+// drops RTM_NEWROUTE messages whose rtm_protocol is proto and passes everything else. The
+// program reads the message from its start: nlmsg_type is a host-order u16 at offset 4, and
+// rtm_protocol the sixth byte of the rtmsg after the 16-byte header.
+func attachOwnRouteFilter(fd, proto int) error {
+	typeLow := uint32(4) // the low byte of nlmsg_type (every rtnetlink type is below 256)
+	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
+		typeLow = 5 // big-endian host
+	}
+	const (
+		ldb = unix.BPF_LD | unix.BPF_B | unix.BPF_ABS
+		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		ret = unix.BPF_RET | unix.BPF_K
+	)
+	prog := []unix.SockFilter{
+		{Code: ldb, K: typeLow},
+		{Code: jeq, Jt: 0, Jf: 3, K: unix.RTM_NEWROUTE}, // not a new route: pass
+		{Code: ldb, K: unix.NLMSG_HDRLEN + 5},           // rtm_protocol
+		{Code: jeq, Jt: 0, Jf: 1, K: uint32(proto)},     // another program's: pass
+		{Code: ret, K: 0},                               // sluice's own new route: drop
+		{Code: ret, K: 0xffffffff},
+	}
+	fp := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fp); err != nil {
+		return fmt.Errorf("attaching the route subscription's filter: %w", err)
+	}
+	return nil
+}
+
+// parseRouteEvent reads what the watch needs of a route message.
+func parseRouteEvent(b []byte) (netlink.Route, error) {
+	if len(b) < unix.SizeofRtMsg {
+		return netlink.Route{}, fmt.Errorf("route event: short message (%d bytes)", len(b))
+	}
+	msg := nl.DeserializeRtMsg(b)
+	r := netlink.Route{Table: int(msg.Table), Protocol: netlink.RouteProtocol(msg.Protocol), Type: int(msg.Type)}
+	attrs, err := nl.ParseRouteAttr(b[unix.SizeofRtMsg:])
+	if err != nil {
+		return netlink.Route{}, fmt.Errorf("route event: %w", err)
+	}
+	bits := 32
+	if msg.Family == unix.AF_INET6 {
+		bits = 128
+	}
+	for _, a := range attrs {
+		switch a.Attr.Type {
+		case unix.RTA_DST:
+			r.Dst = &net.IPNet{IP: net.IP(append([]byte(nil), a.Value...)), Mask: net.CIDRMask(int(msg.Dst_len), bits)}
+		case unix.RTA_TABLE:
+			if len(a.Value) == 4 {
+				r.Table = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		case unix.RTA_PRIORITY:
+			if len(a.Value) == 4 {
+				r.Priority = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		}
+	}
+	if r.Dst == nil { // a default route: no RTA_DST
+		r.Dst = &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
+	}
+	return r, nil
+}
