@@ -2,7 +2,6 @@ package store
 
 import (
 	"bytes"
-	json "github.com/segmentio/encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -10,6 +9,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	json "github.com/segmentio/encoding/json"
 )
 
 // BadValueError says why the value under a key was rejected. Field is the JSON path of the
