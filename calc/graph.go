@@ -85,10 +85,14 @@ type Graph struct {
 	slices     map[string]*store.EndpointSlice
 
 	// Indexes from an input to what it touches.
-	blocksByNode    map[string]set[netip.Prefix]
-	wepsByNet       multi[netip.Prefix, string]
-	wepsByNode      map[string]set[string]
-	tunnelsByAddr   multi[netip.Addr, string]
+	blocksByNode  map[string]set[netip.Prefix]
+	wepsByNet     multi[netip.Prefix, string]
+	wepsByNode    map[string]set[string]
+	tunnelsByAddr multi[netip.Addr, string]
+	// singles holds every single address a workload network or a tunnel names, by the /24 (or
+	// IPv6 /120) around it: a block finds the addresses inside it with one lookup per 256
+	// addresses instead of one per address.
+	singles         map[netip.Prefix]set[netip.Addr]
 	slicesByService multi[string, string]
 	blockBits       map[int]int // prefix lengths of known blocks, with counts, for longest match
 
@@ -133,6 +137,7 @@ func New(cfg Config) (*Graph, error) {
 		wepsByNet:       multi[netip.Prefix, string]{},
 		wepsByNode:      map[string]set[string]{},
 		tunnelsByAddr:   multi[netip.Addr, string]{},
+		singles:         map[netip.Prefix]set[netip.Addr]{},
 		slicesByService: multi[string, string]{},
 		blockBits:       map[int]int{},
 		dirtyDst:        set[netip.Prefix]{},
@@ -161,10 +166,14 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	for i := range batch {
 		g.apply(&batch[i])
 	}
+	// Computed as the data arrives, before the first in-sync too, so that on a cold start the
+	// work overlaps the reading of etcd (which reads pools and nodes before blocks); nothing is
+	// emitted before it.
+	g.recompute()
 	if !g.inSync {
+		g.pending = pendingOps{}
 		return nil
 	}
-	g.recompute()
 	if !g.emitted {
 		g.emitted = true
 		g.pending = pendingOps{}
@@ -217,16 +226,35 @@ func (g *Graph) markBlockContents(cidr netip.Prefix) {
 		return
 	}
 	n := store.BlockSlots(cidr)
-	a := cidr.Addr()
-	for range n {
-		single := netip.PrefixFrom(a, a.BitLen())
-		if _, ok := g.wepsByNet[single]; ok {
-			g.dirtyDst.add(single)
+	a := cidr.Masked().Addr()
+	for i := 0; i < n; i += bucketSize {
+		for s := range g.singles[bucketOf(a)] {
+			if cidr.Contains(s) {
+				g.dirtyDst.add(netip.PrefixFrom(s, s.BitLen()))
+			}
 		}
-		if _, ok := g.tunnelsByAddr[a]; ok {
-			g.dirtyDst.add(single)
+		for range min(bucketSize, n-i) {
+			a = a.Next()
 		}
-		a = a.Next()
+	}
+}
+
+// bucketSize is how many addresses one entry of Graph.singles covers.
+const bucketSize = 256
+
+// bucketOf is the /24 (IPv4) or /120 (IPv6) around a: its key in Graph.singles.
+func bucketOf(a netip.Addr) netip.Prefix {
+	p, _ := a.Prefix(a.BitLen() - 8)
+	return p
+}
+
+// indexSingle notes that a workload network or a tunnel now names the single address a.
+func (g *Graph) indexSingle(a netip.Addr) { addTo(g.singles, bucketOf(a), a) }
+
+// unindexSingle forgets a once neither a workload network nor a tunnel names it.
+func (g *Graph) unindexSingle(a netip.Addr) {
+	if len(g.tunnelsByAddr[a]) == 0 && len(g.wepsByNet[netip.PrefixFrom(a, a.BitLen())]) == 0 {
+		removeFrom(g.singles, bucketOf(a), a)
 	}
 }
 
@@ -286,6 +314,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
 			if a.IsValid() {
 				g.tunnelsByAddr.remove(a, id)
+				g.unindexSingle(a)
 			}
 		}
 	}
@@ -293,6 +322,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr} {
 			if a.IsValid() {
 				g.tunnelsByAddr.add(a, id)
+				g.indexSingle(a)
 			}
 		}
 	}
@@ -369,6 +399,9 @@ func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 		for _, net := range old.IPNetworks {
 			g.wepsByNet.remove(net, id)
 			g.dirtyDst.add(net)
+			if net.IsSingleIP() {
+				g.unindexSingle(net.Addr())
+			}
 		}
 		removeFrom(g.wepsByNode, old.Node, id)
 	}
@@ -380,6 +413,9 @@ func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 	for _, net := range w.IPNetworks {
 		g.wepsByNet.add(net, id)
 		g.dirtyDst.add(net)
+		if net.IsSingleIP() {
+			g.indexSingle(net.Addr())
+		}
 	}
 	addTo(g.wepsByNode, w.Node, id)
 }
