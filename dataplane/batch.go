@@ -12,13 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// routeBatcher writes many routes over one netlink socket with few system calls: it packs
-// the requests into packets of up to packetSize bytes, one sendmsg each, and asks for an
-// acknowledgement only of each packet's last request. The kernel handles a packet's requests
-// in order inside that sendmsg and answers a failed one with an error naming its sequence
-// number, so one failure stays one route's, and the last request's acknowledgement says the
-// whole packet is done.
-type routeBatcher struct {
+// batcher writes many rtnetlink requests (routes, neighbours, FDB entries) over one netlink
+// socket with few system calls: it packs the requests into packets of up to packetSize bytes,
+// one sendmsg each, and asks for an acknowledgement only of each packet's last request. The
+// kernel handles a packet's requests in order inside that sendmsg and answers a failed one
+// with an error naming its sequence number, so one failure stays one object's, and the last
+// request's acknowledgement says the whole packet is done.
+type batcher struct {
 	sock *nl.NetlinkSocket
 	seq  uint32
 	buf  []byte
@@ -28,7 +28,7 @@ type routeBatcher struct {
 // about 400 IPv4 routes.
 const packetSize = 32 << 10
 
-func newRouteBatcher(ns netns.NsHandle) (*routeBatcher, error) {
+func newRouteBatcher(ns netns.NsHandle) (*batcher, error) {
 	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("opening a netlink socket: %w", err)
@@ -40,14 +40,18 @@ func newRouteBatcher(ns netns.NsHandle) (*routeBatcher, error) {
 		s.Close()
 		return nil, err
 	}
-	return &routeBatcher{sock: s}, nil
+	return &batcher{sock: s}, nil
 }
 
-func (b *routeBatcher) close() { b.sock.Close() }
+func (b *batcher) close() { b.sock.Close() }
 
-func routeRequest(r *netlink.Route, seq uint32) *nl.NetlinkRequest {
+// routeRequest builds an RTM_NEWROUTE (create or replace) or, with del, an RTM_DELROUTE
+// request for r.
+func routeRequest(r *netlink.Route, del bool) *nl.NetlinkRequest {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE)
-	req.Seq = seq
+	if del {
+		req = nl.NewNetlinkRequest(unix.RTM_DELROUTE, 0)
+	}
 	msg := nl.NewRtMsg()
 	dst := r.Dst.IP.To4()
 	msg.Family = unix.AF_INET
@@ -84,15 +88,66 @@ func routeRequest(r *netlink.Route, seq uint32) *nl.NetlinkRequest {
 	return req
 }
 
+// neighRequest builds an RTM_NEWNEIGH request that creates or replaces n: a neighbour
+// (AF_INET, AF_INET6) or an FDB entry (AF_BRIDGE), as netlink.NeighSet does.
+func neighRequest(n *netlink.Neigh) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWNEIGH, unix.NLM_F_CREATE|unix.NLM_F_REPLACE)
+	req.AddData(&netlink.Ndmsg{Family: uint8(n.Family), Index: uint32(n.LinkIndex), State: uint16(n.State), Flags: uint8(n.Flags), Type: uint8(n.Type)})
+	ip := n.IP.To4()
+	if ip == nil {
+		ip = n.IP.To16()
+	}
+	req.AddData(nl.NewRtAttr(unix.NDA_DST, ip))
+	if n.HardwareAddr != nil {
+		req.AddData(nl.NewRtAttr(unix.NDA_LLADDR, []byte(n.HardwareAddr)))
+	}
+	return req
+}
+
 // replace writes every route and returns one error per route (nil where it succeeded).
-func (b *routeBatcher) replace(rs []*netlink.Route) []error {
-	errs := make([]error, len(rs))
+func (b *batcher) replace(rs []*netlink.Route) []error {
+	reqs := make([]*nl.NetlinkRequest, len(rs))
+	for i, r := range rs {
+		reqs[i] = routeRequest(r, false)
+	}
+	return b.send(reqs)
+}
+
+// setNeighs creates or replaces every neighbour or FDB entry and returns one error each.
+func (b *batcher) setNeighs(ns []*netlink.Neigh) []error {
+	reqs := make([]*nl.NetlinkRequest, len(ns))
+	for i, n := range ns {
+		reqs[i] = neighRequest(n)
+	}
+	return b.send(reqs)
+}
+
+// remove deletes every route and returns one error per route; a route already gone is not an
+// error (deleting is idempotent).
+func (b *batcher) remove(rs []*netlink.Route) []error {
+	reqs := make([]*nl.NetlinkRequest, len(rs))
+	for i, r := range rs {
+		reqs[i] = routeRequest(r, true)
+	}
+	errs := b.send(reqs)
+	for i, err := range errs {
+		if err == unix.ESRCH || err == unix.ENOENT {
+			errs[i] = nil
+		}
+	}
+	return errs
+}
+
+// send writes the requests, packed, and returns one error per request.
+func (b *batcher) send(reqs []*nl.NetlinkRequest) []error {
+	errs := make([]error, len(reqs))
 	first := 0 // the first route of the packet being built
 	firstSeq := b.seq + 1
 	b.buf = b.buf[:0]
-	for i, r := range rs {
+	for i, req := range reqs {
 		b.seq++
-		msg := routeRequest(r, b.seq).Serialize()
+		req.Seq = b.seq
+		msg := req.Serialize()
 		if len(b.buf) > 0 && len(b.buf)+len(msg) > packetSize {
 			// This route starts the next packet: send what is built, its last request acked.
 			if err := b.flush(errs, first, firstSeq); err != nil {
@@ -103,7 +158,7 @@ func (b *routeBatcher) replace(rs []*netlink.Route) []error {
 		}
 		b.buf = append(b.buf, msg...)
 	}
-	if len(rs) > 0 {
+	if len(reqs) > 0 {
 		if err := b.flush(errs, first, firstSeq); err != nil {
 			return b.failFrom(errs, first, err)
 		}
@@ -119,7 +174,7 @@ func ackRequest(msg []byte) {
 
 // flush sends the packet in b.buf, whose requests carry sequence numbers firstSeq.. and
 // stand for errs[first:], and reads the answers until the last request's acknowledgement.
-func (b *routeBatcher) flush(errs []error, first int, firstSeq uint32) error {
+func (b *batcher) flush(errs []error, first int, firstSeq uint32) error {
 	// The packet's last request is the one to ack: mark it if it was not marked yet.
 	n := 0
 	for off := 0; off < len(b.buf); n++ {
@@ -156,7 +211,7 @@ func (b *routeBatcher) flush(errs []error, first int, firstSeq uint32) error {
 }
 
 // failFrom marks every route from first on that has no answer yet as failed with err.
-func (b *routeBatcher) failFrom(errs []error, first int, err error) []error {
+func (b *batcher) failFrom(errs []error, first int, err error) []error {
 	for i := first; i < len(errs); i++ {
 		if errs[i] == nil {
 			errs[i] = err

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -61,8 +62,18 @@ func TestRouteBatcherRealKernel(t *testing.T) {
 		t.Fatalf("%d routes in the kernel, want %d", got, total-len(bad))
 	}
 	// The same socket goes on working after the failures, and replacing is idempotent.
-	if errs := n.kernel().RouteReplaceMany(rs[2:5]); errs[0] != nil || errs[1] != nil || errs[2] != nil {
+	k := n.kernel()
+	if errs := k.RouteReplaceMany(rs[2:5]); errs[0] != nil || errs[1] != nil || errs[2] != nil {
 		t.Fatalf("second batch: %v", errs)
+	}
+	// Deleting in bulk: the refused routes were never there, which is not an error.
+	for i, err := range k.RouteDelMany(rs) {
+		if err != nil {
+			t.Errorf("deleting route %d (%s): %v", i, rs[i].Dst, err)
+		}
+	}
+	if got := n.routes(DefaultRouteProtocol); got != "" {
+		t.Fatalf("routes left after deleting them all:\n%s", got)
 	}
 }
 
@@ -122,6 +133,18 @@ func BenchmarkRouteWrite(b *testing.B) {
 		for range b.N {
 			flush()
 			for _, err := range k.RouteReplaceMany(rs) {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	})
+	shuffled := append([]*netlink.Route(nil), rs...)
+	rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	b.Run("packed-shuffled", func(b *testing.B) {
+		for range b.N {
+			flush()
+			for _, err := range k.RouteReplaceMany(shuffled) {
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -170,6 +170,22 @@ func (f *FakeKernel) RouteDel(r *netlink.Route) error {
 	return nil
 }
 
+func (f *FakeKernel) RouteDelMany(rs []*netlink.Route) []error {
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		errs[i] = f.RouteDel(r)
+	}
+	return errs
+}
+
+func (f *FakeKernel) NeighSetMany(ns []*netlink.Neigh) []error {
+	errs := make([]error, len(ns))
+	for i, n := range ns {
+		errs[i] = f.NeighSet(n)
+	}
+	return errs
+}
+
 // DeleteRoute removes a route as a person would, without counting it as a write.
 func (f *FakeKernel) DeleteRoute(table int, dst string, metric int) {
 	f.mu.Lock()

@@ -31,6 +31,9 @@ type Kernel interface {
 	// RouteReplaceMany replaces many routes at once and returns one error per route.
 	RouteReplaceMany(rs []*netlink.Route) []error
 	RouteDel(r *netlink.Route) error
+	// RouteDelMany deletes many routes at once and returns one error per route; a route
+	// already gone is not an error.
+	RouteDelMany(rs []*netlink.Route) []error
 	// LinkIndexes maps every link's name to its index.
 	LinkIndexes() (map[string]int, error)
 	// Links lists every link with its attributes and type.
@@ -54,13 +57,16 @@ type Kernel interface {
 	// Neighs lists the neighbour (AF_INET, AF_INET6) or FDB (AF_BRIDGE) entries of a link.
 	Neighs(linkIndex, family int) ([]netlink.Neigh, error)
 	NeighSet(n *netlink.Neigh) error
+	// NeighSetMany creates or replaces many neighbour or FDB entries at once and returns one
+	// error per entry.
+	NeighSetMany(ns []*netlink.Neigh) []error
 	NeighDel(n *netlink.Neigh) error
 }
 
 // netlinkKernel is the real Kernel over one netlink handle, plus a socket for batches.
 type netlinkKernel struct {
 	h     *netlink.Handle
-	batch *routeBatcher
+	batch *batcher
 }
 
 // NewKernel returns the real Kernel for namespace ns (netns.None() for this one). Close it
@@ -94,6 +100,10 @@ func (k *NetlinkKernel) Close() {
 }
 
 func (k *netlinkKernel) RouteReplaceMany(rs []*netlink.Route) []error { return k.batch.replace(rs) }
+
+func (k *netlinkKernel) RouteDelMany(rs []*netlink.Route) []error { return k.batch.remove(rs) }
+
+func (k *netlinkKernel) NeighSetMany(ns []*netlink.Neigh) []error { return k.batch.setNeighs(ns) }
 
 func (k *netlinkKernel) RouteList(table int) ([]netlink.Route, error) {
 	rs, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -322,39 +323,57 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 func (t *RouteTable) write() error {
 	var errs []error
 	failed := false
-	// Adds and changes go out as one batch; deletes follow, one by one (they are rare).
-	var setKeys []routeKey
-	var setVals []kernelRoute
-	var batch []*netlink.Route
+	// Adds and changes go out as one packed batch, then deletes as another, each in order of
+	// destination (the kernel's route trie takes sorted inserts about a tenth faster).
+	type change struct {
+		k routeKey
+		v kernelRoute
+	}
+	var sets, dels []change
 	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
-		setKeys, setVals = append(setKeys, k), append(setVals, want)
-		batch = append(batch, t.toKernel(k, want))
+		sets = append(sets, change{k, want})
 		return false // cleaned below, once the kernel acknowledged it
-	}, func(routeKey, kernelRoute) bool { return false })
-	for i, err := range t.k.RouteReplaceMany(batch) {
-		k := setKeys[i]
+	}, func(k routeKey, have kernelRoute) bool {
+		if int(have.protocol) != t.cfg.Protocol {
+			return true // not ours: never deleted
+		}
+		dels = append(dels, change{k, have})
+		return false
+	})
+	byDst := func(a, b change) int {
+		return cmp.Or(a.k.dst.Addr().Compare(b.k.dst.Addr()), cmp.Compare(a.k.dst.Bits(), b.k.dst.Bits()), cmp.Compare(a.k.metric, b.k.metric))
+	}
+	slices.SortFunc(sets, byDst)
+	slices.SortFunc(dels, byDst)
+	kernelRoutes := func(cs []change) []*netlink.Route {
+		out := make([]*netlink.Route, len(cs))
+		for i, c := range cs {
+			out[i] = t.toKernel(c.k, c.v)
+		}
+		return out
+	}
+	for i, err := range t.k.RouteReplaceMany(kernelRoutes(sets)) {
+		c := sets[i]
 		if err != nil {
-			errs = append(errs, fmt.Errorf("replacing route to %s: %w", k.dst, err))
+			errs = append(errs, fmt.Errorf("replacing route to %s: %w", c.k.dst, err))
 			failed = true
 			continue
 		}
 		t.writes++
-		t.tracker.SetActual(k, setVals[i])
-		t.tracker.Clean(k)
+		t.tracker.SetActual(c.k, c.v)
+		t.tracker.Clean(c.k)
 	}
-	t.tracker.Pending(func(routeKey, kernelRoute) bool { return false }, func(k routeKey, have kernelRoute) bool {
-		if int(have.protocol) != t.cfg.Protocol {
-			return true // not ours: never deleted
-		}
-		if err := t.k.RouteDel(t.toKernel(k, have)); err != nil {
-			errs = append(errs, fmt.Errorf("deleting route to %s: %w", k.dst, err))
+	for i, err := range t.k.RouteDelMany(kernelRoutes(dels)) {
+		c := dels[i]
+		if err != nil {
+			errs = append(errs, fmt.Errorf("deleting route to %s: %w", c.k.dst, err))
 			failed = true
-			return false
+			continue
 		}
 		t.writes++
-		t.tracker.DeleteActual(k)
-		return true
-	})
+		t.tracker.DeleteActual(c.k)
+		t.tracker.Clean(c.k)
+	}
 	if failed {
 		t.needRead = true
 	}

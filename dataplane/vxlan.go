@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
@@ -164,23 +165,45 @@ func (x *VXLAN) Apply() error {
 		}
 	}
 	var errs []error
+	// New and changed entries go out as one packed batch, neighbours before FDB entries (each
+	// in order); deletes, which are rare, one by one.
+	type entry struct {
+		what string
+		n    *netlink.Neigh
+		ok   func()
+	}
+	var sets []entry
 	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
 		hw, _ := net.ParseMAC(mac)
-		err := x.k.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw})
-		return x.done(err, &errs, "setting neighbour "+ip.String(), func() { x.neigh.SetActual(ip, mac) })
+		sets = append(sets, entry{"setting neighbour " + ip.String(),
+			&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw},
+			func() { x.neigh.SetActual(ip, mac); x.neigh.Clean(ip) }})
+		return false // cleaned once the kernel acknowledged it
 	}, func(ip netip.Addr, mac string) bool {
 		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, IP: ip.AsSlice()})
 		return x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip) })
 	})
+	slices.SortFunc(sets, func(a, b entry) int { return slices.Compare(a.n.IP, b.n.IP) })
+	neighs := len(sets)
 	x.fdb.Pending(func(mac string, dst netip.Addr) bool {
 		hw, _ := net.ParseMAC(mac)
-		err := x.k.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: dst.AsSlice(), HardwareAddr: hw})
-		return x.done(err, &errs, "setting FDB entry "+mac, func() { x.fdb.SetActual(mac, dst) })
+		sets = append(sets, entry{"setting FDB entry " + mac,
+			&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: dst.AsSlice(), HardwareAddr: hw},
+			func() { x.fdb.SetActual(mac, dst); x.fdb.Clean(mac) }})
+		return false
 	}, func(mac string, dst netip.Addr) bool {
 		hw, _ := net.ParseMAC(mac)
 		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
 		return x.done(err, &errs, "deleting FDB entry "+mac, func() { x.fdb.DeleteActual(mac) })
 	})
+	slices.SortFunc(sets[neighs:], func(a, b entry) int { return slices.Compare(a.n.HardwareAddr, b.n.HardwareAddr) })
+	batch := make([]*netlink.Neigh, len(sets))
+	for i, e := range sets {
+		batch[i] = e.n
+	}
+	for i, err := range x.k.NeighSetMany(batch) {
+		x.done(err, &errs, sets[i].what, sets[i].ok)
+	}
 	if len(errs) > 0 {
 		x.needRead = true
 	}
