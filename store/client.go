@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // ClientConfig says how to reach etcd.
@@ -146,7 +147,11 @@ func (c ClientConfig) New() (*clientv3.Client, error) {
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
 		Logger:               zap.NewNop(),
-		MaxCallRecvMsgSize:   64 << 20,
+		// gRPC's flow control starts a connection with a 64 KiB window and grows it only as
+		// it measures the link; a first read of several megabytes a page would crawl through
+		// that ramp. A node agent's one connection can afford fixed windows this large.
+		DialOptions:        []grpc.DialOption{grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(64 << 20)},
+		MaxCallRecvMsgSize: 64 << 20,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", strings.Join(eps, ","), err)

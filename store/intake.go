@@ -13,6 +13,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Reporter hears about trouble the intake meets. The intake itself never logs: the agent's
@@ -48,6 +50,9 @@ type IntakeStats struct {
 	ResyncsBy [3]atomic.Int64
 	Revision  atomic.Int64 // newest revision delivered
 	InSync    atomic.Bool  // true between an in-sync and the next failure
+	// PageShrinks counts pages asked for again with half the keys because the answer was
+	// larger than the client takes in one message.
+	PageShrinks atomic.Int64
 }
 
 // IntakeConfig configures an Intake. Client and Handler are required.
@@ -57,7 +62,11 @@ type IntakeConfig struct {
 	Reporter Reporter // nil: ignore
 	// Prefixes to read; default WatchedPrefixes.
 	Prefixes []string
-	// PageSize is how many keys one range request returns; default 2000.
+	// PageSize is how many keys one range request returns; default 10,000. etcd's own work
+	// per key falls as pages grow (for 41,000 keys: 0.45 s of etcd CPU in pages of 500,
+	// 0.2 s in pages of 2,000, 0.1 s in pages of 10,000). A page too large for one gRPC
+	// message (blocks full of allocations) is asked for again with half the keys, and later
+	// pages of that read keep the smaller size.
 	PageSize int64
 	// RequestTimeout bounds each range request of a resync, so a member that lost quorum
 	// cannot hold a resync forever; default 15 s.
@@ -100,7 +109,7 @@ func NewIntake(cfg IntakeConfig) (*Intake, error) {
 		cfg.Prefixes = WatchedPrefixes
 	}
 	if cfg.PageSize <= 0 {
-		cfg.PageSize = 2000
+		cfg.PageSize = 10_000
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 15 * time.Second
@@ -180,13 +189,23 @@ func (in *Intake) retry(ctx context.Context, err error, attempt int) {
 // page is one range response of a resync.
 type page struct {
 	kvs []*mvccpb.KeyValue
+	// decoded holds Decode's result for each of kvs when the fetcher decoded them.
+	decoded []decoded
+	err     error
+}
+
+type decoded struct {
+	obj Object
 	err error
 }
 
 // fetch reads every prefix at one revision, page by page, into out, and closes it. The first
 // page fixes the revision, stored in *rev before that page is sent. It runs one page ahead of
 // the decoder, so fetching and decoding overlap while at most three pages are alive.
-func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64) {
+//
+// With decode set it also decodes every value, so that on a first read (when every key is
+// new) decoding runs beside the consumers instead of before them.
+func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64, decode bool) {
 	defer close(out)
 	send := func(p page) bool {
 		select {
@@ -196,16 +215,24 @@ func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64) {
 			return false
 		}
 	}
+	limit := in.cfg.PageSize
 	for _, prefix := range in.cfg.Prefixes {
 		start, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 		for {
-			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(in.cfg.PageSize)}
+			opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(limit)}
 			if *rev != 0 {
 				opts = append(opts, clientv3.WithRev(*rev))
 			}
 			rctx, cancel := context.WithTimeout(ctx, in.cfg.RequestTimeout)
 			resp, err := in.cfg.Client.Get(rctx, start, opts...)
 			cancel()
+			if status.Code(err) == codes.ResourceExhausted && limit > 1 {
+				// The page was larger than the client takes in one message (blocks full of
+				// allocations are tens of kilobytes each): ask again for half as many keys.
+				limit = max(1, limit/2)
+				in.stats.PageShrinks.Add(1)
+				continue
+			}
 			if err != nil {
 				send(page{err: err})
 				return
@@ -213,7 +240,14 @@ func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64) {
 			if *rev == 0 {
 				*rev = resp.Header.Revision
 			}
-			if !send(page{kvs: resp.Kvs}) {
+			p := page{kvs: resp.Kvs}
+			if decode {
+				p.decoded = make([]decoded, len(resp.Kvs))
+				for i, kv := range resp.Kvs {
+					p.decoded[i].obj, p.decoded[i].err = Decode(string(kv.Key), kv.Value)
+				}
+			}
+			if !send(p) {
 				return
 			}
 			if !resp.More || len(resp.Kvs) == 0 {
@@ -231,7 +265,7 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	var rev int64
 	fctx, cancel := context.WithCancel(ctx)
 	pages := make(chan page, 1)
-	go in.fetch(fctx, pages, &rev)
+	go in.fetch(fctx, pages, &rev, len(in.known) == 0)
 	defer func() {
 		cancel()
 		for range pages { // let the fetcher finish before returning
@@ -241,8 +275,12 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 		if p.err != nil {
 			return 0, p.err
 		}
-		for _, kv := range p.kvs {
-			in.observe(string(kv.Key), kv.Value, kv.ModRevision)
+		for i, kv := range p.kvs {
+			var d *decoded
+			if p.decoded != nil {
+				d = &p.decoded[i]
+			}
+			in.observe(string(kv.Key), kv.Value, kv.ModRevision, d)
 		}
 		in.flush()
 	}
@@ -269,16 +307,23 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	return rev, nil
 }
 
-// observe handles one key's current value: new or changed versions are decoded and emitted,
-// unchanged ones only marked as seen.
-func (in *Intake) observe(key string, value []byte, modRev int64) {
+// observe handles one key's current value: new or changed versions are decoded (or taken
+// from d, when the fetcher decoded them already) and emitted, unchanged ones only marked as
+// seen.
+func (in *Intake) observe(key string, value []byte, modRev int64, d *decoded) {
 	st, had := in.known[key]
 	if had && st.modRev == modRev {
 		st.gen = in.gen
 		in.known[key] = st
 		return
 	}
-	obj, err := Decode(key, value)
+	var obj Object
+	var err error
+	if d != nil {
+		obj, err = d.obj, d.err
+	} else {
+		obj, err = Decode(key, value)
+	}
 	if err != nil {
 		var bv *BadValueError
 		if !errors.As(err, &bv) {
@@ -397,7 +442,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			}
 			switch ev.Type {
 			case clientv3.EventTypePut:
-				in.observe(key, ev.Kv.Value, ev.Kv.ModRevision)
+				in.observe(key, ev.Kv.Value, ev.Kv.ModRevision, nil)
 			case clientv3.EventTypeDelete:
 				if st, had := in.known[key]; had {
 					delete(in.known, key)

@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 const (
@@ -380,4 +384,73 @@ func (r *delayReporter) get() []time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]time.Duration(nil), r.delays...)
+}
+
+// TestIntakeNodePrefixes: an intake on store.NodePrefixes reads and follows its own node's
+// block affinities and none of another node's (node-ab's prefix shares node-a's start), while
+// blocks of every node still arrive.
+func TestIntakeNodePrefixes(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	aff := `{"state":"confirmed","deleted":false}`
+	put(t, cli, blockKey, blockValue("10.65.0.0/26", "node-a"))
+	put(t, cli, store.BlockPrefix+"ipv4/block/10.65.0.64-26", blockValue("10.65.0.64/26", "node-b"))
+	put(t, cli, affKey, aff)
+	put(t, cli, store.AffinityPrefix+"node-b/ipv4/block/10.65.0.64-26", aff)
+	put(t, cli, store.AffinityPrefix+"node-ab/ipv4/block/10.65.0.128-26", aff)
+
+	s := newSink()
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: s, Prefixes: store.NodePrefixes("node-a"), PageSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+	want := []string{"upsert Block/10.65.0.0/26", "upsert Block/10.65.0.64/26", "upsert BlockAffinity/node-a/10.65.0.0/26"}
+	if got := eventSummary(s.since(0)); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("initial events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	n := s.count()
+	put(t, cli, store.AffinityPrefix+"node-b/ipv4/block/10.65.1.0-26", aff)
+	put(t, cli, store.AffinityPrefix+"node-a/ipv4/block/10.65.1.64-26", aff)
+	eventually(t, 10*time.Second, "node-a's new affinity", func() bool { return s.count() > n })
+	time.Sleep(100 * time.Millisecond) // anything else would have arrived by now
+	want = []string{"upsert BlockAffinity/node-a/10.65.1.64/26"}
+	if got := eventSummary(s.since(n)); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("watched events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestIntakeShrinksPagesTooLargeForOneMessage: with a client that takes at most 16 KiB in
+// one message and blocks of about 1.3 KiB, a page of 100 keys is too large; the intake asks
+// again with fewer keys and still reads everything.
+func TestIntakeShrinksPagesTooLargeForOneMessage(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	var used []int
+	for i := range 64 {
+		used = append(used, i)
+	}
+	for i := range 60 {
+		cidr := fmt.Sprintf("10.65.%d.0/26", i)
+		put(t, cli, store.BlockKey(netip.MustParsePrefix(cidr)), blockValue(cidr, "node-a", used...))
+	}
+	small, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 2 * time.Second, MaxCallRecvMsgSize: 16 << 10, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	s := newSink()
+	in, err := store.NewIntake(store.IntakeConfig{Client: small, Handler: s, PageSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+	if n := len(eventSummary(s.since(0))); n != 60 {
+		t.Fatalf("%d blocks read, want 60", n)
+	}
+	if in.Stats().PageShrinks.Load() == 0 || in.Stats().Retries.Load() != 0 {
+		t.Fatalf("page shrinks %d, retries %d: want some shrinks and no retries", in.Stats().PageShrinks.Load(), in.Stats().Retries.Load())
+	}
 }

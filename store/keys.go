@@ -23,6 +23,21 @@ const (
 // WatchedPrefixes are the prefixes the intake lists and watches.
 var WatchedPrefixes = []string{IPPoolPrefix, NodePrefix, BlockPrefix, AffinityPrefix, WorkloadEndpointPrefix, ServicePrefix, EndpointSlicePrefix}
 
+// NodePrefixes are the prefixes one node's agent lists and watches: WatchedPrefixes with the
+// block affinities narrowed to the node's own. Routes come from the blocks themselves (each
+// names its node); an affinity's state matters only for this node's blackholes, and the
+// other nodes' affinities are as many keys again as there are blocks.
+func NodePrefixes(node string) []string {
+	out := make([]string, len(WatchedPrefixes))
+	for i, p := range WatchedPrefixes {
+		if p == AffinityPrefix {
+			p = AffinityPrefix + node + "/"
+		}
+		out[i] = p
+	}
+	return out
+}
+
 // ErrUnknownKey is returned for a key under a watched prefix whose layout sluice does not know.
 var ErrUnknownKey = errors.New("key layout not recognised")
 
