@@ -18,7 +18,10 @@ import (
 type agentState struct {
 	intake *store.Intake
 	index  *store.Index
-	dp     *dataplane.Dataplane
+	// indexing feeds the index on its own goroutine; with the dataplane on, it is held until
+	// the first apply, so that a cold start programs the kernel first.
+	indexing *store.Async
+	dp       *dataplane.Dataplane
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
@@ -92,6 +95,7 @@ func (a *agentState) registry() *prometheus.Registry {
 	gauge("sluice_etcd_revision", "Newest etcd revision delivered.", func() float64 { return float64(st().Revision.Load()) })
 	counter("sluice_etcd_bad_values_total", "Values rejected (each bad version once).", func() float64 { return float64(st().BadValues.Load()) })
 	counter("sluice_etcd_retries_total", "Failed reads and broken watches.", func() float64 { return float64(st().Retries.Load()) })
+	counter("sluice_etcd_page_shrinks_total", "Range pages asked for again with half the keys because the answer was larger than one gRPC message.", func() float64 { return float64(st().PageShrinks.Load()) })
 	for i, cause := range store.ResyncCauses {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_etcd_resyncs_total",
 			Help: "Full reads of etcd after the first, by cause.", ConstLabels: prometheus.Labels{"cause": string(cause)}},

@@ -72,6 +72,11 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	state := newAgentState()
 	state.index = index
+	// calc and the dataplane come first: they are the path from etcd to the kernel. The index
+	// (and the in-sync log line, which counts what it holds) follows on a goroutine of its
+	// own, held until the first apply when there is a dataplane to program.
+	state.indexing = store.NewAsync(store.Fanout{index, &eventLogger{log: log, index: index}}, 256, c.Dataplane)
+	defer state.indexing.Close()
 	plan := &planner{graph: graph, log: log}
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
@@ -85,11 +90,12 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
 	}
-	handlers := store.Fanout{index, state, &eventLogger{log: log, index: index}, plan}
+	handlers := store.Fanout{plan, state, state.indexing}
 	if rec != nil {
 		handlers = append(handlers, rec)
 	}
-	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log)})
+	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log),
+		Prefixes: store.NodePrefixes(c.NodeName)})
 	if err != nil {
 		return err
 	}
@@ -118,6 +124,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	log.Info().Strs("etcd", c.Etcd.Endpoints).Msg("starting")
 	err = intake.Run(ctx)
+	state.indexing.Close()
 	if rec != nil {
 		if ferr := rec.Flush(); ferr != nil {
 			log.Error().Err(ferr).Msg("event log incomplete")
