@@ -182,7 +182,7 @@ func (g *Graph) recomputeRoutes() {
 	n := len(g.dirtyDst)
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
-		settle(g.routes, dst, r, ok, same[Route], &g.pending.routeSets, &g.pending.routeDels)
+		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)
 	}
 	reset(&g.dirtyDst, n)
 }

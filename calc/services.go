@@ -275,11 +275,11 @@ func (g *Graph) recomputeServices() {
 		} else {
 			delete(g.problems, "frontend/"+k.String())
 		}
-		settle(g.frontends, k, f, ok, frontendEqual, &g.pending.frontendSets, &g.pending.frontendDels)
+		settle(g.frontends, k, f, ok, frontendEqual, g.emitted, &g.pending.frontendSets, &g.pending.frontendDels)
 	}
 	for p := range dirtyHC {
 		h, ok := winner(g.hcClaims[p])
-		settle(g.health, p, h, ok, same[HealthCheck], &g.pending.healthSets, &g.pending.healthDels)
+		settle(g.health, p, h, ok, same[HealthCheck], g.emitted, &g.pending.healthSets, &g.pending.healthDels)
 	}
 }
 

@@ -121,7 +121,8 @@ type State struct {
 
 // State returns the desired state as it stands (computed up to the last batch).
 func (g *Graph) State() *State {
-	s := &State{}
+	s := &State{VTEPs: make([]VTEP, 0, len(g.vteps)), Routes: make([]Route, 0, len(g.routes)),
+		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
 	for _, v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
 	}
@@ -163,16 +164,21 @@ func (g *Graph) fullUpdate() *Update {
 }
 
 // settle compares the value just computed for k (ok=false: nothing is wanted) with what was
-// emitted, records the new value, and queues the set or the removal.
-func settle[K comparable, V any](emitted map[K]V, k K, v V, ok bool, equal func(a, b V) bool, sets, dels *[]V) {
+// emitted, records the new value, and, when queue is set, queues the set or the removal.
+// Before the first update nothing is queued: the first update is the whole state.
+func settle[K comparable, V any](emitted map[K]V, k K, v V, ok bool, equal func(a, b V) bool, queue bool, sets, dels *[]V) {
 	old, had := emitted[k]
 	switch {
 	case ok && (!had || !equal(old, v)):
 		emitted[k] = v
-		*sets = append(*sets, v)
+		if queue {
+			*sets = append(*sets, v)
+		}
 	case !ok && had:
 		delete(emitted, k)
-		*dels = append(*dels, old)
+		if queue {
+			*dels = append(*dels, old)
+		}
 	}
 }
 

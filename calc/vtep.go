@@ -49,7 +49,7 @@ func (g *Graph) recomputeVTEPs() {
 	for node := range g.dirtyVTEP {
 		for _, v6 := range []bool{false, true} {
 			v, ok := g.computeVTEP(node, v6)
-			settle(g.vteps, VTEPKey{Node: node, IPv6: v6}, v, ok, vtepEqual, &g.pending.vtepSets, &g.pending.vtepDels)
+			settle(g.vteps, VTEPKey{Node: node, IPv6: v6}, v, ok, vtepEqual, g.emitted, &g.pending.vtepSets, &g.pending.vtepDels)
 		}
 	}
 	reset(&g.dirtyVTEP, n)
