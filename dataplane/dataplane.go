@@ -114,8 +114,12 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		d.pendingSince = time.Now()
 	}
 	if u.Full {
-		seen := map[netip.Prefix]bool{}
+		seen := make(map[netip.Prefix]bool, len(u.Ops))
 		seenV := map[calc.VTEPKey]bool{}
+		if len(d.dsts) == 0 {
+			d.dsts = make(map[netip.Prefix]bool, len(u.Ops))
+			d.routes.Expect(len(u.Ops))
+		}
 		for _, op := range u.Ops {
 			if op.Route != nil {
 				seen[op.Route.Dst] = true

@@ -104,6 +104,17 @@ func (t *RouteTable) SetRoute(r calc.Route) {
 	}
 }
 
+// Expect says about n routes are coming (a full update): an empty table sizes its maps once
+// instead of growing them route by route.
+func (t *RouteTable) Expect(n int) {
+	if len(t.routes) == 0 && len(t.changed) == 0 {
+		t.byDst = make(map[netip.Prefix]routeKey, n)
+		t.routes = make(map[routeKey]calc.Route, n)
+		t.changed = make(map[routeKey]bool, n)
+		t.tracker.Expect(n)
+	}
+}
+
 // DeleteRoute wants no sluice route to dst.
 func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	k, ok := t.byDst[dst]
@@ -387,7 +398,7 @@ func (t *RouteTable) read() error {
 	if err != nil {
 		return err
 	}
-	actual := map[routeKey]kernelRoute{}
+	actual := make(map[routeKey]kernelRoute, max(len(rs), len(t.routes))) // room for what is wanted too: it will be written
 	t.foreign = t.foreign[:0]
 	for _, r := range rs {
 		k, kr, ok := fromKernel(r)

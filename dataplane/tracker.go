@@ -18,6 +18,14 @@ func NewTracker[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 	return &Tracker[K, V]{equal: equal, desired: map[K]V{}, actual: map[K]V{}, dirty: map[K]struct{}{}}
 }
 
+// Expect sizes an empty tracker's maps for about n keys.
+func (t *Tracker[K, V]) Expect(n int) {
+	if len(t.desired) == 0 && len(t.dirty) == 0 {
+		t.desired = make(map[K]V, n)
+		t.dirty = make(map[K]struct{}, n)
+	}
+}
+
 // SetDesired wants v at k.
 func (t *Tracker[K, V]) SetDesired(k K, v V) {
 	if old, ok := t.desired[k]; ok && t.equal(old, v) {
