@@ -32,10 +32,13 @@ demo: build
 
 # Benchmarks with their references from the same run, printed as a table: the intake
 # (100,000 objects to in-sync beside a raw etcd range read; watch rate beside etcd's write
-# rate) and calc (full computation; one change at 1,000, 5,000 and 20,000 nodes).
+# rate; decoding one block), calc (sluiced's cold start as calc sees it; full computation;
+# one change at 1,000, 5,000 and 20,000 nodes) and the dataplane (below).
 BENCHTIME ?= 3x
 bench:
-	@{ $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem ./store/ && \
+	@{ $(GO) test -run '^$$' -bench 'InSync|RawRange|Watch' -benchtime $(BENCHTIME) -benchmem ./store/ && \
+	   $(GO) test -run '^$$' -bench DecodeBlock -benchmem ./store/ && \
+	   $(GO) test -run '^$$' -bench ColdStartBatches -benchmem ./calc/ && \
 	   $(GO) test -run '^$$' -bench Full -benchtime $(BENCHTIME) -benchmem ./calc/ && \
 	   $(GO) test -run '^$$' -bench OneChange -benchtime 20000x -benchmem ./calc/ && \
 	   $(MAKE) -s bench-dataplane ; } | tee /dev/stderr | awk -f testdata/benchtable.awk

@@ -55,6 +55,9 @@ type IntakeStats struct {
 	PageShrinks atomic.Int64
 }
 
+// DefaultPageSize is how many keys a range request of the intake asks for unless told.
+const DefaultPageSize = 10_000
+
 // IntakeConfig configures an Intake. Client and Handler are required.
 type IntakeConfig struct {
 	Client   *clientv3.Client
@@ -109,7 +112,7 @@ func NewIntake(cfg IntakeConfig) (*Intake, error) {
 		cfg.Prefixes = WatchedPrefixes
 	}
 	if cfg.PageSize <= 0 {
-		cfg.PageSize = 10_000
+		cfg.PageSize = DefaultPageSize
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 15 * time.Second
