@@ -223,7 +223,8 @@ func percentile(d []time.Duration, p float64) time.Duration {
 
 // BenchmarkDataplane runs sluiced for a node with 20,000 remote blocks in etcd, inside a
 // network namespace of its own (make bench creates it and sets SLUICE_BENCH_NETNS), and
-// reports: cold start to all routes in the kernel beside `ip -batch` adding the same routes;
+// reports: cold start to all routes in the kernel (median of three) beside `ip -batch` adding
+// the same routes and a bare read of the keys it reads;
 // one new block in etcd to its route in the kernel beside etcd's own put-to-watch latency; a
 // restart with everything unchanged (route changes seen, time to ready); a route deleted by
 // hand to its repair; and sluiced's peak and settled memory.
@@ -401,10 +402,44 @@ func BenchmarkDataplane(b *testing.B) {
 	}
 	b.Logf("ip -batch: %v", ipTimes)
 	ipTime := percentile(ipTimes, 0.5)
+
+	// Reference: what the cold start cannot do without, reading the keys it reads (pages of
+	// the intake's size, from a new connection, nothing decoded) — the write half is
+	// dataplane's BenchmarkRouteWrite.
+	var reads []time.Duration
+	for range coldRuns {
+		start := time.Now()
+		rc, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for _, prefix := range store.NodePrefixes("node-0000") {
+			key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
+			for {
+				resp, err := rc.Get(context.Background(), key, clientv3.WithRange(end), clientv3.WithLimit(store.DefaultPageSize))
+				if err != nil {
+					b.Fatal(err)
+				}
+				n += len(resp.Kvs)
+				if !resp.More || len(resp.Kvs) == 0 {
+					break
+				}
+				key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+			}
+		}
+		reads = append(reads, time.Since(start))
+		rc.Close()
+		if n < benchBlocks+benchNodes {
+			b.Fatalf("raw read: %d keys", n)
+		}
+	}
+	rawRead := percentile(reads, 0.5)
 	b.StopTimer()
 
 	b.ReportMetric(cold.Seconds(), "cold-start-s")
 	b.ReportMetric(ipTime.Seconds(), "ip-batch-s")
+	b.ReportMetric(rawRead.Seconds(), "raw-read-s")
 	b.ReportMetric(float64(percentile(perBlock, 0.5).Microseconds())/1000, "block-p50-ms")
 	b.ReportMetric(float64(percentile(perBlock, 0.99).Microseconds())/1000, "block-p99-ms")
 	b.ReportMetric(float64(percentile(etcdLat, 0.5).Microseconds())/1000, "etcd-watch-p50-ms")
