@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -18,29 +19,55 @@ import (
 // kernel handles a packet's requests in order inside that sendmsg and answers a failed one
 // with an error naming its sequence number, so one failure stays one object's, and the last
 // request's acknowledgement says the whole packet is done.
+//
+// Hazard: every failed request queues an answer on the socket. A packet must never hold more
+// requests than the receive buffer has room for answers, or the kernel drops answers (the
+// acknowledgement among them) and marks the socket congested until it is drained; so the
+// buffer is forced large, answers are capped to the bare error (NETLINK_CAP_ACK), packets are
+// cut at perPacket requests, and after an overflow the socket is drained and the batch goes
+// on with the next packet.
 type batcher struct {
 	sock *nl.NetlinkSocket
 	seq  uint32
 	buf  []byte
+	// perPacket is how many requests a packet may hold: the receive buffer over the room
+	// one answer takes, with margin.
+	perPacket int
 }
 
-// packetSize keeps a packet well inside the socket's default send buffer (212,992 bytes):
-// about 400 IPv4 routes.
-const packetSize = 32 << 10
+const (
+	// packetSize keeps a packet well inside the socket's default send buffer (212,992
+	// bytes): about 400 IPv4 routes.
+	packetSize = 32 << 10
+	// answerRoom is what one error answer takes of a receive buffer, with margin (measured:
+	// about 800 bytes of socket buffer accounting, original request included).
+	answerRoom = 2048
+	// receiveBuffer is asked for, forced where sluice may (CAP_NET_ADMIN).
+	receiveBuffer = 8 << 20
+)
 
 func newRouteBatcher(ns netns.NsHandle) (*batcher, error) {
 	s, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, fmt.Errorf("opening a netlink socket: %w", err)
 	}
-	_ = s.SetReceiveBufferSize(4<<20, false)
+	if s.SetReceiveBufferSize(receiveBuffer, true) != nil {
+		_ = s.SetReceiveBufferSize(receiveBuffer, false) // capped at net.core.rmem_max
+	}
+	// Errors answer with the error alone, not a copy of the request.
+	_ = unix.SetsockoptInt(s.GetFd(), unix.SOL_NETLINK, unix.NETLINK_CAP_ACK, 1)
 	// An acknowledgement that never comes must not hold an apply (and the lock) for ever.
 	tv := unix.NsecToTimeval(int64(5 * time.Second))
 	if err := s.SetReceiveTimeout(&tv); err != nil {
 		s.Close()
 		return nil, err
 	}
-	return &batcher{sock: s}, nil
+	size, err := unix.GetsockoptInt(s.GetFd(), unix.SOL_SOCKET, unix.SO_RCVBUF)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("reading the netlink socket's receive buffer: %w", err)
+	}
+	return &batcher{sock: s, perPacket: max(1, size/answerRoom)}, nil
 }
 
 func (b *batcher) close() { b.sock.Close() }
@@ -141,17 +168,33 @@ func (b *batcher) remove(rs []*netlink.Route) []error {
 // send writes the requests, packed, and returns one error per request.
 func (b *batcher) send(reqs []*nl.NetlinkRequest) []error {
 	errs := make([]error, len(reqs))
-	first := 0 // the first route of the packet being built
+	first := 0 // the first request of the packet being built
 	firstSeq := b.seq + 1
 	b.buf = b.buf[:0]
+	// flush sends the packet built of reqs[first:end]; false ends the batch.
+	flush := func(end int) bool {
+		err := b.flush(errs, first, firstSeq)
+		if err == nil {
+			return true
+		}
+		b.drain()
+		if errors.Is(err, unix.ENOBUFS) {
+			// Answers were lost: this packet's outcome is unknown where no error came,
+			// so those count as failed (and are written again); the batch goes on.
+			b.failRange(errs, first, end, err)
+			return true
+		}
+		b.failRange(errs, first, len(errs), err)
+		return false
+	}
 	for i, req := range reqs {
 		b.seq++
 		req.Seq = b.seq
 		msg := req.Serialize()
-		if len(b.buf) > 0 && len(b.buf)+len(msg) > packetSize {
-			// This route starts the next packet: send what is built, its last request acked.
-			if err := b.flush(errs, first, firstSeq); err != nil {
-				return b.failFrom(errs, first, err)
+		if len(b.buf) > 0 && (len(b.buf)+len(msg) > packetSize || i-first >= b.perPacket) {
+			// This request starts the next packet: send what is built.
+			if !flush(i) {
+				return errs
 			}
 			first, firstSeq = i, b.seq
 			b.buf = b.buf[:0]
@@ -159,9 +202,7 @@ func (b *batcher) send(reqs []*nl.NetlinkRequest) []error {
 		b.buf = append(b.buf, msg...)
 	}
 	if len(reqs) > 0 {
-		if err := b.flush(errs, first, firstSeq); err != nil {
-			return b.failFrom(errs, first, err)
-		}
+		flush(len(reqs))
 	}
 	return errs
 }
@@ -185,12 +226,12 @@ func (b *batcher) flush(errs []error, first int, firstSeq uint32) error {
 		off += l
 	}
 	if err := unix.Sendto(b.sock.GetFd(), b.buf, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return fmt.Errorf("sending routes: %w", err)
+		return fmt.Errorf("sending to netlink: %w", err)
 	}
 	for {
 		msgs, _, err := b.sock.Receive()
 		if err != nil {
-			return fmt.Errorf("reading route acknowledgements: %w", err)
+			return fmt.Errorf("reading netlink acknowledgements: %w", err)
 		}
 		for _, m := range msgs {
 			k := m.Header.Seq - firstSeq // wraps around to a large number for earlier packets
@@ -210,12 +251,24 @@ func (b *batcher) flush(errs []error, first int, firstSeq uint32) error {
 	}
 }
 
-// failFrom marks every route from first on that has no answer yet as failed with err.
-func (b *batcher) failFrom(errs []error, first int, err error) []error {
-	for i := first; i < len(errs); i++ {
+// drain reads and drops whatever answers are still queued, without waiting: after a failed
+// packet they would be mistaken for nothing, and a congested socket drops every new answer
+// until it is emptied.
+func (b *batcher) drain() {
+	buf := make([]byte, 64<<10)
+	for {
+		_, _, err := unix.Recvfrom(b.sock.GetFd(), buf, unix.MSG_DONTWAIT)
+		if err != nil && err != unix.ENOBUFS && err != unix.EINTR {
+			return // EAGAIN: empty
+		}
+	}
+}
+
+// failRange marks every request in errs[from:to] that has no answer yet as failed with err.
+func (b *batcher) failRange(errs []error, from, to int, err error) {
+	for i := from; i < min(to, len(errs)); i++ {
 		if errs[i] == nil {
 			errs[i] = err
 		}
 	}
-	return errs
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -264,6 +265,67 @@ func TestRouteSubscriptionFilter(t *testing.T) {
 			}
 		case <-time.After(100 * time.Millisecond):
 			return
+		}
+	}
+}
+
+// TestRouteBatcherSurvivesLostAnswers: with a receive buffer too small for the errors a
+// packet brings back, the kernel drops answers. The packet whose answers were lost counts as
+// failed where no error came (its routes are written again later), the batch goes on with
+// the next packets, and the socket works at once for the next batch (drained, not left
+// congested until a timeout).
+func TestRouteBatcherSurvivesLostAnswers(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	k, err := NewKernel(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	b := k.batch
+	if err := b.sock.SetReceiveBufferSize(4096, false); err != nil {
+		t.Fatal(err)
+	}
+	b.perPacket = 1 << 20 // cut by bytes only: far more errors per packet than the buffer holds
+	const total = 3000
+	bad := map[int]bool{}
+	for i := range 1000 {
+		bad[i] = true
+	}
+	rs := batchRoutes(total, n.link("eth0").Attrs().Index, bad)
+	errs := b.replace(rs)
+	lost := 0
+	for i, err := range errs {
+		switch {
+		case bad[i] && err == nil:
+			t.Fatalf("route %d was refused by the kernel but reported written", i)
+		case errors.Is(err, unix.ENOBUFS):
+			lost++
+		case !bad[i] && err != nil:
+			t.Fatalf("route %d: %v", i, err)
+		}
+	}
+	if lost == 0 {
+		t.Fatal("no answers were lost: the test did not overflow the buffer")
+	}
+	in := n.routes(DefaultRouteProtocol)
+	for i, r := range rs {
+		if errs[i] == nil && !strings.Contains(in, r.Dst.String()+" ") {
+			t.Fatalf("route %d (%s) reported written but not in the kernel", i, r.Dst)
+		}
+	}
+	if errs[total-1] != nil {
+		t.Fatalf("the batch did not go on after the lost answers: last route %v", errs[total-1])
+	}
+	// The next batch is answered normally.
+	for i, err := range b.replace(batchRoutes(total+10, n.link("eth0").Attrs().Index, nil)[total:]) {
+		if err != nil {
+			t.Fatalf("next batch, route %d: %v", i, err)
 		}
 	}
 }

@@ -35,8 +35,9 @@ type Config struct {
 	// OnKernelLatency, when set, hears, after each successful apply, how long the oldest
 	// update it carried waited between arriving and being in the kernel.
 	OnKernelLatency func(time.Duration)
-	// OnApply, when set, hears the outcome of every apply that did something or failed
-	// (the agent logs, rate-limited); writes is how many kernel changes it made.
+	// OnApply, when set, hears the outcome of every apply that did something or failed,
+	// and of the first apply after the first full update even when it wrote nothing (the
+	// agent logs, rate-limited); writes is how many kernel changes it made.
 	OnApply func(err error, writes int, took time.Duration)
 }
 
@@ -347,6 +348,7 @@ func (d *Dataplane) Run(ctx context.Context) {
 	backoff := time.Duration(0)
 	var retry <-chan time.Time
 	last := time.Time{}
+	announced := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -376,9 +378,13 @@ func (d *Dataplane) Run(ctx context.Context) {
 		before := d.Stats().Writes
 		err := d.Apply()
 		if f := d.cfg.OnApply; f != nil {
-			if w := d.Stats().Writes - before; w > 0 || err != nil {
+			// The first apply after the first full update is always told, writes or not:
+			// a restart that finds the kernel right writes nothing, and that is news too.
+			first := !announced && d.AppliedOnce()
+			if w := d.Stats().Writes - before; w > 0 || err != nil || first {
 				f(err, w, time.Since(last))
 			}
+			announced = announced || first
 		}
 		if err != nil {
 			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)

@@ -80,8 +80,11 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, rLocal2, rVXLAN, rDirect}, []calc.VTEP{vLocal, vB, vC}))
 	waitFor(t, "the first apply", func() bool { return n.routes(DefaultRouteProtocol) == allFour })
-	if sys.writes["net/ipv4/ip_forward"] != "1" || sys.writes["net/ipv4/conf/cali-web-1/proxy_arp"] != "1" {
-		t.Fatalf("sysctls: %v", sys.writes)
+	sys.mu.Lock()
+	forward, proxyARP := sys.writes["net/ipv4/ip_forward"], sys.writes["net/ipv4/conf/cali-web-1/proxy_arp"]
+	sys.mu.Unlock()
+	if forward != "1" || proxyARP != "1" {
+		t.Fatalf("sysctls: ip_forward %q, proxy_arp on cali-web-1 %q", forward, proxyARP)
 	}
 
 	// A route deleted by hand.
@@ -116,5 +119,43 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	})
 	if !d.Synced() {
 		t.Fatalf("not synced: %+v", d.Stats())
+	}
+}
+
+// TestOnApplyAfterRestart: the agent hears of the first apply after the first full update
+// even when a restart finds the kernel right and writes nothing (it releases the index on
+// that news), and then only of applies that write or fail.
+func TestOnApplyAfterRestart(t *testing.T) {
+	f := fakeNode()
+	type call struct{ writes int }
+	run := func() []call {
+		var mu sync.Mutex
+		var calls []call
+		d := New(f, Config{Sysctl: func(string, string) error { return nil }, OnApply: func(err error, writes int, _ time.Duration) {
+			if err != nil {
+				t.Errorf("apply: %v", err)
+			}
+			mu.Lock()
+			calls = append(calls, call{writes})
+			mu.Unlock()
+		}})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(ctx) }()
+		d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rVXLAN}, []calc.VTEP{vLocal, vB}))
+		waitFor(t, "the first apply", d.AppliedOnce)
+		d.Kick() // an apply with nothing to do: not told
+		time.Sleep(50 * time.Millisecond)
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return calls
+	}
+	if first := run(); len(first) != 1 || first[0].writes == 0 {
+		t.Fatalf("cold start: OnApply calls %v, want one with writes", first)
+	}
+	if again := run(); len(again) != 1 || again[0].writes != 0 {
+		t.Fatalf("restart: OnApply calls %v, want exactly one, with no writes", again)
 	}
 }

@@ -166,13 +166,14 @@ func (x *VXLAN) Apply() error {
 	}
 	var errs []error
 	// New and changed entries go out as one packed batch, neighbours before FDB entries (each
-	// in order); deletes, which are rare, one by one.
+	// in order); then deletes, which are rare, one by one.
 	type entry struct {
 		what string
 		n    *netlink.Neigh
 		ok   func()
 	}
 	var sets []entry
+	var dels []func()
 	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
 		hw, _ := net.ParseMAC(mac)
 		sets = append(sets, entry{"setting neighbour " + ip.String(),
@@ -180,8 +181,11 @@ func (x *VXLAN) Apply() error {
 			func() { x.neigh.SetActual(ip, mac); x.neigh.Clean(ip) }})
 		return false // cleaned once the kernel acknowledged it
 	}, func(ip netip.Addr, mac string) bool {
-		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, IP: ip.AsSlice()})
-		return x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip) })
+		dels = append(dels, func() {
+			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, IP: ip.AsSlice()})
+			x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip); x.neigh.Clean(ip) })
+		})
+		return false
 	})
 	slices.SortFunc(sets, func(a, b entry) int { return slices.Compare(a.n.IP, b.n.IP) })
 	neighs := len(sets)
@@ -193,8 +197,11 @@ func (x *VXLAN) Apply() error {
 		return false
 	}, func(mac string, dst netip.Addr) bool {
 		hw, _ := net.ParseMAC(mac)
-		err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
-		return x.done(err, &errs, "deleting FDB entry "+mac, func() { x.fdb.DeleteActual(mac) })
+		dels = append(dels, func() {
+			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
+			x.done(err, &errs, "deleting FDB entry "+mac, func() { x.fdb.DeleteActual(mac); x.fdb.Clean(mac) })
+		})
+		return false
 	})
 	slices.SortFunc(sets[neighs:], func(a, b entry) int { return slices.Compare(a.n.HardwareAddr, b.n.HardwareAddr) })
 	batch := make([]*netlink.Neigh, len(sets))
@@ -203,6 +210,9 @@ func (x *VXLAN) Apply() error {
 	}
 	for i, err := range x.k.NeighSetMany(batch) {
 		x.done(err, &errs, sets[i].what, sets[i].ok)
+	}
+	for _, del := range dels { // after the sets: a VTEP whose MAC changed is never left without an entry
+		del()
 	}
 	if len(errs) > 0 {
 		x.needRead = true

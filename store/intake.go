@@ -229,7 +229,7 @@ func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64, decode
 			rctx, cancel := context.WithTimeout(ctx, in.cfg.RequestTimeout)
 			resp, err := in.cfg.Client.Get(rctx, start, opts...)
 			cancel()
-			if status.Code(err) == codes.ResourceExhausted && limit > 1 {
+			if tooLarge(err) && limit > 1 {
 				// The page was larger than the client takes in one message (blocks full of
 				// allocations are tens of kilobytes each): ask again for half as many keys.
 				limit = max(1, limit/2)
@@ -259,6 +259,13 @@ func (in *Intake) fetch(ctx context.Context, out chan<- page, rev *int64, decode
 			start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 		}
 	}
+}
+
+// tooLarge reports whether a range failed because its answer was larger than the client
+// takes in one message (and not, say, because a proxy limited the rate).
+func tooLarge(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.ResourceExhausted && strings.Contains(st.Message(), "larger than max")
 }
 
 // resync reads every prefix at one revision, emits what differs from what consumers already

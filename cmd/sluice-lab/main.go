@@ -108,6 +108,19 @@ func (l *lab) start(ns, prefix string, echo bool, args ...string) (*proc, error)
 	return p, nil
 }
 
+// matching returns the lines that contain s.
+func (p *proc) matching(s string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, line := range p.lines {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 func (p *proc) count(parts ...string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
