@@ -34,7 +34,7 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 	if *node != "" {
 		agentArgs = append(agentArgs, "--node-name", *node)
 	}
-	agent, err := agentconfig.Parse(agentArgs, a.getenv, a.stderr)
+	agent, err := agentconfig.ParseEnv(agentArgs, a.lookupEnv, a.stderr)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,8 @@ type app struct {
 	stdout  io.Writer
 	stderr  io.Writer
 	getenv  func(string) string
+	// lookupEnv tells a variable set but empty from one not set (sluiced's configuration).
+	lookupEnv func(string) (string, bool)
 }
 
 // usageError makes main print the command's usage and exit 2.
@@ -117,9 +119,17 @@ func usage(w io.Writer) {
 	fs.PrintDefaults()
 }
 
-// run is main without the process: it returns the exit code.
+// run is main without the process: it returns the exit code. getenv stands for the
+// environment, where an empty variable counts as unset.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{timeout: 30 * time.Second, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	return runEnv(ctx, args, stdin, stdout, stderr, func(k string) (string, bool) { v := getenv(k); return v, v != "" })
+}
+
+// runEnv is run with an environment that tells empty variables from unset ones
+// (os.LookupEnv), as sluiced reads its own.
+func runEnv(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, lookupEnv func(string) (string, bool)) int {
+	getenv := func(k string) string { v, _ := lookupEnv(k); return v }
+	a := &app{timeout: 30 * time.Second, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, lookupEnv: lookupEnv}
 	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr) }
@@ -170,7 +180,7 @@ var errDiffers = errors.New("differs")
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	code := runEnv(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
 }

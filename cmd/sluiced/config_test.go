@@ -76,3 +76,28 @@ func TestConfigurationDoc(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigEmptyEnvironmentBlanks: a variable set but empty counts, as an empty flag does:
+// SLUICE_HEALTH_LISTEN= turns the endpoint off although the file sets it; an unset one leaves
+// the file's value; an empty one an option cannot take is an error naming it.
+func TestConfigEmptyEnvironmentBlanks(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sluiced.yaml")
+	if err := os.WriteFile(file, []byte("healthListen: 127.0.0.1:9555\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lookup := func(m map[string]string) func(string) (string, bool) {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	c, err := agentconfig.ParseEnv(nil, lookup(map[string]string{"SLUICE_CONFIG": file, "SLUICE_HEALTH_LISTEN": ""}), &bytes.Buffer{})
+	if err != nil || c.HealthListen != "" {
+		t.Fatalf("empty SLUICE_HEALTH_LISTEN: %v, health-listen %q, want it off", err, c.HealthListen)
+	}
+	c, err = agentconfig.ParseEnv(nil, lookup(map[string]string{"SLUICE_CONFIG": file}), &bytes.Buffer{})
+	if err != nil || c.HealthListen != "127.0.0.1:9555" {
+		t.Fatalf("unset SLUICE_HEALTH_LISTEN: %v, health-listen %q, want the file's", err, c.HealthListen)
+	}
+	if _, err := agentconfig.ParseEnv(nil, lookup(map[string]string{"SLUICE_CONFIG": file, "SLUICE_VXLAN_VNI": ""}), &bytes.Buffer{}); err == nil ||
+		!strings.Contains(err.Error(), "option vxlan-vni (from environment SLUICE_VXLAN_VNI)") {
+		t.Fatalf("empty SLUICE_VXLAN_VNI: %v", err)
+	}
+}

@@ -140,7 +140,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 }
 
 func main() {
-	c, err := agentconfig.Parse(os.Args[1:], os.Getenv, os.Stderr)
+	c, err := agentconfig.ParseEnv(os.Args[1:], os.LookupEnv, os.Stderr)
 	if err == flag.ErrHelp {
 		os.Exit(0)
 	}

@@ -200,9 +200,17 @@ func optionError(o option, source, value string, err error) error {
 	return fmt.Errorf("option %s (from %s): %q: %v; it accepts %s", o.name, source, value, err, o.accepts)
 }
 
-// Parse builds the configuration: defaults, then the file, then the environment, then
-// flags, each overriding the one before.
+// Parse is ParseEnv with an environment where only non-empty variables count as set.
 func Parse(args []string, getenv func(string) string, stderr io.Writer) (*Config, error) {
+	return ParseEnv(args, func(k string) (string, bool) { v := getenv(k); return v, v != "" }, stderr)
+}
+
+// ParseEnv builds the configuration: defaults, then the file, then the environment, then
+// flags, each overriding the one before. lookupEnv is os.LookupEnv or a stand-in: a variable
+// that is set but empty counts as set, like an empty flag (SLUICE_HEALTH_LISTEN= turns the
+// endpoint off even when the file sets it).
+func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*Config, error) {
+	getenv := func(k string) string { v, _ := lookupEnv(k); return v }
 	c := &Config{Calc: calc.DefaultConfig("")}
 	table := optionTable()
 	fromFlags := map[string]string{}
@@ -219,7 +227,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (*Config
 		fs.Func(o.name, usage, func(v string) error { fromFlags[o.name] = v; return nil })
 	}
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sluiced [flags]\n\nEvery option is also an environment variable and a key of the configuration file;\nprecedence: flags, then environment, then file, then defaults.")
+		fmt.Fprintln(stderr, "usage: sluiced [flags]\n\nEvery option is also an environment variable and a key of the configuration file;\nprecedence: flags, then environment, then file, then defaults. A variable set but empty\ncounts, as an empty flag does.")
 		WriteOptionTable(stderr)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -252,7 +260,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (*Config
 				return nil, optionError(o, "file "+path+" key "+o.key, v, err)
 			}
 		}
-		if v := getenv(o.env); v != "" {
+		if v, ok := lookupEnv(o.env); ok {
 			if err := o.set(c, v); err != nil {
 				return nil, optionError(o, "environment "+o.env, v, err)
 			}
@@ -348,6 +356,8 @@ func Doc(w io.Writer) {
 	fmt.Fprintln(w, "Every option can be a flag, an environment variable or a key of the configuration file.")
 	fmt.Fprintln(w, "Precedence: flags, then environment, then the file, then the defaults. An invalid value")
 	fmt.Fprintln(w, "stops the start with a message naming the option, where the value came from and what it accepts.")
+	fmt.Fprintln(w, "An environment variable set but empty counts, as an empty flag does: `SLUICE_HEALTH_LISTEN=`")
+	fmt.Fprintln(w, "turns the endpoint off even when the file sets an address.")
 	WriteOptionTable(w)
 	fmt.Fprintln(w, "\nExample file:\n\n```yaml\netcdEndpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]\netcdCACert: /etc/sluice/etcd-ca.pem\netcdCert: /etc/sluice/etcd-cert.pem\netcdKey: /etc/sluice/etcd-key.pem\nlogLevel: info\ncleanConflicts: false\n```")
 }
