@@ -104,6 +104,18 @@ func (t *RouteTable) SetRoute(r calc.Route) {
 	}
 }
 
+// maxErrors is how many of one apply's errors are spelled out; the rest are counted.
+const maxErrors = 10
+
+// joinErrors joins the first maxErrors errors and says how many more there were: a batch
+// that fails as a whole (a link down) must not make a log line of 20,000 errors.
+func joinErrors(errs []error) error {
+	if len(errs) <= maxErrors {
+		return errors.Join(errs...)
+	}
+	return errors.Join(append(errs[:maxErrors:maxErrors], fmt.Errorf("and %d more", len(errs)-maxErrors))...)
+}
+
 // Expect says about n routes are coming (a full update): an empty table sizes its maps once
 // instead of growing them route by route.
 func (t *RouteTable) Expect(n int) {
@@ -388,7 +400,7 @@ func (t *RouteTable) write() error {
 	if failed {
 		t.needRead = true
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs)
 }
 
 // read loads the table: sluice's routes, and foreign routes sitting exactly where a desired

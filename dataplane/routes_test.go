@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -212,5 +213,20 @@ func TestRouteWaitsForItsDevice(t *testing.T) {
 	rt.LinksChanged()
 	if err := rt.Apply(); err != nil || rt.Unresolved() != 1 {
 		t.Fatalf("Apply = %v, unresolved %d", err, rt.Unresolved())
+	}
+}
+
+// TestJoinErrorsCaps: an apply's errors are spelled out up to maxErrors and counted past that.
+func TestJoinErrorsCaps(t *testing.T) {
+	var errs []error
+	for i := range 25 {
+		errs = append(errs, fmt.Errorf("route %d refused", i))
+	}
+	got := joinErrors(errs).Error()
+	if !strings.Contains(got, "route 9 refused") || strings.Contains(got, "route 10 refused") || !strings.HasSuffix(got, "and 15 more") {
+		t.Fatalf("joined: %q", got)
+	}
+	if got := joinErrors(errs[:3]).Error(); strings.Count(got, "refused") != 3 {
+		t.Fatalf("three errors joined: %q", got)
 	}
 }

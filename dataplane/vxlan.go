@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -217,7 +216,7 @@ func (x *VXLAN) Apply() error {
 	if len(errs) > 0 {
 		x.needRead = true
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs)
 }
 
 func (x *VXLAN) done(err error, errs *[]error, what string, ok func()) bool {
