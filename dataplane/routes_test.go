@@ -2,9 +2,9 @@ package dataplane
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
-	"fmt"
 	"strings"
 	"testing"
 
