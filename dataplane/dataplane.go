@@ -63,6 +63,7 @@ type Dataplane struct {
 	vxlan   *VXLAN
 	synced  bool // a full update has arrived: writing is allowed
 	dsts    map[netip.Prefix]bool
+	v6dsts  int // how many of dsts are IPv6
 	vteps   map[calc.VTEPKey]calc.VTEP
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
@@ -133,7 +134,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			if !seen[dst] {
 				d.dropLocalLocked(dst)
 				d.routes.DeleteRoute(dst)
-				delete(d.dsts, dst)
+				d.forgetDst(dst)
 			}
 		}
 		for k, v := range d.vteps {
@@ -158,10 +159,13 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		case op.Route != nil && op.Remove:
 			d.dropLocalLocked(op.Route.Dst)
 			d.routes.DeleteRoute(op.Route.Dst)
-			delete(d.dsts, op.Route.Dst)
+			d.forgetDst(op.Route.Dst)
 		case op.Route != nil:
 			d.dropLocalLocked(op.Route.Dst)
 			d.routes.SetRoute(*op.Route)
+			if !d.dsts[op.Route.Dst] && op.Route.Dst.Addr().Is6() {
+				d.v6dsts++
+			}
 			d.dsts[op.Route.Dst] = true
 			if op.Route.Reason == calc.ReasonLocalWorkload && op.Route.Device != "" {
 				d.locals[op.Route.Device]++
@@ -169,6 +173,14 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 	}
 	d.Kick()
+}
+
+// forgetDst forgets a destination calc no longer wants a route to.
+func (d *Dataplane) forgetDst(dst netip.Prefix) {
+	if d.dsts[dst] && dst.Addr().Is6() {
+		d.v6dsts--
+	}
+	delete(d.dsts, dst)
 }
 
 // dropLocalLocked forgets the workload interface of the route now desired at dst, if any.
@@ -284,12 +296,18 @@ func (d *Dataplane) Apply() error {
 	return err
 }
 
-// applySysctls sets what forwarding to workloads needs: IPv4 forwarding, and on each local
+// applySysctls sets what forwarding to workloads needs: IPv4 forwarding (IPv6 forwarding too
+// once any IPv6 route is desired), and on each local
 // workload's interface proxy ARP (workloads route via a link-local gateway the host answers
 // for), no proxy delay, and forwarding. Values are written only when they differ from what
 // sluice last wrote.
 func (d *Dataplane) applySysctls() error {
 	want := map[string]string{"net/ipv4/ip_forward": "1"}
+	if d.v6dsts > 0 {
+		// IPv6 routes to route: the host must forward IPv6 too. (On a host that configures
+		// its own uplink by router advertisements, accept_ra=2 keeps them working.)
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
 	for dev := range d.locals {
 		want["net/ipv4/conf/"+dev+"/proxy_arp"] = "1"
 		want["net/ipv4/neigh/"+dev+"/proxy_delay"] = "0"

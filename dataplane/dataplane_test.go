@@ -159,3 +159,30 @@ func TestOnApplyAfterRestart(t *testing.T) {
 		t.Fatalf("restart: OnApply calls %v, want exactly one, with no writes", again)
 	}
 }
+
+// TestIPv6ForwardingFollowsIPv6Routes: IPv6 forwarding is switched on once an IPv6 route is
+// desired, and never for IPv4 routes alone.
+func TestIPv6ForwardingFollowsIPv6Routes(t *testing.T) {
+	sys := &sysctlLog{writes: map[string]string{}}
+	d := New(fakeNode(), Config{Sysctl: sys.write})
+	written := func() (v4, v6 string) {
+		sys.mu.Lock()
+		defer sys.mu.Unlock()
+		return sys.writes["net/ipv4/ip_forward"], sys.writes["net/ipv6/conf/all/forwarding"]
+	}
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rVXLAN}, []calc.VTEP{vLocal, vB}))
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if v4, v6 := written(); v4 != "1" || v6 != "" {
+		t.Fatalf("IPv4 routes only: ip_forward %q, IPv6 forwarding %q; want 1 and untouched", v4, v6)
+	}
+	r6 := calc.Route{Dst: pfx("fd00:65::/122"), Type: calc.RouteBlackhole, Metric: 1024, Reason: calc.ReasonLocalBlock}
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{Route: &r6}}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if _, v6 := written(); v6 != "1" {
+		t.Fatalf("with an IPv6 route: IPv6 forwarding %q, want 1", v6)
+	}
+}
