@@ -211,11 +211,7 @@ func BenchmarkRouteWrite(b *testing.B) {
 func TestRouteSubscriptionFilter(t *testing.T) {
 	n := newTestNode(t)
 	n.iface("eth0", "192.0.2.11/24")
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := n.handle()
 	ch := make(chan netlink.RouteUpdate, 100)
 	done := make(chan struct{})
 	defer close(done)
@@ -277,12 +273,7 @@ func TestRouteSubscriptionFilter(t *testing.T) {
 func TestRouteBatcherSurvivesLostAnswers(t *testing.T) {
 	n := newTestNode(t)
 	n.iface("eth0", "192.0.2.11/24")
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	k, err := NewKernel(ns)
+	k, err := NewKernel(n.handle())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,14 +120,20 @@ func (n *testNode) routes(proto int) string {
 	return strings.Join(lines, "\n")
 }
 
-func (n *testNode) kernel() Kernel {
+// handle opens the namespace; the handle is closed when the test ends.
+func (n *testNode) handle() netns.NsHandle {
 	n.t.Helper()
 	ns, err := netns.GetFromName(n.name)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	defer ns.Close()
-	k, err := NewKernel(ns)
+	n.t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+func (n *testNode) kernel() Kernel {
+	n.t.Helper()
+	k, err := NewKernel(n.handle())
 	if err != nil {
 		n.t.Fatal(err)
 	}
