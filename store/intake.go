@@ -48,7 +48,7 @@ type IntakeStats struct {
 	Resyncs   atomic.Int64 // full reads after the first
 	// ResyncsBy counts the resyncs by cause, in the order of ResyncCauses.
 	ResyncsBy [3]atomic.Int64
-	Revision  atomic.Int64 // newest revision delivered
+	Revision  atomic.Int64 // newest revision delivered (or, in the watch, passed over)
 	InSync    atomic.Bool  // true between an in-sync and the next failure
 	// PageShrinks counts pages asked for again with half the keys because the answer was
 	// larger than the client takes in one message.
@@ -445,7 +445,9 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		if resp.Canceled {
 			return errors.New("watch lost: cancelled by the server")
 		}
+		seen := int64(0)
 		for _, ev := range resp.Events {
+			seen = max(seen, ev.Kv.ModRevision)
 			key := string(ev.Kv.Key)
 			if !in.watched(key) {
 				continue
@@ -463,6 +465,11 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			}
 		}
 		in.flush()
+		// A skipped key (another node's affinity, say) still moves the stream on: the
+		// consumers hold etcd as of that revision, as far as the prefixes go.
+		if seen > in.stats.Revision.Load() {
+			in.stats.Revision.Store(seen)
+		}
 	}
 }
 

@@ -411,7 +411,10 @@ func TestIntakeNodePrefixes(t *testing.T) {
 		t.Fatalf("initial events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	n := s.count()
-	put(t, cli, store.AffinityPrefix+"node-b/ipv4/block/10.65.1.0-26", aff)
+	// Another node's affinity delivers nothing, but the intake's revision passes it (or
+	// `sluicectl status` would call this node lagging behind a key it does not read).
+	rev := put(t, cli, store.AffinityPrefix+"node-b/ipv4/block/10.65.1.0-26", aff)
+	eventually(t, 10*time.Second, "the revision past node-b's affinity", func() bool { return in.Stats().Revision.Load() >= rev })
 	put(t, cli, store.AffinityPrefix+"node-a/ipv4/block/10.65.1.64-26", aff)
 	eventually(t, 10*time.Second, "node-a's new affinity", func() bool { return s.count() > n })
 	time.Sleep(100 * time.Millisecond) // anything else would have arrived by now
