@@ -79,7 +79,7 @@ func (g *Graph) remoteRoute(dst netip.Prefix, node string, pool *store.IPPool, r
 		if !g.cfg.VXLAN || !t.IsValid() || !them.IsValid() {
 			return Route{}, false
 		}
-		return Route{Dst: dst, Type: RouteUnicast, Device: g.cfg.VXLANDevice, Gateway: t, OnLink: true, Reason: reason, Node: node}, true
+		return Route{Dst: dst, Type: RouteUnicast, Device: g.vxlanDevice(t), Gateway: t, OnLink: true, Reason: reason, Node: node}, true
 	}
 	if !them.IsValid() {
 		return Route{}, false
@@ -151,7 +151,7 @@ func (g *Graph) tunnelRoute(dst netip.Prefix) (Route, bool) {
 	if !underlay(n, dst.Addr()).IsValid() {
 		return Route{}, false
 	}
-	return Route{Dst: dst, Type: RouteUnicast, Device: g.cfg.VXLANDevice, Gateway: dst.Addr(), OnLink: true, Reason: ReasonRemoteTunnel, Node: node}, true
+	return Route{Dst: dst, Type: RouteUnicast, Device: g.vxlanDevice(dst.Addr()), Gateway: dst.Addr(), OnLink: true, Reason: ReasonRemoteTunnel, Node: node}, true
 }
 
 // blockRoute: a local block with a confirmed affinity is blackholed (but not a single-address
@@ -185,4 +185,12 @@ func (g *Graph) recomputeRoutes() {
 		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)
 	}
 	reset(&g.dirtyDst, n)
+}
+
+// vxlanDevice is the device for a route via the tunnel address t: the IPv6 device for IPv6.
+func (g *Graph) vxlanDevice(t netip.Addr) string {
+	if t.Is6() {
+		return g.cfg.VXLANDeviceV6
+	}
+	return g.cfg.VXLANDevice
 }

@@ -40,8 +40,10 @@ type Config struct {
 	NodeName    string
 	RouteSource RouteSource
 	VXLAN       bool
-	// VXLANDevice is the name of sluice's VXLAN device.
-	VXLANDevice string
+	// VXLANDevice is the name of sluice's VXLAN device; VXLANDeviceV6 of its IPv6 one (IPv6
+	// tunnel addresses over an IPv6 underlay).
+	VXLANDevice   string
+	VXLANDeviceV6 string
 	// BlackholeType is the type of the routes for local blocks: blackhole, unreachable or prohibit.
 	BlackholeType RouteType
 	// BlackholeMetric is the metric of local-block blackholes (high, so an operator's route wins).
@@ -56,7 +58,7 @@ type Config struct {
 // DefaultConfig returns the defaults for node.
 func DefaultConfig(node string) Config {
 	return Config{NodeName: node, RouteSource: SourceCalicoIPAM, VXLAN: true, VXLANDevice: "vxlan.sluice",
-		BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
+		VXLANDeviceV6: "vxlan-v6.sluice", BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
 }
 
 func (c *Config) normalise() error {
@@ -79,6 +81,9 @@ func (c *Config) normalise() error {
 	}
 	if c.VXLANDevice == "" {
 		c.VXLANDevice = "vxlan.sluice"
+	}
+	if c.VXLANDeviceV6 == "" {
+		c.VXLANDeviceV6 = "vxlan-v6.sluice"
 	}
 	if c.BlackholeMetric == 0 {
 		c.BlackholeMetric = 1024

@@ -18,6 +18,9 @@ import (
 type Config struct {
 	Routes RouteTableConfig
 	VXLAN  VXLANConfig
+	// VXLANv6 configures the IPv6 device (IPv6 is set on it); its VNI and port default to
+	// VXLAN's.
+	VXLANv6 VXLANConfig
 	// ParentAddr is this node's underlay address when no local VTEP says it (VXLAN off).
 	ParentAddr netip.Addr
 	// MinInterval is the least time between applies; default 1 ms. Changes that arrive
@@ -61,7 +64,8 @@ type Dataplane struct {
 	mu      sync.Mutex
 	routes  *RouteTable
 	vxlan   *VXLAN
-	synced  bool // a full update has arrived: writing is allowed
+	vxlan6  *VXLAN // the IPv6 device
+	synced  bool   // a full update has arrived: writing is allowed
 	dsts    map[netip.Prefix]bool
 	v6dsts  int // how many of dsts are IPv6
 	vteps   map[calc.VTEPKey]calc.VTEP
@@ -72,8 +76,9 @@ type Dataplane struct {
 	// last removed (a program that puts its route back is not fought in a tight loop).
 	reportedLeftovers map[string]bool
 	removedLeftovers  map[string]time.Time
-	// vxlanIndex is the VXLAN device's index as of the last apply (for neighbour events).
-	vxlanIndex int
+	// vxlanIndex and vxlan6Index are the VXLAN devices' indexes as of the last apply (for
+	// neighbour events).
+	vxlanIndex, vxlan6Index int
 	// table and protocol never change after New: read without the lock.
 	table, protocol int
 
@@ -102,8 +107,15 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	cfg.Routes.ParentAddr = cfg.ParentAddr
 	cfg.VXLAN.ParentAddr = cfg.ParentAddr
+	cfg.VXLANv6.IPv6 = true
+	if cfg.VXLANv6.VNI == 0 {
+		cfg.VXLANv6.VNI = cfg.VXLAN.VNI
+	}
+	if cfg.VXLANv6.Port == 0 {
+		cfg.VXLANv6.Port = cfg.VXLAN.Port
+	}
 	rt := NewRouteTable(k, cfg.Routes)
-	return &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN),
+	return &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
 		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
 }
@@ -140,6 +152,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		for k, v := range d.vteps {
 			if !seenV[k] {
 				d.vxlan.DeleteVTEP(v)
+				d.vxlan6.DeleteVTEP(v)
 				delete(d.vteps, k)
 			}
 		}
@@ -148,10 +161,12 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	for _, op := range u.Ops {
 		switch {
 		case op.VTEP != nil && op.Remove:
-			d.vxlan.DeleteVTEP(*op.VTEP)
+			d.vxlan.DeleteVTEP(*op.VTEP) // each device takes its own family's VTEPs
+			d.vxlan6.DeleteVTEP(*op.VTEP)
 			delete(d.vteps, op.VTEP.Key())
 		case op.VTEP != nil:
 			d.vxlan.SetVTEP(*op.VTEP)
+			d.vxlan6.SetVTEP(*op.VTEP)
 			d.vteps[op.VTEP.Key()] = *op.VTEP
 			if op.VTEP.Local && op.VTEP.Underlay.IsValid() {
 				d.setParentLocked(op.VTEP.Underlay)
@@ -196,7 +211,16 @@ func (d *Dataplane) dropLocalLocked(dst netip.Prefix) {
 	}
 }
 
+// setParentLocked takes this node's underlay address from its VTEP: an IPv6 one binds the IPv6
+// device; an IPv4 one the IPv4 device and the routes that go "via the parent".
 func (d *Dataplane) setParentLocked(a netip.Addr) {
+	if a.Is6() {
+		if d.vxlan6.cfg.ParentAddr != a {
+			d.vxlan6.cfg.ParentAddr = a
+			d.vxlan6.QueueResync()
+		}
+		return
+	}
 	if d.routes.cfg.ParentAddr != a {
 		d.routes.cfg.ParentAddr = a
 		d.vxlan.cfg.ParentAddr = a
@@ -219,6 +243,7 @@ func (d *Dataplane) QueueResync() {
 	d.mu.Lock()
 	d.routes.QueueResync()
 	d.vxlan.QueueResync()
+	d.vxlan6.QueueResync()
 	d.stats.Resyncs++
 	d.mu.Unlock()
 	d.Kick()
@@ -229,7 +254,7 @@ func (d *Dataplane) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.stats
-	s.Writes = d.routes.Writes() + d.vxlan.Writes()
+	s.Writes = d.routes.Writes() + d.vxlan.Writes() + d.vxlan6.Writes()
 	s.DesiredRoutes = len(d.routes.routes)
 	s.ProgrammedRoutes = d.routes.tracker.ActualLen()
 	return s
@@ -265,9 +290,12 @@ func (d *Dataplane) Apply() error {
 	if err := d.vxlan.Apply(); err != nil {
 		errs = append(errs, err)
 	}
-	if d.vxlan.index != d.vxlanIndex {
+	if err := d.vxlan6.Apply(); err != nil {
+		errs = append(errs, err)
+	}
+	if d.vxlan.index != d.vxlanIndex || d.vxlan6.index != d.vxlan6Index {
 		// A new device (first, or recreated): routes through it must use its new index.
-		d.vxlanIndex = d.vxlan.index
+		d.vxlanIndex, d.vxlan6Index = d.vxlan.index, d.vxlan6.index
 		d.routes.QueueResync()
 	}
 	scan := d.routes.needRead
@@ -277,6 +305,7 @@ func (d *Dataplane) Apply() error {
 	if scan && d.handleLeftovers() {
 		d.routes.QueueResync()
 		d.vxlan.QueueResync()
+		d.vxlan6.QueueResync()
 		d.Kick()
 	}
 	err := errors.Join(errs...)
@@ -292,6 +321,7 @@ func (d *Dataplane) Apply() error {
 		d.stats.Failures++
 		d.routes.QueueResync()
 		d.vxlan.QueueResync()
+		d.vxlan6.QueueResync()
 	}
 	return err
 }
@@ -420,13 +450,16 @@ func Diff(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err er
 	d.OnUpdate(u)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	vm, ve, err := d.vxlan.Diff()
-	if err != nil {
-		return nil, nil, err
+	for _, x := range []*VXLAN{d.vxlan, d.vxlan6} {
+		xm, xe, err := x.Diff()
+		if err != nil {
+			return nil, nil, err
+		}
+		missing, extra = append(missing, xm...), append(extra, xe...)
 	}
 	rm, re, err := d.routes.Diff()
 	if err != nil {
 		return nil, nil, err
 	}
-	return append(vm, rm...), append(ve, re...), nil
+	return append(missing, rm...), append(extra, re...), nil
 }

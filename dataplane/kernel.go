@@ -216,8 +216,15 @@ func toAddr(p netip.Prefix) *netlink.Addr {
 	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
 }
 
+// AddrReplace puts p on the named link. An IPv6 address skips duplicate address detection:
+// sluice's addresses are tunnel addresses that IPAM made unique, and one left tentative would
+// keep the tunnel from sending for a second.
 func (k *netlinkKernel) AddrReplace(name string, p netip.Prefix) error {
-	return k.withLink(name, func(l netlink.Link) error { return k.h.AddrReplace(l, toAddr(p)) })
+	a := toAddr(p)
+	if p.Addr().Is6() {
+		a.Flags |= unix.IFA_F_NODAD
+	}
+	return k.withLink(name, func(l netlink.Link) error { return k.h.AddrReplace(l, a) })
 }
 
 func (k *netlinkKernel) AddrDel(name string, p netip.Prefix) error {

@@ -90,7 +90,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	for _, l := range links {
 		vx, ok := l.(*netlink.Vxlan)
 		name := l.Attrs().Name
-		if !ok || name == d.vxlan.cfg.Name {
+		if !ok || name == d.vxlan.cfg.Name || name == d.vxlan6.cfg.Name {
 			continue
 		}
 		if vx.VxlanId == d.vxlan.cfg.VNI || vx.Port == d.vxlan.cfg.Port {

@@ -12,27 +12,34 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// VXLAN defaults, chosen so sluice nodes and Calico nodes can share a cluster.
+// VXLAN defaults, chosen so sluice nodes and Calico nodes can share a cluster (Calico's
+// devices are vxlan.calico and vxlan-v6.calico, both on VNI 4096 and port 4789).
 const (
-	DefaultVXLANName = "vxlan.sluice"
-	DefaultVNI       = 4096
-	DefaultVXLANPort = 4789
-	vxlanOverhead    = 50
+	DefaultVXLANName   = "vxlan.sluice"
+	DefaultVXLANNameV6 = "vxlan-v6.sluice"
+	DefaultVNI         = 4096
+	DefaultVXLANPort   = 4789
+	// What VXLAN adds to a packet: outer IPv4 (20) or IPv6 (40), UDP (8), VXLAN (8) and the
+	// inner Ethernet header (14).
+	vxlanOverhead  = 50
+	vxlanOverhead6 = 70
 )
 
-// VXLANConfig configures the VXLAN device.
+// VXLANConfig configures a VXLAN device: the IPv4 one, or with IPv6 set the IPv6 one (IPv6
+// tunnel addresses over an IPv6 underlay, as Calico's vxlan-v6.calico).
 type VXLANConfig struct {
-	Name string // default vxlan.sluice
+	IPv6 bool
+	Name string // default vxlan.sluice, or vxlan-v6.sluice with IPv6
 	VNI  int    // default 4096
 	Port int    // default 4789
-	// MTU of the device; 0 means the parent's MTU minus 50.
+	// MTU of the device; 0 means the parent's MTU minus 50 (IPv6: minus 70).
 	MTU int
 	// ParentAddr is this node's underlay address; the device is bound to the link holding it
 	// and sends from it.
 	ParentAddr netip.Addr
 }
 
-// VXLAN owns sluice's VXLAN device (recognised by its name), its address, and every
+// VXLAN owns one of sluice's VXLAN devices (recognised by its name), its address, and every
 // neighbour and FDB entry on it: the remote VTEPs, as permanent neighbour entries (tunnel
 // address → MAC) and FDB entries (MAC → underlay address). Learning is off: nothing but sluice
 // writes entries there.
@@ -60,6 +67,9 @@ type VXLAN struct {
 func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 	if cfg.Name == "" {
 		cfg.Name = DefaultVXLANName
+		if cfg.IPv6 {
+			cfg.Name = DefaultVXLANNameV6
+		}
 	}
 	if cfg.VNI == 0 {
 		cfg.VNI = DefaultVNI
@@ -72,10 +82,18 @@ func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 		fdb: NewTracker[string, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
 }
 
-// SetVTEP wants a VTEP: this node's (the device) or a remote one (neighbour and FDB entry).
-// Only IPv4 VTEPs are programmed so far.
+// family is the address family of the device's tunnel addresses and underlay.
+func (x *VXLAN) family() int {
+	if x.cfg.IPv6 {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+// SetVTEP wants a VTEP of the device's family: this node's (the device) or a remote one
+// (neighbour and FDB entry); VTEPs of the other family are the other device's.
 func (x *VXLAN) SetVTEP(v calc.VTEP) {
-	if !v.TunnelAddr.Is4() {
+	if v.TunnelAddr.Is6() != x.cfg.IPv6 {
 		return
 	}
 	if v.Local {
@@ -90,7 +108,7 @@ func (x *VXLAN) SetVTEP(v calc.VTEP) {
 
 // DeleteVTEP withdraws a VTEP.
 func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
-	if !v.TunnelAddr.Is4() {
+	if v.TunnelAddr.Is6() != x.cfg.IPv6 {
 		return
 	}
 	if v.Local {
@@ -105,7 +123,7 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 	}
 }
 
-// NeighGone records that a neighbour (family AF_INET, by IP) or FDB entry (AF_BRIDGE, by MAC)
+// NeighGone records that a neighbour (by IP) or FDB entry (AF_BRIDGE, by MAC)
 // on the device was deleted by someone: the next Apply puts it back without a full read.
 // It reports whether the entry is one sluice wants (a repair is due).
 func (x *VXLAN) NeighGone(ip netip.Addr, mac string, fdb bool) bool {
@@ -176,12 +194,12 @@ func (x *VXLAN) Apply() error {
 	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
 		hw, _ := net.ParseMAC(mac)
 		sets = append(sets, entry{"setting neighbour " + ip.String(),
-			&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw},
+			&netlink.Neigh{LinkIndex: idx, Family: x.family(), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw},
 			func() { x.neigh.SetActual(ip, mac); x.neigh.Clean(ip) }})
 		return false // cleaned once the kernel acknowledged it
 	}, func(ip netip.Addr, mac string) bool {
 		dels = append(dels, func() {
-			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, IP: ip.AsSlice()})
+			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: x.family(), IP: ip.AsSlice()})
 			x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip); x.neigh.Clean(ip) })
 		})
 		return false
@@ -245,6 +263,9 @@ func (x *VXLAN) ensureDevice() (int, error) {
 			return 0, fmt.Errorf("reading the parent interface %d: %v", parent, err)
 		}
 		mtu = pl.Attrs().MTU - vxlanOverhead
+		if x.cfg.IPv6 {
+			mtu = pl.Attrs().MTU - vxlanOverhead6
+		}
 	}
 	want := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: x.cfg.Name, MTU: mtu, HardwareAddr: x.local.MAC},
 		VxlanId: x.cfg.VNI, VtepDevIndex: parent, SrcAddr: x.cfg.ParentAddr.AsSlice(), Port: x.cfg.Port, Learning: false}
@@ -301,7 +322,7 @@ func (x *VXLAN) matches(l netlink.Link, parent int) bool {
 
 // ensureAddr puts the tunnel address on the device, alone.
 func (x *VXLAN) ensureAddr() error {
-	want := netip.PrefixFrom(x.local.TunnelAddr, 32)
+	want := netip.PrefixFrom(x.local.TunnelAddr, x.local.TunnelAddr.BitLen())
 	have, err := x.k.Addrs(x.cfg.Name)
 	if err != nil {
 		return err
@@ -331,7 +352,7 @@ func (x *VXLAN) ensureAddr() error {
 
 // read loads the device's neighbour and FDB entries: all of them are sluice's.
 func (x *VXLAN) read(idx int) error {
-	ns, err := x.k.Neighs(idx, unix.AF_INET)
+	ns, err := x.k.Neighs(idx, x.family())
 	if err != nil {
 		return fmt.Errorf("listing neighbours of %s: %w", x.cfg.Name, err)
 	}

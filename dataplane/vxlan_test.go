@@ -190,3 +190,53 @@ neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ac permanent`
 		t.Fatalf("after the device was deleted:\n%s", got)
 	}
 }
+
+var (
+	node6   = ip("2001:db8::11")
+	v6Local = calc.VTEP{Node: "node-a", TunnelAddr: ip("fd00:65::"), MAC: mac("66:c1:a6:00:00:0a"), Underlay: node6, Local: true}
+	v6B     = calc.VTEP{Node: "node-b", TunnelAddr: ip("fd00:65::40"), MAC: mac("66:c1:a6:00:00:0b"), Underlay: ip("2001:db8::12")}
+)
+
+// TestVXLANFakeIPv6: the IPv6 device takes the IPv6 VTEPs only (and the IPv4 device only the
+// IPv4 ones): bound to the link holding the node's IPv6 address, MTU parent-70, the tunnel
+// address as a /128, IPv6 neighbours and FDB entries to IPv6 underlay addresses.
+func TestVXLANFakeIPv6(t *testing.T) {
+	f := NewFakeKernel()
+	f.AddLink("eth0")
+	f.AddAddr("eth0", nodeAddr)
+	f.AddAddr("eth0", node6)
+	f.SetMTU("eth0", 9000)
+	x4 := NewVXLAN(f, VXLANConfig{ParentAddr: nodeAddr})
+	x6 := NewVXLAN(f, VXLANConfig{IPv6: true, ParentAddr: node6})
+	for _, v := range []calc.VTEP{vLocal, vB, v6Local, v6B} {
+		x4.SetVTEP(v)
+		x6.SetVTEP(v)
+	}
+	for _, x := range []*VXLAN{x4, x6} {
+		if err := x.Apply(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want6 := `vxlan-v6.sluice mtu 8930 up true mac 66:c1:a6:00:00:0a vxlan id 4096 port 4789 learning false local 2001:db8::11 dev 2
+addr fd00:65::
+fdb 66:c1:a6:00:00:0b dst 2001:db8::12
+neigh fd00:65::40 lladdr 66:c1:a6:00:00:0b`
+	if got := f.RenderLink("vxlan-v6.sluice"); got != want6 {
+		t.Fatalf("IPv6 device:\n%s\nwant:\n%s", got, want6)
+	}
+	want4 := `vxlan.sluice mtu 8950 up true mac 66:c1:a0:00:00:0a vxlan id 4096 port 4789 learning false local 192.0.2.11 dev 2
+addr 10.65.0.0
+fdb 66:89:3a:22:7a:ac dst 192.0.2.12
+neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ac`
+	if got := f.RenderLink("vxlan.sluice"); got != want4 {
+		t.Fatalf("IPv4 device:\n%s\nwant:\n%s", got, want4)
+	}
+	x6.DeleteVTEP(v6B)
+	x6.DeleteVTEP(vB) // the other family's: ignored
+	if err := x6.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.RenderLink("vxlan-v6.sluice"); got != "vxlan-v6.sluice mtu 8930 up true mac 66:c1:a6:00:00:0a vxlan id 4096 port 4789 learning false local 2001:db8::11 dev 2\naddr fd00:65::" {
+		t.Fatalf("after node-b went:\n%s", got)
+	}
+}

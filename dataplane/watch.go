@@ -115,9 +115,12 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			d.mu.Lock()
 			d.routes.LinksChanged()
 			d.vxlan.CheckDevice()
+			d.vxlan6.CheckDevice()
 			if u.LinkAddress.IP != nil {
 				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
 					d.vxlan.QueueResync()
+				} else if ok && a == d.vxlan6.cfg.ParentAddr {
+					d.vxlan6.QueueResync()
 				}
 			}
 			d.mu.Unlock()
@@ -127,10 +130,15 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 				continue
 			}
 			d.mu.Lock()
-			if u.LinkIndex == d.vxlanIndex {
-				ip, _ := netip.AddrFromSlice(u.IP)
-				if d.vxlan.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
-					d.stats.NeighRepairs++
+			for _, x := range []*VXLAN{d.vxlan, d.vxlan6} {
+				if x.index != 0 && u.LinkIndex == x.index {
+					ip, _ := netip.AddrFromSlice(u.IP)
+					if !x.cfg.IPv6 {
+						ip = ip.Unmap()
+					}
+					if x.NeighGone(ip, u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
+						d.stats.NeighRepairs++
+					}
 				}
 			}
 			d.mu.Unlock()
@@ -184,6 +192,7 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 		d.mu.Lock()
 		d.routes.LinksChanged()
 		d.vxlan.CheckDevice() // the parent's MTU or addresses may have changed
+		d.vxlan6.CheckDevice()
 		d.mu.Unlock()
 		d.Kick()
 	}

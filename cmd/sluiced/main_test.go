@@ -53,7 +53,8 @@ func TestParseFlagsDefaults(t *testing.T) {
 		HealthListen: "127.0.0.1:9097",
 		StatusTTL:    15 * time.Second,
 		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
-			VXLAN: dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort}, ResyncInterval: 90 * time.Second},
+			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
+			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n%+v\nwant\n%+v", *c, *want)

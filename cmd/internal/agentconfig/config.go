@@ -132,6 +132,14 @@ func optionTable() []option {
 				}
 				return nil
 			}},
+		{name: "vxlan-device-v6", env: "SLUICE_VXLAN_DEVICE_V6", key: "vxlanDeviceV6", def: dataplane.DefaultVXLANNameV6, accepts: "an interface name (at most 15 characters)", help: "name of sluice's IPv6 VXLAN device (IPv6 tunnel addresses over an IPv6 underlay; same VNI and port)",
+			set: func(c *Config, v string) error {
+				c.Calc.VXLANDeviceV6, c.DP.VXLANv6.Name = v, v
+				if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ ") {
+					return errors.New("not an interface name")
+				}
+				return nil
+			}},
 		{name: "vxlan-vni", env: "SLUICE_VXLAN_VNI", key: "vxlanVNI", def: strconv.Itoa(dataplane.DefaultVNI), accepts: "1 to 16777215", help: "VXLAN network identifier (4096 matches Calico)",
 			set: func(c *Config, v string) (err error) { c.DP.VXLAN.VNI, err = parseIntRange(v, 1, 1<<24-1); return }},
 		{name: "vxlan-port", env: "SLUICE_VXLAN_PORT", key: "vxlanPort", def: strconv.Itoa(dataplane.DefaultVXLANPort), accepts: "1 to 65535", help: "VXLAN UDP port (4789 matches Calico)",
@@ -143,6 +151,15 @@ func optionTable() []option {
 					err = errors.New("out of range")
 				}
 				c.DP.VXLAN.MTU = n
+				return err
+			}},
+		{name: "vxlan-mtu-v6", env: "SLUICE_VXLAN_MTU_V6", key: "vxlanMTUV6", def: "0", accepts: "0, or 1280 to 65465", help: "MTU of the IPv6 VXLAN device; 0 means the parent interface's MTU minus 70",
+			set: func(c *Config, v string) error {
+				n, err := parseIntRange(v, 0, 65465)
+				if err == nil && n != 0 && n < 1280 {
+					err = errors.New("out of range")
+				}
+				c.DP.VXLANv6.MTU = n
 				return err
 			}},
 		{name: "blackhole-type", env: "SLUICE_BLACKHOLE_TYPE", key: "blackholeType", def: "blackhole", accepts: "blackhole, unreachable or prohibit", help: "route type for local blocks: silent drop, or ICMP errors",
