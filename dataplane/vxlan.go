@@ -113,6 +113,7 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 	}
 	if v.Local {
 		x.local = nil
+		x.deviceChecked = false // the device goes at the next Apply
 		return
 	}
 	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == v.MAC.String() {
@@ -159,13 +160,22 @@ func (x *VXLAN) Name() string { return x.cfg.Name }
 // node has no tunnel address yet) the device is removed.
 func (x *VXLAN) Apply() error {
 	if x.local == nil {
+		if x.deviceChecked && x.index == 0 {
+			return nil // known absent; a link event or a resync looks again
+		}
 		x.index = 0
 		l, err := x.k.Link(x.cfg.Name)
-		if err != nil || l == nil {
+		if err != nil {
 			return err
 		}
-		x.writes++
-		return x.k.LinkDel(x.cfg.Name)
+		if l != nil {
+			if err := x.k.LinkDel(x.cfg.Name); err != nil {
+				return err
+			}
+			x.writes++
+		}
+		x.deviceChecked = true
+		return nil
 	}
 	idx := x.index
 	if !x.deviceChecked || idx == 0 {

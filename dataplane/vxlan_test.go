@@ -240,3 +240,35 @@ neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ac`
 		t.Fatalf("after node-b went:\n%s", got)
 	}
 }
+
+// TestVXLANAbsentIsNotLookedUpAgain: without a local VTEP of its family (an IPv4-only cluster,
+// for the IPv6 device) the device is looked for once, not at every apply; a link event
+// (CheckDevice) makes the next apply look again and remove one someone made.
+func TestVXLANAbsentIsNotLookedUpAgain(t *testing.T) {
+	f := NewFakeKernel()
+	f.AddLink("eth0")
+	gets := 0
+	f.FailWith(func(op, subject string) error {
+		if op == "link-get" && subject == DefaultVXLANNameV6 {
+			gets++
+		}
+		return nil
+	})
+	x := NewVXLAN(f, VXLANConfig{IPv6: true})
+	for range 3 {
+		if err := x.Apply(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if gets != 1 {
+		t.Fatalf("looked for the absent device %d times in 3 applies, want 1", gets)
+	}
+	f.AddLink(DefaultVXLANNameV6)
+	x.CheckDevice()
+	if err := x.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := f.Link(DefaultVXLANNameV6); l != nil || x.Writes() != 1 {
+		t.Fatalf("after a link event: device %v, writes %d; want it removed", l, x.Writes())
+	}
+}
