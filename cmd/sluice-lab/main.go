@@ -209,6 +209,11 @@ func (l *lab) tcp(from, to string) error {
 	return err
 }
 
+func (l *lab) tcp6(from, to string) error {
+	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", "["+l.workload(to).addr6+"]:8080")
+	return err
+}
+
 func (l *lab) cleanup() {
 	for _, p := range l.procs {
 		_ = p.stop()

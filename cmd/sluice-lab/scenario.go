@@ -41,6 +41,11 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		l.mustCtl("ipam", "assign", "--node", node, "--handle", "vxlan-tunnel-addr-"+node, "--ip", fmt.Sprintf("10.65.0.%d", 64*i))
 		l.mustCtl("ipam", "assign", "--node", node, "--handle", "k8s-pod-network.web-"+node[5:], "--ip", fmt.Sprintf("10.65.0.%d", 64*i+1))
 	}
+	for i, node := range []string{"node-a", "node-b", "node-c"} {
+		l.mustCtl("ipam", "claim", "--node", node, "--pool", "pool-v6", "--cidr", fmt.Sprintf("fd00:65::%x/122", 64*i))
+		l.mustCtl("ipam", "assign", "--node", node, "--handle", "vxlan-v6-tunnel-addr-"+node, "--ip", fmt.Sprintf("fd00:65::%x", 64*i))
+		l.mustCtl("ipam", "assign", "--node", node, "--handle", "k8s-pod-network.web-"+node[5:], "--ip", fmt.Sprintf("fd00:65::%x", 64*i+1))
+	}
 	for i, node := range []string{"node-a", "node-b"} {
 		l.mustCtl("ipam", "claim", "--node", node, "--pool", "pool-cross", "--cidr", fmt.Sprintf("10.66.0.%d/26", 64*i))
 		l.mustCtl("ipam", "assign", "--node", node, "--handle", "k8s-pod-network.db-"+node[5:], "--ip", fmt.Sprintf("10.66.0.%d", 64*i+1))
@@ -60,6 +65,11 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	for _, w := range labWorkloads {
 		if _, err := l.start(wlNS(w), "tcp "+w.name, false, l.tool(), "tcp-serve", w.addr+":8080"); err != nil {
 			return err
+		}
+		if w.addr6 != "" {
+			if _, err := l.start(wlNS(w), "tcp6 "+w.name, false, l.tool(), "tcp-serve", "["+w.addr6+"]:8080"); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -85,6 +95,23 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	fdb, _ := sh("bridge", "-n", nodeNS("node-a"), "fdb", "show", "dev", "vxlan.sluice")
 	l.check(strings.Contains(fdb, "66:c1:a0:00:00:0c dst 192.168.20.13"), "node-a has an FDB entry sending node-c's MAC to 192.168.20.13")
 
+	routes6, _ := sh("ip", "-n", nodeNS("node-a"), "-6", "route", "show", "proto", "83")
+	fmt.Fprint(l.out, routes6)
+	for _, want := range []string{
+		"blackhole fd00:65::/122",
+		"fd00:65::40/122 via fd00:65::40 dev vxlan-v6.sluice metric 1024 onlink",
+		"fd00:65::80/122 via fd00:65::80 dev vxlan-v6.sluice metric 1024 onlink",
+		"fd00:65::1 dev cali-web-a metric 1024",
+	} {
+		l.check(strings.Contains(routes6, want), "node-a has IPv6 route %q", want)
+	}
+	link6, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan-v6.sluice")
+	l.check(strings.Contains(link6, "vxlan id 4096") && strings.Contains(link6, "dstport 4789") && strings.Contains(link6, "nolearning") &&
+		strings.Contains(link6, "66:c1:a6:00:00:0a") && strings.Contains(link6, "mtu 1430") && strings.Contains(link6, "local fd00:10::11"),
+		"node-a's vxlan-v6.sluice: VNI 4096, port 4789, learning off, the node's IPv6 MAC, MTU 1430, bound to fd00:10::11")
+	fdb6, _ := sh("bridge", "-n", nodeNS("node-a"), "fdb", "show", "dev", "vxlan-v6.sluice")
+	l.check(strings.Contains(fdb6, "66:c1:a6:00:00:0c dst fd00:20::13"), "node-a has an FDB entry sending node-c's IPv6 MAC to fd00:20::13")
+
 	l.step("traffic between workloads on every pair of nodes")
 	pairs := [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-b", "web-c"}, {"web-c", "web-b"}, {"db-a", "db-b"}, {"db-b", "db-a"}}
 	for _, p := range pairs {
@@ -96,6 +123,11 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		l.check(err == nil, "ping %s -> %s %s", p[0], p[1], how)
 		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1]) })
 		l.check(err == nil, "TCP %s -> %s %s", p[0], p[1], how)
+	}
+
+	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-c", "web-b"}} {
+		_, err := retry(10*time.Second, func() error { return l.tcp6(p[0], p[1]) })
+		l.check(err == nil, "TCP over IPv6 %s -> %s through vxlan-v6.sluice", p[0], p[1])
 	}
 
 	l.step("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway")

@@ -9,14 +9,18 @@ import (
 
 // The lab's topology, all in network namespaces named "sl-*":
 //
-//	sl-router   bridges br-a 192.168.10.1/24 and br-b 192.168.20.1/24; serves etcd on
-//	            192.168.10.1:2379; default route via the LAN gateway
+//	sl-router   bridges br-a 192.168.10.1/24, fd00:10::1/64 and br-b 192.168.20.1/24,
+//	            fd00:20::1/64; serves etcd on 192.168.10.1:2379; default route via the LAN
+//	            gateway
 //	sl-gw       the LAN gateway, 192.168.10.254: every node's default route leads here
 //	sl-client   a host outside the cluster, 192.168.10.100, routing 10.65.0.0/16 to node-a
-//	sl-node-a   192.168.10.11/24 (subnet A), sl-node-b 192.168.10.12/24, sl-node-c
-//	            192.168.20.13/24 (subnet B); the subnets reach each other through the router
+//	sl-node-a   192.168.10.11/24 and fd00:10::11/64 (subnet A), sl-node-b 192.168.10.12/24
+//	            and fd00:10::12/64, sl-node-c 192.168.20.13/24 and fd00:20::13/64 (subnet B);
+//	            the subnets reach each other through the router
 //	sl-wl-*     one namespace per workload, joined to its node by a veth pair named as its
-//	            endpoint says, addressed /32 with a link-local default gateway (Calico's way)
+//	            endpoint says, addressed /32 (and the web workloads /128) with link-local
+//	            default gateways (Calico's way: 169.254.1.1, and the host side's IPv6
+//	            link-local address from its MAC ee:ee:ee:ee:ee:ee)
 const (
 	nsRouter   = "sl-router"
 	nsGateway  = "sl-gw"
@@ -26,26 +30,37 @@ const (
 
 type labNode struct {
 	name, ns, addr, gw, lan string
+	// addr6 is the node's IPv6 address; other6 the other subnet's IPv6 prefix and via6 the
+	// router's address towards it.
+	addr6, other6, via6 string
 }
 
 var labNodes = []labNode{
-	{"node-a", "sl-node-a", "192.168.10.11/24", "192.168.10.254", "br-a"},
-	{"node-b", "sl-node-b", "192.168.10.12/24", "192.168.10.254", "br-a"},
-	{"node-c", "sl-node-c", "192.168.20.13/24", "192.168.20.1", "br-b"},
+	{"node-a", "sl-node-a", "192.168.10.11/24", "192.168.10.254", "br-a", "fd00:10::11/64", "fd00:20::/64", "fd00:10::1"},
+	{"node-b", "sl-node-b", "192.168.10.12/24", "192.168.10.254", "br-a", "fd00:10::12/64", "fd00:20::/64", "fd00:10::1"},
+	{"node-c", "sl-node-c", "192.168.20.13/24", "192.168.20.1", "br-b", "fd00:20::13/64", "fd00:10::/64", "fd00:20::1"},
 }
 
 type labWorkload struct {
 	name, node, iface, addr string
+	addr6                   string // "" for IPv4 only
 }
 
 // labWorkloads match testdata/sample/03-workloads.yaml.
 var labWorkloads = []labWorkload{
-	{"web-a", "node-a", "cali-web-a", "10.65.0.1"},
-	{"web-b", "node-b", "cali-web-b", "10.65.0.65"},
-	{"web-c", "node-c", "cali-web-c", "10.65.0.129"},
-	{"db-a", "node-a", "cali-db-a", "10.66.0.1"},
-	{"db-b", "node-b", "cali-db-b", "10.66.0.65"},
+	{"web-a", "node-a", "cali-web-a", "10.65.0.1", "fd00:65::1"},
+	{"web-b", "node-b", "cali-web-b", "10.65.0.65", "fd00:65::41"},
+	{"web-c", "node-c", "cali-web-c", "10.65.0.129", "fd00:65::81"},
+	{"db-a", "node-a", "cali-db-a", "10.66.0.1", ""},
+	{"db-b", "node-b", "cali-db-b", "10.66.0.65", ""},
 }
+
+// hostSideMAC is the MAC of a workload interface's host side, as Calico sets it; the
+// workload's IPv6 default gateway is the link-local address made from it.
+const (
+	hostSideMAC = "ee:ee:ee:ee:ee:ee"
+	hostSideLL  = "fe80::ecee:eeff:feee:eeee"
+)
 
 func nodeNS(node string) string { return "sl-" + node }
 func wlNS(w labWorkload) string { return "sl-wl-" + w.name }
@@ -121,6 +136,9 @@ func buildTopology() error {
 		[]string{"ip", "-n", nsRouter, "link", "add", "br-b", "type", "bridge"},
 		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.10.1/24", "dev", "br-a"},
 		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.20.1/24", "dev", "br-b"},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:10::1/64", "dev", "br-a", "nodad"},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:20::1/64", "dev", "br-b", "nodad"},
+		[]string{"ip", "netns", "exec", nsRouter, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
 		[]string{"ip", "-n", nsRouter, "link", "set", "br-a", "up"},
 		[]string{"ip", "-n", nsRouter, "link", "set", "br-b", "up"},
 		[]string{"ip", "netns", "exec", nsRouter, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
@@ -150,6 +168,12 @@ func buildTopology() error {
 		if _, err := sh("ip", "-n", n.ns, "route", "add", "default", "via", n.gw); err != nil {
 			return err
 		}
+		if err := script(
+			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", "eth0", "nodad"},
+			[]string{"ip", "-n", n.ns, "-6", "route", "add", n.other6, "via", n.via6},
+		); err != nil {
+			return err
+		}
 		if n.lan == "br-a" { // the other subnet is through the router, not the gateway
 			if _, err := sh("ip", "-n", n.ns, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"); err != nil {
 				return err
@@ -174,6 +198,21 @@ func buildTopology() error {
 			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
 			[]string{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
 			[]string{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
+		); err != nil {
+			return err
+		}
+		if w.addr6 == "" {
+			continue
+		}
+		// IPv6: the host side answers as the workload's router from a link-local address
+		// known in advance, at once (no duplicate address detection).
+		if err := script(
+			[]string{"ip", "-n", node, "link", "set", w.iface, "down"},
+			[]string{"ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv6.conf." + w.iface + ".accept_dad=0"},
+			[]string{"ip", "-n", node, "link", "set", w.iface, "address", hostSideMAC},
+			[]string{"ip", "-n", node, "link", "set", w.iface, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", w.addr6 + "/128", "dev", "eth0", "nodad"},
+			[]string{"ip", "-n", ns, "-6", "route", "add", "default", "via", hostSideLL, "dev", "eth0"},
 		); err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ import (
 var sampleOutput = []string{
 	"ippools/pool-vxlan",
 	"ippools/pool-cross",
+	"ippools/pool-v6",
 	"nodes/node-a",
 	"nodes/node-b",
 	"nodes/node-c",
@@ -35,6 +36,7 @@ var sampleOutput = []string{
 // sampleKeys are the sample's keys in etcd's (byte) order.
 var sampleKeys = []string{
 	store.IPPoolPrefix + "pool-cross",
+	store.IPPoolPrefix + "pool-v6",
 	store.IPPoolPrefix + "pool-vxlan",
 	store.NodePrefix + "node-a",
 	store.NodePrefix + "node-b",
@@ -123,10 +125,10 @@ func TestApplySampleCreatesThenUnchanged(t *testing.T) {
 	checkResource(store.IPPoolPrefix+"pool-cross", "IPPool", "projectcalico.org/v3", `{"name":"pool-cross"}`,
 		`{"cidr":"10.66.0.0/16","vxlanMode":"CrossSubnet","ipipMode":"Never","natOutgoing":true,"blockSize":26,"nodeSelector":"all()"}`)
 	checkResource(store.NodePrefix+"node-c", "Node", "projectcalico.org/v3", `{"name":"node-c"}`,
-		`{"bgp":{"ipv4Address":"192.168.20.13/24"},"ipv4VXLANTunnelAddr":"10.65.0.128","vxlanTunnelMACAddr":"66:c1:a0:00:00:0c"}`)
+		`{"bgp":{"ipv4Address":"192.168.20.13/24","ipv6Address":"fd00:20::13/64"},"ipv4VXLANTunnelAddr":"10.65.0.128","vxlanTunnelMACAddr":"66:c1:a0:00:00:0c","ipv6VXLANTunnelAddr":"fd00:65::80","vxlanTunnelMACAddrV6":"66:c1:a6:00:00:0c"}`)
 	checkResource(store.WorkloadEndpointPrefix+"default/node--b-k8s-web--b-eth0", "WorkloadEndpoint", "projectcalico.org/v3",
 		`{"name":"node--b-k8s-web--b-eth0","namespace":"default","labels":{"app":"web"}}`,
-		`{"orchestrator":"k8s","node":"node-b","pod":"web-b","endpoint":"eth0","interfaceName":"cali-web-b","ipNetworks":["10.65.0.65/32"]}`)
+		`{"orchestrator":"k8s","node":"node-b","pod":"web-b","endpoint":"eth0","interfaceName":"cali-web-b","ipNetworks":["10.65.0.65/32","fd00:65::41/128"]}`)
 	checkResource(store.WorkloadEndpointPrefix+"default/node--a-k8s-db--a-eth0", "WorkloadEndpoint", "projectcalico.org/v3",
 		`{"name":"node--a-k8s-db--a-eth0","namespace":"default"}`,
 		`{"orchestrator":"k8s","node":"node-a","pod":"db-a","endpoint":"eth0","interfaceName":"cali-db-a","ipNetworks":["10.66.0.1/32"]}`)

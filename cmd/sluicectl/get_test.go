@@ -13,12 +13,13 @@ import (
 var sampleTables = map[string]string{
 	"ippools": `NAME CIDR VXLAN IPIP BLOCKSIZE NAT DISABLED
 pool-cross 10.66.0.0/16 CrossSubnet Never 26 true false
+pool-v6 fd00:65::/64 Always Never 122 false false
 pool-vxlan 10.65.0.0/16 Always Never 26 true false
 `,
 	"nodes": `NAME ADDRESS VXLAN-ADDRESS VXLAN-MAC ADDRESS-V6
-node-a 192.168.10.11/24 10.65.0.0 66:c1:a0:00:00:0a -
-node-b 192.168.10.12/24 10.65.0.64 66:c1:a0:00:00:0b -
-node-c 192.168.20.13/24 10.65.0.128 66:c1:a0:00:00:0c -
+node-a 192.168.10.11/24 10.65.0.0 66:c1:a0:00:00:0a fd00:10::11/64
+node-b 192.168.10.12/24 10.65.0.64 66:c1:a0:00:00:0b fd00:10::12/64
+node-c 192.168.20.13/24 10.65.0.128 66:c1:a0:00:00:0c fd00:20::13/64
 `,
 	"blocks": `CIDR AFFINITY IN-USE SIZE
 10.65.0.0/26 host:node-a 1 64
@@ -28,10 +29,10 @@ node-a 10.65.0.0/26 confirmed
 `,
 	"workloadendpoints": `NAMESPACE NAME NODE INTERFACE NETWORKS ORCHESTRATOR
 default node--a-k8s-db--a-eth0 node-a cali-db-a 10.66.0.1/32 k8s
-default node--a-k8s-web--a-eth0 node-a cali-web-a 10.65.0.1/32 k8s
+default node--a-k8s-web--a-eth0 node-a cali-web-a 10.65.0.1/32,fd00:65::1/128 k8s
 default node--b-k8s-db--b-eth0 node-b cali-db-b 10.66.0.65/32 k8s
-default node--b-k8s-web--b-eth0 node-b cali-web-b 10.65.0.65/32 k8s
-default node--c-k8s-web--c-eth0 node-c cali-web-c 10.65.0.129/32 k8s
+default node--b-k8s-web--b-eth0 node-b cali-web-b 10.65.0.65/32,fd00:65::41/128 k8s
+default node--c-k8s-web--c-eth0 node-c cali-web-c 10.65.0.129/32,fd00:65::81/128 k8s
 `,
 	"services": `NAMESPACE NAME TYPE CLUSTER-IPS EXTERNAL PORTS POLICY
 default web NodePort 10.96.0.10 - 80:30080/TCP ext=Cluster,int=Cluster
@@ -67,7 +68,7 @@ func TestGetTables(t *testing.T) {
 	}
 	// One object by name.
 	if got, want := table(c.mustCtl("get", "node", "node-b")), `NAME ADDRESS VXLAN-ADDRESS VXLAN-MAC ADDRESS-V6
-node-b 192.168.10.12/24 10.65.0.64 66:c1:a0:00:00:0b -
+node-b 192.168.10.12/24 10.65.0.64 66:c1:a0:00:00:0b fd00:10::12/64
 `; got != want {
 		t.Errorf("get node node-b:\n%s\nwant\n%s", got, want)
 	}

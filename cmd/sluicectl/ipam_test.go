@@ -135,7 +135,7 @@ func TestRecordReplay(t *testing.T) {
 
 	out := c.mustCtl("record", file, "--until-in-sync")
 	// 12 sample objects, node-a's block and its affinity, and the in-sync.
-	if want := fmt.Sprintf("recorded 15 events up to revision %d to %s\n", rev, file); out != want {
+	if want := fmt.Sprintf("recorded 16 events up to revision %d to %s\n", rev, file); out != want {
 		t.Errorf("record printed %q, want %q", out, want)
 	}
 

@@ -303,7 +303,7 @@ func loadCluster(t *testing.T, cli *clientv3.Client) map[string]any {
 	if _, err := m.Assign(ctx, ipam.AssignRequest{Handle: "k8s-pod-network.web-a", Node: "node-a", IP: netip.MustParseAddr("10.65.0.1")}); err != nil {
 		t.Fatal(err)
 	}
-	return map[string]any{"ippools": 2.0, "nodes": 3.0, "blocks": 1.0, "blockaffinities": 1.0,
+	return map[string]any{"ippools": 3.0, "nodes": 3.0, "blocks": 1.0, "blockaffinities": 1.0,
 		"workloadendpoints": 5.0, "services": 1.0, "endpointslices": 1.0}
 }
 
@@ -368,8 +368,8 @@ func TestRun(t *testing.T) {
 	if planned := logs.waitFor(t, "desired state computed", nil); planned["vteps"] == nil || planned["routes"] == nil {
 		t.Errorf("desired-state line %v; want counts of VTEPs and routes", planned)
 	}
-	if n := len(logs.matching(t, "event", map[string]string{"event": "upsert"})); n != 14 {
-		t.Errorf("%d upsert events logged at debug, want 14", n)
+	if n := len(logs.matching(t, "event", map[string]string{"event": "upsert"})); n != 15 {
+		t.Errorf("%d upsert events logged at debug, want 15", n)
 	}
 
 	// A bad value is one warning naming key and field; the next good change still arrives.
@@ -406,8 +406,8 @@ func TestRun(t *testing.T) {
 		t.Fatal("run did not return 10 s after cancel")
 	}
 	stopped := logs.waitFor(t, "stopped", nil)
-	if stopped["revision"] != float64(final.Header.Revision) || stopped["events"] != 16.0 || stopped["bad_values"] != 1.0 {
-		t.Errorf("stopped line %v; want revision %d, 16 events (14 upserts, in-sync, node-d), 1 bad value", stopped, final.Header.Revision)
+	if stopped["revision"] != float64(final.Header.Revision) || stopped["events"] != 17.0 || stopped["bad_values"] != 1.0 {
+		t.Errorf("stopped line %v; want revision %d, 17 events (15 upserts, in-sync, node-d), 1 bad value", stopped, final.Header.Revision)
 	}
 
 	// The recording rebuilds the same index, the event after the last in-sync included.

@@ -18,8 +18,8 @@ func TestParseSample(t *testing.T) {
 			t.Errorf("%s: %s does not decode: %v", d.Source, d.Key, err)
 		}
 	}
-	if len(docs) != 12 {
-		t.Errorf("the sample holds %d documents, want 12", len(docs))
+	if len(docs) != 13 {
+		t.Errorf("the sample holds %d documents, want 13", len(docs))
 	}
 	if _, err := manifest.ParsePaths([]string{t.TempDir()}, nil); err == nil || !strings.Contains(err.Error(), "no .yaml") {
 		t.Errorf("an empty directory: %v", err)
