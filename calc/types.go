@@ -85,6 +85,9 @@ func (c *Config) normalise() error {
 	if c.VXLANDeviceV6 == "" {
 		c.VXLANDeviceV6 = "vxlan-v6.sluice"
 	}
+	if c.VXLANDevice == c.VXLANDeviceV6 {
+		return fmt.Errorf("calc: the IPv4 and IPv6 VXLAN devices are both named %q", c.VXLANDevice)
+	}
 	if c.BlackholeMetric == 0 {
 		c.BlackholeMetric = 1024
 	}

@@ -165,6 +165,11 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			d.vxlan6.DeleteVTEP(*op.VTEP)
 			delete(d.vteps, op.VTEP.Key())
 		case op.VTEP != nil:
+			if old, ok := d.vteps[op.VTEP.Key()]; ok && !old.Local {
+				// Its MAC or addresses changed: the old entries are not wanted any more.
+				d.vxlan.DeleteVTEP(old)
+				d.vxlan6.DeleteVTEP(old)
+			}
 			d.vxlan.SetVTEP(*op.VTEP)
 			d.vxlan6.SetVTEP(*op.VTEP)
 			d.vteps[op.VTEP.Key()] = *op.VTEP
@@ -212,11 +217,13 @@ func (d *Dataplane) dropLocalLocked(dst netip.Prefix) {
 }
 
 // setParentLocked takes this node's underlay address from its VTEP: an IPv6 one binds the IPv6
-// device; an IPv4 one the IPv4 device and the routes that go "via the parent".
+// device and the IPv6 routes that go "via the parent"; an IPv4 one the IPv4 device and routes.
 func (d *Dataplane) setParentLocked(a netip.Addr) {
 	if a.Is6() {
 		if d.vxlan6.cfg.ParentAddr != a {
 			d.vxlan6.cfg.ParentAddr = a
+			d.routes.cfg.ParentAddr6 = a
+			d.routes.QueueResync()
 			d.vxlan6.QueueResync()
 		}
 		return

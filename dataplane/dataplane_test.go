@@ -186,3 +186,60 @@ func TestIPv6ForwardingFollowsIPv6Routes(t *testing.T) {
 		t.Fatalf("with an IPv6 route: IPv6 forwarding %q, want 1", v6)
 	}
 }
+
+// TestParentPerFamily: a route "via the parent" goes out of the link holding the node's
+// address of its own family (IPv6 on eth1 here), and, when only the other family's is known,
+// out of that link rather than nowhere.
+func TestParentPerFamily(t *testing.T) {
+	f := fakeNode()
+	f.AddLink("eth1")
+	f.AddAddr("eth1", node6)
+	d := New(f, Config{Sysctl: func(string, string) error { return nil }})
+	v6Only := v6Local
+	direct4 := calc.Route{Dst: pfx("10.66.0.64/26"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.12"), OnLink: true, Reason: calc.ReasonRemoteBlock}
+	direct6 := calc.Route{Dst: pfx("fd00:66::40/122"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("2001:db8::12"), OnLink: true, Reason: calc.ReasonRemoteBlock}
+	// Only the IPv6 VTEP: both routes leave through eth1, the only parent known.
+	d.OnUpdate(fullUpdate([]calc.Route{direct4, direct6}, []calc.VTEP{v6Only}))
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	rendered := f.Render(254)
+	for _, want := range []string{"10.66.0.64/26 via 192.0.2.12 dev eth1", "fd00:66::40/122 via 2001:db8::12 dev eth1"} {
+		if !strings.Contains(rendered, want) {
+			t.Fatalf("with only an IPv6 VTEP, want %q in:\n%s", want, rendered)
+		}
+	}
+	// The IPv4 VTEP arrives: IPv4 routes move to eth0, IPv6 stay on eth1.
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{VTEP: &vLocal}}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	rendered = f.Render(254)
+	for _, want := range []string{"10.66.0.64/26 via 192.0.2.12 dev eth0", "fd00:66::40/122 via 2001:db8::12 dev eth1"} {
+		if !strings.Contains(rendered, want) {
+			t.Fatalf("with both VTEPs, want %q in:\n%s", want, rendered)
+		}
+	}
+}
+
+// TestVTEPChangeDropsOldEntries: a remote VTEP whose MAC changes leaves no entries for the
+// old MAC behind.
+func TestVTEPChangeDropsOldEntries(t *testing.T) {
+	f := fakeNode()
+	d := New(f, Config{Sysctl: func(string, string) error { return nil }})
+	d.OnUpdate(fullUpdate(nil, []calc.VTEP{vLocal, vB}))
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	moved := vB
+	moved.MAC = mac("66:89:3a:22:7a:ff")
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{VTEP: &moved}}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	got := f.RenderLink("vxlan.sluice")
+	if strings.Contains(got, "66:89:3a:22:7a:ac") || !strings.Contains(got, "fdb 66:89:3a:22:7a:ff dst 192.0.2.12") ||
+		!strings.Contains(got, "neigh 10.65.0.64 lladdr 66:89:3a:22:7a:ff") {
+		t.Fatalf("after node-b's MAC changed:\n%s", got)
+	}
+}

@@ -41,9 +41,11 @@ type RouteReporter interface {
 type RouteTableConfig struct {
 	Table    int // default main (254)
 	Protocol int // default DefaultRouteProtocol
-	// ParentAddr is this node's underlay address: the link holding it is calc.ParentDevice.
-	ParentAddr netip.Addr
-	Reporter   RouteReporter
+	// ParentAddr is this node's IPv4 underlay address and ParentAddr6 its IPv6 one: the link
+	// holding the address of a route's family is calc.ParentDevice for that route (the other
+	// family's link when this one is not known: one NIC carries both on most nodes).
+	ParentAddr, ParentAddr6 netip.Addr
+	Reporter                RouteReporter
 }
 
 // RouteTable owns the routes in one table that carry sluice's protocol number.
@@ -70,6 +72,7 @@ type RouteTable struct {
 	foreign    []netlink.Route
 	needRead   bool
 	parent     int // index of the link holding ParentAddr, as of the last Apply
+	parent6    int // and of the link holding ParentAddr6
 	reported   map[routeKey]bool
 	writes     int
 	unresolved int
@@ -179,7 +182,7 @@ func routeType(t calc.RouteType) int {
 }
 
 // resolve turns a calc route into its kernel form, or false when its device is missing.
-func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent int) (kernelRoute, bool) {
+func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent, parent6 int) (kernelRoute, bool) {
 	kr := kernelRoute{typ: routeType(r.Type), gw: r.Gateway, onlink: r.OnLink, protocol: netlink.RouteProtocol(t.cfg.Protocol)}
 	if kr.typ != unix.RTN_UNICAST {
 		return kr, true
@@ -187,10 +190,16 @@ func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent int) (ke
 	switch r.Device {
 	case "":
 	case calc.ParentDevice:
-		if parent == 0 {
-			return kr, false
+		if r.Dst.Addr().Is6() {
+			parent, parent6 = parent6, parent
 		}
 		kr.link = parent
+		if kr.link == 0 {
+			kr.link = parent6
+		}
+		if kr.link == 0 {
+			return kr, false
+		}
 	default:
 		idx, ok := links[r.Device]
 		if !ok {
@@ -267,14 +276,16 @@ func (t *RouteTable) prepare() error {
 			t.needRead = true
 			return err
 		}
-		parent := 0
-		if t.cfg.ParentAddr.IsValid() {
-			if parent, err = t.k.LinkHoldingAddr(t.cfg.ParentAddr.AsSlice()); err != nil {
-				t.needRead = true
-				return err
+		var parents [2]int
+		for i, a := range []netip.Addr{t.cfg.ParentAddr, t.cfg.ParentAddr6} {
+			if a.IsValid() {
+				if parents[i], err = t.k.LinkHoldingAddr(a.AsSlice()); err != nil {
+					t.needRead = true
+					return err
+				}
 			}
 		}
-		t.links, t.parent, t.linksStale = links, parent, false
+		t.links, t.parent, t.parent6, t.linksStale = links, parents[0], parents[1], false
 	}
 	if t.needRead {
 		if err := t.read(); err != nil {
@@ -284,7 +295,7 @@ func (t *RouteTable) prepare() error {
 	// Resolve desired routes against the links: all of them when links or the kernel may
 	// have changed, else only the changed ones and those still waiting for their device.
 	resolve := func(k routeKey) {
-		kr, ok := t.resolve(t.routes[k], t.links, t.parent)
+		kr, ok := t.resolve(t.routes[k], t.links, t.parent, t.parent6)
 		if !ok {
 			t.unres[k] = true
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears

@@ -394,7 +394,7 @@ func (x *VXLAN) Diff() (missing, extra []string, err error) {
 	if x.local == nil {
 		l, err := x.k.Link(x.cfg.Name)
 		if err == nil && l != nil {
-			extra = append(extra, "device "+x.cfg.Name+" (VXLAN is off)")
+			extra = append(extra, "device "+x.cfg.Name+" (no local VTEP of its family: VXLAN off, or no tunnel address)")
 		}
 		return nil, extra, err
 	}

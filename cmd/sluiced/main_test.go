@@ -107,6 +107,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--config", "/does/not/exist.yaml"}, nil, []string{"reading configuration file"}},
 		{[]string{"--node-name", "a", "node-b"}, nil, []string{`unexpected argument "node-b"`}},
 		{[]string{"--colour"}, nil, []string{"flag provided but not defined: -colour"}},
+		{[]string{"--vxlan-device-v6", "vxlan.sluice"}, nil, []string{"options vxlan-device and vxlan-device-v6 both name", `"vxlan.sluice"`}},
 	} {
 		var stderr bytes.Buffer
 		c, err := agentconfig.Parse(tc.args, envOf(tc.env), &stderr)

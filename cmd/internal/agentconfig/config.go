@@ -288,6 +288,9 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 			}
 		}
 	}
+	if c.Calc.VXLANDevice == c.Calc.VXLANDeviceV6 {
+		return nil, fmt.Errorf("options vxlan-device and vxlan-device-v6 both name %q: the IPv4 and IPv6 devices need names of their own", c.Calc.VXLANDevice)
+	}
 	c.Etcd = c.Etcd.WithEnv(getenv)
 	c.NotifySocket = getenv("NOTIFY_SOCKET")
 	c.Watchdog = WatchdogInterval(getenv("WATCHDOG_USEC"), getenv("WATCHDOG_PID"), os.Getpid())
