@@ -21,7 +21,8 @@ type Config struct {
 	// VXLANv6 configures the IPv6 device (IPv6 is set on it); its VNI and port default to
 	// VXLAN's.
 	VXLANv6 VXLANConfig
-	// ParentAddr is this node's underlay address when no local VTEP says it (VXLAN off).
+	// ParentAddr is this node's underlay address (of either family) when no local VTEP says
+	// it (VXLAN off).
 	ParentAddr netip.Addr
 	// MinInterval is the least time between applies; default 1 ms. Changes that arrive
 	// while an apply runs coalesce into the next one.
@@ -105,8 +106,11 @@ func New(k Kernel, cfg Config) *Dataplane {
 	if cfg.Sysctl == nil {
 		cfg.Sysctl = writeSysctl
 	}
-	cfg.Routes.ParentAddr = cfg.ParentAddr
-	cfg.VXLAN.ParentAddr = cfg.ParentAddr
+	if cfg.ParentAddr.Is6() {
+		cfg.Routes.ParentAddr6, cfg.VXLANv6.ParentAddr = cfg.ParentAddr, cfg.ParentAddr
+	} else {
+		cfg.Routes.ParentAddr, cfg.VXLAN.ParentAddr = cfg.ParentAddr, cfg.ParentAddr
+	}
 	cfg.VXLANv6.IPv6 = true
 	if cfg.VXLANv6.VNI == 0 {
 		cfg.VXLANv6.VNI = cfg.VXLAN.VNI
