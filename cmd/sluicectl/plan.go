@@ -20,6 +20,7 @@ func calcFlags(fs *flag.FlagSet) func(node string) (calc.Config, error) {
 	routeSource := fs.String("route-source", string(cfg.RouteSource), "CalicoIPAM (routes from blocks) or WorkloadIPs (from workload endpoints)")
 	fs.BoolVar(&cfg.VXLAN, "vxlan", cfg.VXLAN, "VXLAN on or off")
 	fs.StringVar(&cfg.VXLANDevice, "vxlan-device", cfg.VXLANDevice, "name of the VXLAN device")
+	fs.StringVar(&cfg.VXLANDeviceV6, "vxlan-device-v6", cfg.VXLANDeviceV6, "name of the IPv6 VXLAN device")
 	blackhole := fs.String("blackhole-type", string(cfg.BlackholeType), "blackhole, unreachable or prohibit for local blocks")
 	fs.IntVar(&cfg.BlackholeMetric, "blackhole-metric", cfg.BlackholeMetric, "metric of local-block blackholes")
 	fs.BoolVar(&cfg.PoolBlackholes, "pool-blackholes", cfg.PoolBlackholes, "add a lowest-priority blackhole for each whole pool")
