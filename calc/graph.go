@@ -114,9 +114,7 @@ type Graph struct {
 
 	inSync  bool
 	emitted bool
-	// everything is dirty until the first computation: marking per input is skipped
-	everything bool
-	pending    pendingOps
+	pending pendingOps
 }
 
 // New returns an empty graph for cfg.
@@ -152,7 +150,6 @@ func New(cfg Config) (*Graph, error) {
 		hcClaims:        map[uint16]map[string]HealthCheck{},
 		health:          map[uint16]HealthCheck{},
 		problems:        map[string]string{},
-		everything:      true,
 	}, nil
 }
 
@@ -222,21 +219,29 @@ func (g *Graph) isLocal(node string) bool { return node == g.cfg.NodeName }
 // markBlockContents marks every address of a block whose route may depend on the block:
 // workload addresses (borrowed or not) and tunnel addresses.
 func (g *Graph) markBlockContents(cidr netip.Prefix) {
-	if g.everything {
-		return
-	}
-	n := store.BlockSlots(cidr)
-	a := cidr.Masked().Addr()
-	for i := 0; i < n; i += bucketSize {
-		for s := range g.singles[bucketOf(a)] {
+	start := cidr.Masked().Addr()
+	for i := 0; i < store.BlockSlots(cidr); i += bucketSize {
+		for s := range g.singles[bucketOf(addrPlus(start, uint64(i)))] {
 			if cidr.Contains(s) {
 				g.dirtyDst.add(netip.PrefixFrom(s, s.BitLen()))
 			}
 		}
-		for range min(bucketSize, n-i) {
-			a = a.Next()
-		}
 	}
+}
+
+// addrPlus is a+n (n small: within a block), carrying across the address's bytes.
+func addrPlus(a netip.Addr, n uint64) netip.Addr {
+	b := a.As16()
+	for i := 15; i >= 0 && n > 0; i-- {
+		sum := uint64(b[i]) + n&0xff
+		b[i] = byte(sum)
+		n = n>>8 + sum>>8
+	}
+	out := netip.AddrFrom16(b)
+	if a.Is4() {
+		return out.Unmap()
+	}
+	return out
 }
 
 // bucketSize is how many addresses one entry of Graph.singles covers.
@@ -267,7 +272,7 @@ func (g *Graph) onPool(id string, p *store.IPPool) {
 	}
 	// A pool decides the route of every block inside it, and of borrowed addresses there.
 	for _, q := range []*store.IPPool{old, p} {
-		if q == nil || g.everything {
+		if q == nil {
 			continue
 		}
 		g.dirtyDst.add(q.CIDR)
@@ -327,7 +332,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		}
 	}
 	g.dirtyVTEP.add(id)
-	if g.isLocal(id) && !g.everything {
+	if g.isLocal(id) {
 		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
 		for cidr := range g.blocks {
 			g.dirtyDst.add(cidr)
@@ -343,9 +348,6 @@ func (g *Graph) onNode(id string, n *store.Node) {
 				g.dirtySvc.add(sid)
 			}
 		}
-		return
-	}
-	if g.everything {
 		return
 	}
 	for cidr := range g.blocksByNode[id] {
@@ -443,28 +445,6 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.dirtySvc.add(e.ServiceID())
 }
 
-// markEverything makes every destination, VTEP and service dirty, for the first computation.
-func (g *Graph) markEverything() {
-	for _, p := range g.pools {
-		g.dirtyDst.add(p.CIDR)
-	}
-	for cidr := range g.blocks {
-		g.dirtyDst.add(cidr)
-	}
-	for net := range g.wepsByNet {
-		g.dirtyDst.add(net)
-	}
-	for a := range g.tunnelsByAddr {
-		g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
-	}
-	for n := range g.nodes {
-		g.dirtyVTEP.add(n)
-	}
-	for id := range g.services {
-		g.dirtySvc.add(id)
-	}
-	g.everything = false
-}
 
 // problem records something calc cannot act on; it is reported once, in the next update.
 func (g *Graph) problem(key, reason string) {

@@ -102,9 +102,6 @@ func (p *pendingOps) take() *Update {
 }
 
 func (g *Graph) recompute() {
-	if g.everything {
-		g.markEverything()
-	}
 	g.recomputeVTEPs()
 	g.recomputeRoutes()
 	g.recomputeServices()
