@@ -445,7 +445,6 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.dirtySvc.add(e.ServiceID())
 }
 
-
 // problem records something calc cannot act on; it is reported once, in the next update.
 func (g *Graph) problem(key, reason string) {
 	if g.problems[key] == reason {

@@ -412,7 +412,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	done := make(chan struct{})
 	defer close(done)
 	for _, root := range roots {
-		wch := in.cfg.Client.Watch(wctx, spans[root].start, clientv3.WithRange(spans[root].end), clientv3.WithRev(rev), clientv3.WithPrevKV())
+		wch := in.cfg.Client.Watch(wctx, spans[root].start, clientv3.WithRange(spans[root].end), clientv3.WithRev(rev))
 		go func() {
 			for resp := range wch {
 				select {
