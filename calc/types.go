@@ -55,10 +55,16 @@ type Config struct {
 	PoolBlackholeMetric int
 }
 
+// The default names of sluice's VXLAN devices (Calico's are vxlan.calico and vxlan-v6.calico).
+const (
+	DefaultVXLANDevice   = "vxlan.sluice"
+	DefaultVXLANDeviceV6 = "vxlan-v6.sluice"
+)
+
 // DefaultConfig returns the defaults for node.
 func DefaultConfig(node string) Config {
-	return Config{NodeName: node, RouteSource: SourceCalicoIPAM, VXLAN: true, VXLANDevice: "vxlan.sluice",
-		VXLANDeviceV6: "vxlan-v6.sluice", BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
+	return Config{NodeName: node, RouteSource: SourceCalicoIPAM, VXLAN: true, VXLANDevice: DefaultVXLANDevice,
+		VXLANDeviceV6: DefaultVXLANDeviceV6, BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
 }
 
 func (c *Config) normalise() error {
@@ -80,10 +86,10 @@ func (c *Config) normalise() error {
 		return fmt.Errorf("calc: blackhole type %q: want blackhole, unreachable or prohibit", c.BlackholeType)
 	}
 	if c.VXLANDevice == "" {
-		c.VXLANDevice = "vxlan.sluice"
+		c.VXLANDevice = DefaultVXLANDevice
 	}
 	if c.VXLANDeviceV6 == "" {
-		c.VXLANDeviceV6 = "vxlan-v6.sluice"
+		c.VXLANDeviceV6 = DefaultVXLANDeviceV6
 	}
 	if c.VXLANDevice == c.VXLANDeviceV6 {
 		return fmt.Errorf("calc: the IPv4 and IPv6 VXLAN devices are both named %q", c.VXLANDevice)

@@ -15,8 +15,8 @@ import (
 // VXLAN defaults, chosen so sluice nodes and Calico nodes can share a cluster (Calico's
 // devices are vxlan.calico and vxlan-v6.calico, both on VNI 4096 and port 4789).
 const (
-	DefaultVXLANName   = "vxlan.sluice"
-	DefaultVXLANNameV6 = "vxlan-v6.sluice"
+	DefaultVXLANName   = calc.DefaultVXLANDevice
+	DefaultVXLANNameV6 = calc.DefaultVXLANDeviceV6
 	DefaultVNI         = 4096
 	DefaultVXLANPort   = 4789
 	// What VXLAN adds to a packet: outer IPv4 (20) or IPv6 (40), UDP (8), VXLAN (8) and the

@@ -125,43 +125,17 @@ func optionTable() []option {
 		{name: "vxlan", env: "SLUICE_VXLAN", key: "vxlan", def: "true", boolean: true, accepts: "true or false", help: "program VXLAN routes, the VXLAN device and its VTEPs",
 			set: func(c *Config, v string) (err error) { c.Calc.VXLAN, err = parseBool(v); return }},
 		{name: "vxlan-device", env: "SLUICE_VXLAN_DEVICE", key: "vxlanDevice", def: dataplane.DefaultVXLANName, accepts: "an interface name (at most 15 characters)", help: "name of sluice's VXLAN device",
-			set: func(c *Config, v string) error {
-				c.Calc.VXLANDevice, c.DP.VXLAN.Name = v, v
-				if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ ") {
-					return errors.New("not an interface name")
-				}
-				return nil
-			}},
+			set: ifName(func(c *Config) (*string, *string) { return &c.Calc.VXLANDevice, &c.DP.VXLAN.Name })},
 		{name: "vxlan-device-v6", env: "SLUICE_VXLAN_DEVICE_V6", key: "vxlanDeviceV6", def: dataplane.DefaultVXLANNameV6, accepts: "an interface name (at most 15 characters)", help: "name of sluice's IPv6 VXLAN device (IPv6 tunnel addresses over an IPv6 underlay; same VNI and port)",
-			set: func(c *Config, v string) error {
-				c.Calc.VXLANDeviceV6, c.DP.VXLANv6.Name = v, v
-				if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ ") {
-					return errors.New("not an interface name")
-				}
-				return nil
-			}},
+			set: ifName(func(c *Config) (*string, *string) { return &c.Calc.VXLANDeviceV6, &c.DP.VXLANv6.Name })},
 		{name: "vxlan-vni", env: "SLUICE_VXLAN_VNI", key: "vxlanVNI", def: strconv.Itoa(dataplane.DefaultVNI), accepts: "1 to 16777215", help: "VXLAN network identifier (4096 matches Calico)",
 			set: func(c *Config, v string) (err error) { c.DP.VXLAN.VNI, err = parseIntRange(v, 1, 1<<24-1); return }},
 		{name: "vxlan-port", env: "SLUICE_VXLAN_PORT", key: "vxlanPort", def: strconv.Itoa(dataplane.DefaultVXLANPort), accepts: "1 to 65535", help: "VXLAN UDP port (4789 matches Calico)",
 			set: func(c *Config, v string) (err error) { c.DP.VXLAN.Port, err = parseIntRange(v, 1, 65535); return }},
 		{name: "vxlan-mtu", env: "SLUICE_VXLAN_MTU", key: "vxlanMTU", def: "0", accepts: "0, or 68 to 65485", help: "MTU of the VXLAN device; 0 means the parent interface's MTU minus 50",
-			set: func(c *Config, v string) error {
-				n, err := parseIntRange(v, 0, 65485)
-				if err == nil && n != 0 && n < 68 {
-					err = errors.New("out of range")
-				}
-				c.DP.VXLAN.MTU = n
-				return err
-			}},
+			set: zeroOr(68, 65485, func(c *Config) *int { return &c.DP.VXLAN.MTU })},
 		{name: "vxlan-mtu-v6", env: "SLUICE_VXLAN_MTU_V6", key: "vxlanMTUV6", def: "0", accepts: "0, or 1280 to 65465", help: "MTU of the IPv6 VXLAN device; 0 means the parent interface's MTU minus 70",
-			set: func(c *Config, v string) error {
-				n, err := parseIntRange(v, 0, 65465)
-				if err == nil && n != 0 && n < 1280 {
-					err = errors.New("out of range")
-				}
-				c.DP.VXLANv6.MTU = n
-				return err
-			}},
+			set: zeroOr(1280, 65465, func(c *Config) *int { return &c.DP.VXLANv6.MTU })},
 		{name: "blackhole-type", env: "SLUICE_BLACKHOLE_TYPE", key: "blackholeType", def: "blackhole", accepts: "blackhole, unreachable or prohibit", help: "route type for local blocks: silent drop, or ICMP errors",
 			set: func(c *Config, v string) error {
 				c.Calc.BlackholeType = calc.RouteType(v)
@@ -188,27 +162,49 @@ func optionTable() []option {
 		{name: "route-protocol", env: "SLUICE_ROUTE_PROTOCOL", key: "routeProtocol", def: strconv.Itoa(dataplane.DefaultRouteProtocol), accepts: "3 to 255, one no other program uses", help: "route protocol number that marks sluice's routes",
 			set: func(c *Config, v string) (err error) { c.DP.Routes.Protocol, err = parseIntRange(v, 3, 255); return }},
 		{name: "resync-interval", env: "SLUICE_RESYNC_INTERVAL", key: "resyncInterval", def: "90s", accepts: "a duration of at least 1s", help: "period of the full dataplane resync (a safety net behind the kernel watch)",
-			set: func(c *Config, v string) error {
-				d, err := time.ParseDuration(v)
-				if err != nil || d < time.Second {
-					return errors.New("not a duration of at least 1s")
-				}
-				c.DP.ResyncInterval = d
-				return nil
-			}},
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.DP.ResyncInterval })},
 		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
 			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
-			set: func(c *Config, v string) error {
-				d, err := time.ParseDuration(v)
-				if err != nil || d < time.Second {
-					return errors.New("not a duration of at least 1s")
-				}
-				c.StatusTTL = d
-				return nil
-			}},
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.StatusTTL })},
 		{name: "health-listen", env: "SLUICE_HEALTH_LISTEN", key: "healthListen", def: "127.0.0.1:9097", accepts: "host:port, or empty to turn it off", help: "address of /livez, /readyz and /metrics",
 			set: func(c *Config, v string) error { c.HealthListen = v; return nil }},
+	}
+}
+
+// ifName sets an interface name into the calc and dataplane fields dst gives.
+func ifName(dst func(*Config) (*string, *string)) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		a, b := dst(c)
+		*a, *b = v, v
+		if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ ") {
+			return errors.New("not an interface name")
+		}
+		return nil
+	}
+}
+
+// zeroOr sets 0, or a number from lo to hi, into the field dst gives.
+func zeroOr(lo, hi int, dst func(*Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := parseIntRange(v, 0, hi)
+		if err == nil && n != 0 && n < lo {
+			err = errors.New("out of range")
+		}
+		*dst(c) = n
+		return err
+	}
+}
+
+// atLeastOneSecond sets a duration of at least a second into the field dst gives.
+func atLeastOneSecond(dst func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second {
+			return errors.New("not a duration of at least 1s")
+		}
+		*dst(c) = d
+		return nil
 	}
 }
 
