@@ -158,7 +158,7 @@ func (b *batcher) remove(rs []*netlink.Route) []error {
 	}
 	errs := b.send(reqs)
 	for i, err := range errs {
-		if err == unix.ESRCH || err == unix.ENOENT {
+		if gone(err) {
 			errs[i] = nil
 		}
 	}

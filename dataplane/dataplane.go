@@ -155,8 +155,9 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		for k, v := range d.vteps {
 			if !seenV[k] {
-				d.vxlan.DeleteVTEP(v)
-				d.vxlan6.DeleteVTEP(v)
+				for _, x := range d.devices() {
+					x.DeleteVTEP(v)
+				}
 				delete(d.vteps, k)
 			}
 		}
@@ -165,17 +166,14 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	for _, op := range u.Ops {
 		switch {
 		case op.VTEP != nil && op.Remove:
-			d.vxlan.DeleteVTEP(*op.VTEP) // each device takes its own family's VTEPs
-			d.vxlan6.DeleteVTEP(*op.VTEP)
+			for _, x := range d.devices() { // each device takes its own family's VTEPs
+				x.DeleteVTEP(*op.VTEP)
+			}
 			delete(d.vteps, op.VTEP.Key())
 		case op.VTEP != nil:
-			if old, ok := d.vteps[op.VTEP.Key()]; ok && !old.Local {
-				// Its MAC or addresses changed: the old entries are not wanted any more.
-				d.vxlan.DeleteVTEP(old)
-				d.vxlan6.DeleteVTEP(old)
+			for _, x := range d.devices() {
+				x.SetVTEP(*op.VTEP)
 			}
-			d.vxlan.SetVTEP(*op.VTEP)
-			d.vxlan6.SetVTEP(*op.VTEP)
 			d.vteps[op.VTEP.Key()] = *op.VTEP
 			if op.VTEP.Local && op.VTEP.Underlay.IsValid() {
 				d.setParentLocked(op.VTEP.Underlay)
@@ -240,6 +238,17 @@ func (d *Dataplane) setParentLocked(a netip.Addr) {
 	}
 }
 
+// devices are the VXLAN drivers, IPv4 then IPv6.
+func (d *Dataplane) devices() [2]*VXLAN { return [2]*VXLAN{d.vxlan, d.vxlan6} }
+
+// resyncAllLocked makes the next apply read everything again.
+func (d *Dataplane) resyncAllLocked() {
+	d.routes.QueueResync()
+	for _, x := range d.devices() {
+		x.QueueResync()
+	}
+}
+
 // Kick asks for an apply soon.
 func (d *Dataplane) Kick() {
 	select {
@@ -252,9 +261,7 @@ func (d *Dataplane) Kick() {
 // under sluice), and kicks.
 func (d *Dataplane) QueueResync() {
 	d.mu.Lock()
-	d.routes.QueueResync()
-	d.vxlan.QueueResync()
-	d.vxlan6.QueueResync()
+	d.resyncAllLocked()
 	d.stats.Resyncs++
 	d.mu.Unlock()
 	d.Kick()
@@ -314,9 +321,7 @@ func (d *Dataplane) Apply() error {
 		errs = append(errs, err)
 	}
 	if scan && d.handleLeftovers() {
-		d.routes.QueueResync()
-		d.vxlan.QueueResync()
-		d.vxlan6.QueueResync()
+		d.resyncAllLocked()
 		d.Kick()
 	}
 	err := errors.Join(errs...)
@@ -330,9 +335,7 @@ func (d *Dataplane) Apply() error {
 	}
 	if err != nil {
 		d.stats.Failures++
-		d.routes.QueueResync()
-		d.vxlan.QueueResync()
-		d.vxlan6.QueueResync()
+		d.resyncAllLocked() // a failure makes the next apply a full resync
 	}
 	return err
 }
@@ -461,7 +464,7 @@ func Diff(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err er
 	d.OnUpdate(u)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, x := range []*VXLAN{d.vxlan, d.vxlan6} {
+	for _, x := range d.devices() {
 		xm, xe, err := x.Diff()
 		if err != nil {
 			return nil, nil, err

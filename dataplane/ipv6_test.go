@@ -147,19 +147,5 @@ func TestIPv6VXLANRealKernel(t *testing.T) {
 // routes6 renders the main table's IPv6 routes of sluice's protocol like `ip -6 route`.
 func (n *testNode) routes6() string {
 	n.t.Helper()
-	rs, err := n.h.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: DefaultRouteProtocol},
-		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	links, _ := n.h.LinkList()
-	names := map[int]string{}
-	for _, l := range links {
-		names[l.Attrs().Index] = l.Attrs().Name
-	}
-	var lines []string
-	for _, r := range rs {
-		lines = append(lines, RenderRoute(r, names))
-	}
-	return strings.Join(lines, "\n")
+	return n.render(netlink.FAMILY_V6, func(r netlink.Route) bool { return int(r.Protocol) == DefaultRouteProtocol })
 }

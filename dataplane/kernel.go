@@ -117,7 +117,7 @@ func (k *netlinkKernel) RouteReplace(r *netlink.Route) error { return k.h.RouteR
 
 func (k *netlinkKernel) RouteDel(r *netlink.Route) error {
 	err := k.h.RouteDel(r)
-	if err == unix.ESRCH || err == unix.ENOENT {
+	if gone(err) {
 		return nil // already gone: deleting is idempotent
 	}
 	return err
@@ -239,8 +239,11 @@ func (k *netlinkKernel) NeighSet(n *netlink.Neigh) error { return k.h.NeighSet(n
 
 func (k *netlinkKernel) NeighDel(n *netlink.Neigh) error {
 	err := k.h.NeighDel(n)
-	if err == unix.ENOENT || err == unix.ESRCH {
+	if gone(err) {
 		return nil
 	}
 	return err
 }
+
+// gone reports an error that says the object to delete is not there: deleting is idempotent.
+func gone(err error) bool { return err == unix.ESRCH || err == unix.ENOENT }

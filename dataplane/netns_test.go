@@ -97,7 +97,15 @@ func (n *testNode) iface(name, addr string) {
 // when proto is 0, every route when it is -1) like `ip route`.
 func (n *testNode) routes(proto int) string {
 	n.t.Helper()
-	rs, err := n.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	return n.render(netlink.FAMILY_V4, func(r netlink.Route) bool {
+		return !(proto > 0 && int(r.Protocol) != proto) && !(proto == 0 && r.Protocol == unix.RTPROT_KERNEL)
+	})
+}
+
+// render lists the main table's routes of one family that keep accepts, sorted, like `ip route`.
+func (n *testNode) render(family int, keep func(netlink.Route) bool) string {
+	n.t.Helper()
+	rs, err := n.h.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -108,7 +116,7 @@ func (n *testNode) routes(proto int) string {
 	}
 	var lines []string
 	for _, r := range rs {
-		if (proto > 0 && int(r.Protocol) != proto) || (proto == 0 && r.Protocol == unix.RTPROT_KERNEL) {
+		if !keep(r) {
 			continue
 		}
 		if r.Type != unix.RTN_UNICAST {

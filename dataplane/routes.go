@@ -269,7 +269,7 @@ func (t *RouteTable) Apply() error {
 
 // prepare looks at links and the kernel as needed and resolves the desired routes.
 func (t *RouteTable) prepare() error {
-	all := t.linksStale || t.needRead
+	all := t.linksStale // how a route resolves depends on the links only, not on a re-read
 	if t.linksStale {
 		links, err := t.k.LinkIndexes()
 		if err != nil {

@@ -53,9 +53,6 @@ func (t *Tracker[K, V]) Desired(k K) (V, bool) {
 // ActualLen is how many keys the kernel holds, as far as the tracker knows.
 func (t *Tracker[K, V]) ActualLen() int { return len(t.actual) }
 
-// DesiredLen is how many keys are desired.
-func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
-
 // ReplaceActual records a fresh read of the kernel; every key becomes dirty.
 func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
 	t.actual = actual
@@ -105,6 +102,3 @@ func (t *Tracker[K, V]) Clean(k K) { delete(t.dirty, k) }
 
 // MarkDirty makes k be compared again at the next Pending.
 func (t *Tracker[K, V]) MarkDirty(k K) { t.dirty[k] = struct{}{} }
-
-// Dirty is how many keys may differ.
-func (t *Tracker[K, V]) Dirty() int { return len(t.dirty) }

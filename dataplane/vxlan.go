@@ -47,7 +47,9 @@ type VXLAN struct {
 	k     Kernel
 	cfg   VXLANConfig
 	local *calc.VTEP
-	// neigh: remote tunnel address → MAC; fdb: remote MAC → underlay address.
+	// remotes are the remote VTEPs by node; neigh: remote tunnel address → MAC; fdb: remote
+	// MAC → underlay address.
+	remotes  map[string]calc.VTEP
 	neigh    *Tracker[netip.Addr, string]
 	fdb      *Tracker[string, netip.Addr]
 	needRead bool
@@ -78,7 +80,7 @@ func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 		cfg.Port = DefaultVXLANPort
 	}
 	eq := func(a, b string) bool { return a == b }
-	return &VXLAN{k: k, cfg: cfg, neigh: NewTracker[netip.Addr, string](eq),
+	return &VXLAN{k: k, cfg: cfg, remotes: map[string]calc.VTEP{}, neigh: NewTracker[netip.Addr, string](eq),
 		fdb: NewTracker[string, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
 }
 
@@ -102,8 +104,16 @@ func (x *VXLAN) SetVTEP(v calc.VTEP) {
 		x.deviceChecked = false
 		return
 	}
+	if old, ok := x.remotes[v.Node]; ok && !sameVTEP(old, v) {
+		x.DeleteVTEP(old) // its MAC or addresses changed: the old entries are not wanted
+	}
+	x.remotes[v.Node] = v
 	x.neigh.SetDesired(v.TunnelAddr, v.MAC.String())
 	x.fdb.SetDesired(v.MAC.String(), v.Underlay)
+}
+
+func sameVTEP(a, b calc.VTEP) bool {
+	return a.TunnelAddr == b.TunnelAddr && a.Underlay == b.Underlay && bytes.Equal(a.MAC, b.MAC)
 }
 
 // DeleteVTEP withdraws a VTEP.
@@ -115,6 +125,9 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 		x.local = nil
 		x.deviceChecked = false // the device goes at the next Apply
 		return
+	}
+	if old, ok := x.remotes[v.Node]; ok && sameVTEP(old, v) {
+		delete(x.remotes, v.Node)
 	}
 	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == v.MAC.String() {
 		x.neigh.DeleteDesired(v.TunnelAddr)
@@ -247,14 +260,13 @@ func (x *VXLAN) Apply() error {
 	return joinErrors(errs)
 }
 
-func (x *VXLAN) done(err error, errs *[]error, what string, ok func()) bool {
+func (x *VXLAN) done(err error, errs *[]error, what string, ok func()) {
 	if err != nil {
 		*errs = append(*errs, fmt.Errorf("%s on %s: %w", what, x.cfg.Name, err))
-		return false
+		return
 	}
 	x.writes++
 	ok()
-	return true
 }
 
 // ensureDevice creates the device or corrects it, and returns its index.

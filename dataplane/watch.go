@@ -114,8 +114,9 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 		case u := <-addrs:
 			d.mu.Lock()
 			d.routes.LinksChanged()
-			d.vxlan.CheckDevice()
-			d.vxlan6.CheckDevice()
+			for _, x := range d.devices() { // the parent's MTU or addresses may have changed
+				x.CheckDevice()
+			}
 			if u.LinkAddress.IP != nil {
 				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
 					d.vxlan.QueueResync()
@@ -130,19 +131,20 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 				continue
 			}
 			d.mu.Lock()
-			for _, x := range []*VXLAN{d.vxlan, d.vxlan6} {
+			repair := false
+			for _, x := range d.devices() {
 				if x.index != 0 && u.LinkIndex == x.index {
 					ip, _ := netip.AddrFromSlice(u.IP)
-					if !x.cfg.IPv6 {
-						ip = ip.Unmap()
-					}
-					if x.NeighGone(ip, u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
+					if x.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
 						d.stats.NeighRepairs++
+						repair = true
 					}
 				}
 			}
 			d.mu.Unlock()
-			d.Kick()
+			if repair { // another interface's neighbour, or one sluice no longer wants: nothing to do
+				d.Kick()
+			}
 		}
 	}
 }
@@ -151,7 +153,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 // sluice's table (the caller decides when to resync). Sluice's own new routes never get here:
 // the subscription's socket filter drops them in the kernel (routewatch.go).
 func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
-	if u.Dst == nil || u.Table != d.table || u.Protocol == unix.RTPROT_KERNEL {
+	if u.Table != d.table || u.Protocol == unix.RTPROT_KERNEL {
 		return false
 	}
 	ours := int(u.Protocol) == d.protocol
@@ -160,11 +162,14 @@ func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
 		ip, _ := netip.AddrFromSlice(u.Dst.IP)
 		ones, _ := u.Dst.Mask.Size()
 		d.mu.Lock()
-		if d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority) {
+		repair := d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority)
+		if repair {
 			d.stats.RouteRepairs++
 		}
 		d.mu.Unlock()
-		d.Kick()
+		if repair { // not sluice's own delete of a route it no longer wants
+			d.Kick()
+		}
 		return false
 	case !ours && u.Type == unix.RTM_NEWROUTE:
 		return true
@@ -191,8 +196,9 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 	default:
 		d.mu.Lock()
 		d.routes.LinksChanged()
-		d.vxlan.CheckDevice() // the parent's MTU or addresses may have changed
-		d.vxlan6.CheckDevice()
+		for _, x := range d.devices() { // the parent's MTU or addresses may have changed
+			x.CheckDevice()
+		}
 		d.mu.Unlock()
 		d.Kick()
 	}
