@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -204,13 +205,13 @@ func (l *lab) ping(from, to string) error {
 	return err
 }
 
-func (l *lab) tcp(from, to string) error {
-	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", l.workload(to).addr+":8080")
-	return err
-}
-
-func (l *lab) tcp6(from, to string) error {
-	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", "["+l.workload(to).addr6+"]:8080")
+// tcp connects from one workload to another's server, to its IPv6 address with ipv6.
+func (l *lab) tcp(from, to string, ipv6 bool) error {
+	addr := l.workload(to).addr
+	if ipv6 {
+		addr = l.workload(to).addr6
+	}
+	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", net.JoinHostPort(addr, "8080"))
 	return err
 }
 

@@ -121,12 +121,12 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		}
 		_, err := retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
 		l.check(err == nil, "ping %s -> %s %s", p[0], p[1], how)
-		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1]) })
+		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
 		l.check(err == nil, "TCP %s -> %s %s", p[0], p[1], how)
 	}
 
 	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-c", "web-b"}} {
-		_, err := retry(10*time.Second, func() error { return l.tcp6(p[0], p[1]) })
+		_, err := retry(10*time.Second, func() error { return l.tcp(p[0], p[1], true) })
 		l.check(err == nil, "TCP over IPv6 %s -> %s through vxlan-v6.sluice", p[0], p[1])
 	}
 
@@ -211,13 +211,21 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	l.check(err != nil && strings.Contains(out, "missing: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
 		"diff reports the missing route and the extra one, and exits 1")
 	status, _ := l.ctl("status")
-	l.check(strings.Contains(status, "node-b") && strings.Contains(strings.Split(status[strings.Index(status, "node-b"):], "\n")[0], "gone"),
+	line := func(node string) string {
+		for _, l := range strings.Split(status, "\n") {
+			if strings.HasPrefix(l, node+" ") {
+				return l
+			}
+		}
+		return ""
+	}
+	l.check(strings.Contains(line("node-b"), "gone") && strings.Contains(line("node-a"), "in sync") && strings.Contains(line("node-c"), "in sync"),
 		"sluicectl status shows node-b's agent gone and the others in sync")
 	nb, err := l.startAgent("node-b")
 	if err != nil {
 		return err
 	}
-	nb.waitFor(20*time.Second, "dataplane updated")
+	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced restarted on node-b has applied")
 	_, err = retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
 	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
 

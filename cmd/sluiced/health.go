@@ -62,14 +62,23 @@ func newAgentState() *agentState {
 	}
 }
 
-// OnEvents counts events by kind and type (a store.Handler).
+// OnEvents counts events by kind and type (a store.Handler): summed over the batch first, so
+// the labelled counter is looked up once per kind and type, not once per event.
 func (a *agentState) OnEvents(batch []store.Event) {
+	type kindType struct {
+		kind store.Kind
+		typ  store.EventType
+	}
+	counts := map[kindType]int{}
 	for i := range batch {
-		kind := batch[i].Kind.String()
-		if batch[i].Type == store.EventInSync {
+		counts[kindType{batch[i].Kind, batch[i].Type}]++
+	}
+	for kt, n := range counts {
+		kind := kt.kind.String()
+		if kt.typ == store.EventInSync {
 			kind = "-"
 		}
-		a.events.WithLabelValues(kind, batch[i].Type.String()).Inc()
+		a.events.WithLabelValues(kind, kt.typ.String()).Add(float64(n))
 	}
 }
 
