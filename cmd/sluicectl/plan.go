@@ -3,34 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"github.com/sluice-net/sluice/store"
 )
-
-// runPlan prints the desired dataplane of any node, computed by the same calc graph sluiced
-// runs, from a live etcd or from a recorded event log. It touches no kernel.
-// calcFlags registers the calculation options sluiced takes too; the returned function
-// builds the configuration for a node after parsing.
-func calcFlags(fs *flag.FlagSet) func(node string) (calc.Config, error) {
-	cfg := calc.DefaultConfig("")
-	routeSource := fs.String("route-source", string(cfg.RouteSource), "CalicoIPAM (routes from blocks) or WorkloadIPs (from workload endpoints)")
-	fs.BoolVar(&cfg.VXLAN, "vxlan", cfg.VXLAN, "VXLAN on or off")
-	fs.StringVar(&cfg.VXLANDevice, "vxlan-device", cfg.VXLANDevice, "name of the VXLAN device")
-	fs.StringVar(&cfg.VXLANDeviceV6, "vxlan-device-v6", cfg.VXLANDeviceV6, "name of the IPv6 VXLAN device")
-	blackhole := fs.String("blackhole-type", string(cfg.BlackholeType), "blackhole, unreachable or prohibit for local blocks")
-	fs.IntVar(&cfg.BlackholeMetric, "blackhole-metric", cfg.BlackholeMetric, "metric of local-block blackholes")
-	fs.BoolVar(&cfg.PoolBlackholes, "pool-blackholes", cfg.PoolBlackholes, "add a lowest-priority blackhole for each whole pool")
-	return func(node string) (calc.Config, error) {
-		c := cfg
-		c.NodeName, c.RouteSource, c.BlackholeType = node, calc.RouteSource(*routeSource), calc.RouteType(*blackhole)
-		_, err := calc.New(c)
-		return c, err
-	}
-}
 
 // runPlan prints the desired dataplane of any node, computed by the same calc graph sluiced
 // runs, from a live etcd or from a recorded event log. It touches no kernel.
@@ -39,7 +18,7 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	node := fs.String("node", "", "the node to plan for (required)")
 	fromLog := fs.String("from-log", "", "read a recorded event log instead of etcd")
 	output := fs.String("o", "table", "output format: table or json")
-	config := calcFlags(fs)
+	config := agentconfig.CalcFlags(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err

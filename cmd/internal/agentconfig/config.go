@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -399,4 +400,42 @@ func WatchdogInterval(usec, pid string, self int) time.Duration {
 		return 0
 	}
 	return time.Duration(n) * time.Microsecond
+}
+
+// calcOptions are the options that shape calc's computation: what `sluicectl plan` takes too.
+var calcOptions = []string{"route-source", "vxlan", "vxlan-device", "vxlan-device-v6", "blackhole-type", "blackhole-metric", "pool-blackholes"}
+
+// CalcFlags registers on fs the options of the table that shape calc's computation, with
+// sluiced's names, defaults and checks; the returned function builds the calc configuration
+// for a node once fs is parsed.
+func CalcFlags(fs *flag.FlagSet) func(node string) (calc.Config, error) {
+	var opts []option
+	given := map[string]string{}
+	for _, o := range optionTable() {
+		if !slices.Contains(calcOptions, o.name) {
+			continue
+		}
+		opts = append(opts, o)
+		usage := fmt.Sprintf("%s (accepts %s; default %q)", o.help, o.accepts, o.def)
+		if o.boolean {
+			fs.Var(&boolFlag{set: func(v string) { given[o.name] = v }}, o.name, usage)
+			continue
+		}
+		fs.Func(o.name, usage, func(v string) error { given[o.name] = v; return nil })
+	}
+	return func(node string) (calc.Config, error) {
+		c := &Config{Calc: calc.DefaultConfig(node)}
+		for _, o := range opts {
+			v, ok := given[o.name]
+			source := "flag --" + o.name
+			if !ok {
+				v, source = o.def, "default"
+			}
+			if err := o.set(c, v); err != nil {
+				return calc.Config{}, optionError(o, source, v, err)
+			}
+		}
+		c.Calc.NodeName = node
+		return c.Calc, nil // what the options cannot check alone, calc.New does
+	}
 }
