@@ -11,8 +11,9 @@ import (
 	"github.com/sluice-net/sluice/store"
 )
 
-// TestHealthStates: /readyz is 503 until the intake is in sync and the dataplane applied;
-// /livez is 503 when the apply loop stopped going round; metrics move with events.
+// TestHealthStates: not ready before the intake is in sync; not live before the apply loop
+// goes round, live once it does; events move their counter; every metric is sluice_. (The
+// HTTP endpoints answering 200 once in sync and applied are TestRun's checkHealth.)
 func TestHealthStates(t *testing.T) {
 	state := newAgentState()
 	state.index = store.NewIndex()
