@@ -1,0 +1,876 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* sluice's service data path: tc programs on host and workload interfaces that translate
+ * service traffic (cluster IPs, node ports, external and load-balancer addresses), forward
+ * node-port traffic to an endpoint's node through a VXLAN tunnel of their own (the client's
+ * address kept), and send replies back the way the request came. See ARCHITECTURE.md ("bpf")
+ * for the design and the Go files of package bpf for the other side. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "sluice.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+
+#define IP_OFF ETH_HLEN
+#define L4_OFF (ETH_HLEN + sizeof(struct iphdr))
+#define ENCAP_LEN (sizeof(struct iphdr) + sizeof(struct udphdr) + 8 + ETH_HLEN)
+#define IP_DF 0x4000
+#define IP_MF 0x2000
+#define IP_OFFMASK 0x1fff
+#define NSEC 1000000000ULL
+#define AFF_SCAN 64
+
+#define ICMP_DEST_UNREACH 3
+#define ICMP_PORT_UNREACH 3
+#define ICMP_FRAG_NEEDED 4
+
+struct icmphdr {
+	__u8 type;
+	__u8 code;
+	__sum16 checksum;
+	__be16 unused;
+	__be16 mtu;
+};
+
+/* Sizes are the defaults; the agent sets them from its options before loading. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct fe_key_v4);
+	__type(value, struct fe_val);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_fe_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct be_key);
+	__type(value, struct be_val_v4);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_be_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_key_v4);
+	__type(value, __u32);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_src_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct cnet_key_v4);
+	__type(value, struct cnet_val);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_cnet_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct aff_key_v4);
+	__type(value, struct aff_val_v4);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_aff_v4 SEC(".maps");
+
+/* A plain hash, not an LRU: an entry of a live flow is never evicted to make room; a full
+ * table refuses new flows (counted) and the cleaner makes room by expiry only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key_v4);
+	__type(value, struct ct_val_v4);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_ct_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct cfg);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, C_NUM);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_counters SEC(".maps");
+
+struct pkt {
+	__be32 src, dst;
+	__be16 sport, dport;
+	__u8 proto;
+	__u8 tcp_flags; /* TCP header byte 13 */
+	__u16 frag;     /* frag_off, host order */
+	__u16 tot_len;  /* host order */
+	__u8 tos;
+	__u8 ttl;
+};
+
+#define TH_FIN 0x01
+#define TH_SYN 0x02
+#define TH_RST 0x04
+#define TH_ACK 0x10
+
+static __always_inline void count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&sl_counters, &c);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct cfg *config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_cfg, &zero);
+}
+
+/* parse reads the IPv4 and transport headers at the standard offsets. Returns 0 when the
+ * packet is IPv4 without options; ports are read only for TCP and UDP first fragments. */
+static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt *p)
+{
+	struct iphdr ip;
+	if (bpf_skb_load_bytes(skb, ip_off, &ip, sizeof(ip)) < 0)
+		return -1;
+	if (ip.version != 4 || ip.ihl != 5)
+		return -1;
+	p->src = ip.saddr;
+	p->dst = ip.daddr;
+	p->proto = ip.protocol;
+	p->frag = bpf_ntohs(ip.frag_off);
+	p->tot_len = bpf_ntohs(ip.tot_len);
+	p->tos = ip.tos;
+	p->ttl = ip.ttl;
+	p->sport = p->dport = 0;
+	p->tcp_flags = 0;
+	if (p->frag & IP_OFFMASK)
+		return 0;
+	__u32 l4 = ip_off + sizeof(struct iphdr);
+	if (p->proto == IPPROTO_TCP) {
+		__u8 th[14];
+		if (bpf_skb_load_bytes(skb, l4, th, sizeof(th)) < 0)
+			return -1;
+		__builtin_memcpy(&p->sport, &th[0], 2);
+		__builtin_memcpy(&p->dport, &th[2], 2);
+		p->tcp_flags = th[13];
+	} else if (p->proto == IPPROTO_UDP) {
+		__be16 ports[2];
+		if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+			return -1;
+		p->sport = ports[0];
+		p->dport = ports[1];
+	}
+	return 0;
+}
+
+static __always_inline int is_l4(struct pkt *p)
+{
+	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && !(p->frag & IP_OFFMASK);
+}
+
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
+/* rewrite changes the source (dst_side 0) or destination address and port of the packet at
+ * the standard offsets, fixing the IP and transport checksums incrementally. */
+static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int dst_side,
+				   __be32 addr, __be16 port)
+{
+	__u32 csum_off = L4_OFF + (p->proto == IPPROTO_TCP ? 16 : 6);
+	__u64 mangle = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__be32 old_addr = dst_side ? p->dst : p->src;
+	__be16 old_port = dst_side ? p->dport : p->sport;
+	if (old_addr != addr) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr, BPF_F_PSEUDO_HDR | mangle | 4) < 0)
+			return -1;
+		if (bpf_l3_csum_replace(skb, IP_OFF + 10, old_addr, addr, 4) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, IP_OFF + (dst_side ? 16 : 12), &addr, 4, 0) < 0)
+			return -1;
+	}
+	if (old_port != port) {
+		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangle | 2) < 0)
+			return -1;
+		if (bpf_skb_store_bytes(skb, L4_OFF + (dst_side ? 2 : 0), &port, 2, 0) < 0)
+			return -1;
+	}
+	if (dst_side) {
+		p->dst = addr;
+		p->dport = port;
+	} else {
+		p->src = addr;
+		p->sport = port;
+	}
+	return 0;
+}
+
+static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int reply)
+{
+	if (p->proto != IPPROTO_TCP)
+		return;
+	__u8 f = p->tcp_flags, t = v->tcp;
+	if ((f & TH_SYN) && !(f & TH_ACK) && !reply)
+		t |= TCP_SYN;
+	if (reply)
+		t |= TCP_REPLIED;
+	if (f & TH_FIN)
+		t |= reply ? TCP_FIN_REV : TCP_FIN_FWD;
+	if (f & TH_RST)
+		t |= TCP_RST;
+	if (t != v->tcp)
+		v->tcp = t;
+}
+
+/* closed says whether a new SYN may reuse the tuple of this entry. */
+static __always_inline int closed(struct ct_val_v4 *v)
+{
+	return (v->tcp & TCP_RST) || ((v->tcp & TCP_FIN_FWD) && (v->tcp & TCP_FIN_REV));
+}
+
+static __always_inline int is_syn(struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN;
+}
+
+static __always_inline struct cnet_val *cluster_net(__be32 addr)
+{
+	struct cnet_key_v4 k = {.prefixlen = 32, .addr = addr};
+	return bpf_map_lookup_elem(&sl_cnet_v4, &k);
+}
+
+/* swap_macs turns the frame around: replies and rejects go back to the hop that sent it. */
+static __always_inline int swap_macs(struct __sk_buff *skb)
+{
+	__u8 m[12], s[12];
+	if (bpf_skb_load_bytes(skb, 0, m, 12) < 0)
+		return -1;
+	__builtin_memcpy(s, m + 6, 6);
+	__builtin_memcpy(s + 6, m, 6);
+	return bpf_skb_store_bytes(skb, 0, s, 12, 0);
+}
+
+/* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
+ * fragmentation needed) from the address it was sent to, out of the interface it came in on. */
+static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu)
+{
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(struct iphdr) + 8, 0) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct icmphdr), BPF_ADJ_ROOM_MAC, 0) < 0)
+		return TC_ACT_SHOT;
+	struct iphdr ip = {};
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.ttl = 64;
+	ip.protocol = IPPROTO_ICMP;
+	ip.tot_len = bpf_htons(2 * sizeof(struct iphdr) + sizeof(struct icmphdr) + 8);
+	ip.saddr = p->dst;
+	ip.daddr = p->src;
+	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	struct icmphdr ic = {};
+	ic.type = ICMP_DEST_UNREACH;
+	ic.code = code;
+	ic.mtu = bpf_htons(mtu);
+	__u8 quote[28];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote, sizeof(quote)) < 0)
+		return TC_ACT_SHOT;
+	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote, sizeof(quote), 0);
+	cs = bpf_csum_diff(0, 0, (__be32 *)&ic, sizeof(ic), cs);
+	ic.checksum = csum_fold(cs);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &ic, sizeof(ic), 0) < 0 || swap_macs(skb) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* tcp_rst answers a TCP segment with a reset, as a closed port does. */
+static __always_inline int tcp_rst(struct __sk_buff *skb, struct pkt *p)
+{
+	struct tcphdr th;
+	if (bpf_skb_load_bytes(skb, L4_OFF, &th, sizeof(th)) < 0)
+		return TC_ACT_SHOT;
+	__u32 payload = p->tot_len - sizeof(struct iphdr) - th.doff * 4;
+	__u32 seq = bpf_ntohl(th.seq), ack = 0;
+	if (th.syn)
+		payload++;
+	if (th.fin)
+		payload++;
+	struct tcphdr rst = {};
+	rst.source = p->dport;
+	rst.dest = p->sport;
+	rst.doff = 5;
+	rst.rst = 1;
+	if (th.ack) {
+		rst.seq = th.ack_seq;
+	} else {
+		ack = seq + payload;
+		rst.ack = 1;
+		rst.ack_seq = bpf_htonl(ack);
+	}
+	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(struct iphdr) + sizeof(struct tcphdr), 0) < 0)
+		return TC_ACT_SHOT;
+	struct iphdr ip = {};
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.ttl = 64;
+	ip.protocol = IPPROTO_TCP;
+	ip.tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
+	ip.saddr = p->dst;
+	ip.daddr = p->src;
+	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	struct {
+		__be32 src, dst;
+		__u8 zero, proto;
+		__be16 len;
+	} ph = {.src = p->dst, .dst = p->src, .proto = IPPROTO_TCP, .len = bpf_htons(sizeof(struct tcphdr))};
+	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	cs = bpf_csum_diff(0, 0, (__be32 *)&rst, sizeof(rst), cs);
+	rst.check = csum_fold(cs);
+	if (bpf_skb_store_bytes(skb, IP_OFF, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, L4_OFF, &rst, sizeof(rst), 0) < 0 || swap_macs(skb) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+static __always_inline int reject(struct __sk_buff *skb, struct pkt *p, __u32 why)
+{
+	count(why);
+	if (p->proto == IPPROTO_TCP) {
+		if (p->tcp_flags & TH_RST)
+			return TC_ACT_SHOT;
+		return tcp_rst(skb, p);
+	}
+	return icmp_back(skb, p, ICMP_PORT_UNREACH, 0);
+}
+
+/* too_big says whether the packet cannot cross the tunnel whole; a segmented (GSO) packet is
+ * judged by its segments, which the kernel cuts to fit after encapsulation. */
+static __always_inline int too_big(struct __sk_buff *skb, struct pkt *p, struct cfg *c)
+{
+	if (skb->gso_segs > 1)
+		return 0;
+	return p->tot_len > c->tunnel_mtu;
+}
+
+/* fib_out sends the packet, whose IP header is at the standard offset, to its destination
+ * through the kernel's FIB: the MACs are filled in and the packet leaves by the route's
+ * interface without passing the kernel's forwarding path (no rp_filter on a multi-homed
+ * node, no dependence on routes back to the client). */
+static __always_inline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int fallback_ok)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET;
+	fib.ipv4_src = src;
+	fib.ipv4_dst = dst;
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = {.nh_family = AF_INET, .ipv4_nh = fib.ipv4_dst};
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	if (fallback_ok)
+		return TC_ACT_OK;
+	count(C_DROP_FIB);
+	return TC_ACT_SHOT;
+}
+
+/* encap wraps the packet (IP header at the standard offset) in VXLAN to the node at dst and
+ * sends it there. */
+static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
+{
+	__u32 inner = skb->len - ETH_HLEN;
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	struct {
+		struct iphdr ip;
+		struct udphdr udp;
+		__u8 vxlan[8];
+		struct ethhdr eth;
+	} __attribute__((packed)) h = {};
+	h.ip.version = 4;
+	h.ip.ihl = 5;
+	h.ip.ttl = 64;
+	h.ip.protocol = IPPROTO_UDP;
+	h.ip.tot_len = bpf_htons(inner + ENCAP_LEN);
+	h.ip.saddr = c->host_ip;
+	h.ip.daddr = dst;
+	struct iphdr ip = h.ip;
+	h.ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	/* The source port spreads flows over ECMP paths and receive queues, as VXLAN does. */
+	__u32 hash = p->src ^ p->dst ^ ((__u32)p->sport << 16 | p->dport);
+	hash ^= hash >> 16;
+	h.udp.source = bpf_htons(0xc000 | (hash & 0x3fff));
+	h.udp.dest = c->vxlan_port;
+	h.udp.len = bpf_htons(inner + ENCAP_LEN - sizeof(struct iphdr));
+	h.vxlan[0] = 0x08;
+	h.vxlan[4] = (c->vni >> 16) & 0xff;
+	h.vxlan[5] = (c->vni >> 8) & 0xff;
+	h.vxlan[6] = c->vni & 0xff;
+	h.eth.h_proto = bpf_htons(ETH_P_IP);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, &h, sizeof(h), 0) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	return fib_out(skb, c->host_ip, dst, 0);
+}
+
+static __always_inline int ct_put(struct ct_key_v4 *k, struct ct_val_v4 *v, __u64 flags)
+{
+	if (bpf_map_update_elem(&sl_ct_v4, k, v, flags) < 0) {
+		count(C_DROP_CT_FULL);
+		return -1;
+	}
+	return 0;
+}
+
+/* pick chooses a backend of [start, end) for a new flow, keeping client-IP affinity. */
+static __always_inline struct be_val_v4 *pick(struct fe_key_v4 *fk, struct fe_val *fe, __u32 start, __u32 end,
+					      __be32 client, __u64 now)
+{
+	struct be_key bk = {.list_id = fe->list_id};
+	struct be_val_v4 *be;
+	__u32 n = end - start;
+	struct aff_key_v4 ak = {.fe_addr = fk->addr, .fe_port = fk->port, .proto = fk->proto, .client = client};
+	if (fe->affinity_sec) {
+		struct aff_val_v4 *a = bpf_map_lookup_elem(&sl_aff_v4, &ak);
+		if (a && now - a->seen < (__u64)fe->affinity_sec * NSEC) {
+			for (__u32 i = 0; i < AFF_SCAN; i++) {
+				if (i >= n)
+					break;
+				bk.ordinal = start + i;
+				be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+				if (be && be->addr == a->addr && be->port == a->port) {
+					a->seen = now;
+					return be;
+				}
+			}
+		}
+	}
+	bk.ordinal = start + bpf_get_prandom_u32() % n;
+	be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+	if (be && fe->affinity_sec) {
+		struct aff_val_v4 av = {.seen = now, .addr = be->addr, .port = be->port};
+		bpf_map_update_elem(&sl_aff_v4, &ak, &av, BPF_ANY);
+	}
+	return be;
+}
+
+/* lookup_frontend finds the frontend of a packet: the exact address:port, then (for one of
+ * this node's own addresses) a node port's wildcard entry. */
+static __always_inline struct fe_val *lookup_frontend(struct __sk_buff *skb, struct pkt *p, struct fe_key_v4 *fk)
+{
+	fk->addr = p->dst;
+	fk->port = p->dport;
+	fk->proto = p->proto;
+	fk->pad = 0;
+	struct fe_val *fe = bpf_map_lookup_elem(&sl_fe_v4, fk);
+	if (fe)
+		return fe;
+	struct fe_key_v4 wk = {.addr = 0, .port = p->dport, .proto = p->proto};
+	fe = bpf_map_lookup_elem(&sl_fe_v4, &wk);
+	if (!fe)
+		return 0;
+	/* The wildcard serves every address of this node and nothing else. */
+	struct cnet_val *cn = cluster_net(p->dst);
+	int self = cn && (cn->flags & CNET_SELF);
+	if (!self) {
+		struct bpf_fib_lookup fib = {};
+		fib.family = AF_INET;
+		fib.ipv4_src = p->src;
+		fib.ipv4_dst = p->dst;
+		fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+		self = bpf_fib_lookup(skb, &fib, sizeof(fib), 0) == BPF_FIB_LKUP_RET_NOT_FWDED;
+	}
+	if (!self)
+		return 0;
+	*fk = wk;
+	return fe;
+}
+
+/* Where a new flow came from. */
+#define FROM_HOST 0 /* a host interface: outside the cluster unless the source is a node or pool */
+#define FROM_WEP 1  /* a workload: inside the cluster */
+
+/* new_flow translates the first packet of a flow to a service: picks a backend, records the
+ * flow, rewrites the packet and sends it on. Returns a tc verdict; TC_ACT_OK when the packet
+ * is not for a service. */
+static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int from)
+{
+	struct fe_key_v4 fk;
+	struct fe_val *fe = lookup_frontend(skb, p, &fk);
+	if (!fe) {
+		struct fe_key_v4 ak = {.addr = p->dst};
+		if (bpf_map_lookup_elem(&sl_fe_v4, &ak))
+			return reject(skb, p, C_REJECT_PORT);
+		return TC_ACT_OK;
+	}
+	int outside = 0;
+	if (from == FROM_HOST) {
+		struct cnet_val *cn = cluster_net(p->src);
+		outside = !cn;
+	}
+	if ((fe->flags & FE_SRC_RANGES) && outside) {
+		struct src_key_v4 sk = {.prefixlen = 96, .fe_addr = fk.addr, .fe_port = fk.port, .proto = fk.proto, .src = p->src};
+		if (!bpf_map_lookup_elem(&sl_src_v4, &sk)) {
+			count(C_DROP_SRC_RANGE);
+			return TC_ACT_SHOT;
+		}
+	}
+	__u32 start = fe->cluster_start, end = fe->count;
+	int local_only = outside ? (fe->flags & FE_EXT_LOCAL) : (fe->flags & FE_INT_LOCAL);
+	if (local_only) {
+		start = 0;
+		end = fe->local;
+	}
+	if (end > fe->count)
+		end = fe->count;
+	if (start >= end) {
+		if (local_only) {
+			count(C_DROP_NO_LOCAL);
+			return TC_ACT_SHOT;
+		}
+		return reject(skb, p, C_REJECT_NO_BACKEND);
+	}
+	__u64 now = bpf_ktime_get_ns();
+	struct be_val_v4 *bep = pick(&fk, fe, start, end, p->src, now);
+	if (!bep)
+		return reject(skb, p, C_REJECT_NO_BACKEND);
+	struct be_val_v4 be = *bep;
+	int remote = !(be.flags & BE_LOCAL);
+	if (remote && !c)
+		return TC_ACT_SHOT;
+	if (remote && too_big(skb, p, c)) {
+		if (!(p->frag & IP_DF)) {
+			count(C_DROP_TOO_BIG);
+			return TC_ACT_SHOT;
+		}
+		count(C_ICMP_TOO_BIG);
+		return icmp_back(skb, p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+	}
+	/* Forwarded flows get a source port of their own (the client's address is kept): a load
+	 * balancer may reuse one source port towards two nodes, which would meet on the backend's
+	 * node as one tuple. */
+	__be16 sport = p->sport;
+	struct ct_key_v4 rk = {.src = be.addr, .dst = p->src, .sport = be.port, .proto = p->proto};
+	rk.dport = sport;
+	if (remote && c->psnat_max > c->psnat_min) {
+		__u32 span = c->psnat_max - c->psnat_min + 1;
+		for (int i = 0; i < 4; i++) {
+			sport = bpf_htons(c->psnat_min + bpf_get_prandom_u32() % span);
+			rk.dport = sport;
+			if (!bpf_map_lookup_elem(&sl_ct_v4, &rk))
+				break;
+		}
+	}
+	struct ct_val_v4 rev = {.created = now, .last_seen = now, .type = CT_REV, .nat_addr = p->dst,
+				.nat_port = p->dport, .nat_sport = p->sport};
+	struct ct_val_v4 fwd = {.created = now, .last_seen = now, .type = CT_FWD, .nat_addr = be.addr,
+				.nat_port = be.port, .nat_sport = sport};
+	if (remote) {
+		rev.flags |= CT_F_REMOTE;
+		fwd.flags |= CT_F_REMOTE;
+		rev.tun_addr = be.node_addr;
+		fwd.tun_addr = be.node_addr;
+	}
+	if (sport != p->sport) {
+		rev.flags |= CT_F_PSNAT;
+		fwd.flags |= CT_F_PSNAT;
+	}
+	if (from == FROM_HOST) {
+		__u8 m[12];
+		if (bpf_skb_load_bytes(skb, 0, m, 12) < 0)
+			return TC_ACT_SHOT;
+		__builtin_memcpy(rev.mac_local, m, 6);
+		__builtin_memcpy(rev.mac_peer, m + 6, 6);
+		rev.ifindex = skb->ingress_ifindex;
+		rev.flags |= CT_F_REDIRECT;
+	}
+	tcp_track(&rev, p, 0);
+	struct ct_key_v4 fk2 = {.src = p->src, .dst = p->dst, .sport = p->sport, .dport = p->dport, .proto = p->proto};
+	if (ct_put(&rk, &rev, BPF_ANY) < 0)
+		return TC_ACT_SHOT;
+	if (ct_put(&fk2, &fwd, BPF_ANY) < 0) {
+		bpf_map_delete_elem(&sl_ct_v4, &rk);
+		return TC_ACT_SHOT;
+	}
+	count(C_NAT_NEW);
+	if (rewrite(skb, p, 1, be.addr, be.port) < 0 || rewrite(skb, p, 0, p->src, sport) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (remote) {
+		count(C_NAT_FWD_REMOTE);
+		return encap(skb, p, c, be.node_addr);
+	}
+	if (from == FROM_HOST)
+		return fib_out(skb, p->src, p->dst, 1);
+	return TC_ACT_OK;
+}
+
+/* forward handles a packet of a known flow in the client's direction. */
+static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct cfg *c, struct ct_val_v4 *f, int from)
+{
+	struct ct_val_v4 fwd = *f;
+	struct ct_key_v4 rk = {.src = fwd.nat_addr, .dst = p->src, .sport = fwd.nat_port, .dport = fwd.nat_sport, .proto = p->proto};
+	struct ct_val_v4 *rev = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+	__u64 now = bpf_ktime_get_ns();
+	if (rev) {
+		rev->last_seen = now;
+		tcp_track(rev, p, 0);
+	}
+	int remote = fwd.flags & CT_F_REMOTE;
+	if (remote && (!c || too_big(skb, p, c))) {
+		if (!c || !(p->frag & IP_DF)) {
+			count(C_DROP_TOO_BIG);
+			return TC_ACT_SHOT;
+		}
+		count(C_ICMP_TOO_BIG);
+		return icmp_back(skb, p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+	}
+	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, p->src, fwd.nat_sport) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (remote)
+		return encap(skb, p, c, fwd.tun_addr);
+	if (from == FROM_HOST)
+		return fib_out(skb, p->src, p->dst, 1);
+	return TC_ACT_OK;
+}
+
+/* reply undoes the translation of a reply from a backend and sends it back the way the
+ * request came: out of the interface it arrived on, to the hop it came from. */
+static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct_val_v4 *r)
+{
+	r->last_seen = bpf_ktime_get_ns();
+	tcp_track(r, p, 1);
+	struct ct_val_v4 rev = *r;
+	if (rewrite(skb, p, 0, rev.nat_addr, rev.nat_port) < 0 || rewrite(skb, p, 1, p->dst, rev.nat_sport) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	count(C_REV_NAT);
+	if (rev.flags & CT_F_REDIRECT) {
+		__u8 m[12];
+		__builtin_memcpy(m, rev.mac_peer, 6);
+		__builtin_memcpy(m + 6, rev.mac_local, 6);
+		if (bpf_skb_store_bytes(skb, 0, m, 12, 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(rev.ifindex, 0);
+	}
+	return TC_ACT_OK;
+}
+
+/* tunnel_in takes a VXLAN packet arriving on a host interface: any from an address that is
+ * no known node is dropped; node-port forwarding (our VNI) is unwrapped here, the rest is
+ * left to the kernel's VXLAN device. */
+static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct cfg *c)
+{
+	struct cnet_val *peer = cluster_net(outer->src);
+	if (!peer || !(peer->flags & CNET_HOST)) {
+		count(C_DROP_FORGED_TUNNEL);
+		return TC_ACT_SHOT;
+	}
+	__u8 vx[8];
+	if (bpf_skb_load_bytes(skb, L4_OFF + sizeof(struct udphdr), vx, sizeof(vx)) < 0)
+		return TC_ACT_OK;
+	__u32 vni = ((__u32)vx[4] << 16) | ((__u32)vx[5] << 8) | vx[6];
+	if (vni != c->vni)
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0 || !is_l4(&p)) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, 0) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	count(C_TUN_IN);
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (v && v->type == CT_REV && (v->flags & CT_F_REMOTE)) {
+		/* A reply to a flow this node forwarded: it must come from the backend's node. */
+		if (v->tun_addr != outer->src) {
+			count(C_DROP_FORGED_TUNNEL);
+			return TC_ACT_SHOT;
+		}
+		return reply(skb, &p, v);
+	}
+	/* A flow forwarded to a backend here: remember the ingress node for the replies. */
+	struct ct_key_v4 tk = {.src = p.dst, .dst = p.src, .sport = p.dport, .dport = p.sport, .proto = p.proto};
+	struct ct_val_v4 *t = bpf_map_lookup_elem(&sl_ct_v4, &tk);
+	if (t && t->type == CT_TUN && t->nat_addr == outer->src) {
+		t->last_seen = now;
+		tcp_track(t, &p, 0);
+	} else if (t && !(t->type == CT_TUN && (closed(t) || is_syn(&p)))) {
+		/* The same tuple is live from another node (or is a local flow): never merge two. */
+		count(C_DROP_COLLISION);
+		return TC_ACT_SHOT;
+	} else {
+		struct ct_val_v4 nv = {.created = now, .last_seen = now, .type = CT_TUN, .nat_addr = outer->src};
+		tcp_track(&nv, &p, 0);
+		if (ct_put(&tk, &nv, BPF_ANY) < 0)
+			return TC_ACT_SHOT;
+	}
+	return fib_out(skb, p.src, p.dst, 1);
+}
+
+SEC("tc")
+int sl_from_host(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+		return TC_ACT_OK;
+	struct cfg *c = config();
+	if (c && p.proto == IPPROTO_UDP && p.dport == c->vxlan_port)
+		return tunnel_in(skb, &p, c);
+	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (v) {
+		if (v->type == CT_REV)
+			return reply(skb, &p, v);
+		if (v->type == CT_FWD) {
+			if (!is_syn(&p))
+				return forward(skb, &p, c, v, FROM_HOST);
+			struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p.src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p.proto};
+			struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+			if (r && !closed(r) && (r->tcp & TCP_REPLIED))
+				return forward(skb, &p, c, v, FROM_HOST);
+			/* A SYN on a closed or unanswered flow starts afresh (a new backend, a new port). */
+			bpf_map_delete_elem(&sl_ct_v4, &rk);
+			bpf_map_delete_elem(&sl_ct_v4, &k);
+		}
+	}
+	return new_flow(skb, &p, c, FROM_HOST);
+}
+
+SEC("tc")
+int sl_from_wep(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+		return TC_ACT_OK;
+	struct cfg *c = config();
+	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (v) {
+		if (v->type == CT_REV)
+			return reply(skb, &p, v);
+		if (v->type == CT_TUN) {
+			v->last_seen = bpf_ktime_get_ns();
+			tcp_track(v, &p, 1);
+			__be32 peer = v->nat_addr;
+			if (!c)
+				return TC_ACT_SHOT;
+			if (too_big(skb, &p, c)) {
+				if (!(p.frag & IP_DF)) {
+					count(C_DROP_TOO_BIG);
+					return TC_ACT_SHOT;
+				}
+				count(C_ICMP_TOO_BIG);
+				return icmp_back(skb, &p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+			}
+			return encap(skb, &p, c, peer);
+		}
+		if (v->type == CT_FWD) {
+			if (!is_syn(&p))
+				return forward(skb, &p, c, v, FROM_WEP);
+			struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p.src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p.proto};
+			struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+			if (r && !closed(r) && (r->tcp & TCP_REPLIED))
+				return forward(skb, &p, c, v, FROM_WEP);
+			bpf_map_delete_elem(&sl_ct_v4, &rk);
+			bpf_map_delete_elem(&sl_ct_v4, &k);
+		}
+	}
+	return new_flow(skb, &p, c, FROM_WEP);
+}
+
+/* sl_to_wep undoes the translation of replies to a workload client whose backend is
+ * elsewhere: those replies reach the node by routing, through any interface. */
+SEC("tc")
+int sl_to_wep(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+		return TC_ACT_OK;
+	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (v && v->type == CT_REV && !(v->flags & CT_F_REDIRECT))
+		return reply(skb, &p, v);
+	return TC_ACT_OK;
+}
+
+/* The cleaner's batch of requests: userspace writes it, runs sl_ct_clean, reads the counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_clean_ctx_v4);
+	__uint(max_entries, 1);
+} sl_ct_cleanq SEC(".maps");
+
+/* sl_ct_clean deletes the connection-tracking entries userspace judged expired, each only if
+ * no packet refreshed it since it was judged: cleanup never races live traffic. Run through
+ * BPF_PROG_TEST_RUN after writing a batch of requests into sl_ct_cleanq. */
+SEC("syscall")
+int sl_ct_clean(void *ctx)
+{
+	__u32 zero = 0;
+	struct ct_clean_ctx_v4 *q = bpf_map_lookup_elem(&sl_ct_cleanq, &zero);
+	if (!q)
+		return 1;
+	q->deleted = 0;
+	q->kept = 0;
+	for (__u32 i = 0; i < CLEAN_BATCH; i++) {
+		if (i >= q->n)
+			break;
+		struct ct_clean_req_v4 r = q->req[i];
+		struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &r.key);
+		if (!v)
+			continue;
+		if (v->last_seen != r.seen) {
+			q->kept++;
+			continue;
+		}
+		bpf_map_delete_elem(&sl_ct_v4, &r.key);
+		q->deleted++;
+		if (r.pair.proto)
+			bpf_map_delete_elem(&sl_ct_v4, &r.pair);
+	}
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,186 @@
+/* Shared layouts of sluice's eBPF maps. The Go side (bpf/maps.go) mirrors every struct here
+ * field for field; bpf2go checks the sizes. Maps are per address family (the _v4 suffix):
+ * IPv6 gets its own maps with 16-byte addresses rather than a rewrite of these. A layout
+ * change must change the map's name (pinned maps of the old layout are then left for the
+ * agent to remove), never reuse it. */
+#ifndef SLUICE_H
+#define SLUICE_H
+
+#include <linux/types.h>
+
+/* Frontend flags. */
+#define FE_EXT_LOCAL   (1 << 0) /* externalTrafficPolicy Local: outside clients use local backends only */
+#define FE_INT_LOCAL   (1 << 1) /* internalTrafficPolicy Local: cluster clients use local backends only */
+#define FE_SRC_RANGES  (1 << 2) /* loadBalancerSourceRanges: the client must match sl_src_v4 */
+#define FE_ADDR_ONLY   (1 << 3) /* port 0: the address is a cluster IP; other ports are rejected */
+#define FE_NODE_PORT   (1 << 4) /* a node port (the wildcard or one of the node's addresses) */
+
+struct fe_key_v4 {
+	__be32 addr;   /* 0.0.0.0 for a node port's wildcard */
+	__be16 port;   /* 0 with proto 0: the address-only entry of a cluster IP */
+	__u8 proto;
+	__u8 pad;
+};
+
+struct fe_val {
+	__u64 list_id;       /* the backend list (sl_be_v4 keys) */
+	__u64 svc_id;        /* the service's identity, for operators and affinity */
+	__u32 count;         /* backends in the list */
+	__u32 local;         /* backends [0, local) are on this node */
+	__u32 cluster_start; /* the cluster-wide set is [cluster_start, count) */
+	__u32 affinity_sec;  /* sessionAffinity ClientIP timeout; 0 = none */
+	__u32 flags;
+	__u32 pad;
+};
+
+/* Backend flags. */
+#define BE_LOCAL (1 << 0) /* on this node: delivered directly, never tunnelled */
+
+struct be_key {
+	__u64 list_id;
+	__u32 ordinal;
+	__u32 pad;
+};
+
+struct be_val_v4 {
+	__be32 addr;
+	__be32 node_addr; /* the backend's node, outer destination of the node-port tunnel */
+	__be16 port;
+	__u16 flags;
+	__u32 pad;
+};
+
+/* loadBalancerSourceRanges: prefixlen = 64 + the source prefix's length. */
+struct src_key_v4 {
+	__u32 prefixlen;
+	__be32 fe_addr;
+	__be16 fe_port;
+	__u8 proto;
+	__u8 pad;
+	__be32 src;
+};
+
+/* Cluster networks: pools and node addresses. */
+#define CNET_POOL (1 << 0)
+#define CNET_HOST (1 << 1) /* a node's underlay address: a trusted tunnel peer */
+#define CNET_SELF (1 << 2) /* one of this node's own addresses */
+
+struct cnet_key_v4 {
+	__u32 prefixlen;
+	__be32 addr;
+};
+
+struct cnet_val {
+	__u32 flags;
+};
+
+/* Client-IP affinity. */
+struct aff_key_v4 {
+	__be32 fe_addr;
+	__be16 fe_port;
+	__u8 proto;
+	__u8 pad;
+	__be32 client;
+};
+
+struct aff_val_v4 {
+	__u64 seen;   /* ns, CLOCK_MONOTONIC */
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+/* Connection tracking. Keys are directional: as the packet of that direction carries them. */
+struct ct_key_v4 {
+	__be32 src;
+	__be32 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* Entry types. */
+#define CT_FWD 1 /* client->frontend as sent: where to DNAT; the pair's REV holds the state */
+#define CT_REV 2 /* backend->client as replied: how to undo the NAT and where to send it */
+#define CT_TUN 3 /* backend->client on the backend's node: reply through the tunnel to nat_addr */
+
+/* Entry flags. */
+#define CT_F_REMOTE    (1 << 0) /* forwarded to the backend's node through the tunnel */
+#define CT_F_REDIRECT  (1 << 1) /* REV: replies leave by ifindex with macs (came in from outside) */
+#define CT_F_PSNAT     (1 << 2) /* the source port was rewritten to nat_sport */
+
+/* TCP state bits, kept in REV and TUN entries. */
+#define TCP_SYN      (1 << 0)
+#define TCP_REPLIED  (1 << 1) /* the responder answered: established for the timeouts */
+#define TCP_FIN_FWD  (1 << 2)
+#define TCP_FIN_REV  (1 << 3)
+#define TCP_RST      (1 << 4)
+
+struct ct_val_v4 {
+	__u64 created;   /* ns, CLOCK_MONOTONIC */
+	__u64 last_seen; /* ns; refreshed by packets of both directions (REV, TUN) */
+	__u8 type;
+	__u8 flags;
+	__u8 tcp;
+	__u8 pad;
+	__u32 ifindex;    /* REV with CT_F_REDIRECT: the interface the request came in on */
+	__be32 nat_addr;  /* FWD: backend; REV: frontend; TUN: the ingress node (tunnel peer) */
+	__be32 tun_addr;  /* FWD/REV with CT_F_REMOTE: the backend's node */
+	__be16 nat_port;  /* FWD: backend port; REV: frontend port */
+	__be16 nat_sport; /* FWD: source port towards the backend; REV: the client's own */
+	__u8 mac_local[6]; /* REV: our MAC on ifindex (source of replies) */
+	__u8 mac_peer[6];  /* REV: the hop the request came from (destination of replies) */
+	__u32 pad2;
+};
+
+/* Global settings, one entry. */
+struct cfg {
+	__be32 host_ip;     /* this node's underlay address: outer source of tunnelled packets */
+	__u32 tunnel_mtu;   /* largest inner IP packet the tunnel carries */
+	__u32 vni;          /* VXLAN network identifier of node-port forwarding */
+	__be16 vxlan_port;  /* UDP port, network order */
+	__u16 psnat_min;    /* source ports for forwarded flows, host order */
+	__u16 psnat_max;
+	__u16 pad;
+	__u32 flags;
+};
+
+/* Counters (per CPU), by index. */
+enum counter {
+	C_NAT_NEW = 0,        /* new flows translated */
+	C_NAT_FWD_REMOTE,     /* new flows forwarded to another node */
+	C_TUN_IN,             /* tunnelled packets accepted */
+	C_DROP_FORGED_TUNNEL, /* tunnel packet from an address that is no known node */
+	C_DROP_NO_LOCAL,      /* traffic policy Local with no local endpoint */
+	C_DROP_SRC_RANGE,     /* client outside loadBalancerSourceRanges */
+	C_DROP_CT_FULL,       /* connection table full */
+	C_DROP_TOO_BIG,       /* too large for the tunnel and not allowed to fragment */
+	C_DROP_COLLISION,     /* tunnelled flow collides with a live one from another node */
+	C_DROP_FIB,           /* no route for a translated or tunnelled packet */
+	C_DROP_MALFORMED,     /* headers that could not be read or rewritten */
+	C_REJECT_NO_BACKEND,  /* service without usable endpoint: RST or ICMP unreachable */
+	C_REJECT_PORT,        /* cluster IP on a port the service does not have */
+	C_ICMP_TOO_BIG,       /* ICMP fragmentation-needed sent */
+	C_REV_NAT,            /* replies translated back */
+	C_NUM,
+};
+
+/* Cleanup requests for the cleaner program: delete key if last_seen is unchanged. */
+struct ct_clean_req_v4 {
+	struct ct_key_v4 key;
+	struct ct_key_v4 pair; /* the other entry of the pair, or all zero */
+	__u64 seen;            /* last_seen as judged */
+};
+
+#define CLEAN_BATCH 64
+
+struct ct_clean_ctx_v4 {
+	__u32 n;
+	__u32 deleted;
+	__u32 kept;
+	__u32 pad;
+	struct ct_clean_req_v4 req[CLEAN_BATCH];
+};
+
+#endif

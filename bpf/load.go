@@ -1,0 +1,163 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// MapSizes are the maximum entries of the service maps (options of the agent).
+type MapSizes struct {
+	Frontends    int
+	Backends     int
+	SourceRanges int
+	ClusterNets  int
+	Affinity     int
+	Conntrack    int
+}
+
+// DefaultMapSizes fit 10,000 services of 10 endpoints with room to spare.
+var DefaultMapSizes = MapSizes{Frontends: 65536, Backends: 262144, SourceRanges: 16384, ClusterNets: 65536,
+	Affinity: 65536, Conntrack: 262144}
+
+func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
+	set := func(name string, n int) {
+		if n > 0 {
+			spec.Maps[name].MaxEntries = uint32(n)
+		}
+	}
+	set("sl_fe_v4", s.Frontends)
+	set("sl_be_v4", s.Backends)
+	set("sl_src_v4", s.SourceRanges)
+	set("sl_cnet_v4", s.ClusterNets)
+	set("sl_aff_v4", s.Affinity)
+	set("sl_ct_v4", s.Conntrack)
+}
+
+// Objects are sluice's loaded programs and maps.
+type Objects struct {
+	sluiceObjects
+	// Resized names maps whose pin was replaced because its size option changed (their
+	// entries were copied into the new map).
+	Resized []string
+}
+
+// Close releases the programs and maps (pins stay).
+func (o *Objects) Close() error { return o.sluiceObjects.Close() }
+
+// Load loads the programs and maps. With a pin directory, maps are pinned there by name and
+// a restarted agent reuses them (state and connections survive); a pinned map whose size no
+// longer matches its option is replaced by one of the new size holding the same entries.
+// Without one (tests), every map is new and private.
+func Load(pinDir string, sizes MapSizes) (*Objects, error) {
+	spec, err := loadSluice()
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
+	}
+	sizes.apply(spec)
+	opts := &ebpf.CollectionOptions{}
+	o := &Objects{}
+	if pinDir == "" {
+		for _, m := range spec.Maps {
+			m.Pinning = ebpf.PinNone
+		}
+	} else {
+		opts.Maps.PinPath = pinDir
+		for name, m := range spec.Maps {
+			resized, err := resizePinned(filepath.Join(pinDir, name), m)
+			if err != nil {
+				return nil, err
+			}
+			if resized {
+				o.Resized = append(o.Resized, name)
+			}
+		}
+	}
+	if err := spec.LoadAndAssign(&o.sluiceObjects, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading the eBPF programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("loading the eBPF programs: %w", err)
+	}
+	return o, nil
+}
+
+// resizePinned replaces a pinned map whose max entries differ from spec by a new map of the
+// spec's size with the old one's entries, pinned at the same path. A map whose key or value
+// size or type changed is a different layout: that must come with a new name (sluice.h), so
+// it is an error here, naming the map.
+func resizePinned(path string, spec *ebpf.MapSpec) (bool, error) {
+	old, err := ebpf.LoadPinnedMap(path, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("opening pinned map %s: %w", path, err)
+	}
+	defer old.Close()
+	if old.MaxEntries() == spec.MaxEntries {
+		return false, nil
+	}
+	if old.Type() != spec.Type || old.KeySize() != spec.KeySize || old.ValueSize() != spec.ValueSize {
+		return false, fmt.Errorf("pinned map %s has another layout (%v, key %d, value %d bytes; want %v, %d, %d): %w",
+			path, old.Type(), old.KeySize(), old.ValueSize(), spec.Type, spec.KeySize, spec.ValueSize, ebpf.ErrMapIncompatible)
+	}
+	s := spec.Copy()
+	s.Pinning = ebpf.PinNone
+	nm, err := ebpf.NewMap(s)
+	if err != nil {
+		return false, fmt.Errorf("creating map %s with %d entries: %w", spec.Name, spec.MaxEntries, err)
+	}
+	defer nm.Close()
+	if spec.Type != ebpf.PerCPUArray && spec.Type != ebpf.Array {
+		key := make([]byte, old.KeySize())
+		val := make([]byte, old.ValueSize())
+		it := old.Iterate()
+		for it.Next(&key, &val) {
+			if err := nm.Put(key, val); err != nil {
+				return false, fmt.Errorf("copying map %s into %d entries: %w", spec.Name, spec.MaxEntries, err)
+			}
+		}
+		if err := it.Err(); err != nil {
+			return false, fmt.Errorf("reading pinned map %s: %w", path, err)
+		}
+	}
+	tmp := path + ".new"
+	_ = os.Remove(tmp)
+	if err := nm.Pin(tmp); err != nil {
+		return false, fmt.Errorf("pinning resized map %s: %w", spec.Name, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return false, fmt.Errorf("replacing pinned map %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// BPFFSMagic is the file system type of bpffs.
+const BPFFSMagic = 0xcafe4a11
+
+// EnsureBPFFS makes dir a directory on bpffs: if it is not on one already, a bpffs is
+// mounted on it (as Felix and Cilium mount /sys/fs/bpf on hosts that lack it). It returns
+// whether it mounted one.
+func EnsureBPFFS(dir string) (bool, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, fmt.Errorf("creating pin directory %s: %w", dir, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return false, fmt.Errorf("checking pin directory %s: %w", dir, err)
+	}
+	if uint32(st.Type) == BPFFSMagic {
+		return false, nil
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return false, fmt.Errorf("mounting bpffs on pin directory %s: %w", dir, err)
+	}
+	return true, nil
+}

@@ -1,0 +1,24 @@
+package bpf
+
+import (
+	"os"
+	"testing"
+)
+
+// TestProgramsPassVerifier loads every program of the committed object into this kernel.
+func TestProgramsPassVerifier(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("loading eBPF programs needs root")
+	}
+	o, err := Load("", MapSizes{Conntrack: 1024, Backends: 1024, Frontends: 1024, Affinity: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	for name, p := range map[string]interface{ FD() int }{"sl_from_host": o.SlFromHost, "sl_from_wep": o.SlFromWep,
+		"sl_to_wep": o.SlToWep, "sl_ct_clean": o.SlCtClean} {
+		if p.FD() <= 0 {
+			t.Errorf("%s: no program", name)
+		}
+	}
+}
