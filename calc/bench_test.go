@@ -179,8 +179,8 @@ func BenchmarkColdStartBatches(b *testing.B) {
 		for _, batch := range batches {
 			u = g.OnEvents(batch)
 		}
-		if len(u.Ops) != 21_001 {
-			b.Fatalf("%d ops, want 21,001", len(u.Ops))
+		if len(u.Ops) != 22_003 {
+			b.Fatalf("%d ops, want 22,003", len(u.Ops))
 		}
 	}
 }

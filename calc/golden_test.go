@@ -21,13 +21,15 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 // model is what a consumer of calc's updates holds: it applies full states and deltas.
 type model struct {
 	vteps     map[calc.VTEPKey]calc.VTEP
+	nets      map[netip.Prefix]calc.ClusterNet
 	routes    map[netip.Prefix]calc.Route
 	frontends map[calc.FrontendKey]calc.Frontend
 	health    map[uint16]calc.HealthCheck
 }
 
 func newModel() *model {
-	return &model{map[calc.VTEPKey]calc.VTEP{}, map[netip.Prefix]calc.Route{}, map[calc.FrontendKey]calc.Frontend{}, map[uint16]calc.HealthCheck{}}
+	return &model{map[calc.VTEPKey]calc.VTEP{}, map[netip.Prefix]calc.ClusterNet{}, map[netip.Prefix]calc.Route{},
+		map[calc.FrontendKey]calc.Frontend{}, map[uint16]calc.HealthCheck{}}
 }
 
 func (m *model) apply(t *testing.T, u *calc.Update) {
@@ -36,7 +38,16 @@ func (m *model) apply(t *testing.T, u *calc.Update) {
 		*m = *newModel()
 	}
 	lastVTEPSet, firstRoute, lastRouteDel, firstVTEPDel := -1, len(u.Ops), -1, len(u.Ops)
+	// Cluster nets: set after every VTEP set and before any other set; removed after
+	// everything else.
+	firstNetSet, lastNetSet, firstOtherSet, firstNetDel, lastOther := len(u.Ops), -1, len(u.Ops), len(u.Ops), -1
 	for i, op := range u.Ops {
+		if op.ClusterNet == nil {
+			lastOther = i
+			if !op.Remove && op.VTEP == nil {
+				firstOtherSet = min(firstOtherSet, i)
+			}
+		}
 		switch {
 		case op.VTEP != nil && !op.Remove:
 			lastVTEPSet = i
@@ -44,6 +55,12 @@ func (m *model) apply(t *testing.T, u *calc.Update) {
 		case op.VTEP != nil:
 			firstVTEPDel = min(firstVTEPDel, i)
 			delete(m.vteps, op.VTEP.Key())
+		case op.ClusterNet != nil && !op.Remove:
+			firstNetSet, lastNetSet = min(firstNetSet, i), i
+			m.nets[op.ClusterNet.Prefix] = *op.ClusterNet
+		case op.ClusterNet != nil:
+			firstNetDel = min(firstNetDel, i)
+			delete(m.nets, op.ClusterNet.Prefix)
 		case op.Route != nil && !op.Remove:
 			firstRoute = min(firstRoute, i)
 			m.routes[op.Route.Dst] = *op.Route
@@ -69,12 +86,21 @@ func (m *model) apply(t *testing.T, u *calc.Update) {
 	if lastRouteDel > firstVTEPDel {
 		t.Fatalf("a route is removed after a VTEP in the same update")
 	}
+	if lastVTEPSet > firstNetSet || lastNetSet > firstOtherSet {
+		t.Fatalf("cluster nets are not set after the VTEPs and before everything else")
+	}
+	if lastOther > firstNetDel {
+		t.Fatalf("a cluster net is removed before something else in the same update")
+	}
 }
 
 func (m *model) text() string {
 	s := &calc.State{}
 	for _, v := range m.vteps {
 		s.VTEPs = append(s.VTEPs, v)
+	}
+	for _, c := range m.nets {
+		s.ClusterNets = append(s.ClusterNets, c)
 	}
 	for _, r := range m.routes {
 		s.Routes = append(s.Routes, r)
@@ -89,7 +115,7 @@ func (m *model) text() string {
 }
 
 func stateText(s *calc.State) string {
-	s = calc.SortState(&calc.State{VTEPs: s.VTEPs, Routes: s.Routes, Frontends: s.Frontends, HealthChecks: s.HealthChecks})
+	s = calc.SortState(&calc.State{VTEPs: s.VTEPs, ClusterNets: s.ClusterNets, Routes: s.Routes, Frontends: s.Frontends, HealthChecks: s.HealthChecks})
 	var b bytes.Buffer
 	if err := s.WriteText(&b); err != nil {
 		panic(err)

@@ -94,16 +94,23 @@ type Graph struct {
 	// addresses instead of one per address.
 	singles         map[netip.Prefix]set[netip.Addr]
 	slicesByService multi[string, string]
-	blockBits       map[int]int // prefix lengths of known blocks, with counts, for longest match
+	// slicesByNode holds the slices naming each node in an endpoint: a node's underlay
+	// address is its backends' NodeAddr, so its change recomputes these slices' services.
+	slicesByNode multi[string, string]
+	// hostNets holds the nodes claiming each underlay address, as a /32 or /128.
+	hostNets  multi[netip.Prefix, string]
+	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
 
 	// What needs recomputing.
 	dirtyDst  set[netip.Prefix]
 	dirtyVTEP set[string]
 	dirtySvc  set[string]
+	dirtyNet  set[netip.Prefix]
 
 	// Desired state as last computed.
 	routes    map[netip.Prefix]Route
 	vteps     map[VTEPKey]VTEP
+	nets      map[netip.Prefix]ClusterNet
 	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
 	svcHealth map[string]uint16          // health-check port each service claims
 	claims    multi[FrontendKey, string] // services wanting each frontend
@@ -137,12 +144,16 @@ func New(cfg Config) (*Graph, error) {
 		tunnelsByAddr:   multi[netip.Addr, string]{},
 		singles:         map[netip.Prefix]set[netip.Addr]{},
 		slicesByService: multi[string, string]{},
+		slicesByNode:    multi[string, string]{},
+		hostNets:        multi[netip.Prefix, string]{},
 		blockBits:       map[int]int{},
 		dirtyDst:        set[netip.Prefix]{},
 		dirtyVTEP:       set[string]{},
 		dirtySvc:        set[string]{},
+		dirtyNet:        set[netip.Prefix]{},
 		routes:          map[netip.Prefix]Route{},
 		vteps:           map[VTEPKey]VTEP{},
+		nets:            map[netip.Prefix]ClusterNet{},
 		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},
 		claims:          multi[FrontendKey, string]{},
@@ -276,6 +287,7 @@ func (g *Graph) onPool(id string, p *store.IPPool) {
 			continue
 		}
 		g.dirtyDst.add(q.CIDR)
+		g.dirtyNet.add(q.CIDR)
 		for cidr := range g.blocks {
 			if q.CIDR.Overlaps(cidr) {
 				g.dirtyDst.add(cidr)
@@ -312,15 +324,16 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			}
 		}
 	}
-	for _, m := range []*store.Node{old} {
-		if m == nil {
-			continue
-		}
-		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
+	if old != nil {
+		for _, a := range []netip.Addr{old.IPv4VXLANTunnelAddr, old.IPv6VXLANTunnelAddr} {
 			if a.IsValid() {
 				g.tunnelsByAddr.remove(a, id)
 				g.unindexSingle(a)
 			}
+		}
+		for _, p := range hostNets(old) {
+			g.hostNets.remove(p, id)
+			g.dirtyNet.add(p)
 		}
 	}
 	if n != nil {
@@ -330,8 +343,20 @@ func (g *Graph) onNode(id string, n *store.Node) {
 				g.indexSingle(a)
 			}
 		}
+		for _, p := range hostNets(n) {
+			g.hostNets.add(p, id)
+			g.dirtyNet.add(p)
+		}
 	}
 	g.dirtyVTEP.add(id)
+	// The node's underlay addresses are the NodeAddr of its backends: recompute the services
+	// with an endpoint on it (through the slice index, not every service) when the node comes,
+	// goes or changes address.
+	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address.Addr() != n.IPv6Address.Addr() {
+		for _, sl := range g.slicesByNode[id] {
+			g.dirtySvc.add(g.slices[sl].ServiceID())
+		}
+	}
 	if g.isLocal(id) {
 		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
 		for cidr := range g.blocks {
@@ -358,6 +383,17 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			g.dirtyDst.add(net)
 		}
 	}
+}
+
+// hostNets returns a node's underlay addresses as single-address prefixes.
+func hostNets(n *store.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range []netip.Prefix{n.IPv4Address, n.IPv6Address} {
+		if p.IsValid() {
+			out = append(out, netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
+		}
+	}
+	return out
 }
 
 func (g *Graph) onBlock(cidr netip.Prefix, b *store.Block) {
@@ -434,6 +470,11 @@ func (g *Graph) onService(id string, s *store.Service) {
 func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	if old := g.slices[id]; old != nil {
 		g.slicesByService.remove(old.ServiceID(), id)
+		for _, ep := range old.Endpoints {
+			if ep.NodeName != "" {
+				g.slicesByNode.remove(ep.NodeName, id)
+			}
+		}
 		g.dirtySvc.add(old.ServiceID())
 	}
 	if e == nil {
@@ -442,6 +483,11 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	}
 	g.slices[id] = e
 	g.slicesByService.add(e.ServiceID(), id)
+	for _, ep := range e.Endpoints {
+		if ep.NodeName != "" {
+			g.slicesByNode.add(ep.NodeName, id)
+		}
+	}
 	g.dirtySvc.add(e.ServiceID())
 }
 

@@ -12,12 +12,14 @@ import (
 )
 
 // TestIncrementalMatchesScratch drives the graph with random changes to a small cluster —
-// pools changing mode, nodes moving subnet and tunnel address, blocks changing affinity and
-// lending addresses, affinities changing state, workloads coming and going — delivered in
-// random batches with the first in-sync at a random point, and checks that the state it ends
-// in (and its consumer's, fed only the updates) equals what a new graph computes from the
-// final objects in one batch. Blocks of /26, /32 and /23 (more than one bucket of calc's
-// address index) are in the mix.
+// pools changing mode, nodes moving subnet and tunnel address (and gaining or losing an IPv6
+// address, several nodes often claiming one), blocks changing affinity and lending addresses,
+// affinities changing state, workloads coming and going, services and endpoint slices with
+// endpoints on known, unknown and no nodes — delivered in random batches with the first
+// in-sync at a random point, and checks that the state it ends in (and its consumer's, fed
+// only the updates) equals what a new graph computes from the final objects in one batch.
+// Blocks of /26, /32 and /23 (more than one bucket of calc's address index) are in the mix,
+// and a /32 pool that may equal a node's address.
 func TestIncrementalMatchesScratch(t *testing.T) {
 	const runs = 1500
 	for seed := range uint64(runs) {
@@ -98,15 +100,18 @@ func (u *universe) objects(t *testing.T) []store.Event {
 
 func (u *universe) randomObject() (key, value string) {
 	r := u.r
-	switch r.IntN(5) {
+	switch r.IntN(7) {
 	case 0:
-		name, cidr := "pool-a", "10.65.0.0/16"
-		if r.IntN(2) == 0 {
+		name, cidr, blockSize := "pool-a", "10.65.0.0/16", 26
+		switch r.IntN(5) {
+		case 0, 1:
 			name, cidr = "pool-b", "10.66.0.0/16"
+		case 2:
+			name, cidr, blockSize = "pool-host", "192.0.2.10/32", 32
 		}
 		mode := u.pick([]string{"Always", "CrossSubnet", "Never"})
-		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v}}`,
-			name, cidr, mode, r.IntN(5) == 0)
+		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v,"blockSize":%d}}`,
+			name, cidr, mode, r.IntN(5) == 0, blockSize)
 	case 1:
 		name := u.pick(propNodes)
 		subnet := u.pick([]string{"192.0.2", "198.51.100"})
@@ -114,8 +119,45 @@ func (u *universe) randomObject() (key, value string) {
 		if r.IntN(4) != 0 {
 			tunnel = fmt.Sprintf(`,"ipv4VXLANTunnelAddr":%q`, u.pick(propTunnels))
 		}
-		return store.NodePrefix + name, fmt.Sprintf(`{"kind":"Node","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"%s.%d/24"}%s}}`,
-			name, subnet, 10+r.IntN(20), tunnel)
+		v6 := ""
+		if r.IntN(2) == 0 {
+			v6 = fmt.Sprintf(`,"ipv6Address":"2001:db8::%d/64"`, 10+r.IntN(5))
+		}
+		return store.NodePrefix + name, fmt.Sprintf(`{"kind":"Node","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"%s.%d/24"%s}%s}}`,
+			name, subnet, 10+r.IntN(20), v6, tunnel)
+	case 5:
+		// Two services: svc-a IPv4 only, svc-b dual-stack; either may have node ports.
+		name := u.pick([]string{"svc-a", "svc-b"})
+		ips := `"10.96.0.1"`
+		if name == "svc-b" {
+			ips = `"10.96.0.2","fd00:96::2"`
+		}
+		typ := u.pick([]string{"ClusterIP", "NodePort"})
+		return store.ServicePrefix + "default/" + name, fmt.Sprintf(`{"kind":"Service","metadata":{"name":%q,"namespace":"default","uid":"uid-%s"},"spec":{"type":%q,"clusterIPs":[%s],"ports":[{"name":"http","protocol":"TCP","port":80,"nodePort":%d}],"externalTrafficPolicy":%q}}`,
+			name, name, typ, ips, 30000+r.IntN(2), u.pick([]string{"Cluster", "Local"}))
+	case 6:
+		// Slices naming propNodes, an unknown node and none; svc-b has an IPv6 slice too.
+		name := u.pick([]string{"svc-a-1", "svc-a-2", "svc-b-1", "svc-b-v6"})
+		svc, family := name[:5], "IPv4"
+		if name == "svc-b-v6" {
+			family = "IPv6"
+		}
+		var eps []string
+		for i := range 1 + r.IntN(3) {
+			a := fmt.Sprintf("10.65.0.%d", 1+r.IntN(8))
+			if family == "IPv6" {
+				a = fmt.Sprintf("fd00:65::%d", 1+r.IntN(8))
+			}
+			node := ""
+			if j := r.IntN(len(propNodes) + 2); j < len(propNodes) {
+				node = fmt.Sprintf(`,"nodeName":%q`, propNodes[j])
+			} else if j == len(propNodes) {
+				node = `,"nodeName":"node-gone"`
+			}
+			eps = append(eps, fmt.Sprintf(`{"addresses":[%q]%s,"conditions":{"ready":%v}}`, a, node, i == 0 || r.IntN(3) != 0))
+		}
+		return store.EndpointSlicePrefix + "default/" + name, fmt.Sprintf(`{"kind":"EndpointSlice","metadata":{"name":%q,"namespace":"default","labels":{"kubernetes.io/service-name":%q}},"addressType":%q,"endpoints":[%s],"ports":[{"name":"http","protocol":"TCP","port":8080}]}`,
+			name, svc, family, strings.Join(eps, ","))
 	case 2:
 		cidr := netip.MustParsePrefix(u.pick(propBlocks))
 		slots := 1 << (32 - cidr.Bits())

@@ -40,6 +40,11 @@ func (s *State) WriteText(w io.Writer) error {
 	for _, v := range s.VTEPs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", v.Node, v.TunnelAddr, v.MAC, v.Underlay, v.Local)
 	}
+	fmt.Fprintf(tw, "\nCLUSTER NETS (%d)\n", len(s.ClusterNets))
+	fmt.Fprintln(tw, "PREFIX\tHOST\tNODE")
+	for _, c := range s.ClusterNets {
+		fmt.Fprintf(tw, "%s\t%t\t%s\n", c.Prefix, c.Host, orDash(c.Node))
+	}
 	fmt.Fprintf(tw, "\nROUTES (%d)\n", len(s.Routes))
 	fmt.Fprintln(tw, "DESTINATION\tTYPE\tVIA\tDEVICE\tONLINK\tMETRIC\tREASON\tNODE")
 	for _, r := range s.Routes {
@@ -70,7 +75,11 @@ func (s *State) WriteText(w io.Writer) error {
 			if i < f.ClusterStart {
 				t += "(local-only)"
 			}
-			bs = append(bs, fmt.Sprintf("%s@%s%s", netip.AddrPortFrom(b.Addr, b.Port), orDash(b.Node), t))
+			node := orDash(b.Node)
+			if b.Node != "" {
+				node += "/" + addrOrDash(b.NodeAddr)
+			}
+			bs = append(bs, fmt.Sprintf("%s@%s%s", netip.AddrPortFrom(b.Addr, b.Port), node, t))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", f.Key, f.Kind, f.Service, orDash(strings.Join(flags, ",")), f.LocalBackends, orDash(strings.Join(bs, " ")))
 	}

@@ -54,7 +54,8 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 			}
 			for _, a := range ep.Addresses {
 				ap := netip.AddrPortFrom(a, port)
-				c := cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, Terminating: !ep.Ready}, ready: ep.Ready, fallback: !ep.Ready}
+				c := cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, NodeAddr: g.nodeAddr(ep.NodeName, a), Terminating: !ep.Ready},
+					ready: ep.Ready, fallback: !ep.Ready}
 				if i, dup := seen[ap]; dup {
 					if c.ready && !all[i].ready {
 						all[i] = c // the same endpoint in two slices: a ready copy wins
@@ -91,6 +92,16 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		return out
 	}
 	return endpointSets{cluster: pick(false), local: pick(true)}
+}
+
+// nodeAddr is node's underlay address in the family of a backend address a; invalid when the
+// node is unknown or has none.
+func (g *Graph) nodeAddr(node string, a netip.Addr) netip.Addr {
+	n := g.nodes[node]
+	if n == nil {
+		return netip.Addr{}
+	}
+	return underlay(n, a).Addr()
 }
 
 // ordered returns the backends of one family as a Frontend holds them (see Frontend): the
@@ -219,6 +230,8 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	return out, hc
 }
 
+// frontendEqual compares every field; Backends (NodeAddr included) with slices.Equal, so a
+// Backend field must stay comparable.
 func frontendEqual(a, b Frontend) bool {
 	return a.Key == b.Key && a.Kind == b.Kind && a.Service == b.Service && a.ServiceID == b.ServiceID && a.PortName == b.PortName &&
 		a.ExternalLocal == b.ExternalLocal && a.InternalLocal == b.InternalLocal && a.AffinityTimeout == b.AffinityTimeout &&

@@ -206,6 +206,14 @@ type Backend struct {
 	Addr netip.Addr
 	Port uint16
 	Node string
+	// NodeAddr is the underlay address of Node in the backend's family (where node-port
+	// traffic is tunnelled to reach the backend); invalid when the node is unknown or has no
+	// address of that family.
+	//
+	// Hazard: it is an input of the frontend like any other, so a node's underlay address
+	// changing must recompute every service with an endpoint on that node, or the frontend
+	// keeps tunnelling to the old address.
+	NodeAddr netip.Addr
 	// Terminating is set when the backend is used only because no endpoint is ready.
 	Terminating bool
 }
@@ -246,6 +254,28 @@ type HealthCheck struct {
 	Port           uint16
 	Service        string
 	LocalEndpoints int
+}
+
+// ClusterNet is a range of addresses inside the cluster: an IP pool's CIDR (Host false, Node
+// "", disabled pools too) or a node's underlay address as a /32 or /128 (Host true, Node its
+// name). The service stage tells traffic from inside the cluster by these (externalTrafficPolicy
+// Local applies only to traffic from outside) and drops tunnelled packets whose outer source is
+// not a known node.
+//
+// Keyed by prefix: a node's address wins over a pool of the same prefix, and when two nodes
+// claim one address the node whose name sorts first wins (the clash is a Problem), so the
+// result does not depend on which node was written last.
+type ClusterNet struct {
+	Prefix netip.Prefix
+	Host   bool
+	Node   string
+}
+
+func (c ClusterNet) String() string {
+	if c.Host {
+		return c.Prefix.String() + " node " + c.Node
+	}
+	return c.Prefix.String() + " pool"
 }
 
 // Problem is something in the input that calc cannot act on, keyed so each is reported once.

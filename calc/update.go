@@ -12,6 +12,7 @@ import (
 type Op struct {
 	Remove      bool
 	VTEP        *VTEP
+	ClusterNet  *ClusterNet
 	Route       *Route
 	Frontend    *Frontend
 	HealthCheck *HealthCheck
@@ -19,7 +20,10 @@ type Op struct {
 
 // Update is what calc hands the dataplane after a batch. Full means Ops is the whole desired
 // state (the first update after in-sync): the consumer replaces everything it had. Ops are in
-// apply order: VTEPs before the routes that use them, route removals before VTEP removals.
+// apply order: VTEP sets, cluster-net sets, route sets, frontend and health-check sets, then
+// health-check, frontend, route, VTEP and cluster-net removals. So VTEPs exist before the
+// routes that use them, and a cluster net is known before any frontend that relies on it and
+// outlives them all.
 type Update struct {
 	Full     bool
 	Ops      []Op
@@ -29,6 +33,7 @@ type Update struct {
 // pendingOps collects changes until the end of a batch.
 type pendingOps struct {
 	vtepSets, vtepDels         []VTEP
+	netSets, netDels           []ClusterNet
 	routeSets, routeDels       []Route
 	frontendSets, frontendDels []Frontend
 	healthSets, healthDels     []HealthCheck
@@ -45,6 +50,10 @@ func sortVTEPs(v []VTEP) {
 	})
 }
 
+func sortClusterNets(c []ClusterNet) {
+	slices.SortFunc(c, func(a, b ClusterNet) int { return cmpPrefix(a.Prefix, b.Prefix) })
+}
+
 func sortFrontends(f []Frontend) {
 	slices.SortFunc(f, func(a, b Frontend) int { return cmpFrontendKey(a.Key, b.Key) })
 }
@@ -59,13 +68,15 @@ func cmpFrontendKey(a, b FrontendKey) int {
 
 // take turns the collected changes into an ordered update, or nil when there are none.
 func (p *pendingOps) take() *Update {
-	n := len(p.vtepSets) + len(p.vtepDels) + len(p.routeSets) + len(p.routeDels) + len(p.frontendSets) +
+	n := len(p.vtepSets) + len(p.vtepDels) + len(p.netSets) + len(p.netDels) + len(p.routeSets) + len(p.routeDels) + len(p.frontendSets) +
 		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels)
 	if n == 0 && len(p.problems) == 0 {
 		return nil
 	}
 	sortVTEPs(p.vtepSets)
 	sortVTEPs(p.vtepDels)
+	sortClusterNets(p.netSets)
+	sortClusterNets(p.netDels)
 	sortRoutes(p.routeSets)
 	sortRoutes(p.routeDels)
 	sortFrontends(p.frontendSets)
@@ -75,6 +86,9 @@ func (p *pendingOps) take() *Update {
 	u := &Update{Ops: make([]Op, 0, n), Problems: p.problems}
 	for i := range p.vtepSets {
 		u.Ops = append(u.Ops, Op{VTEP: &p.vtepSets[i]})
+	}
+	for i := range p.netSets {
+		u.Ops = append(u.Ops, Op{ClusterNet: &p.netSets[i]})
 	}
 	for i := range p.routeSets {
 		u.Ops = append(u.Ops, Op{Route: &p.routeSets[i]})
@@ -97,12 +111,16 @@ func (p *pendingOps) take() *Update {
 	for i := range p.vtepDels {
 		u.Ops = append(u.Ops, Op{Remove: true, VTEP: &p.vtepDels[i]})
 	}
+	for i := range p.netDels {
+		u.Ops = append(u.Ops, Op{Remove: true, ClusterNet: &p.netDels[i]})
+	}
 	*p = pendingOps{}
 	return u
 }
 
 func (g *Graph) recompute() {
 	g.recomputeVTEPs()
+	g.recomputeClusterNets()
 	g.recomputeRoutes()
 	g.recomputeServices()
 }
@@ -110,6 +128,7 @@ func (g *Graph) recompute() {
 // State is the whole desired state, sorted.
 type State struct {
 	VTEPs        []VTEP
+	ClusterNets  []ClusterNet
 	Routes       []Route
 	Frontends    []Frontend
 	HealthChecks []HealthCheck
@@ -118,10 +137,13 @@ type State struct {
 
 // State returns the desired state as it stands (computed up to the last batch).
 func (g *Graph) State() *State {
-	s := &State{VTEPs: make([]VTEP, 0, len(g.vteps)), Routes: make([]Route, 0, len(g.routes)),
+	s := &State{VTEPs: make([]VTEP, 0, len(g.vteps)), ClusterNets: make([]ClusterNet, 0, len(g.nets)), Routes: make([]Route, 0, len(g.routes)),
 		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
 	for _, v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
+	}
+	for _, c := range g.nets {
+		s.ClusterNets = append(s.ClusterNets, c)
 	}
 	for _, r := range g.routes {
 		s.Routes = append(s.Routes, r)
@@ -141,6 +163,7 @@ func (g *Graph) State() *State {
 // SortState sorts every list of s in place, in the order State returns, and returns s.
 func SortState(s *State) *State {
 	sortVTEPs(s.VTEPs)
+	sortClusterNets(s.ClusterNets)
 	sortRoutes(s.Routes)
 	sortFrontends(s.Frontends)
 	sortHealth(s.HealthChecks)
@@ -151,7 +174,7 @@ func SortState(s *State) *State {
 // fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
 	s := g.State()
-	p := pendingOps{vtepSets: s.VTEPs, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks, problems: s.Problems}
+	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks, problems: s.Problems}
 	u := p.take()
 	if u == nil {
 		u = &Update{} // an empty full state still tells the consumer to clear what it has

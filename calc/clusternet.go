@@ -1,0 +1,38 @@
+package calc
+
+import (
+	"net/netip"
+	"strings"
+)
+
+// computeClusterNet decides the cluster net at p from current inputs only: the nodes whose
+// underlay address it is (the first by name wins), else a pool of that CIDR. It returns the
+// nodes claiming p, for the clash report.
+func (g *Graph) computeClusterNet(p netip.Prefix) (ClusterNet, []string, bool) {
+	if names := g.hostNets[p]; len(names) > 0 {
+		return ClusterNet{Prefix: p, Host: true, Node: names[0]}, names, true
+	}
+	// Pools are few; a disabled pool is still inside the cluster.
+	for _, pool := range g.pools {
+		if pool.CIDR == p {
+			return ClusterNet{Prefix: p}, nil, true
+		}
+	}
+	return ClusterNet{}, nil, false
+}
+
+// recomputeClusterNets recomputes every dirty cluster net and records what changed.
+func (g *Graph) recomputeClusterNets() {
+	n := len(g.dirtyNet)
+	for p := range g.dirtyNet {
+		c, names, ok := g.computeClusterNet(p)
+		key := "node-address/" + p.String()
+		if len(names) > 1 {
+			g.problem(key, "claimed by nodes "+strings.Join(names, ", ")+"; "+names[0]+" wins")
+		} else {
+			delete(g.problems, key)
+		}
+		settle(g.nets, p, c, ok, same[ClusterNet], g.emitted, &g.pending.netSets, &g.pending.netDels)
+	}
+	reset(&g.dirtyNet, n)
+}
