@@ -102,3 +102,12 @@ func (t *Tracker[K, V]) Clean(k K) { delete(t.dirty, k) }
 
 // MarkDirty makes k be compared again at the next Pending.
 func (t *Tracker[K, V]) MarkDirty(k K) { t.dirty[k] = struct{}{} }
+
+// DesiredLen is how many keys are wanted.
+func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
+
+// IsActual says whether the kernel holds v at k, as far as the tracker knows.
+func (t *Tracker[K, V]) IsActual(k K, v V) bool {
+	have, ok := t.actual[k]
+	return ok && t.equal(have, v)
+}

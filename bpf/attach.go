@@ -1,0 +1,309 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+)
+
+// DefaultHostInterfaces matches a node's NICs, bonds and VLANs as Calico's
+// BPFDataIfacePattern does.
+const DefaultHostInterfaces = `^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)`
+
+// Hook is one program on one interface direction.
+type Hook struct {
+	Iface   string
+	Ifindex int
+	Egress  bool
+}
+
+func (h Hook) dir() string {
+	if h.Egress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+func (h Hook) String() string { return h.Iface + " " + h.dir() }
+
+// Conflict is a program of other software on a hook sluice uses (a leftover of another CNI
+// or of an earlier install, as in seed 000).
+type Conflict struct {
+	Hook    Hook
+	What    string // "tcx program 123" or "tc filter pref 1 bpf name x"
+	Removed bool
+	Err     error
+}
+
+func (c Conflict) String() string {
+	s := fmt.Sprintf("%s on %s", c.What, c.Hook)
+	if c.Removed {
+		s += " (removed)"
+	}
+	return s
+}
+
+// Attacher keeps sluice's programs attached through TCX links on the host interfaces (by
+// pattern) and the workload interfaces (named by calc's routes). Ownership rule: a link is
+// sluice's when it is pinned under <pin dir>/links; links are pinned as <iface>_<direction>,
+// so a restarted agent finds them and swaps its new programs in atomically (link update),
+// and traffic never meets an interface without a program.
+type Attacher struct {
+	dir            string
+	objs           *Objects
+	hostPattern    *regexp.Regexp
+	cleanConflicts bool
+	links          map[Hook]link.Link
+	ours           map[ebpf.ProgramID]bool
+	// Repairs counts links found detached or missing and attached again.
+	Repairs int
+}
+
+// NewAttacher returns an attacher for objs, pinning links under pinDir/links.
+func NewAttacher(pinDir string, objs *Objects, hostPattern *regexp.Regexp, cleanConflicts bool) (*Attacher, error) {
+	dir := filepath.Join(pinDir, "links")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating link pin directory: %w", err)
+	}
+	a := &Attacher{dir: dir, objs: objs, hostPattern: hostPattern, cleanConflicts: cleanConflicts,
+		links: map[Hook]link.Link{}, ours: map[ebpf.ProgramID]bool{}}
+	for _, p := range []*ebpf.Program{objs.SlFromHost, objs.SlFromWep, objs.SlToWep} {
+		info, err := p.Info()
+		if err != nil {
+			return nil, fmt.Errorf("reading program info: %w", err)
+		}
+		if id, ok := info.ID(); ok {
+			a.ours[id] = true
+		}
+	}
+	return a, nil
+}
+
+func (a *Attacher) program(h Hook, wep bool) *ebpf.Program {
+	switch {
+	case !wep:
+		return a.objs.SlFromHost
+	case h.Egress:
+		return a.objs.SlToWep
+	default:
+		return a.objs.SlFromWep
+	}
+}
+
+func (a *Attacher) pin(h Hook) string { return filepath.Join(a.dir, h.Iface+"_"+h.dir()) }
+
+// Sync attaches to every wanted interface present now and detaches from every other one.
+// It returns the conflicts found on the hooks it holds.
+func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	want := map[Hook]bool{} // hook → is a workload hook
+	for _, l := range links {
+		attrs := l.Attrs()
+		name := attrs.Name
+		switch {
+		case workloads[name]:
+			want[Hook{Iface: name, Ifindex: attrs.Index}] = true
+			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = true
+		case a.hostPattern != nil && a.hostPattern.MatchString(name):
+			want[Hook{Iface: name, Ifindex: attrs.Index}] = false
+		}
+	}
+	var errs []error
+	hooks := make([]Hook, 0, len(want))
+	for h := range want {
+		hooks = append(hooks, h)
+	}
+	sort.Slice(hooks, func(i, j int) bool { return hooks[i].String() < hooks[j].String() })
+	for _, h := range hooks {
+		if err := a.attach(h, a.program(h, want[h])); err != nil {
+			errs = append(errs, fmt.Errorf("attaching to %s: %w", h, err))
+		}
+	}
+	// Whatever is pinned or held and not wanted goes: interfaces removed or renamed, workloads gone.
+	held := map[string]bool{}
+	for h := range want {
+		held[filepath.Base(a.pin(h))] = true
+	}
+	for h, l := range a.links {
+		if _, ok := want[h]; !ok {
+			_ = l.Unpin()
+			_ = l.Close()
+			delete(a.links, h)
+		}
+	}
+	entries, err := os.ReadDir(a.dir)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("reading link pins: %w", err))
+	}
+	for _, e := range entries {
+		if !held[e.Name()] {
+			if err := os.Remove(filepath.Join(a.dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("removing stale link pin %s: %w", e.Name(), err))
+			}
+		}
+	}
+	var conflicts []Conflict
+	for _, h := range hooks {
+		conflicts = append(conflicts, a.conflicts(h)...)
+	}
+	return conflicts, errors.Join(errs...)
+}
+
+// attach makes h run prog through a pinned TCX link, reusing (and updating in place) a link
+// that is already there.
+func (a *Attacher) attach(h Hook, prog *ebpf.Program) error {
+	path := a.pin(h)
+	l := a.links[h]
+	if l == nil {
+		if pl, err := link.LoadPinnedLink(path, nil); err == nil {
+			l = pl
+		}
+	}
+	if l != nil {
+		info, err := l.Info()
+		ok := err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == h.Ifindex
+		if ok {
+			if !a.ours[info.Program] {
+				if err := l.Update(prog); err != nil {
+					return fmt.Errorf("replacing the program: %w", err)
+				}
+			}
+			a.links[h] = l
+			return nil
+		}
+		// Detached by someone, or its interface went and came back: start again.
+		a.Repairs++
+		_ = l.Unpin()
+		_ = l.Close()
+		delete(a.links, h)
+	}
+	_ = os.Remove(path)
+	attach := ebpf.AttachTCXIngress
+	if h.Egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	nl, err := link.AttachTCX(link.TCXOptions{Interface: h.Ifindex, Program: prog, Attach: attach, Anchor: link.Head()})
+	if err != nil {
+		return err
+	}
+	if err := nl.Pin(path); err != nil {
+		_ = nl.Close()
+		return fmt.Errorf("pinning link: %w", err)
+	}
+	a.links[h] = nl
+	return nil
+}
+
+// conflicts lists other software's programs on h: TCX programs that are not sluice's, and
+// classic tc bpf filters (clsact) on the same direction. With cleanConflicts they are removed.
+func (a *Attacher) conflicts(h Hook) []Conflict {
+	var out []Conflict
+	attach := ebpf.AttachTCXIngress
+	if h.Egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	if res, err := link.QueryPrograms(link.QueryOptions{Target: h.Ifindex, Attach: attach}); err == nil {
+		for _, p := range res.Programs {
+			if a.ours[p.ID] {
+				continue
+			}
+			c := Conflict{Hook: h, What: fmt.Sprintf("tcx program %d", p.ID)}
+			if a.cleanConflicts {
+				if id, ok := p.LinkID(); ok {
+					if l, err := link.NewFromID(id); err == nil {
+						c.Err = l.Detach()
+						_ = l.Close()
+						c.Removed = c.Err == nil
+					} else {
+						c.Err = err
+					}
+				} else {
+					c.Err = errors.New("attached without a link; remove it with the software that made it")
+				}
+			}
+			out = append(out, c)
+		}
+	}
+	nl, err := netlink.LinkByIndex(h.Ifindex)
+	if err != nil {
+		return out
+	}
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
+	if h.Egress {
+		parent = netlink.HANDLE_MIN_EGRESS
+	}
+	filters, err := netlink.FilterList(nl, parent)
+	if err != nil {
+		return out
+	}
+	for _, f := range filters {
+		bf, ok := f.(*netlink.BpfFilter)
+		if !ok {
+			continue
+		}
+		c := Conflict{Hook: h, What: fmt.Sprintf("tc filter pref %d bpf %s", bf.Attrs().Priority, strings.TrimSpace(bf.Name))}
+		if a.cleanConflicts {
+			c.Err = netlink.FilterDel(f)
+			c.Removed = c.Err == nil
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// Hooks returns the hooks held now, sorted.
+func (a *Attacher) Hooks() []Hook {
+	out := make([]Hook, 0, len(a.links))
+	for h := range a.links {
+		out = append(out, h)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// Close releases the link handles; the pins keep the programs attached.
+func (a *Attacher) Close() {
+	for _, l := range a.links {
+		_ = l.Close()
+	}
+	a.links = map[Hook]link.Link{}
+}
+
+// RemoveAll detaches every program sluice attached and removes every pin under pinDir: the
+// service stage turned off leaves nothing behind.
+func RemoveAll(pinDir string) error {
+	var errs []error
+	dir := filepath.Join(pinDir, "links")
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if l, err := link.LoadPinnedLink(p, nil); err == nil {
+			_ = l.Unpin()
+			_ = l.Close()
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	_ = os.Remove(dir)
+	spec, err := loadSluice()
+	if err == nil {
+		for name := range spec.Maps {
+			if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("removing pinned map %s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

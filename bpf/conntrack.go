@@ -1,0 +1,187 @@
+package bpf
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Timeouts are how long an idle flow is kept, by state. The defaults are the kernel
+// conntrack's (net.netfilter.nf_conntrack_*), so a connection lives through sluice exactly as
+// long as it would through kube-proxy's iptables.
+type Timeouts struct {
+	TCPEstablished time.Duration // answered, not closing
+	TCPSyn         time.Duration // not answered yet
+	TCPFin         time.Duration // both sides sent FIN
+	TCPRst         time.Duration // reset
+	UDP            time.Duration // one direction only
+	UDPStream      time.Duration // answered
+	// Grace keeps a half-made pair (a forward entry whose reverse entry is missing) this long.
+	Grace time.Duration
+}
+
+// DefaultTimeouts are the kernel's conntrack defaults.
+var DefaultTimeouts = Timeouts{TCPEstablished: 432000 * time.Second, TCPSyn: 120 * time.Second, TCPFin: 120 * time.Second,
+	TCPRst: 10 * time.Second, UDP: 30 * time.Second, UDPStream: 120 * time.Second, Grace: 10 * time.Second}
+
+// Idle returns the timeout of an entry in its state.
+func (t Timeouts) Idle(proto uint8, tcp uint8) time.Duration {
+	switch {
+	case proto != ProtoTCP:
+		if tcp&TCPReplied != 0 {
+			return t.UDPStream
+		}
+		return t.UDP
+	case tcp&TCPRst != 0:
+		return t.TCPRst
+	case tcp&TCPFinFwd != 0 && tcp&TCPFinRev != 0:
+		return t.TCPFin
+	case tcp&TCPReplied != 0:
+		return t.TCPEstablished
+	default:
+		return t.TCPSyn
+	}
+}
+
+// Monotonic returns CLOCK_MONOTONIC in nanoseconds, the clock of bpf_ktime_get_ns.
+func Monotonic() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}
+
+// CleanStats says what one cleanup pass did.
+type CleanStats struct {
+	Entries  int            // entries seen
+	ByType   map[string]int // entries by kind: forward, reverse, tunnel
+	Expired  int            // judged expired
+	Deleted  int            // deleted by the cleaner
+	Kept     int            // refreshed between judgement and deletion: kept
+	Forwards int            // live flows forwarded to or from another node
+}
+
+// Conntrack expires idle flows. Expiry is judged on the reverse or tunnel entry, which every
+// packet of both directions refreshes; a forward entry goes with its pair. Deletion is done
+// by the sl_ct_clean program, which deletes an entry only if its last_seen is still what was
+// judged: a packet that refreshes a flow while it is being judged keeps it (never a race with
+// live traffic, as Felix's BPF cleaner).
+type Conntrack struct {
+	CT       *ebpf.Map
+	Queue    *ebpf.Map
+	Cleaner  *ebpf.Program
+	Timeouts Timeouts
+}
+
+// NewConntrack returns the cleaner of objs' table.
+func NewConntrack(o *Objects, t Timeouts) *Conntrack {
+	return &Conntrack{CT: o.SlCtV4, Queue: o.SlCtCleanq, Cleaner: o.SlCtClean, Timeouts: t}
+}
+
+// PairKey returns the key of the other entry of a NAT pair: a reverse entry's forward entry
+// and the other way round.
+func PairKey(k ConntrackKey, v ConntrackValue) ConntrackKey {
+	switch v.Type {
+	case ConntrackRev:
+		return ConntrackKey{Src: k.Dst, Dst: v.NatAddr, Sport: v.NatSport, Dport: v.NatPort, Proto: k.Proto}
+	case ConntrackFwd:
+		return ConntrackKey{Src: v.NatAddr, Dst: k.Src, Sport: v.NatPort, Dport: v.NatSport, Proto: k.Proto}
+	}
+	return ConntrackKey{}
+}
+
+// Clean runs one pass at now (CLOCK_MONOTONIC ns).
+func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
+	st := CleanStats{ByType: map[string]int{}}
+	all := map[ConntrackKey]ConntrackValue{}
+	var k ConntrackKey
+	var v ConntrackValue
+	it := c.CT.Iterate()
+	for it.Next(&k, &v) {
+		all[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("reading the connection table: %w", err)
+	}
+	st.Entries = len(all)
+	var q sluiceCtCleanCtxV4
+	flush := func() error {
+		if q.N == 0 {
+			return nil
+		}
+		if err := c.Queue.Put(uint32(0), &q); err != nil {
+			return fmt.Errorf("queueing cleanup: %w", err)
+		}
+		if _, err := c.Cleaner.Run(&ebpf.RunOptions{}); err != nil {
+			return fmt.Errorf("running the cleaner: %w", err)
+		}
+		var res sluiceCtCleanCtxV4
+		if err := c.Queue.Lookup(uint32(0), &res); err != nil {
+			return fmt.Errorf("reading cleanup results: %w", err)
+		}
+		st.Deleted += int(res.Deleted)
+		st.Kept += int(res.Kept)
+		q = sluiceCtCleanCtxV4{}
+		return nil
+	}
+	queue := func(k, pair ConntrackKey, seen uint64) error {
+		st.Expired++
+		q.Req[q.N].Key = k
+		q.Req[q.N].Pair = pair
+		q.Req[q.N].Seen = seen
+		q.N++
+		if int(q.N) == len(q.Req) {
+			return flush()
+		}
+		return nil
+	}
+	for k, v := range all {
+		switch v.Type {
+		case ConntrackFwd:
+			st.ByType["forward"]++
+			if _, ok := all[PairKey(k, v)]; !ok && now > v.Created && time.Duration(now-v.Created) > c.Timeouts.Grace {
+				if err := queue(k, ConntrackKey{}, v.LastSeen); err != nil {
+					return st, err
+				}
+			}
+		case ConntrackRev, ConntrackTun:
+			if v.Type == ConntrackRev {
+				st.ByType["reverse"]++
+			} else {
+				st.ByType["tunnel"]++
+			}
+			if v.Flags&ConntrackRemote != 0 || v.Type == ConntrackTun {
+				st.Forwards++
+			}
+			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
+				continue
+			}
+			pair := ConntrackKey{}
+			if v.Type == ConntrackRev {
+				pair = PairKey(k, v)
+			}
+			if err := queue(k, pair, v.LastSeen); err != nil {
+				return st, err
+			}
+		}
+	}
+	return st, flush()
+}
+
+// Counters sums the per-CPU drop and event counters by name.
+func Counters(o *Objects) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for i, name := range CounterNames {
+		var per []uint64
+		if err := o.SlCounters.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("reading counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, n := range per {
+			sum += n
+		}
+		out[name] = sum
+	}
+	return out, nil
+}

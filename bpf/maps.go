@@ -1,0 +1,377 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+)
+
+// The map entry types, named for the domain (the generated names follow the C structs).
+type (
+	FrontendKey    = sluiceFeKeyV4
+	FrontendValue  = sluiceFeVal
+	BackendKey     = sluiceBeKey
+	BackendValue   = sluiceBeValV4
+	SourceRangeKey = sluiceSrcKeyV4
+	ClusterNetKey  = sluiceCnetKeyV4
+	ClusterNetVal  = sluiceCnetVal
+	ConntrackKey   = sluiceCtKeyV4
+	ConntrackValue = sluiceCtValV4
+	Settings       = sluiceCfg
+)
+
+// Flags, as in c/sluice.h.
+const (
+	FrontendExternalLocal = 1 << 0
+	FrontendInternalLocal = 1 << 1
+	FrontendSourceRanges  = 1 << 2
+	FrontendAddrOnly      = 1 << 3
+	FrontendNodePort      = 1 << 4
+
+	BackendLocal = 1 << 0
+
+	ClusterNetPool = 1 << 0
+	ClusterNetHost = 1 << 1
+	ClusterNetSelf = 1 << 2
+
+	ConntrackFwd = 1
+	ConntrackRev = 2
+	ConntrackTun = 3
+
+	ConntrackRemote   = 1 << 0
+	ConntrackRedirect = 1 << 1
+	ConntrackPSNAT    = 1 << 2
+
+	TCPSyn     = 1 << 0
+	TCPReplied = 1 << 1
+	TCPFinFwd  = 1 << 2
+	TCPFinRev  = 1 << 3
+	TCPRst     = 1 << 4
+)
+
+// Counter names, in the order of enum counter in c/sluice.h.
+var CounterNames = []string{
+	"nat_new", "nat_forward_remote", "tunnel_in", "drop_forged_tunnel", "drop_no_local_endpoint",
+	"drop_source_range", "drop_conntrack_full", "drop_too_big", "drop_tunnel_collision", "drop_no_route",
+	"drop_malformed", "reject_no_endpoint", "reject_unknown_port", "icmp_too_big_sent", "reply_translated",
+}
+
+// NetAddr returns the map form of an IPv4 address: the uint32 whose memory holds the
+// address's bytes in network order.
+func NetAddr(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// HostAddr is the inverse of NetAddr.
+func HostAddr(v uint32) netip.Addr {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// NetPort returns the map form of a port (network order in memory).
+func NetPort(p uint16) uint16 { return p<<8 | p>>8 }
+
+// HostPort is the inverse of NetPort.
+func HostPort(p uint16) uint16 { return p<<8 | p>>8 }
+
+// Protocol numbers.
+const (
+	ProtoTCP  = 6
+	ProtoUDP  = 17
+	ProtoSCTP = 132
+)
+
+// ProtoName names a protocol number.
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "TCP"
+	case ProtoUDP:
+		return "UDP"
+	case ProtoSCTP:
+		return "SCTP"
+	case 0:
+		return "any"
+	}
+	return fmt.Sprint(p)
+}
+
+// ErrMapFull is returned for a write refused because the map holds max entries.
+var ErrMapFull = errors.New("map full")
+
+// Table is the narrow interface over one BPF map: the real one over an *ebpf.Map and a
+// stateful in-memory fake that can be told to fail.
+type Table[K comparable, V any] interface {
+	Put(k K, v V) error
+	// Delete removes k; a key already gone is success.
+	Delete(k K) error
+	Dump() (map[K]V, error)
+	Len() int
+	Max() int
+}
+
+// MapTable is a Table over a kernel map.
+type MapTable[K comparable, V any] struct {
+	Map *ebpf.Map
+}
+
+func (t MapTable[K, V]) Put(k K, v V) error {
+	if err := t.Map.Put(&k, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) || strings.Contains(err.Error(), "argument list too long") ||
+			strings.Contains(err.Error(), "no space") {
+			return fmt.Errorf("%w: %v", ErrMapFull, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func (t MapTable[K, V]) Delete(k K) error {
+	if err := t.Map.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+func (t MapTable[K, V]) Dump() (map[K]V, error) {
+	out := map[K]V{}
+	var k K
+	var v V
+	it := t.Map.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
+}
+
+// Len counts the entries (a walk of the map).
+func (t MapTable[K, V]) Len() int {
+	n := 0
+	var k K
+	var v V
+	it := t.Map.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	return n
+}
+
+func (t MapTable[K, V]) Max() int { return int(t.Map.MaxEntries()) }
+
+// FakeTable is an in-memory Table for tests: it holds max entries like the kernel's and fails
+// the operations Fail says.
+type FakeTable[K comparable, V any] struct {
+	mu      sync.Mutex
+	Entries map[K]V
+	Size    int
+	// Fail, when set, is asked before each operation ("put" or "delete") and its error
+	// returned instead.
+	Fail   func(op string, k K) error
+	Writes int
+}
+
+// NewFakeTable returns an empty fake of size max.
+func NewFakeTable[K comparable, V any](max int) *FakeTable[K, V] {
+	return &FakeTable[K, V]{Entries: map[K]V{}, Size: max}
+}
+
+func (t *FakeTable[K, V]) Put(k K, v V) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.Fail != nil {
+		if err := t.Fail("put", k); err != nil {
+			return err
+		}
+	}
+	if _, ok := t.Entries[k]; !ok && len(t.Entries) >= t.Size {
+		return ErrMapFull
+	}
+	t.Entries[k] = v
+	t.Writes++
+	return nil
+}
+
+func (t *FakeTable[K, V]) Delete(k K) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.Fail != nil {
+		if err := t.Fail("delete", k); err != nil {
+			return err
+		}
+	}
+	if _, ok := t.Entries[k]; ok {
+		t.Writes++
+	}
+	delete(t.Entries, k)
+	return nil
+}
+
+func (t *FakeTable[K, V]) Dump() (map[K]V, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[K]V, len(t.Entries))
+	for k, v := range t.Entries {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func (t *FakeTable[K, V]) Len() int { t.mu.Lock(); defer t.mu.Unlock(); return len(t.Entries) }
+func (t *FakeTable[K, V]) Max() int { return t.Size }
+
+// Tables are the service maps the driver writes.
+type Tables struct {
+	Frontends    Table[FrontendKey, FrontendValue]
+	Backends     Table[BackendKey, BackendValue]
+	SourceRanges Table[SourceRangeKey, uint32]
+	ClusterNets  Table[ClusterNetKey, ClusterNetVal]
+	Settings     Table[uint32, Settings]
+}
+
+// KernelTables returns the tables over loaded objects.
+func KernelTables(o *Objects) Tables {
+	return Tables{
+		Frontends:    MapTable[FrontendKey, FrontendValue]{o.SlFeV4},
+		Backends:     MapTable[BackendKey, BackendValue]{o.SlBeV4},
+		SourceRanges: MapTable[SourceRangeKey, uint32]{o.SlSrcV4},
+		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{o.SlCnetV4},
+		Settings:     MapTable[uint32, Settings]{o.SlCfg},
+	}
+}
+
+// FakeTables returns in-memory tables of the given sizes.
+func FakeTables(s MapSizes) (Tables, *FakeSet) {
+	f := &FakeSet{
+		Frontends:    NewFakeTable[FrontendKey, FrontendValue](s.Frontends),
+		Backends:     NewFakeTable[BackendKey, BackendValue](s.Backends),
+		SourceRanges: NewFakeTable[SourceRangeKey, uint32](s.SourceRanges),
+		ClusterNets:  NewFakeTable[ClusterNetKey, ClusterNetVal](s.ClusterNets),
+		Settings:     NewFakeTable[uint32, Settings](1),
+	}
+	return Tables{f.Frontends, f.Backends, f.SourceRanges, f.ClusterNets, f.Settings}, f
+}
+
+// FakeSet holds the fakes behind FakeTables.
+type FakeSet struct {
+	Frontends    *FakeTable[FrontendKey, FrontendValue]
+	Backends     *FakeTable[BackendKey, BackendValue]
+	SourceRanges *FakeTable[SourceRangeKey, uint32]
+	ClusterNets  *FakeTable[ClusterNetKey, ClusterNetVal]
+	Settings     *FakeTable[uint32, Settings]
+}
+
+// Render returns the tables as sorted text, one entry a line, for transition tests and
+// `sluicectl diff`.
+func Render(t Tables) (string, error) {
+	var lines []string
+	fe, err := t.Frontends.Dump()
+	if err != nil {
+		return "", err
+	}
+	for k, v := range fe {
+		lines = append(lines, "frontend "+FrontendString(k, v))
+	}
+	be, err := t.Backends.Dump()
+	if err != nil {
+		return "", err
+	}
+	for k, v := range be {
+		lines = append(lines, "backend "+BackendString(k, v))
+	}
+	sr, err := t.SourceRanges.Dump()
+	if err != nil {
+		return "", err
+	}
+	for k := range sr {
+		lines = append(lines, "source-range "+SourceRangeString(k))
+	}
+	cn, err := t.ClusterNets.Dump()
+	if err != nil {
+		return "", err
+	}
+	for k, v := range cn {
+		lines = append(lines, "cluster-net "+ClusterNetString(k, v))
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n"), nil
+}
+
+// FrontendString describes a frontend entry.
+func FrontendString(k FrontendKey, v FrontendValue) string {
+	var fl []string
+	for _, f := range []struct {
+		bit  uint32
+		name string
+	}{{FrontendExternalLocal, "external-local"}, {FrontendInternalLocal, "internal-local"},
+		{FrontendSourceRanges, "source-ranges"}, {FrontendAddrOnly, "address-only"}, {FrontendNodePort, "node-port"}} {
+		if v.Flags&f.bit != 0 {
+			fl = append(fl, f.name)
+		}
+	}
+	s := fmt.Sprintf("%s/%s service %016x", netip.AddrPortFrom(HostAddr(k.Addr), HostPort(k.Port)), ProtoName(k.Proto), v.SvcId)
+	if v.Flags&FrontendAddrOnly == 0 {
+		s += fmt.Sprintf(" list %016x backends %d local %d cluster-from %d", v.ListId, v.Count, v.Local, v.ClusterStart)
+	}
+	if v.AffinitySec != 0 {
+		s += fmt.Sprintf(" affinity %ds", v.AffinitySec)
+	}
+	if len(fl) > 0 {
+		s += " " + strings.Join(fl, ",")
+	}
+	return s
+}
+
+// BackendString describes a backend entry.
+func BackendString(k BackendKey, v BackendValue) string {
+	s := fmt.Sprintf("list %016x #%d %s node %s", k.ListId, k.Ordinal, netip.AddrPortFrom(HostAddr(v.Addr), HostPort(v.Port)), HostAddr(v.NodeAddr))
+	if v.Flags&BackendLocal != 0 {
+		s += " local"
+	}
+	return s
+}
+
+// SourceRangeString describes a source-range entry.
+func SourceRangeString(k SourceRangeKey) string {
+	return fmt.Sprintf("%s/%s from %s", netip.AddrPortFrom(HostAddr(k.FeAddr), HostPort(k.FePort)), ProtoName(k.Proto),
+		netip.PrefixFrom(HostAddr(k.Src), int(k.Prefixlen)-64))
+}
+
+// ClusterNetString describes a cluster-network entry.
+func ClusterNetString(k ClusterNetKey, v ClusterNetVal) string {
+	var fl []string
+	if v.Flags&ClusterNetPool != 0 {
+		fl = append(fl, "pool")
+	}
+	if v.Flags&ClusterNetHost != 0 {
+		fl = append(fl, "node")
+	}
+	if v.Flags&ClusterNetSelf != 0 {
+		fl = append(fl, "self")
+	}
+	return fmt.Sprintf("%s %s", netip.PrefixFrom(HostAddr(k.Addr), int(k.Prefixlen)), strings.Join(fl, ","))
+}
+
+// listID names a backend list by its content, so frontends with the same endpoints share one
+// list, a restarted agent finds the same IDs with nothing stored, and a changed list is
+// written beside the old one before any frontend points at it.
+func listID(bs []BackendValue) uint64 {
+	h := fnv.New64a()
+	var b [16]byte
+	for _, v := range bs {
+		binary.LittleEndian.PutUint32(b[0:], v.Addr)
+		binary.LittleEndian.PutUint32(b[4:], v.NodeAddr)
+		binary.LittleEndian.PutUint16(b[8:], v.Port)
+		binary.LittleEndian.PutUint16(b[10:], v.Flags)
+		h.Write(b[:12])
+	}
+	return h.Sum64()
+}

@@ -1,0 +1,314 @@
+package bpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-net/sluice/bpf/healthcheck"
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netlink"
+)
+
+// StageConfig configures the service stage of the agent.
+type StageConfig struct {
+	PinDir         string
+	Sizes          MapSizes
+	HostInterfaces *regexp.Regexp
+	CleanConflicts bool
+	Services       Config
+	// TunnelMTU 0 means the MTU of the interface holding the node's address, less 50.
+	TunnelMTU       int
+	Timeouts        Timeouts
+	CleanupInterval time.Duration
+	ResyncInterval  time.Duration
+	MinInterval     time.Duration
+
+	OnApply    func(err error, writes int, took time.Duration)
+	OnConflict func(Conflict)
+	OnClean    func(CleanStats, error)
+	OnResized  func(maps []string)
+}
+
+// Stage is the running service stage: the loaded programs and maps, the map driver, the
+// attacher and the connection-table cleaner.
+type Stage struct {
+	cfg   StageConfig
+	Objs  *Objects
+	Svc   *Services
+	att   *Attacher
+	CT    *Conntrack
+	// Health serves the health-check node ports and the proxy health answer.
+	Health *healthcheck.Servers
+	kick   chan struct{}
+	beat  atomic.Int64
+	links atomic.Bool
+
+	mu        sync.Mutex
+	selfAddrs map[netip.Prefix]bool
+	conflicts map[string]bool
+	hostIP    netip.Addr
+	hooks     []Hook
+	lastClean CleanStats
+	// Repins counts map pins found removed and put back.
+	Repins int
+}
+
+// StartStage mounts bpffs under the pin directory if needed, loads (or adopts) the maps and
+// programs and returns the stage; nothing is written or attached before the first full
+// update.
+func StartStage(cfg StageConfig) (*Stage, error) {
+	if _, err := EnsureBPFFS(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	objs, err := Load(cfg.PinDir, cfg.Sizes)
+	if err != nil {
+		return nil, err
+	}
+	if len(objs.Resized) > 0 && cfg.OnResized != nil {
+		cfg.OnResized(objs.Resized)
+	}
+	att, err := NewAttacher(cfg.PinDir, objs, cfg.HostInterfaces, cfg.CleanConflicts)
+	if err != nil {
+		objs.Close()
+		return nil, err
+	}
+	if cfg.MinInterval == 0 {
+		cfg.MinInterval = 10 * time.Millisecond
+	}
+	if cfg.ResyncInterval == 0 {
+		cfg.ResyncInterval = 90 * time.Second
+	}
+	if cfg.CleanupInterval == 0 {
+		cfg.CleanupInterval = 10 * time.Second
+	}
+	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
+		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]bool{},
+		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{}}
+	return s, nil
+}
+
+// OnUpdate takes a calc update.
+func (s *Stage) OnUpdate(u *calc.Update) {
+	s.Svc.OnUpdate(u)
+	s.mu.Lock()
+	if u.Full {
+		clear(s.selfAddrs)
+	}
+	addrsChanged := u.Full
+	for _, op := range u.Ops {
+		switch {
+		case op.HealthCheck != nil && op.Remove:
+			s.Health.DeleteService(op.HealthCheck.Port)
+		case op.HealthCheck != nil:
+			s.Health.SetService(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalEndpoints)
+		case op.ClusterNet != nil && op.ClusterNet.Host && op.ClusterNet.Node == s.cfg.Services.NodeName:
+			addrsChanged = true
+			if op.Remove {
+				delete(s.selfAddrs, op.ClusterNet.Prefix)
+			} else {
+				s.selfAddrs[op.ClusterNet.Prefix] = true
+			}
+		}
+	}
+	if addrsChanged {
+		var addrs []netip.Addr
+		for p := range s.selfAddrs {
+			addrs = append(addrs, p.Addr())
+		}
+		// Health-check node ports answer on the node's own addresses and follow them.
+		s.Health.SetNodeAddrs(addrs)
+	}
+	s.mu.Unlock()
+	s.Kick()
+}
+
+// Kick asks for an apply soon.
+func (s *Stage) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Alive reports whether the loop went round within d.
+func (s *Stage) Alive(d time.Duration) bool {
+	return time.Since(time.Unix(0, s.beat.Load())) < d
+}
+
+// Hooks returns the hooks held after the last apply.
+func (s *Stage) Hooks() []Hook {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Hook(nil), s.hooks...)
+}
+
+// LastClean returns the last cleanup pass's figures.
+func (s *Stage) LastClean() CleanStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastClean
+}
+
+// Apply writes the maps, then attaches the programs: a program never runs on maps that
+// are not yet the desired state.
+func (s *Stage) Apply() (int, error) {
+	if !s.Svc.Ready() {
+		return 0, nil
+	}
+	before := s.Svc.Stats().Writes
+	if ip := s.Svc.HostIP(); ip != s.hostIP {
+		s.hostIP = ip
+		if s.cfg.TunnelMTU == 0 {
+			if mtu, err := mtuOf(ip); err == nil {
+				s.Svc.SetTunnelMTU(mtu - 50)
+			}
+		}
+	}
+	err := s.Svc.Apply()
+	writes := int(s.Svc.Stats().Writes - before)
+	if err != nil {
+		// Maps first: programs attached over a half-written table would answer wrongly.
+		return writes, err
+	}
+	conflicts, aerr := s.att.Sync(s.Svc.Workloads())
+	s.Health.SetHealthy(aerr == nil)
+	herr := s.Health.Apply()
+	perr := s.repin()
+	s.mu.Lock()
+	s.hooks = s.att.Hooks()
+	seen := map[string]bool{}
+	for _, c := range conflicts {
+		key := c.String()
+		seen[key] = true
+		if !s.conflicts[key] && s.cfg.OnConflict != nil {
+			s.cfg.OnConflict(c)
+		}
+	}
+	s.conflicts = seen
+	s.mu.Unlock()
+	return writes, errors.Join(aerr, herr, perr)
+}
+
+// repin puts back a map pin someone removed: without it a restarted agent would start with
+// empty maps and lose every connection's state.
+func (s *Stage) repin() error {
+	var errs []error
+	for name, m := range s.Objs.pinned() {
+		path := filepath.Join(s.cfg.PinDir, name)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			s.Repins++
+			if err := m.Pin(path); err != nil {
+				errs = append(errs, fmt.Errorf("pinning map %s again: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mtuOf returns the MTU of the interface holding a.
+func mtuOf(a netip.Addr) (int, error) {
+	if !a.IsValid() {
+		return 0, errors.New("no address")
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return 0, err
+	}
+	for _, ad := range addrs {
+		if ip, ok := netip.AddrFromSlice(ad.IP); ok && ip.Unmap() == a {
+			l, err := netlink.LinkByIndex(ad.LinkIndex)
+			if err != nil {
+				return 0, err
+			}
+			return l.Attrs().MTU, nil
+		}
+	}
+	return 0, fmt.Errorf("no interface holds %s", a)
+}
+
+// Run applies when kicked (at most every MinInterval), retries with backoff, rereads the maps
+// every ResyncInterval, cleans the connection table every CleanupInterval and follows
+// interfaces as they come and go, until ctx ends. Stopping leaves everything in place.
+func (s *Stage) Run(ctx context.Context) {
+	resync := time.NewTicker(s.cfg.ResyncInterval)
+	defer resync.Stop()
+	clean := time.NewTicker(s.cfg.CleanupInterval)
+	defer clean.Stop()
+	heartbeat := time.NewTicker(time.Second)
+	defer heartbeat.Stop()
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.LinkSubscribe(updates, done); err == nil {
+		s.links.Store(true)
+	}
+	s.beat.Store(time.Now().UnixNano())
+	backoff := time.Duration(0)
+	var retry <-chan time.Time
+	last := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.kick:
+			if retry != nil {
+				continue
+			}
+		case <-updates:
+			// A workload or host interface came or went: attach or let go.
+		case <-resync.C:
+			s.Svc.QueueResync()
+		case <-retry:
+			retry = nil
+		case <-clean.C:
+			if s.Svc.Ready() {
+				st, err := s.CT.Clean(Monotonic())
+				s.mu.Lock()
+				s.lastClean = st
+				s.mu.Unlock()
+				if s.cfg.OnClean != nil {
+					s.cfg.OnClean(st, err)
+				}
+			}
+			continue
+		case <-heartbeat.C:
+			s.beat.Store(time.Now().UnixNano())
+			continue
+		}
+		s.beat.Store(time.Now().UnixNano())
+		if wait := s.cfg.MinInterval - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		writes, err := s.Apply()
+		if s.cfg.OnApply != nil && (writes > 0 || err != nil) {
+			s.cfg.OnApply(err, writes, time.Since(last))
+		}
+		if err != nil {
+			s.Svc.QueueResync()
+			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)
+			retry = time.After(backoff)
+			continue
+		}
+		backoff = 0
+	}
+}
+
+// Close releases the handles; pins keep programs and maps in place for the next start.
+func (s *Stage) Close() {
+	_ = s.Health.Close()
+	s.att.Close()
+	s.Objs.Close()
+}
