@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo bench bench-dataplane fuzz install clean
+.PHONY: all build test vet fmt-check demo bench bench-dataplane fuzz install clean generate generate-check
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -20,6 +20,15 @@ vet:
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# The eBPF programs: bpf/c/*.c compiled by bpf2go (needs clang, llvm-strip and libbpf's
+# headers: apt-get install clang llvm libbpf-dev). The generated Go and object are committed,
+# so building and testing need none of them; generate-check fails when they are stale.
+generate:
+	cd bpf && $(GO) generate ./
+
+generate-check: generate
+	@git diff --exit-code --stat -- bpf/ || { echo "bpf: the committed object or generated Go is not what bpf/c produces: run make generate and commit"; exit 1; }
 
 # Every test, against real embedded etcd servers; the fuzz corpus in store/testdata runs as seeds.
 test: fmt-check vet

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -142,24 +143,50 @@ func resizePinned(path string, spec *ebpf.MapSpec) (bool, error) {
 // BPFFSMagic is the file system type of bpffs.
 const BPFFSMagic = 0xcafe4a11
 
-// EnsureBPFFS makes dir a directory on bpffs: if it is not on one already, a bpffs is
-// mounted on it (as Felix and Cilium mount /sys/fs/bpf on hosts that lack it). It returns
-// whether it mounted one.
+// EnsureBPFFS makes dir a directory on bpffs. When it is not on one, bpffs is mounted as
+// Felix and Cilium mount it on hosts that lack it: on /sys/fs/bpf when dir is under it (sysfs
+// has no room for directories of ours), else on dir itself. It returns whether it mounted.
 func EnsureBPFFS(dir string) (bool, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return false, fmt.Errorf("creating pin directory %s: %w", dir, err)
+	onBPF := func(p string) (bool, error) {
+		var st unix.Statfs_t
+		if err := unix.Statfs(p, &st); err != nil {
+			return false, err
+		}
+		return uint32(st.Type) == BPFFSMagic, nil
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
+	existing := dir
+	for {
+		if _, err := os.Stat(existing); err == nil {
+			break
+		}
+		parent := filepath.Dir(existing)
+		if parent == existing {
+			break
+		}
+		existing = parent
+	}
+	ok, err := onBPF(existing)
+	if err != nil {
 		return false, fmt.Errorf("checking pin directory %s: %w", dir, err)
 	}
-	if uint32(st.Type) == BPFFSMagic {
-		return false, nil
+	mounted := false
+	if !ok {
+		target := dir
+		if rel, err := filepath.Rel("/sys/fs/bpf", dir); err == nil && !strings.HasPrefix(rel, "..") {
+			target = "/sys/fs/bpf"
+		}
+		if err := os.MkdirAll(target, 0o700); err != nil {
+			return false, fmt.Errorf("creating pin directory %s: %w", target, err)
+		}
+		if err := unix.Mount("bpf", target, "bpf", 0, "mode=0700"); err != nil {
+			return false, fmt.Errorf("mounting bpffs on %s for pin directory %s: %w", target, dir, err)
+		}
+		mounted = true
 	}
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		return false, fmt.Errorf("mounting bpffs on pin directory %s: %w", dir, err)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return mounted, fmt.Errorf("creating pin directory %s: %w", dir, err)
 	}
-	return true, nil
+	return mounted, nil
 }
 
 // pinned returns the maps that are pinned by name.

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // StageConfig configures the service stage of the agent.
@@ -40,16 +41,16 @@ type StageConfig struct {
 // Stage is the running service stage: the loaded programs and maps, the map driver, the
 // attacher and the connection-table cleaner.
 type Stage struct {
-	cfg   StageConfig
-	Objs  *Objects
-	Svc   *Services
-	att   *Attacher
-	CT    *Conntrack
+	cfg  StageConfig
+	Objs *Objects
+	Svc  *Services
+	att  *Attacher
+	CT   *Conntrack
 	// Health serves the health-check node ports and the proxy health answer.
 	Health *healthcheck.Servers
 	kick   chan struct{}
-	beat  atomic.Int64
-	links atomic.Bool
+	beat   atomic.Int64
+	links  atomic.Bool
 
 	mu        sync.Mutex
 	selfAddrs map[netip.Prefix]bool
@@ -65,6 +66,9 @@ type Stage struct {
 // programs and returns the stage; nothing is written or attached before the first full
 // update.
 func StartStage(cfg StageConfig) (*Stage, error) {
+	if err := CheckKernel(); err != nil {
+		return nil, err
+	}
 	if _, err := EnsureBPFFS(cfg.PinDir); err != nil {
 		return nil, err
 	}
@@ -311,4 +315,25 @@ func (s *Stage) Close() {
 	_ = s.Health.Close()
 	s.att.Close()
 	s.Objs.Close()
+}
+
+// MinKernel is the oldest Linux the service stage runs on: TCX links (6.6) carry its
+// programs.
+var MinKernel = [2]int{6, 6}
+
+// CheckKernel refuses kernels older than MinKernel with a message that says so.
+func CheckKernel() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("reading the kernel version: %w", err)
+	}
+	rel := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("reading the kernel version %q: %w", rel, err)
+	}
+	if major < MinKernel[0] || major == MinKernel[0] && minor < MinKernel[1] {
+		return fmt.Errorf("the service stage needs Linux %d.%d or later (TCX program links); this kernel is %s: upgrade, or run with --services=false", MinKernel[0], MinKernel[1], rel)
+	}
+	return nil
 }

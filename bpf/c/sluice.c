@@ -664,8 +664,11 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 }
 
 /* reply undoes the translation of a reply from a backend and sends it back the way the
- * request came: out of the interface it arrived on, to the hop it came from. */
-static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct_val_v4 *r)
+ * request came: out of the interface it arrived on, to the hop it came from. Other replies
+ * (the client is a workload) are sent straight to the client through the FIB when route is
+ * set: a reply whose source became one of this node's own addresses (a node port) would be
+ * dropped by the kernel's input path as a martian. */
+static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct_val_v4 *r, int route)
 {
 	r->last_seen = bpf_ktime_get_ns();
 	tcp_track(r, p, 1);
@@ -683,6 +686,8 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 			return TC_ACT_SHOT;
 		return bpf_redirect(rev.ifindex, 0);
 	}
+	if (route)
+		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }
 
@@ -721,7 +726,7 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 			count(C_DROP_FORGED_TUNNEL);
 			return TC_ACT_SHOT;
 		}
-		return reply(skb, &p, v);
+		return reply(skb, &p, v, 1);
 	}
 	/* A flow forwarded to a backend here: remember the ingress node for the replies. */
 	struct ct_key_v4 tk = {.src = p.dst, .dst = p.src, .sport = p.dport, .dport = p.sport, .proto = p.proto};
@@ -729,8 +734,11 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	if (t && t->type == CT_TUN && t->nat_addr == outer->src) {
 		t->last_seen = now;
 		tcp_track(t, &p, 0);
-	} else if (t && !(t->type == CT_TUN && (closed(t) || is_syn(&p)))) {
-		/* The same tuple is live from another node (or is a local flow): never merge two. */
+	} else if (t && !(t->type == CT_TUN && (closed(t) || (is_syn(&p) && !(t->tcp & TCP_REPLIED))))) {
+		/* The same tuple is live from another node (or is a local flow): never merge two. A
+		 * SYN takes the tuple over only from a flow that is closed or was never answered (its
+		 * ingress node has given it up); one that was answered stays, and the newcomer's
+		 * ingress node picks another source port when its client sends the SYN again. */
 		count(C_DROP_COLLISION);
 		return TC_ACT_SHOT;
 	} else {
@@ -757,7 +765,7 @@ int sl_from_host(struct __sk_buff *skb)
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v) {
 		if (v->type == CT_REV)
-			return reply(skb, &p, v);
+			return reply(skb, &p, v, 1);
 		if (v->type == CT_FWD) {
 			if (!is_syn(&p))
 				return forward(skb, &p, c, v, FROM_HOST);
@@ -786,7 +794,7 @@ int sl_from_wep(struct __sk_buff *skb)
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v) {
 		if (v->type == CT_REV)
-			return reply(skb, &p, v);
+			return reply(skb, &p, v, 1);
 		if (v->type == CT_TUN) {
 			v->last_seen = bpf_ktime_get_ns();
 			tcp_track(v, &p, 1);
@@ -830,7 +838,7 @@ int sl_to_wep(struct __sk_buff *skb)
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v && v->type == CT_REV && !(v->flags & CT_F_REDIRECT))
-		return reply(skb, &p, v);
+		return reply(skb, &p, v, 0);
 	return TC_ACT_OK;
 }
 

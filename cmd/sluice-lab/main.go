@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io"
 	"net"
 	"os"
@@ -30,6 +31,7 @@ type lab struct {
 	procs    []*proc
 	agents   map[string]*proc
 	dir      string
+	bpffs    bool // the lab's bpffs is mounted at dir/bpf
 }
 
 func (l *lab) step(format string, args ...any) {
@@ -171,8 +173,22 @@ func (p *proc) stop() error {
 }
 
 func (l *lab) startAgent(node string) (*proc, error) {
+	// One bpffs for the lab, mounted here in the host's mount namespace: `ip netns exec` gives
+	// each agent a mount namespace of its own, and a bpffs mounted there would vanish with
+	// the agent, pins and all. Each agent pins under a directory of its own.
+	bpffs := filepath.Join(l.dir, "bpf")
+	if !l.bpffs {
+		if err := os.MkdirAll(bpffs, 0o700); err != nil {
+			return nil, err
+		}
+		if err := unix.Mount("bpf", bpffs, "bpf", 0, "mode=0700"); err != nil {
+			return nil, fmt.Errorf("mounting the lab's bpffs: %w", err)
+		}
+		l.bpffs = true
+	}
 	p, err := l.start(nodeNS(node), "sluiced "+node, true, filepath.Join(l.bin, "sluiced"), "--node-name", node,
-		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s")
+		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
+		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s")
 	if err == nil {
 		l.agents[node] = p
 	}
@@ -220,6 +236,11 @@ func (l *lab) cleanup() {
 		_ = p.stop()
 	}
 	teardown()
+	if l.bpffs {
+		// The agents are gone; the pins (maps, program links) go with the mount.
+		_ = unix.Unmount(filepath.Join(l.dir, "bpf"), unix.MNT_DETACH)
+		l.bpffs = false
+	}
 	if l.dir != "" {
 		os.RemoveAll(l.dir)
 	}
@@ -230,6 +251,7 @@ func main() {
 		tools := map[string]func([]string) error{
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
+			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet,
 		}
 		if t, ok := tools[os.Args[1]]; ok {
 			if err := t(os.Args[2:]); err != nil {

@@ -229,6 +229,10 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	_, err = retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
 	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
 
+	if err := l.seed000(); err != nil {
+		return err
+	}
+
 	if keep {
 		l.step("the lab stays up; Ctrl-C tears it down")
 		fmt.Fprintln(l.out, "look around:")

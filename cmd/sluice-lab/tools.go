@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -210,12 +212,14 @@ func toolSniff(args []string) error {
 	}
 	secs, _ := strconv.ParseFloat(args[2], 64)
 	const ethPIP = 0x0800
-	fd, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_DGRAM, int(htons(ethPIP)))
+	// ETH_P_ALL: a socket bound to one protocol sees only packets received, never sent.
+	const ethPAll = 0x0003
+	fd, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_DGRAM, int(htons(ethPAll)))
 	if err != nil {
 		return err
 	}
 	defer syscall.Close(fd)
-	if err := syscall.Bind(fd, &syscall.SockaddrLinklayer{Protocol: htons(ethPIP), Ifindex: ifi.Index}); err != nil {
+	if err := syscall.Bind(fd, &syscall.SockaddrLinklayer{Protocol: htons(ethPAll), Ifindex: ifi.Index}); err != nil {
 		return err
 	}
 	tv := syscall.NsecToTimeval(int64(100 * time.Millisecond))
@@ -226,8 +230,11 @@ func toolSniff(args []string) error {
 	buf := make([]byte, 2048)
 	count := 0
 	for ctx.Err() == nil {
-		n, _, err := syscall.Recvfrom(fd, buf, 0)
+		n, from, err := syscall.Recvfrom(fd, buf, 0)
 		if err != nil || n < 20 {
+			continue
+		}
+		if ll, ok := from.(*syscall.SockaddrLinklayer); !ok || ll.Protocol != htons(ethPIP) {
 			continue
 		}
 		if netip.AddrFrom4([4]byte(buf[16:20])) == dst {
@@ -239,3 +246,143 @@ func toolSniff(args []string) error {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// toolTCPWhoami answers every TCP connection on addr with the client's address as it sees
+// it, one line, then closes: an endpoint that reports whether the client's address was kept.
+func toolTCPWhoami(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: tcp-whoami IP:PORT")
+	}
+	ln, err := net.Listen("tcp", args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Println("READY")
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		_, _ = c.Write([]byte(host + "\n"))
+		_ = c.Close()
+	}
+}
+
+// toolTCPAsk makes n connections to addr, one after another, each reading one line; it
+// prints how many failed and each distinct answer with its count, and fails if any failed.
+func toolTCPAsk(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: tcp-ask IP:PORT N")
+	}
+	n, _ := strconv.Atoi(args[1])
+	answers := map[string]int{}
+	failed := 0
+	var last error
+	for i := 0; i < n; i++ {
+		line, err := func() (string, error) {
+			c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			return bufio.NewReader(c).ReadString('\n')
+		}()
+		if err != nil {
+			failed++
+			last = err
+			continue
+		}
+		answers[strings.TrimSpace(line)]++
+	}
+	fmt.Println("failed", failed)
+	for a, c := range answers {
+		fmt.Println("answer", a, c)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d connections failed, last: %v", failed, n, last)
+	}
+	return nil
+}
+
+// toolTCPIdle connects, echoes a line, stays idle for the given seconds, and echoes again on
+// the same connection.
+func toolTCPIdle(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: tcp-idle IP:PORT SECONDS")
+	}
+	secs, _ := strconv.ParseFloat(args[1], 64)
+	c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	echo := func(what string) error {
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := c.Write([]byte(what + "\n")); err != nil {
+			return err
+		}
+		line, err := r.ReadString('\n')
+		if err != nil || line != what+"\n" {
+			return fmt.Errorf("echo of %q: %q, %v", what, line, err)
+		}
+		return nil
+	}
+	if err := echo("before"); err != nil {
+		return err
+	}
+	fmt.Println("READY")
+	time.Sleep(time.Duration(secs * float64(time.Second)))
+	if err := echo("after"); err != nil {
+		return fmt.Errorf("after %.0f s idle: %w", secs, err)
+	}
+	fmt.Println("survived")
+	return nil
+}
+
+// toolTCPLoop makes connections to addr (each one echo) until stdin closes; it prints how
+// many it made and how many failed.
+func toolTCPLoop(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: tcp-loop IP:PORT")
+	}
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	fmt.Println("READY")
+	made, failed := 0, 0
+	for {
+		select {
+		case <-stop:
+			fmt.Println("connections", made, "failed", failed)
+			if failed > 0 {
+				return fmt.Errorf("%d of %d failed", failed, made)
+			}
+			return nil
+		default:
+		}
+		made++
+		if err := toolTCPCheck([]string{args[0]}); err != nil {
+			failed++
+			fmt.Println("failure", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// toolHTTPGet prints the status code and body of a GET.
+func toolHTTPGet(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: http-get URL")
+	}
+	cl := &http.Client{Timeout: 2 * time.Second}
+	resp, err := cl.Get(args[0])
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	fmt.Printf("status %d %s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+	return nil
+}

@@ -22,9 +22,13 @@ import (
 //	            default gateways (Calico's way: 169.254.1.1, and the host side's IPv6
 //	            link-local address from its MAC ee:ee:ee:ee:ee:ee)
 const (
-	nsRouter   = "sl-router"
-	nsGateway  = "sl-gw"
-	nsClient   = "sl-client"
+	nsRouter  = "sl-router"
+	nsGateway = "sl-gw"
+	nsClient  = "sl-client"
+	// nsExt is a client on another network behind the router (192.168.40.100), and nsGw2 a
+	// second gateway on a network of node-a's second NIC (seed 000's multi-homed node).
+	nsExt      = "sl-ext"
+	nsGw2      = "sl-gw2"
 	etcdListen = "192.168.10.1:2379"
 )
 
@@ -67,7 +71,7 @@ func wlNS(w labWorkload) string { return "sl-wl-" + w.name }
 
 // allNamespaces lists every namespace the lab makes.
 func allNamespaces() []string {
-	out := []string{nsRouter, nsGateway, nsClient}
+	out := []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2}
 	for _, n := range labNodes {
 		out = append(out, n.ns)
 	}
@@ -121,7 +125,7 @@ func buildTopology() error {
 		return fmt.Errorf("the lab needs iproute2's ip command: %w", err)
 	}
 	teardown() // a previous run that died leaves its namespaces behind
-	for _, ns := range []string{nsRouter, nsGateway, nsClient} {
+	for _, ns := range []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2} {
 		if err := script([]string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"}); err != nil {
 			return err
 		}
@@ -179,6 +183,23 @@ func buildTopology() error {
 				return err
 			}
 		}
+	}
+	if err := script(
+		[]string{"ip", "-n", nsExt, "link", "add", "eth0", "type", "veth", "peer", "name", "ext0", "netns", nsRouter},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.40.1/24", "dev", "ext0"},
+		[]string{"ip", "-n", nsRouter, "link", "set", "ext0", "up"},
+		[]string{"ip", "-n", nsExt, "addr", "add", "192.168.40.100/24", "dev", "eth0"},
+		[]string{"ip", "-n", nsExt, "link", "set", "eth0", "up"},
+		[]string{"ip", "-n", nsExt, "route", "add", "default", "via", "192.168.40.1"},
+		// node-a's second NIC, on a network of its own with a gateway that leads nowhere:
+		// replies routed by the default route through it would never reach a client.
+		[]string{"ip", "-n", nsGw2, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1", "netns", nodeNS("node-a")},
+		[]string{"ip", "-n", nsGw2, "addr", "add", "192.168.30.254/24", "dev", "eth0"},
+		[]string{"ip", "-n", nsGw2, "link", "set", "eth0", "up"},
+		[]string{"ip", "-n", nodeNS("node-a"), "addr", "add", "192.168.30.11/24", "dev", "eth1"},
+		[]string{"ip", "-n", nodeNS("node-a"), "link", "set", "eth1", "up"},
+	); err != nil {
+		return err
 	}
 	if err := script(
 		[]string{"ip", "-n", nsRouter, "route", "add", "default", "via", "192.168.10.254"},

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/sluice-net/sluice/bpf"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,15 +24,19 @@ type agentState struct {
 	// the first apply, so that a cold start programs the kernel first.
 	indexing *store.Async
 	dp       *dataplane.Dataplane
+	svc      *bpf.Stage
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
 	kernelDelay  prometheus.Histogram
 	leftovers    prometheus.Counter
+	// service stage
+	serviceErrors    prometheus.Counter
+	conntrackDeleted prometheus.Counter
 }
 
 func (a *agentState) live() bool {
-	return a.dp == nil || a.dp.Alive(10*time.Second)
+	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (a.svc == nil || a.svc.Alive(10*time.Second))
 }
 
 func (a *agentState) ready() bool {
@@ -59,6 +65,10 @@ func newAgentState() *agentState {
 			Help: "Time from an etcd change reaching sluiced to its effect being in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
 			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
+		serviceErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_service_apply_errors_total",
+			Help: "Failed applies of the service stage (maps, program links, health-check servers)."}),
+		conntrackDeleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_conntrack_deleted_total",
+			Help: "Connection-tracking entries deleted by cleanup (expired and still idle when deleted)."}),
 	}
 }
 
@@ -86,7 +96,7 @@ func (a *agentState) OnEvents(batch []store.Event) {
 // the intake, index and dataplane when scraped.
 func (a *agentState) registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers)
+	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.serviceErrors, a.conntrackDeleted)
 	gauge := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
@@ -138,7 +148,54 @@ func (a *agentState) registry() *prometheus.Registry {
 		gauge("sluice_routes_desired", "Routes calc wants.", func() float64 { return float64(ds().DesiredRoutes) })
 		gauge("sluice_routes_programmed", "Routes sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedRoutes) })
 	}
+	if a.svc != nil {
+		a.registerServices(r)
+	}
 	return r
+}
+
+// registerServices adds the service stage's figures: map fill, tracked flows, drops by reason.
+func (a *agentState) registerServices(r *prometheus.Registry) {
+	svc := a.svc
+	counts := svc.Svc.Counts()
+	for name := range counts {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_entries",
+			Help: "Entries sluice knows each service map holds.", ConstLabels: prometheus.Labels{"map": name}},
+			func() float64 { return float64(svc.Svc.Counts()[name][1]) }))
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_desired_entries",
+			Help: "Entries calc wants in each service map.", ConstLabels: prometheus.Labels{"map": name}},
+			func() float64 { return float64(svc.Svc.Counts()[name][0]) }))
+	}
+	for name, m := range map[string]int{"frontends": int(svc.Objs.SlFeV4.MaxEntries()), "backends": int(svc.Objs.SlBeV4.MaxEntries()),
+		"conntrack": int(svc.Objs.SlCtV4.MaxEntries()), "affinity": int(svc.Objs.SlAffV4.MaxEntries())} {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_max_entries",
+			Help: "Size of each service map (options bpf-map-size-*).", ConstLabels: prometheus.Labels{"map": name}},
+			func() float64 { return float64(m) }))
+	}
+	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_bpf_map_full_total",
+		Help: "Service map writes refused because the map was full."}, func() float64 { return float64(svc.Svc.Stats().MapFull) }))
+	for _, typ := range []string{"forward", "reverse", "tunnel"} {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_conntrack_entries",
+			Help: "Connection-tracking entries at the last cleanup, by kind.", ConstLabels: prometheus.Labels{"kind": typ}},
+			func() float64 { return float64(svc.LastClean().ByType[typ]) }))
+	}
+	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_conntrack_forwarded_flows",
+		Help: "Live flows forwarded to or from another node at the last cleanup."}, func() float64 { return float64(svc.LastClean().Forwards) }))
+	for _, name := range bpf.CounterNames {
+		metric, label := "sluice_bpf_packets_total", "event"
+		if strings.HasPrefix(name, "drop_") || strings.HasPrefix(name, "reject_") {
+			metric, label = "sluice_bpf_drops_total", "reason"
+		}
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metric,
+			Help: "Packets counted by the service programs, by " + label + ".", ConstLabels: prometheus.Labels{label: name}},
+			func() float64 {
+				c, err := bpf.Counters(svc.Objs)
+				if err != nil {
+					return 0
+				}
+				return float64(c[name])
+			}))
+	}
 }
 
 // serveHealth serves /livez, /readyz and /metrics on ln until ctx ends.

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 )
@@ -89,6 +90,18 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		state.dp = dp
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
+		if c.Services {
+			svc, swait, err := startServices(ctx, c, log, state)
+			if err != nil {
+				return err
+			}
+			plan.svc = svc
+			state.svc = svc
+			background.Add(1)
+			go func() { defer background.Done(); swait() }()
+		} else if err := bpf.RemoveAll(c.BPF.PinDir); err != nil {
+			log.Warn().Err(err).Str("pin_dir", c.BPF.PinDir).Msg("could not remove the service stage's programs and pins")
+		}
 	}
 	handlers := store.Fanout{plan, state, state.indexing}
 	if rec != nil {

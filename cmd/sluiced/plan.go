@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
+	"net"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
@@ -19,6 +23,7 @@ type planner struct {
 	graph *calc.Graph
 	log   zerolog.Logger
 	dp    *dataplane.Dataplane // nil with --dataplane=false
+	svc   *bpf.Stage           // nil with --services=false
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
@@ -29,10 +34,13 @@ func (p *planner) OnEvents(batch []store.Event) {
 	if p.dp != nil {
 		p.dp.OnUpdate(u)
 	}
+	if p.svc != nil {
+		p.svc.OnUpdate(u)
+	}
 	for _, pr := range u.Problems {
 		p.log.Warn().Str("key", pr.Key).Str("reason", pr.Reason).Msg("cannot act on input")
 	}
-	var vteps, routes, frontends, health, removes int
+	var vteps, routes, frontends, health, nets, removes int
 	for _, op := range u.Ops {
 		switch {
 		case op.Remove:
@@ -45,6 +53,8 @@ func (p *planner) OnEvents(batch []store.Event) {
 			frontends++
 		case op.HealthCheck != nil:
 			health++
+		case op.ClusterNet != nil:
+			nets++
 		}
 		if e := p.log.Debug(); e.Enabled() {
 			e.Bool("remove", op.Remove).Str("object", describe(op)).Msg("desired change")
@@ -54,7 +64,7 @@ func (p *planner) OnEvents(batch []store.Event) {
 	if u.Full {
 		msg = "desired state computed"
 	}
-	p.log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).
+	p.log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).Int("cluster_nets", nets).
 		Int("removed", removes).Msg(msg)
 }
 
@@ -68,6 +78,8 @@ func describe(op calc.Op) string {
 		return "frontend " + op.Frontend.Key.String() + " " + op.Frontend.Service
 	case op.HealthCheck != nil:
 		return "health-check " + op.HealthCheck.Service
+	case op.ClusterNet != nil:
+		return "cluster-net " + op.ClusterNet.String()
 	}
 	return ""
 }
@@ -130,4 +142,72 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		loops.Wait() // nothing uses the kernel handle any more
 		k.Close()
 	}, nil
+}
+
+// startServices loads (or adopts) the eBPF service stage and runs it until ctx ends; stopping
+// leaves programs, links and maps pinned, so connections live through a restart.
+func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logger, state *agentState) (*bpf.Stage, func(), error) {
+	cfg := c.BPF
+	cfg.OnResized = func(maps []string) {
+		log.Warn().Strs("maps", maps).Msg("map size options changed: maps resized, their entries kept")
+	}
+	var mu sync.Mutex
+	var lastLog time.Time
+	cfg.OnApply = func(err error, writes int, took time.Duration) {
+		if err == nil {
+			log.Info().Int("writes", writes).Dur("took", took).Msg("service maps updated")
+			return
+		}
+		state.serviceErrors.Inc()
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(lastLog) > 10*time.Second {
+			lastLog = time.Now()
+			log.Warn().Err(err).Int("writes", writes).Msg("service stage apply failed; retrying with backoff")
+		}
+	}
+	cfg.OnConflict = func(cf bpf.Conflict) {
+		state.leftovers.Inc()
+		switch {
+		case cf.Removed:
+			log.Warn().Str("conflict", cf.String()).Msg("removed another program on a hook sluice uses")
+		case cf.Err != nil:
+			log.Error().Err(cf.Err).Str("conflict", cf.String()).Msg("could not remove another program on a hook sluice uses")
+		default:
+			log.Warn().Str("conflict", cf.String()).Str("fix", "run with --clean-conflicts to remove it").
+				Msg("another program on a hook sluice uses may take traffic before sluice's")
+		}
+	}
+	cfg.OnClean = func(st bpf.CleanStats, err error) {
+		state.conntrackDeleted.Add(float64(st.Deleted))
+		if err != nil {
+			log.Warn().Err(err).Msg("connection table cleanup failed")
+			return
+		}
+		if st.Deleted > 0 || st.Kept > 0 {
+			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
+		}
+	}
+	stage, err := bpf.StartStage(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting the service stage (option services=false turns it off): %w", err)
+	}
+	var loops sync.WaitGroup
+	loops.Add(1)
+	go func() { defer loops.Done(); stage.Run(ctx) }()
+	if c.ProxyHealthListen != "" {
+		ln, err := net.Listen("tcp", c.ProxyHealthListen)
+		if err != nil {
+			log.Error().Err(err).Str("listen", c.ProxyHealthListen).Msg("proxy health check not served")
+		} else {
+			loops.Add(1)
+			go func() {
+				defer loops.Done()
+				if err := healthcheck.ServeProxyHealth(ctx, ln, stage.Health); err != nil {
+					log.Error().Err(err).Msg("proxy health check failed")
+				}
+			}()
+		}
+	}
+	return stage, func() { loops.Wait(); stage.Close() }, nil
 }

@@ -11,11 +11,13 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
@@ -37,6 +39,10 @@ type Config struct {
 	DP           dataplane.Config
 	HealthListen string
 	StatusTTL    time.Duration
+	// Services turns on the eBPF service stage (with the dataplane).
+	Services          bool
+	BPF               bpf.StageConfig
+	ProxyHealthListen string
 	// set by systemd, not options
 	NotifySocket string
 	Watchdog     time.Duration
@@ -166,6 +172,67 @@ func optionTable() []option {
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.DP.ResyncInterval })},
 		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
 			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
+		{name: "services", env: "SLUICE_SERVICES", key: "services", def: "true", boolean: true, accepts: "true or false", help: "program service NAT in eBPF (cluster IPs, node ports, load-balancer and external IPs); false removes sluice's programs, links and pins",
+			set: func(c *Config, v string) (err error) { c.Services, err = parseBool(v); return }},
+		{name: "bpf-pin-dir", env: "SLUICE_BPF_PIN_DIR", key: "bpfPinDir", def: "/sys/fs/bpf/sluice", accepts: "an absolute directory", help: "where sluice pins its eBPF maps and program links (bpffs is mounted there when it is not on one); one per agent",
+			set: func(c *Config, v string) error {
+				c.BPF.PinDir = v
+				if !strings.HasPrefix(v, "/") {
+					return errors.New("not an absolute path")
+				}
+				return nil
+			}},
+		{name: "host-interfaces", env: "SLUICE_HOST_INTERFACES", key: "hostInterfaces", def: bpf.DefaultHostInterfaces, accepts: "a regular expression", help: "host interfaces that get the service programs (node ports, tunnel from other nodes)",
+			set: func(c *Config, v string) (err error) { c.BPF.HostInterfaces, err = regexp.Compile(v); return }},
+		{name: "conntrack-tcp-established", env: "SLUICE_CONNTRACK_TCP_ESTABLISHED", key: "conntrackTCPEstablished", def: "120h", accepts: "a duration of at least 1s", help: "how long an idle established TCP connection through a service is kept (the kernel conntrack's default)",
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.BPF.Timeouts.TCPEstablished })},
+		{name: "conntrack-cleanup-interval", env: "SLUICE_CONNTRACK_CLEANUP_INTERVAL", key: "conntrackCleanupInterval", def: "10s", accepts: "a duration of at least 1s", help: "period of the connection table's cleanup",
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.BPF.CleanupInterval })},
+		{name: "bpf-map-size-frontends", env: "SLUICE_BPF_MAP_SIZE_FRONTENDS", key: "bpfMapSizeFrontends", def: strconv.Itoa(bpf.DefaultMapSizes.Frontends), accepts: "16 to 16777216", help: "entries of the frontend map (one per service address:port, node port address and cluster IP)",
+			set: func(c *Config, v string) (err error) {
+				c.BPF.Sizes.Frontends, err = parseIntRange(v, 16, 1<<24)
+				return
+			}},
+		{name: "bpf-map-size-backends", env: "SLUICE_BPF_MAP_SIZE_BACKENDS", key: "bpfMapSizeBackends", def: strconv.Itoa(bpf.DefaultMapSizes.Backends), accepts: "16 to 16777216", help: "entries of the backend map (one per endpoint of each distinct backend list)",
+			set: func(c *Config, v string) (err error) { c.BPF.Sizes.Backends, err = parseIntRange(v, 16, 1<<24); return }},
+		{name: "bpf-map-size-conntrack", env: "SLUICE_BPF_MAP_SIZE_CONNTRACK", key: "bpfMapSizeConntrack", def: strconv.Itoa(bpf.DefaultMapSizes.Conntrack), accepts: "1024 to 16777216", help: "entries of the connection table (two per translated connection); full, new connections are refused, live ones are never evicted",
+			set: func(c *Config, v string) (err error) {
+				c.BPF.Sizes.Conntrack, err = parseIntRange(v, 1024, 1<<24)
+				return
+			}},
+		{name: "bpf-map-size-affinity", env: "SLUICE_BPF_MAP_SIZE_AFFINITY", key: "bpfMapSizeAffinity", def: strconv.Itoa(bpf.DefaultMapSizes.Affinity), accepts: "16 to 16777216", help: "entries of the client-IP affinity table (least recently used entries go first)",
+			set: func(c *Config, v string) (err error) { c.BPF.Sizes.Affinity, err = parseIntRange(v, 16, 1<<24); return }},
+		{name: "bpf-map-size-source-ranges", env: "SLUICE_BPF_MAP_SIZE_SOURCE_RANGES", key: "bpfMapSizeSourceRanges", def: strconv.Itoa(bpf.DefaultMapSizes.SourceRanges), accepts: "16 to 16777216", help: "entries of the loadBalancerSourceRanges map",
+			set: func(c *Config, v string) (err error) {
+				c.BPF.Sizes.SourceRanges, err = parseIntRange(v, 16, 1<<24)
+				return
+			}},
+		{name: "bpf-map-size-cluster-nets", env: "SLUICE_BPF_MAP_SIZE_CLUSTER_NETS", key: "bpfMapSizeClusterNets", def: strconv.Itoa(bpf.DefaultMapSizes.ClusterNets), accepts: "16 to 16777216", help: "entries of the cluster network map (pools and node addresses)",
+			set: func(c *Config, v string) (err error) {
+				c.BPF.Sizes.ClusterNets, err = parseIntRange(v, 16, 1<<24)
+				return
+			}},
+		{name: "nodeport-tunnel-mtu", env: "SLUICE_NODEPORT_TUNNEL_MTU", key: "nodeportTunnelMTU", def: "0", accepts: "0, or 576 to 65485", help: "largest packet forwarded to another node's endpoint; 0 means the node interface's MTU minus 50; larger ones get ICMP fragmentation-needed",
+			set: zeroOr(576, 65485, func(c *Config) *int { return &c.BPF.TunnelMTU })},
+		{name: "nodeport-vni", env: "SLUICE_NODEPORT_VNI", key: "nodeportVNI", def: strconv.Itoa(bpf.DefaultVNI), accepts: "1 to 16777215, not the overlay's VNI", help: "VXLAN network identifier of node-port forwarding between nodes (on the VXLAN port)",
+			set: func(c *Config, v string) (err error) {
+				n, err := parseIntRange(v, 1, 1<<24-1)
+				c.BPF.Services.VNI = uint32(n)
+				return err
+			}},
+		{name: "nodeport-source-ports", env: "SLUICE_NODEPORT_SOURCE_PORTS", key: "nodeportSourcePorts", def: fmt.Sprintf("%d-%d", bpf.DefaultPSNATMin, bpf.DefaultPSNATMax), accepts: "a range like 20000-29999", help: "source ports given to connections forwarded to another node (the client's address is kept)",
+			set: func(c *Config, v string) error {
+				lo, hi, ok := strings.Cut(v, "-")
+				a, err1 := parseIntRange(lo, 1, 65535)
+				b, err2 := parseIntRange(hi, 1, 65535)
+				if !ok || err1 != nil || err2 != nil || a > b {
+					return errors.New("not a port range")
+				}
+				c.BPF.Services.PSNATMin, c.BPF.Services.PSNATMax = uint16(a), uint16(b)
+				return nil
+			}},
+		{name: "proxy-health-listen", env: "SLUICE_PROXY_HEALTH_LISTEN", key: "proxyHealthListen", def: "0.0.0.0:10256", accepts: "host:port, or empty to turn it off", help: "address of the proxy health check (/healthz, as kube-proxy's) for load balancers of Cluster-policy services",
+			set: func(c *Config, v string) error { c.ProxyHealthListen = v; return nil }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.StatusTTL })},
 		{name: "health-listen", env: "SLUICE_HEALTH_LISTEN", key: "healthListen", def: "127.0.0.1:9097", accepts: "host:port, or empty to turn it off", help: "address of /livez, /readyz and /metrics",
@@ -225,7 +292,7 @@ func Parse(args []string, getenv func(string) string, stderr io.Writer) (*Config
 // endpoint off even when the file sets it).
 func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*Config, error) {
 	getenv := func(k string) string { v, _ := lookupEnv(k); return v }
-	c := &Config{Calc: calc.DefaultConfig("")}
+	c := &Config{Calc: calc.DefaultConfig(""), BPF: bpf.StageConfig{Timeouts: bpf.DefaultTimeouts, Services: bpf.Config{VXLANPort: bpf.DefaultVXLANPort}}}
 	table := optionTable()
 	fromFlags := map[string]string{}
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
@@ -301,6 +368,12 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 	c.Calc.NodeName = c.NodeName
 	if _, err := calc.New(c.Calc); err != nil {
 		return nil, err
+	}
+	c.BPF.Services.NodeName = c.NodeName
+	c.BPF.Services.VXLANPort = uint16(c.DP.VXLAN.Port)
+	c.BPF.CleanConflicts = c.DP.CleanConflicts
+	if c.BPF.Services.VNI == uint32(c.DP.VXLAN.VNI) {
+		return nil, fmt.Errorf("options nodeport-vni and vxlan-vni are both %d: node-port forwarding needs a VNI of its own", c.DP.VXLAN.VNI)
 	}
 	return c, nil
 }

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// seedServices are the services of the seed-000 scenario: "np" has its only endpoint on
+// node-b (web-b) with externalTrafficPolicy Cluster, so node-a and node-c must forward;
+// "lb-local" is a LoadBalancer with externalTrafficPolicy Local and its health check.
+const seedServices = `apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: seed}
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.20]
+  ports:
+  - {name: echo, protocol: TCP, port: 80, targetPort: 8081, nodePort: 30090}
+  - {name: who, protocol: TCP, port: 81, targetPort: 8082, nodePort: 30092}
+  externalTrafficPolicy: Cluster
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: np-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: np}
+addressType: IPv4
+endpoints:
+- addresses: [10.65.0.65]
+  conditions: {ready: true}
+  nodeName: node-b
+ports:
+- {name: echo, protocol: TCP, port: 8081}
+- {name: who, protocol: TCP, port: 8082}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb-local, namespace: seed}
+spec:
+  type: LoadBalancer
+  clusterIPs: [10.96.0.21]
+  ports:
+  - {name: who, protocol: TCP, port: 81, targetPort: 8082, nodePort: 30093}
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 30999
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-local-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: lb-local}
+addressType: IPv4
+endpoints:
+- addresses: [10.65.0.65]
+  conditions: {ready: true}
+  nodeName: node-b
+ports:
+- {name: who, protocol: TCP, port: 8082}
+`
+
+var nodeIPs = map[string]string{"node-a": "192.168.10.11", "node-b": "192.168.10.12", "node-c": "192.168.20.13"}
+
+// seed000 runs the first user report's story with real traffic: node ports whose endpoint
+// is on another node, from a client on another network, through a multi-homed node whose
+// default route leads elsewhere; long and idle connections across cleanups; Local policy with
+// its health check; cluster IPs from workloads; and agent restarts under traffic.
+func (l *lab) seed000() error {
+	l.step("seed 000: node ports whose only endpoint is on node-b, from a client outside the cluster (192.168.40.100)")
+	webB := wlNS(l.workload("web-b"))
+	for _, port := range []string{"8081"} {
+		if _, err := l.start(webB, "echo web-b:"+port, false, l.tool(), "tcp-serve", "10.65.0.65:"+port); err != nil {
+			return err
+		}
+	}
+	if _, err := l.start(webB, "whoami web-b", false, l.tool(), "tcp-whoami", "10.65.0.65:8082"); err != nil {
+		return err
+	}
+	file := filepath.Join(l.dir, "seed-services.yaml")
+	if err := os.WriteFile(file, []byte(seedServices), 0o600); err != nil {
+		return err
+	}
+	l.mustCtl("apply", "-f", file)
+	// node-a becomes multi-homed: its default route now leads out of eth1 to a gateway
+	// that knows no client; replies must still leave by eth0, where requests come in.
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "replace", "default", "via", "192.168.30.254", "dev", "eth1"); err != nil {
+		return err
+	}
+	// Wait until every node answers before counting.
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		_, err := retry(10*time.Second, func() error {
+			_, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "1")
+			return err
+		})
+		l.check(err == nil, "the node port answers on %s (%s:30092)", n, nodeIPs[n])
+	}
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
+		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 50"),
+			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
+	}
+
+	l.step("seed 000: the reply leaves multi-homed node-a by the NIC the request came in on")
+	eth0, err := l.start(nodeNS("node-a"), "sniff eth0", false, l.tool(), "sniff", "eth0", "192.168.40.100", "3")
+	if err != nil {
+		return err
+	}
+	eth1, err := l.start(nodeNS("node-a"), "sniff eth1", false, l.tool(), "sniff", "eth1", "192.168.40.100", "3")
+	if err != nil {
+		return err
+	}
+	eth0.waitFor(2*time.Second, "READY")
+	eth1.waitFor(2*time.Second, "READY")
+	out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
+	<-eth0.done
+	<-eth1.done
+	l.check(err == nil, "10 connections through node-a succeed although its default route leads out of eth1: %s", oneLine(out))
+	l.check(eth1.count("packets 0") == 1, "no packet to the client left node-a by eth1 (capture: %s)", strings.Join(eth1.lines, " "))
+	l.check(eth0.count("packets 0") == 0 && eth0.count("packets") == 1, "the replies left node-a by eth0 (capture: %s)", strings.Join(eth0.lines, " "))
+
+	l.step("seed 000: a connection through node-a lives across cleanups, busy and idle")
+	idle, err := l.start(nsExt, "idle", false, l.tool(), "tcp-idle", nodeIPs["node-a"]+":30090", "7")
+	if err != nil {
+		return err
+	}
+	stream, err := l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-c"]+":30090")
+	if err != nil {
+		return err
+	}
+	stream.waitFor(3*time.Second, "READY")
+	<-idle.done
+	l.check(idle.err == nil && idle.count("survived") == 1,
+		"a connection through node-a idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
+	_ = stream.stdin.Close()
+	<-stream.done
+	l.check(stream.err == nil && stream.count("round trips") == 1,
+		"a busy stream through node-c to node-b for the same 7 s never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
+
+	l.step("externalTrafficPolicy Local with its health check node port")
+	// A health check is answered by the node's own socket and routed like any host service;
+	// node-b's default gateway does not forward, so node-b gets a route to the client's network.
+	if _, err := sh("ip", "-n", nodeNS("node-b"), "route", "add", "192.168.40.0/24", "via", "192.168.10.1"); err != nil {
+		return err
+	}
+	ok, err := retry(10*time.Second, func() error {
+		out, err := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
+		if err == nil && !strings.Contains(out, "status 200") {
+			err = fmt.Errorf("%s", out)
+		}
+		return err
+	})
+	_ = ok
+	outB, _ := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
+	l.check(err == nil && strings.Contains(outB, `"localEndpoints":1`) && strings.Contains(outB, `"serviceProxyHealthy":true`),
+		"node-b's health check answers 200 with one local endpoint: %s", oneLine(outB))
+	// node-c, not multi-homed node-a: a health check is the host's own socket, answered by
+	// the node's routing like any host service.
+	outC, _ := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-c"]+":30999/")
+	l.check(strings.Contains(outC, "status 503") && strings.Contains(outC, `"localEndpoints":0`),
+		"node-c's health check answers 503 with no local endpoint: %s", oneLine(outC))
+	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-b"]+":30093", "20")
+	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"), "node-b serves the Local service to the outside client, whose address is kept: %s", oneLine(out))
+	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-c"]+":30093", "1")
+	l.check(err != nil && strings.Contains(out, "failed 1"), "node-c, which has no local endpoint, drops the Local service's traffic as its health check says: %s", oneLine(out))
+	out, err = nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", nodeIPs["node-a"]+":30093", "5")
+	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "from inside the cluster (web-a) the same node port on node-a is treated as Cluster: %s", oneLine(out))
+
+	l.step("cluster IPs from workloads; unknown ports rejected at once")
+	for _, w := range []string{"web-a", "web-c", "db-a"} {
+		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
+			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
+	}
+	start := time.Now()
+	out, err = nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "10.96.0.20:82")
+	took := time.Since(start)
+	l.check(err != nil && strings.Contains(out, "refused") && took < time.Second,
+		"a port the service does not have is refused at once (%v): %s", took.Round(time.Millisecond), oneLine(out))
+
+	l.step("an endpoint removed and another added while clients connect")
+	loop, err := l.start(nsExt, "loop", false, l.tool(), "tcp-loop", nodeIPs["node-a"]+":30090")
+	if err != nil {
+		return err
+	}
+	if _, err := l.start(wlNS(l.workload("web-c")), "echo web-c:8081", false, l.tool(), "tcp-serve", "10.65.0.129:8081"); err != nil {
+		return err
+	}
+	loop.waitFor(3*time.Second, "READY")
+	time.Sleep(500 * time.Millisecond)
+	// web-c joins the echo service (terminating web-b first, then removing it).
+	moved := strings.Replace(seedServices, "- addresses: [10.65.0.65]\n  conditions: {ready: true}\n  nodeName: node-b\nports:\n- {name: echo, protocol: TCP, port: 8081}",
+		"- addresses: [10.65.0.65]\n  conditions: {ready: false, serving: true, terminating: true}\n  nodeName: node-b\n- addresses: [10.65.0.129]\n  conditions: {ready: true}\n  nodeName: node-c\nports:\n- {name: echo, protocol: TCP, port: 8081}", 1)
+	if err := os.WriteFile(file, []byte(moved), 0o600); err != nil {
+		return err
+	}
+	l.mustCtl("apply", "-f", file)
+	time.Sleep(time.Second)
+	_ = loop.stdin.Close()
+	<-loop.done
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating and web-c was added: %s", oneLine(strings.Join(loop.lines, " ")))
+
+	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
+	stream, err = l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")
+	if err != nil {
+		return err
+	}
+	loop, err = l.start(nsExt, "loop", false, l.tool(), "tcp-loop", nodeIPs["node-a"]+":30090")
+	if err != nil {
+		return err
+	}
+	stream.waitFor(3*time.Second, "READY")
+	loop.waitFor(3*time.Second, "READY")
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
+	time.Sleep(time.Second)
+	restarted, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(restarted.waitFor(20*time.Second, "desired state computed"), "the new sluiced on node-a is in sync")
+	time.Sleep(time.Second)
+	_ = stream.stdin.Close()
+	_ = loop.stdin.Close()
+	<-stream.done
+	<-loop.done
+	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream through node-a's node port never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "no new connection failed across the restart: %s", oneLine(strings.Join(loop.lines, " ")))
+	return nil
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
