@@ -143,7 +143,7 @@ type agentProc struct {
 }
 
 func startAgent(b *testing.B, bin, endpoint string) *agentProc {
-	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-0000", "--log-format", "json")
+	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-0000", "--log-format", "json", "--services=false")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
