@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
@@ -55,7 +56,17 @@ func TestParseFlagsDefaults(t *testing.T) {
 		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
+		Services:          true,
+		ProxyHealthListen: "0.0.0.0:10256",
+		BPF: bpf.StageConfig{PinDir: "/sys/fs/bpf/sluice", Sizes: bpf.DefaultMapSizes, Timeouts: bpf.DefaultTimeouts,
+			CleanupInterval: 10 * time.Second,
+			Services: bpf.Config{NodeName: strings.ToLower(host), VXLANPort: bpf.DefaultVXLANPort, VNI: bpf.DefaultVNI,
+				PSNATMin: bpf.DefaultPSNATMin, PSNATMax: bpf.DefaultPSNATMax}},
 	}
+	if got := c.BPF.HostInterfaces.String(); got != bpf.DefaultHostInterfaces {
+		t.Errorf("host interfaces: %q, want %q", got, bpf.DefaultHostInterfaces)
+	}
+	want.BPF.HostInterfaces = c.BPF.HostInterfaces // compiled from the pattern checked above
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("defaults:\n%+v\nwant\n%+v", *c, *want)
 	}
