@@ -194,7 +194,8 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	l.step("sluicectl diff on a node, and sluicectl status")
 	diff := func(node string) (string, error) {
 		cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
-		cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen)
+		// The same configuration as the node's sluiced: its etcd and its pin directory.
+		cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node))
 		out, err := cmd.CombinedOutput()
 		fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
 		return string(out), err
