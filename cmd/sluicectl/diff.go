@@ -2,8 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
 
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"github.com/sluice-net/sluice/dataplane"
@@ -12,8 +18,9 @@ import (
 )
 
 // runDiff compares this node's kernel with the desired state computed from etcd, writing
-// nothing, and exits 1 when they differ. Run it on the node (it reads this network
-// namespace's kernel).
+// nothing, and exits 1 when they differ: VXLAN devices, neighbours and routes, and with the
+// service stage on, the pinned service maps. Run it on the node (it reads this network
+// namespace's kernel and the pin directory).
 func runDiff(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("diff")
 	node := fs.String("node", "", "this node's name (default: as sluiced would name it)")
@@ -28,13 +35,10 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 	// The same configuration sluiced reads (its file and SLUICE_* variables), so the kernel
 	// is compared with what this node's sluiced is set to program.
 	var agentArgs []string
-	if *configFile != "" {
-		agentArgs = append(agentArgs, "--config", *configFile)
-	}
 	if *node != "" {
 		agentArgs = append(agentArgs, "--node-name", *node)
 	}
-	agent, err := agentconfig.ParseEnv(agentArgs, a.lookupEnv, a.stderr)
+	agent, err := a.agentConfig(*configFile, agentArgs...)
 	if err != nil {
 		return err
 	}
@@ -61,6 +65,17 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 	if err != nil {
 		return err
 	}
+	// sluiced runs the service stage only with the dataplane, and removes its pins when the
+	// stage is off.
+	if agent.Dataplane && agent.Services {
+		sm, se, err := diffServiceMaps(full, agent.BPF.Services, agent.BPF.Sizes, agent.BPF.PinDir, a.stderr)
+		if err != nil {
+			return err
+		}
+		missing, extra = append(missing, sm...), append(extra, se...)
+	} else if agent.Dataplane {
+		extra = append(extra, leftoverPins(agent.BPF.PinDir)...)
+	}
 	if len(missing) == 0 && len(extra) == 0 {
 		fmt.Fprintf(a.stdout, "%s's kernel matches its desired state\n", *node)
 		return nil
@@ -73,4 +88,85 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 		fmt.Fprintf(a.stdout, "  extra:   %s\n", e)
 	}
 	return errDiffers
+}
+
+// diffServiceMaps compares the service maps pinned under pinDir with those the map driver
+// writes for full (calc's full update) with cfg, as lines of bpf.Render: missing are the
+// lines the kernel lacks, extra those it has too many. Maps not found are one missing line,
+// not an error. The settings map is not compared (Render leaves it out: its tunnel MTU is
+// the agent's to measure).
+func diffServiceMaps(full *calc.Update, cfg bpf.Config, sizes bpf.MapSizes, pinDir string, warn io.Writer) (missing, extra []string, err error) {
+	if full == nil {
+		full = &calc.Update{Full: true}
+	}
+	tables, _ := bpf.FakeTables(sizes)
+	svc := bpf.NewServices(tables, cfg)
+	svc.OnUpdate(full)
+	if err := svc.Apply(); err != nil {
+		// The kernel's maps have the same sizes: sluiced cannot write these either.
+		fmt.Fprintf(warn, "warning: the desired service maps do not fit in this node's maps: %v\n", err)
+	}
+	want, err := bpf.Render(tables)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := bpf.OpenPinned(pinDir)
+	if errors.Is(err, bpf.ErrNotPinned) {
+		return []string{err.Error()}, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.Close()
+	have, err := bpf.Render(p.Tables())
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the service maps in %s: %w", pinDir, err)
+	}
+	missing, extra = diffLines(want, have)
+	return missing, extra, nil
+}
+
+// diffLines returns the lines of want not in have and those of have not in want, each in
+// their text's order.
+func diffLines(want, have string) (missing, extra []string) {
+	count := map[string]int{}
+	for _, l := range strings.Split(have, "\n") {
+		if l != "" {
+			count[l]++
+		}
+	}
+	for _, l := range strings.Split(want, "\n") {
+		if l == "" {
+			continue
+		}
+		if count[l] > 0 {
+			count[l]--
+			continue
+		}
+		missing = append(missing, l)
+	}
+	for _, l := range strings.Split(have, "\n") {
+		if l != "" && count[l] > 0 {
+			count[l]--
+			extra = append(extra, l)
+		}
+	}
+	return missing, extra
+}
+
+// leftoverPins lists what the service stage pinned under pinDir: sluiced removes it all when
+// the stage is off.
+func leftoverPins(pinDir string) []string {
+	var out []string
+	for _, name := range bpf.PinnedMapNames {
+		path := filepath.Join(pinDir, name)
+		if _, err := os.Stat(path); err == nil {
+			out = append(out, fmt.Sprintf("pinned map %s (option services is off: sluiced removes it)", path))
+		}
+	}
+	links, _ := os.ReadDir(filepath.Join(pinDir, "links"))
+	for _, l := range links {
+		out = append(out, fmt.Sprintf("program link %s (option services is off: sluiced removes it)", filepath.Join(pinDir, "links", l.Name())))
+	}
+	return out
 }

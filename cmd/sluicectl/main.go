@@ -1,6 +1,7 @@
 // Command sluicectl is the operator's tool for sluice: it writes and reads the etcd data sluice
 // acts on (Calico's pools, nodes, IPAM blocks and endpoints, and sluice's services), manages
-// IPAM the way calico-ipam does, and records and replays the event stream.
+// IPAM the way calico-ipam does, records and replays the event stream, and on a node compares
+// its kernel with the desired state and shows its eBPF service maps.
 package main
 
 import (
@@ -44,15 +45,16 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"apply":  {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
-	"get":    {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
-	"delete": {"delete one object: delete KIND NAME [-n NS]", runDelete},
-	"ipam":   {"claim blocks, assign and release addresses, show usage", runIPAM},
-	"record": {"record the event stream to a file: record FILE", runRecord},
-	"replay": {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
-	"plan":   {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
-	"diff":   {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
-	"status": {"list every node's agent: in sync, lagging (by how many revisions), starting or gone", runStatus},
+	"apply":    {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
+	"get":      {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
+	"delete":   {"delete one object: delete KIND NAME [-n NS]", runDelete},
+	"ipam":     {"claim blocks, assign and release addresses, show usage", runIPAM},
+	"record":   {"record the event stream to a file: record FILE", runRecord},
+	"replay":   {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
+	"plan":     {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
+	"diff":     {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
+	"status":   {"list every node's agent: in sync, lagging (by how many revisions), starting or gone", runStatus},
+	"services": {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
 }
 
 func (a *app) globalFlags(fs *flag.FlagSet) {

@@ -1,0 +1,268 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// ErrNotPinned is returned by OpenPinned when the pin directory or one of its maps does not
+// exist: the service stage is off (option services), or sluiced has not started it here.
+var ErrNotPinned = errors.New("service maps not found")
+
+// PinnedMapNames are the maps sluiced pins under its pin directory, by name.
+var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
+
+// CounterMeanings say what each counter of CounterNames counts (the comments of enum counter
+// in c/sluice.h), for operators.
+var CounterMeanings = map[string]string{
+	"nat_new":                "new flows translated",
+	"nat_forward_remote":     "new flows forwarded to another node",
+	"tunnel_in":              "tunnelled packets accepted",
+	"drop_forged_tunnel":     "tunnel packet from an address that is no known node",
+	"drop_no_local_endpoint": "traffic policy Local with no local endpoint",
+	"drop_source_range":      "client outside loadBalancerSourceRanges",
+	"drop_conntrack_full":    "connection table full",
+	"drop_too_big":           "too large for the tunnel and not allowed to fragment",
+	"drop_tunnel_collision":  "tunnelled flow collides with a live one from another node",
+	"drop_no_route":          "no route for a translated or tunnelled packet",
+	"drop_malformed":         "headers that could not be read or rewritten",
+	"reject_no_endpoint":     "service without usable endpoint: RST or ICMP unreachable",
+	"reject_unknown_port":    "cluster IP on a port the service does not have",
+	"icmp_too_big_sent":      "ICMP fragmentation-needed sent",
+	"reply_translated":       "replies translated back",
+}
+
+// Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools
+// (sluicectl services, sluicectl diff). It never writes: the maps are opened read-only, so
+// the Tables it returns refuse Put and Delete.
+//
+// Hazards: the connection table changes under the reader (the programs add and refresh
+// entries per packet, the cleaner deletes), so a dump is a moment's picture, not a
+// consistent snapshot; and a pinned map of another layout (a sluicectl of another version)
+// would be read as garbage, so every map's layout is checked against this build's object.
+type Pinned struct {
+	Dir                                            string
+	fe, be, src, cnet, aff, ct, settings, counters *ebpf.Map
+}
+
+// OpenPinned opens the maps pinned under pinDir read-only. A missing directory or map is
+// ErrNotPinned, with the path and what it suggests.
+func OpenPinned(pinDir string) (*Pinned, error) {
+	if _, err := os.Stat(pinDir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w at %s: the directory does not exist (the service stage seems off: option services=false, or sluiced has not started it on this node)", ErrNotPinned, pinDir)
+		}
+		return nil, fmt.Errorf("reading pin directory %s: %w", pinDir, err)
+	}
+	spec, err := loadSluice()
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
+	}
+	p := &Pinned{Dir: pinDir}
+	for _, name := range PinnedMapNames {
+		path := filepath.Join(pinDir, name)
+		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			p.Close()
+			switch {
+			case errors.Is(err, os.ErrNotExist):
+				return nil, fmt.Errorf("%w at %s: no pinned map %s (sluiced has not loaded the service stage here yet, or it is of another version)", ErrNotPinned, pinDir, name)
+			case errors.Is(err, os.ErrPermission):
+				return nil, fmt.Errorf("opening pinned map %s: %w (reading eBPF maps needs root or CAP_BPF)", path, err)
+			}
+			return nil, fmt.Errorf("opening pinned map %s: %w", path, err)
+		}
+		if ms := spec.Maps[name]; ms != nil && (m.Type() != ms.Type || m.KeySize() != ms.KeySize || m.ValueSize() != ms.ValueSize) {
+			err := fmt.Errorf("pinned map %s has another layout (%v, key %d, value %d bytes; this sluicectl reads %v, %d, %d): %w",
+				path, m.Type(), m.KeySize(), m.ValueSize(), ms.Type, ms.KeySize, ms.ValueSize, ebpf.ErrMapIncompatible)
+			m.Close()
+			p.Close()
+			return nil, err
+		}
+		switch name {
+		case "sl_fe_v4":
+			p.fe = m
+		case "sl_be_v4":
+			p.be = m
+		case "sl_src_v4":
+			p.src = m
+		case "sl_cnet_v4":
+			p.cnet = m
+		case "sl_aff_v4":
+			p.aff = m
+		case "sl_ct_v4":
+			p.ct = m
+		case "sl_cfg":
+			p.settings = m
+		case "sl_counters":
+			p.counters = m
+		}
+	}
+	return p, nil
+}
+
+// Tables returns the service maps as Tables (for Render and comparison); they are
+// read-only.
+func (p *Pinned) Tables() Tables {
+	return Tables{
+		Frontends:    MapTable[FrontendKey, FrontendValue]{p.fe},
+		Backends:     MapTable[BackendKey, BackendValue]{p.be},
+		SourceRanges: MapTable[SourceRangeKey, uint32]{p.src},
+		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{p.cnet},
+		Settings:     MapTable[uint32, Settings]{p.settings},
+	}
+}
+
+// Conntrack returns the connection table's entries.
+func (p *Pinned) Conntrack() (map[ConntrackKey]ConntrackValue, error) {
+	out, err := MapTable[ConntrackKey, ConntrackValue]{p.ct}.Dump()
+	if err != nil {
+		return nil, fmt.Errorf("reading the connection table in %s: %w", p.Dir, err)
+	}
+	return out, nil
+}
+
+// Counters returns the per-CPU counters summed, by name (CounterNames).
+func (p *Pinned) Counters() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(CounterNames))
+	for i, name := range CounterNames {
+		var per []uint64
+		if err := p.counters.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("reading counter %s in %s: %w", name, p.Dir, err)
+		}
+		var sum uint64
+		for _, n := range per {
+			sum += n
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Close releases the map handles (the pins stay).
+func (p *Pinned) Close() {
+	for _, m := range []*ebpf.Map{p.fe, p.be, p.src, p.cnet, p.aff, p.ct, p.settings, p.counters} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// ConntrackKind names an entry type: forward, reverse or tunnel.
+func ConntrackKind(t uint8) string {
+	switch t {
+	case ConntrackFwd:
+		return "forward"
+	case ConntrackRev:
+		return "reverse"
+	case ConntrackTun:
+		return "tunnel"
+	}
+	return fmt.Sprintf("type-%d", t)
+}
+
+// ConntrackFlagNames names an entry's flags: forwarded (to or from another node through the
+// tunnel), redirect (replies leave by the recorded interface and MACs) and psnat (the source
+// port was rewritten).
+func ConntrackFlagNames(f uint8) []string {
+	var out []string
+	for _, b := range []struct {
+		bit  uint8
+		name string
+	}{{ConntrackRemote, "forwarded"}, {ConntrackRedirect, "redirect"}, {ConntrackPSNAT, "psnat"}} {
+		if f&b.bit != 0 {
+			out = append(out, b.name)
+		}
+	}
+	return out
+}
+
+// TCPStateNames names the TCP state bits of an entry.
+func TCPStateNames(s uint8) []string {
+	var out []string
+	for _, b := range []struct {
+		bit  uint8
+		name string
+	}{{TCPSyn, "syn"}, {TCPReplied, "replied"}, {TCPFinFwd, "fin-fwd"}, {TCPFinRev, "fin-rev"}, {TCPRst, "rst"}} {
+		if s&b.bit != 0 {
+			out = append(out, b.name)
+		}
+	}
+	return out
+}
+
+// ConntrackString describes a connection-table entry for operators: its kind, protocol and
+// tuple as the packets carry it, the translation and where the packets go, its flags, TCP
+// state, idle time and age (now is CLOCK_MONOTONIC in ns, Monotonic()).
+func ConntrackString(k ConntrackKey, v ConntrackValue, now uint64) string {
+	return ConntrackStringNamed(k, v, now, nil)
+}
+
+// ConntrackStringNamed is ConntrackString naming the interface of a redirect: ifname
+// returns the name of an interface index, or "" when it does not know it.
+func ConntrackStringNamed(k ConntrackKey, v ConntrackValue, now uint64, ifname func(int) string) string {
+	ap := func(a uint32, p uint16) netip.AddrPort { return netip.AddrPortFrom(HostAddr(a), HostPort(p)) }
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %s → %s", ConntrackKind(v.Type), ProtoName(k.Proto), ap(k.Src, k.Sport), ap(k.Dst, k.Dport))
+	switch v.Type {
+	case ConntrackFwd:
+		fmt.Fprintf(&b, " dnat to %s", ap(v.NatAddr, v.NatPort))
+		if v.Flags&ConntrackRemote != 0 {
+			fmt.Fprintf(&b, " via node %s", HostAddr(v.TunAddr))
+		}
+		if v.NatSport != k.Sport || v.Flags&ConntrackPSNAT != 0 {
+			fmt.Fprintf(&b, " from port %d", HostPort(v.NatSport))
+		}
+	case ConntrackRev:
+		fmt.Fprintf(&b, " reply as %s to client port %d", ap(v.NatAddr, v.NatPort), HostPort(v.NatSport))
+		if v.Flags&ConntrackRemote != 0 {
+			fmt.Fprintf(&b, " tunnelled from node %s", HostAddr(v.TunAddr))
+		}
+		if v.Flags&ConntrackRedirect != 0 {
+			fmt.Fprintf(&b, " out ifindex %d", v.Ifindex)
+			if ifname != nil {
+				if name := ifname(int(v.Ifindex)); name != "" {
+					fmt.Fprintf(&b, " (%s)", name)
+				}
+			}
+			fmt.Fprintf(&b, " to %s from %s", net.HardwareAddr(v.MacPeer[:]), net.HardwareAddr(v.MacLocal[:]))
+		} else {
+			b.WriteString(" out by the kernel's route")
+		}
+	case ConntrackTun:
+		fmt.Fprintf(&b, " tunnel back to %s", HostAddr(v.NatAddr))
+	}
+	if fl := ConntrackFlagNames(v.Flags); len(fl) > 0 {
+		b.WriteString(" flags " + strings.Join(fl, ","))
+	}
+	// Only reverse and tunnel entries keep the TCP state and the last packet's time; a
+	// forward entry's last_seen is its creation.
+	if v.Type != ConntrackFwd {
+		if k.Proto == ProtoTCP {
+			st := TCPStateNames(v.Tcp)
+			if len(st) == 0 {
+				st = []string{"none"}
+			}
+			b.WriteString(" tcp " + strings.Join(st, ","))
+		}
+		fmt.Fprintf(&b, " idle %s", since(now, v.LastSeen))
+	}
+	fmt.Fprintf(&b, " age %s", since(now, v.Created))
+	return b.String()
+}
+
+// since is now - t in whole seconds; a t after now (another clock, a racing update) is 0s.
+func since(now, t uint64) time.Duration {
+	if t >= now {
+		return 0
+	}
+	return time.Duration(now - t).Truncate(time.Second)
+}
