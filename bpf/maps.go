@@ -61,6 +61,7 @@ var CounterNames = []string{
 	"nat_new", "nat_forward_remote", "tunnel_in", "drop_forged_tunnel", "drop_no_local_endpoint",
 	"drop_source_range", "drop_conntrack_full", "drop_too_big", "drop_tunnel_collision", "drop_no_route",
 	"drop_malformed", "reject_no_endpoint", "reject_unknown_port", "icmp_too_big_sent", "reply_translated",
+	"socket_connected", "reject_socket",
 }
 
 // NetAddr returns the map form of an IPv4 address: the uint32 whose memory holds the

@@ -38,6 +38,8 @@ var CounterMeanings = map[string]string{
 	"reject_unknown_port":    "cluster IP on a port the service does not have",
 	"icmp_too_big_sent":      "ICMP fragmentation-needed sent",
 	"reply_translated":       "replies translated back",
+	"socket_connected":       "host sockets connected straight to a backend",
+	"reject_socket":          "host sockets refused: no endpoint or unknown port",
 }
 
 // Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools

@@ -22,6 +22,8 @@ type Config struct {
 	VNI       uint32
 	// PSNATMin and PSNATMax bound the source ports of flows forwarded to another node.
 	PSNATMin, PSNATMax uint16
+	// NetnsCookie is the agent's network namespace: the socket programs act only there.
+	NetnsCookie uint64
 }
 
 // Defaults for Config.
@@ -349,7 +351,7 @@ func (s *Services) setSettingsLocked() {
 		return
 	}
 	v := Settings{TunnelMtu: uint32(s.cfg.TunnelMTU), Vni: s.cfg.VNI, VxlanPort: NetPort(s.cfg.VXLANPort),
-		PsnatMin: s.cfg.PSNATMin, PsnatMax: s.cfg.PSNATMax}
+		PsnatMin: s.cfg.PSNATMin, PsnatMax: s.cfg.PSNATMax, NetnsCookie: s.cfg.NetnsCookie}
 	if a := s.hostIPLocked(); a.IsValid() {
 		v.HostIp = NetAddr(a)
 	}

@@ -47,15 +47,16 @@ type sluiceBeValV4 struct {
 }
 
 type sluiceCfg struct {
-	_         structs.HostLayout
-	HostIp    uint32
-	TunnelMtu uint32
-	Vni       uint32
-	VxlanPort uint16
-	PsnatMin  uint16
-	PsnatMax  uint16
-	Pad       uint16
-	Flags     uint32
+	_           structs.HostLayout
+	HostIp      uint32
+	TunnelMtu   uint32
+	Vni         uint32
+	VxlanPort   uint16
+	PsnatMin    uint16
+	PsnatMax    uint16
+	Pad         uint16
+	Flags       uint32
+	NetnsCookie uint64
 }
 
 type sluiceCnetKeyV4 struct {
@@ -132,6 +133,21 @@ type sluiceFeVal struct {
 	Pad          uint32
 }
 
+type sluiceSockKeyV4 struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   uint32
+	Port   uint16
+	Pad    uint16
+}
+
+type sluiceSockValV4 struct {
+	_      structs.HostLayout
+	FeAddr uint32
+	FePort uint16
+	Pad    uint16
+}
+
 type sluiceSrcKeyV4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -146,19 +162,23 @@ type sluiceSrcKeyV4 struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sluiceMapSlAffV4     = "sl_aff_v4"
-	sluiceMapSlBeV4      = "sl_be_v4"
-	sluiceMapSlCfg       = "sl_cfg"
-	sluiceMapSlCnetV4    = "sl_cnet_v4"
-	sluiceMapSlCounters  = "sl_counters"
-	sluiceMapSlCtCleanq  = "sl_ct_cleanq"
-	sluiceMapSlCtV4      = "sl_ct_v4"
-	sluiceMapSlFeV4      = "sl_fe_v4"
-	sluiceMapSlSrcV4     = "sl_src_v4"
-	sluiceProgSlCtClean  = "sl_ct_clean"
-	sluiceProgSlFromHost = "sl_from_host"
-	sluiceProgSlFromWep  = "sl_from_wep"
-	sluiceProgSlToWep    = "sl_to_wep"
+	sluiceMapSlAffV4         = "sl_aff_v4"
+	sluiceMapSlBeV4          = "sl_be_v4"
+	sluiceMapSlCfg           = "sl_cfg"
+	sluiceMapSlCnetV4        = "sl_cnet_v4"
+	sluiceMapSlCounters      = "sl_counters"
+	sluiceMapSlCtCleanq      = "sl_ct_cleanq"
+	sluiceMapSlCtV4          = "sl_ct_v4"
+	sluiceMapSlFeV4          = "sl_fe_v4"
+	sluiceMapSlSockV4        = "sl_sock_v4"
+	sluiceMapSlSrcV4         = "sl_src_v4"
+	sluiceProgSlCtClean      = "sl_ct_clean"
+	sluiceProgSlFromHost     = "sl_from_host"
+	sluiceProgSlFromWep      = "sl_from_wep"
+	sluiceProgSlSockConnect4 = "sl_sock_connect4"
+	sluiceProgSlSockRecvmsg4 = "sl_sock_recvmsg4"
+	sluiceProgSlSockSendmsg4 = "sl_sock_sendmsg4"
+	sluiceProgSlToWep        = "sl_to_wep"
 )
 
 // loadSluice returns the embedded CollectionSpec for sluice.
@@ -203,10 +223,13 @@ type sluiceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceProgramSpecs struct {
-	SlCtClean  *ebpf.ProgramSpec `ebpf:"sl_ct_clean"`
-	SlFromHost *ebpf.ProgramSpec `ebpf:"sl_from_host"`
-	SlFromWep  *ebpf.ProgramSpec `ebpf:"sl_from_wep"`
-	SlToWep    *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
+	SlCtClean      *ebpf.ProgramSpec `ebpf:"sl_ct_clean"`
+	SlFromHost     *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromWep      *ebpf.ProgramSpec `ebpf:"sl_from_wep"`
+	SlSockConnect4 *ebpf.ProgramSpec `ebpf:"sl_sock_connect4"`
+	SlSockRecvmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg4"`
+	SlSockSendmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg4"`
+	SlToWep        *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
 }
 
 // sluiceMapSpecs contains maps before they are loaded into the kernel.
@@ -221,6 +244,7 @@ type sluiceMapSpecs struct {
 	SlCtCleanq *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
 	SlCtV4     *ebpf.MapSpec `ebpf:"sl_ct_v4"`
 	SlFeV4     *ebpf.MapSpec `ebpf:"sl_fe_v4"`
+	SlSockV4   *ebpf.MapSpec `ebpf:"sl_sock_v4"`
 	SlSrcV4    *ebpf.MapSpec `ebpf:"sl_src_v4"`
 }
 
@@ -258,6 +282,7 @@ type sluiceMaps struct {
 	SlCtCleanq *ebpf.Map `ebpf:"sl_ct_cleanq"`
 	SlCtV4     *ebpf.Map `ebpf:"sl_ct_v4"`
 	SlFeV4     *ebpf.Map `ebpf:"sl_fe_v4"`
+	SlSockV4   *ebpf.Map `ebpf:"sl_sock_v4"`
 	SlSrcV4    *ebpf.Map `ebpf:"sl_src_v4"`
 }
 
@@ -271,6 +296,7 @@ func (m *sluiceMaps) Close() error {
 		m.SlCtCleanq,
 		m.SlCtV4,
 		m.SlFeV4,
+		m.SlSockV4,
 		m.SlSrcV4,
 	)
 }
@@ -285,10 +311,13 @@ type sluiceVariables struct {
 //
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluicePrograms struct {
-	SlCtClean  *ebpf.Program `ebpf:"sl_ct_clean"`
-	SlFromHost *ebpf.Program `ebpf:"sl_from_host"`
-	SlFromWep  *ebpf.Program `ebpf:"sl_from_wep"`
-	SlToWep    *ebpf.Program `ebpf:"sl_to_wep"`
+	SlCtClean      *ebpf.Program `ebpf:"sl_ct_clean"`
+	SlFromHost     *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromWep      *ebpf.Program `ebpf:"sl_from_wep"`
+	SlSockConnect4 *ebpf.Program `ebpf:"sl_sock_connect4"`
+	SlSockRecvmsg4 *ebpf.Program `ebpf:"sl_sock_recvmsg4"`
+	SlSockSendmsg4 *ebpf.Program `ebpf:"sl_sock_sendmsg4"`
+	SlToWep        *ebpf.Program `ebpf:"sl_to_wep"`
 }
 
 func (p *sluicePrograms) Close() error {
@@ -296,6 +325,9 @@ func (p *sluicePrograms) Close() error {
 		p.SlCtClean,
 		p.SlFromHost,
 		p.SlFromWep,
+		p.SlSockConnect4,
+		p.SlSockRecvmsg4,
+		p.SlSockSendmsg4,
 		p.SlToWep,
 	)
 }

@@ -26,7 +26,10 @@ type StageConfig struct {
 	CleanConflicts bool
 	Services       Config
 	// TunnelMTU 0 means the MTU of the interface holding the node's address, less 50.
-	TunnelMTU       int
+	TunnelMTU int
+	// CgroupPath is the cgroup v2 directory the socket programs attach to: "" finds the
+	// hierarchy's root, "none" leaves the node's own connections to services alone.
+	CgroupPath      string
 	Timeouts        Timeouts
 	CleanupInterval time.Duration
 	ResyncInterval  time.Duration
@@ -45,6 +48,7 @@ type Stage struct {
 	Objs *Objects
 	Svc  *Services
 	att  *Attacher
+	sock *SocketHooks // nil with cgroup-path none
 	CT   *Conntrack
 	// Health serves the health-check node ports and the proxy health answer.
 	Health *healthcheck.Servers
@@ -84,6 +88,23 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		objs.Close()
 		return nil, err
 	}
+	var sock *SocketHooks
+	if cfg.CgroupPath != "none" {
+		if cfg.CgroupPath == "" {
+			if cfg.CgroupPath, err = CgroupV2Root(); err != nil {
+				objs.Close()
+				return nil, err
+			}
+		}
+		if cfg.Services.NetnsCookie, err = NetnsCookie(); err != nil {
+			objs.Close()
+			return nil, err
+		}
+		if sock, err = NewSocketHooks(cfg.PinDir, cfg.CgroupPath, objs); err != nil {
+			objs.Close()
+			return nil, err
+		}
+	}
 	if cfg.MinInterval == 0 {
 		cfg.MinInterval = 10 * time.Millisecond
 	}
@@ -94,7 +115,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		cfg.CleanupInterval = 10 * time.Second
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
-		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]bool{},
+		Svc: NewServices(KernelTables(objs), cfg.Services), sock: sock, kick: make(chan struct{}, 1), conflicts: map[string]bool{},
 		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{}}
 	return s, nil
 }
@@ -186,6 +207,10 @@ func (s *Stage) Apply() (int, error) {
 	s.Health.SetHealthy(aerr == nil)
 	herr := s.Health.Apply()
 	perr := s.repin()
+	var serr error
+	if s.sock != nil {
+		serr = s.sock.Sync()
+	}
 	s.mu.Lock()
 	s.hooks = s.att.Hooks()
 	seen := map[string]bool{}
@@ -198,7 +223,7 @@ func (s *Stage) Apply() (int, error) {
 	}
 	s.conflicts = seen
 	s.mu.Unlock()
-	return writes, errors.Join(aerr, herr, perr)
+	return writes, errors.Join(aerr, herr, perr, serr)
 }
 
 // repin puts back a map pin someone removed: without it a restarted agent would start with
@@ -314,6 +339,9 @@ func (s *Stage) Run(ctx context.Context) {
 func (s *Stage) Close() {
 	_ = s.Health.Close()
 	s.att.Close()
+	if s.sock != nil {
+		s.sock.Close()
+	}
 	s.Objs.Close()
 }
 

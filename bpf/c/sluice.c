@@ -691,6 +691,142 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 	return TC_ACT_OK;
 }
 
+/* csum_replace4 updates a 16-bit one's complement checksum for a 32-bit field changed from
+ * from to to (both as stored in the packet). */
+static __always_inline __u16 csum_replace4(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+	sum += (__u16)~from + (__u16)(~from >> 16);
+	sum += (__u16)to + (__u16)(to >> 16);
+	return csum_fold(sum);
+}
+
+static __always_inline __u16 csum_replace2(__u16 check, __u16 from, __u16 to)
+{
+	__u32 sum = (__u16)~check;
+	sum += (__u16)~from;
+	sum += to;
+	return csum_fold(sum);
+}
+
+/* An ICMP error's quoted packet (after the outer IP and the 8-byte ICMP header). */
+#define Q_IP (L4_OFF + 8)
+#define Q_L4 (Q_IP + sizeof(struct iphdr))
+
+/* quoted reads the packet an ICMP error quotes: 0 when it is an IPv4 TCP or UDP packet
+ * without options whose ports are there. */
+static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, struct pkt *q)
+{
+	if (outer->proto != IPPROTO_ICMP || (outer->frag & IP_OFFMASK))
+		return -1;
+	__u8 type;
+	if (bpf_skb_load_bytes(skb, L4_OFF, &type, 1) < 0)
+		return -1;
+	if (type != ICMP_DEST_UNREACH && type != 11 /* time exceeded */ && type != 12 /* parameter problem */)
+		return -1;
+	if (parse(skb, Q_IP, q) < 0 || !is_l4(q))
+		return -1;
+	return 0;
+}
+
+/* icmp_rewrite changes the quoted packet's source (quoted_dst 0) or destination address and
+ * port, and the outer destination or source address when outer_addr differs, keeping the
+ * quoted IP checksum and the ICMP checksum right. */
+static __always_inline int icmp_rewrite(struct __sk_buff *skb, struct pkt *outer, struct pkt *q, int quoted_dst,
+					__be32 addr, __be16 port, int outer_dst, __be32 outer_addr)
+{
+	__be32 old_addr = quoted_dst ? q->dst : q->src;
+	__be16 old_port = quoted_dst ? q->dport : q->sport;
+	__u16 qcheck, icheck;
+	if (bpf_skb_load_bytes(skb, Q_IP + 10, &qcheck, 2) < 0 || bpf_skb_load_bytes(skb, L4_OFF + 2, &icheck, 2) < 0)
+		return -1;
+	if (old_addr != addr) {
+		__u16 nq = csum_replace4(qcheck, old_addr, addr);
+		icheck = csum_replace4(icheck, old_addr, addr);
+		icheck = csum_replace2(icheck, qcheck, nq);
+		qcheck = nq;
+		if (bpf_skb_store_bytes(skb, Q_IP + (quoted_dst ? 16 : 12), &addr, 4, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, Q_IP + 10, &qcheck, 2, 0) < 0)
+			return -1;
+	}
+	if (old_port != port) {
+		icheck = csum_replace2(icheck, old_port, port);
+		if (bpf_skb_store_bytes(skb, Q_L4 + (quoted_dst ? 2 : 0), &port, 2, 0) < 0)
+			return -1;
+	}
+	if (bpf_skb_store_bytes(skb, L4_OFF + 2, &icheck, 2, 0) < 0)
+		return -1;
+	__be32 old_outer = outer_dst ? outer->dst : outer->src;
+	if (old_outer != outer_addr) {
+		if (bpf_l3_csum_replace(skb, IP_OFF + 10, old_outer, outer_addr, 4) < 0 ||
+		    bpf_skb_store_bytes(skb, IP_OFF + (outer_dst ? 16 : 12), &outer_addr, 4, 0) < 0)
+			return -1;
+		if (outer_dst)
+			outer->dst = outer_addr;
+		else
+			outer->src = outer_addr;
+	}
+	return 0;
+}
+
+/* icmp_error translates an ICMP error about a translated flow, as the kernel's NAT does:
+ * an error about a packet a client sent to a backend (a backend's port unreachable, a
+ * router's fragmentation-needed on the way) goes to the client as if about the packet it sent
+ * to the frontend; an error about a reply (sent by a client or a router on its side) goes to
+ * the backend as if about the reply it sent. Returns -1 when it is not such an error. */
+static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, int route)
+{
+	struct pkt q = {};
+	if (quoted(skb, outer, &q) < 0)
+		return -1;
+	/* About a client's packet after DNAT: the flow's reverse entry is the quoted tuple turned round. */
+	struct ct_key_v4 rk = {.src = q.dst, .dst = q.src, .sport = q.dport, .dport = q.sport, .proto = q.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+	if (v && v->type == CT_REV) {
+		struct ct_val_v4 rev = *v;
+		/* The backend itself answering speaks for the frontend; a router keeps its address. */
+		__be32 src = outer->src == q.dst ? rev.nat_addr : outer->src;
+		if (icmp_rewrite(skb, outer, &q, 1, rev.nat_addr, rev.nat_port, 0, src) < 0 ||
+		    icmp_rewrite(skb, outer, &q, 0, q.src, rev.nat_sport, 0, src) < 0) {
+			count(C_DROP_MALFORMED);
+			return TC_ACT_SHOT;
+		}
+		count(C_REV_NAT);
+		if (rev.flags & CT_F_REDIRECT) {
+			__u8 m[12];
+			__builtin_memcpy(m, rev.mac_peer, 6);
+			__builtin_memcpy(m + 6, rev.mac_local, 6);
+			if (bpf_skb_store_bytes(skb, 0, m, 12, 0) < 0)
+				return TC_ACT_SHOT;
+			return bpf_redirect(rev.ifindex, 0);
+		}
+		if (route)
+			return fib_out(skb, outer->src, outer->dst, 1);
+		return TC_ACT_OK;
+	}
+	if (v && v->type == CT_TUN && c) {
+		/* On the backend's node: back through the tunnel, translated by the ingress node. */
+		return encap(skb, outer, c, v->nat_addr);
+	}
+	/* About a reply from the frontend: the forward entry is the quoted tuple turned round. */
+	struct ct_key_v4 fk = {.src = q.dst, .dst = q.src, .sport = q.dport, .dport = q.sport, .proto = q.proto};
+	v = bpf_map_lookup_elem(&sl_ct_v4, &fk);
+	if (v && v->type == CT_FWD) {
+		struct ct_val_v4 fwd = *v;
+		if (icmp_rewrite(skb, outer, &q, 0, fwd.nat_addr, fwd.nat_port, 1, fwd.nat_addr) < 0 ||
+		    icmp_rewrite(skb, outer, &q, 1, q.dst, fwd.nat_sport, 1, fwd.nat_addr) < 0) {
+			count(C_DROP_MALFORMED);
+			return TC_ACT_SHOT;
+		}
+		if ((fwd.flags & CT_F_REMOTE) && c)
+			return encap(skb, outer, c, fwd.tun_addr);
+		if (route)
+			return fib_out(skb, outer->src, outer->dst, 1);
+		return TC_ACT_OK;
+	}
+	return -1;
+}
+
 /* tunnel_in takes a VXLAN packet arriving on a host interface: any from an address that is
  * no known node is dropped; node-port forwarding (our VNI) is unwrapped here, the rest is
  * left to the kernel's VXLAN device. */
@@ -708,7 +844,7 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	if (vni != c->vni)
 		return TC_ACT_OK;
 	struct pkt p = {};
-	if (parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0 || !is_l4(&p)) {
+	if (parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0 || !(is_l4(&p) || p.proto == IPPROTO_ICMP)) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
@@ -717,6 +853,15 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 		return TC_ACT_SHOT;
 	}
 	count(C_TUN_IN);
+	if (p.proto == IPPROTO_ICMP) {
+		/* Only errors about flows this node translated travel the tunnel. */
+		int rc = icmp_error(skb, &p, c, 1);
+		if (rc < 0) {
+			count(C_DROP_MALFORMED);
+			return TC_ACT_SHOT;
+		}
+		return rc;
+	}
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
@@ -756,7 +901,13 @@ int sl_from_host(struct __sk_buff *skb)
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
-	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+	if (parse(skb, IP_OFF, &p) < 0)
+		return TC_ACT_OK;
+	if (p.proto == IPPROTO_ICMP) {
+		int rc = icmp_error(skb, &p, config(), 1);
+		return rc < 0 ? TC_ACT_OK : rc;
+	}
+	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct cfg *c = config();
 	if (c && p.proto == IPPROTO_UDP && p.dport == c->vxlan_port)
@@ -787,7 +938,13 @@ int sl_from_wep(struct __sk_buff *skb)
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
-	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+	if (parse(skb, IP_OFF, &p) < 0)
+		return TC_ACT_OK;
+	if (p.proto == IPPROTO_ICMP) {
+		int rc = icmp_error(skb, &p, config(), 1);
+		return rc < 0 ? TC_ACT_OK : rc;
+	}
+	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct cfg *c = config();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
@@ -833,13 +990,108 @@ int sl_to_wep(struct __sk_buff *skb)
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
-	if (parse(skb, IP_OFF, &p) < 0 || !is_l4(&p))
+	if (parse(skb, IP_OFF, &p) < 0)
+		return TC_ACT_OK;
+	if (p.proto == IPPROTO_ICMP) {
+		int rc = icmp_error(skb, &p, config(), 0);
+		return rc < 0 ? TC_ACT_OK : rc;
+	}
+	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v && v->type == CT_REV && !(v->flags & CT_F_REDIRECT))
 		return reply(skb, &p, v, 0);
 	return TC_ACT_OK;
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_key_v4);
+	__type(value, struct sock_val_v4);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_sock_v4 SEC(".maps");
+
+/* sock_nat points a host socket at a backend of the frontend it asks for: the node's own
+ * connections to cluster IPs, external and load-balancer addresses and its node ports never
+ * need per-packet translation (Cilium's socket load balancing). Only sockets of this agent's
+ * network namespace are touched. Returns 0 to refuse (no endpoint, unknown port of a cluster
+ * IP), 1 to let the call go on. */
+static __always_inline int sock_nat(struct bpf_sock_addr *ctx, int remember)
+{
+	struct cfg *c = config();
+	if (!c || !c->netns_cookie || bpf_get_netns_cookie(ctx) != c->netns_cookie)
+		return 1;
+	__u8 proto = ctx->protocol;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 1;
+	struct fe_key_v4 fk = {.addr = ctx->user_ip4, .port = (__u16)ctx->user_port, .proto = proto};
+	struct fe_val *fe = bpf_map_lookup_elem(&sl_fe_v4, &fk);
+	if (!fe) {
+		struct fe_key_v4 ak = {.addr = ctx->user_ip4};
+		if (bpf_map_lookup_elem(&sl_fe_v4, &ak)) {
+			count(C_REJECT_SOCK);
+			return 0;
+		}
+		return 1;
+	}
+	if (fe->flags & FE_ADDR_ONLY)
+		return 1;
+	__u32 start = fe->cluster_start, end = fe->count;
+	if (fe->flags & FE_INT_LOCAL) {
+		start = 0;
+		end = fe->local;
+	}
+	if (end > fe->count)
+		end = fe->count;
+	if (start >= end) {
+		count(C_REJECT_SOCK);
+		return 0;
+	}
+	struct be_val_v4 *be = pick(&fk, fe, start, end, 0, bpf_ktime_get_ns());
+	if (!be) {
+		count(C_REJECT_SOCK);
+		return 0;
+	}
+	if (remember) {
+		struct sock_key_v4 sk = {.cookie = bpf_get_socket_cookie(ctx), .addr = be->addr, .port = be->port};
+		struct sock_val_v4 sv = {.fe_addr = fk.addr, .fe_port = fk.port};
+		bpf_map_update_elem(&sl_sock_v4, &sk, &sv, BPF_ANY);
+	}
+	ctx->user_ip4 = be->addr;
+	ctx->user_port = be->port;
+	count(C_SOCK_NAT);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int sl_sock_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock_nat(ctx, ctx->protocol == IPPROTO_UDP);
+}
+
+SEC("cgroup/sendmsg4")
+int sl_sock_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock_nat(ctx, 1);
+}
+
+/* sl_sock_recvmsg4 shows a datagram from a backend as coming from the frontend the socket
+ * sent to. */
+SEC("cgroup/recvmsg4")
+int sl_sock_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	struct cfg *c = config();
+	if (!c || !c->netns_cookie || bpf_get_netns_cookie(ctx) != c->netns_cookie)
+		return 1;
+	struct sock_key_v4 sk = {.cookie = bpf_get_socket_cookie(ctx), .addr = ctx->user_ip4, .port = (__u16)ctx->user_port};
+	struct sock_val_v4 *sv = bpf_map_lookup_elem(&sl_sock_v4, &sk);
+	if (sv) {
+		ctx->user_ip4 = sv->fe_addr;
+		ctx->user_port = sv->fe_port;
+	}
+	return 1;
 }
 
 /* The cleaner's batch of requests: userspace writes it, runs sl_ct_clean, reads the counts. */

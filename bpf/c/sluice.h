@@ -144,6 +144,22 @@ struct cfg {
 	__u16 psnat_max;
 	__u16 pad;
 	__u32 flags;
+	__u64 netns_cookie; /* the agent's network namespace: socket hooks act only there */
+};
+
+/* Sockets connected by the socket hooks: a datagram from the backend is shown to the
+ * application as coming from the frontend it asked for. */
+struct sock_key_v4 {
+	__u64 cookie;
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
+};
+
+struct sock_val_v4 {
+	__be32 fe_addr;
+	__be16 fe_port;
+	__u16 pad;
 };
 
 /* Counters (per CPU), by index. */
@@ -163,6 +179,8 @@ enum counter {
 	C_REJECT_PORT,        /* cluster IP on a port the service does not have */
 	C_ICMP_TOO_BIG,       /* ICMP fragmentation-needed sent */
 	C_REV_NAT,            /* replies translated back */
+	C_SOCK_NAT,           /* host sockets connected straight to a backend */
+	C_REJECT_SOCK,        /* host socket refused: no endpoint or unknown port */
 	C_NUM,
 };
 

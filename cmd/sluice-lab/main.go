@@ -185,10 +185,20 @@ func (l *lab) startAgent(node string) (*proc, error) {
 			return nil, fmt.Errorf("mounting the lab's bpffs: %w", err)
 		}
 		l.bpffs = true
+		// The cgroup v2 hierarchy too: `ip netns exec` remounts /sys, hiding /sys/fs/cgroup
+		// from the agents. Their socket programs act only on their own namespace's sockets.
+		cg := filepath.Join(l.dir, "cgroup")
+		if err := os.MkdirAll(cg, 0o700); err != nil {
+			return nil, err
+		}
+		if err := unix.Mount("cgroup2", cg, "cgroup2", 0, ""); err != nil {
+			return nil, fmt.Errorf("mounting cgroup2 for the lab: %w", err)
+		}
 	}
 	p, err := l.start(nodeNS(node), "sluiced "+node, true, filepath.Join(l.bin, "sluiced"), "--node-name", node,
 		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
-		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s")
+		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s",
+		"--cgroup-path", filepath.Join(l.dir, "cgroup"))
 	if err == nil {
 		l.agents[node] = p
 	}
@@ -239,6 +249,7 @@ func (l *lab) cleanup() {
 	if l.bpffs {
 		// The agents are gone; the pins (maps, program links) go with the mount.
 		_ = unix.Unmount(filepath.Join(l.dir, "bpf"), unix.MNT_DETACH)
+		_ = unix.Unmount(filepath.Join(l.dir, "cgroup"), unix.MNT_DETACH)
 		l.bpffs = false
 	}
 	if l.dir != "" {

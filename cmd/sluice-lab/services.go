@@ -175,6 +175,10 @@ func (l *lab) seed000() error {
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
 			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
 	}
+	for _, n := range []string{"node-a", "node-c"} {
+		out, err := nsRun(nodeNS(n), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+		l.check(err == nil && strings.Contains(out, "failed 0"), "%s itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s", n, oneLine(out))
+	}
 	start := time.Now()
 	out, err = nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "10.96.0.20:82")
 	took := time.Since(start)

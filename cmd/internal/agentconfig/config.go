@@ -231,6 +231,8 @@ func optionTable() []option {
 				c.BPF.Services.PSNATMin, c.BPF.Services.PSNATMax = uint16(a), uint16(b)
 				return nil
 			}},
+		{name: "cgroup-path", env: "SLUICE_CGROUP_PATH", key: "cgroupPath", accepts: "a cgroup v2 directory, empty for the hierarchy's root, or none", help: "where the socket programs attach that point the node's own connections to services at a backend; none leaves them alone",
+			set: func(c *Config, v string) error { c.BPF.CgroupPath = v; return nil }},
 		{name: "proxy-health-listen", env: "SLUICE_PROXY_HEALTH_LISTEN", key: "proxyHealthListen", def: "0.0.0.0:10256", accepts: "host:port, or empty to turn it off", help: "address of the proxy health check (/healthz, as kube-proxy's) for load balancers of Cluster-policy services",
 			set: func(c *Config, v string) error { c.ProxyHealthListen = v; return nil }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",

@@ -1,0 +1,143 @@
+package bpf
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+)
+
+// SocketHooks keeps the socket programs (connect4, sendmsg4, recvmsg4) attached to a cgroup
+// v2 directory, normally the root: the node's own connections to services are pointed at a
+// backend when the socket connects, so the host reaches cluster IPs with no per-packet
+// translation. The programs act only on sockets of the agent's network namespace (its
+// cookie is in the settings map), so agents of several namespaces can share one cgroup tree
+// (the lab). Ownership rule as for interface hooks: links pinned under <pin dir>/links as
+// cgroup_<hook>.
+type SocketHooks struct {
+	dir    string
+	cgroup string
+	hooks  []socketHook
+	links  map[string]link.Link
+	ours   map[ebpf.ProgramID]bool
+}
+
+type socketHook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   *ebpf.Program
+}
+
+// NewSocketHooks returns the hooks for objs on the cgroup directory cgroupPath.
+func NewSocketHooks(pinDir, cgroupPath string, objs *Objects) (*SocketHooks, error) {
+	h := &SocketHooks{dir: filepath.Join(pinDir, "links"), cgroup: cgroupPath, links: map[string]link.Link{},
+		ours: map[ebpf.ProgramID]bool{}}
+	h.hooks = []socketHook{
+		{"connect4", ebpf.AttachCGroupInet4Connect, objs.SlSockConnect4},
+		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, objs.SlSockSendmsg4},
+		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, objs.SlSockRecvmsg4},
+	}
+	for _, hk := range h.hooks {
+		info, err := hk.prog.Info()
+		if err != nil {
+			return nil, fmt.Errorf("reading program info: %w", err)
+		}
+		if id, ok := info.ID(); ok {
+			h.ours[id] = true
+		}
+	}
+	if err := os.MkdirAll(h.dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating link pin directory: %w", err)
+	}
+	return h, nil
+}
+
+// Sync attaches every socket program that is not attached, swapping in this agent's
+// programs where a previous run's links are found.
+func (h *SocketHooks) Sync() error {
+	var errs []error
+	for _, hk := range h.hooks {
+		path := filepath.Join(h.dir, "cgroup_"+hk.name)
+		l := h.links[hk.name]
+		if l == nil {
+			if pl, err := link.LoadPinnedLink(path, nil); err == nil {
+				l = pl
+			}
+		}
+		if l != nil {
+			info, err := l.Info()
+			if err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId != 0 {
+				if !h.ours[info.Program] {
+					if err := l.Update(hk.prog); err != nil {
+						errs = append(errs, fmt.Errorf("replacing the %s program on cgroup %s: %w", hk.name, h.cgroup, err))
+						continue
+					}
+				}
+				h.links[hk.name] = l
+				continue
+			}
+			_ = l.Unpin()
+			_ = l.Close()
+			delete(h.links, hk.name)
+		}
+		_ = os.Remove(path)
+		nl, err := link.AttachCgroup(link.CgroupOptions{Path: h.cgroup, Attach: hk.attach, Program: hk.prog})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("attaching %s to cgroup %s: %w", hk.name, h.cgroup, err))
+			continue
+		}
+		if err := nl.Pin(path); err != nil {
+			_ = nl.Close()
+			errs = append(errs, fmt.Errorf("pinning the %s link: %w", hk.name, err))
+			continue
+		}
+		h.links[hk.name] = nl
+	}
+	return errors.Join(errs...)
+}
+
+// Close releases the handles; the pins keep the programs attached.
+func (h *SocketHooks) Close() {
+	for _, l := range h.links {
+		_ = l.Close()
+	}
+	h.links = map[string]link.Link{}
+}
+
+// CgroupV2Root returns where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup on unified
+// hosts, /sys/fs/cgroup/unified on hybrid ones).
+func CgroupV2Root() (string, error) {
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return "", fmt.Errorf("reading mounts: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 3 && fields[2] == "cgroup2" {
+			return fields[1], nil
+		}
+	}
+	return "", errors.New("no cgroup v2 hierarchy is mounted (the node's own connections to services need one; option cgroup-path)")
+}
+
+// NetnsCookie returns the cookie of the calling thread's network namespace.
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		return 0, fmt.Errorf("opening a socket: %w", err)
+	}
+	defer unix.Close(fd)
+	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("reading the network namespace cookie: %w", err)
+	}
+	return v, nil
+}
