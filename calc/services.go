@@ -23,6 +23,9 @@ func ServiceID(s *store.Service) uint64 {
 // cluster-wide traffic and the set for node-local traffic, each with the terminating fallback.
 type endpointSets struct {
 	cluster, local []Backend
+	// present is every endpoint the slices still list, whatever its conditions: flows to
+	// it are kept (a terminating endpoint drains), flows to anything else are stale.
+	present []netip.AddrPort
 }
 
 // backendsFor picks the endpoints of one service port across all the service's slices.
@@ -35,6 +38,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		fallback bool
 	}
 	var all []cand
+	var present []netip.AddrPort
 	seen := map[netip.AddrPort]int{}
 	for _, id := range ids {
 		es := g.slices[id]
@@ -49,6 +53,9 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 			continue
 		}
 		for _, ep := range es.Endpoints {
+			for _, a := range ep.Addresses {
+				present = append(present, netip.AddrPortFrom(a, port))
+			}
 			if !ep.Ready && !(ep.Serving && ep.Terminating) {
 				continue
 			}
@@ -91,7 +98,8 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		})
 		return out
 	}
-	return endpointSets{cluster: pick(false), local: pick(true)}
+	slices.SortFunc(present, netip.AddrPort.Compare)
+	return endpointSets{cluster: pick(false), local: pick(true), present: slices.Compact(present)}
 }
 
 // nodeAddr is node's underlay address in the family of a backend address a; invalid when the
@@ -192,6 +200,11 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 				f.ExternalLocal = extLocal
 			}
 			f.Backends, f.LocalBackends, f.ClusterStart = sets.ordered(a.Is4(), f.ExternalLocal || f.InternalLocal)
+			for _, ap := range sets.present {
+				if ap.Addr().Is4() == a.Is4() {
+					f.Present = append(f.Present, ap)
+				}
+			}
 			out = append(out, f)
 		}
 		for _, a := range s.ClusterIPs {
@@ -235,7 +248,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 func frontendEqual(a, b Frontend) bool {
 	return a.Key == b.Key && a.Kind == b.Kind && a.Service == b.Service && a.ServiceID == b.ServiceID && a.PortName == b.PortName &&
 		a.ExternalLocal == b.ExternalLocal && a.InternalLocal == b.InternalLocal && a.AffinityTimeout == b.AffinityTimeout &&
-		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends && a.ClusterStart == b.ClusterStart
+		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends && a.ClusterStart == b.ClusterStart && slices.Equal(a.Present, b.Present)
 }
 
 // recomputeServices recomputes dirty services; where two services claim one frontend or

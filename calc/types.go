@@ -247,6 +247,10 @@ type Frontend struct {
 	Backends      []Backend
 	LocalBackends int
 	ClusterStart  int
+	// Present lists every endpoint of the port the slices still name (of the frontend's
+	// family), used or not: established flows to one of them are kept (a terminating
+	// endpoint drains); flows to an endpoint no longer present are stale.
+	Present []netip.AddrPort
 }
 
 // HealthCheck is a health-check node port and what it should answer.

@@ -1,0 +1,57 @@
+package calc_test
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+)
+
+// TestFrontendPresent: a frontend lists every endpoint its slices still name, used or not
+// (ready, terminating and neither), so the service stage keeps flows to a draining endpoint
+// and knows which flows lead nowhere; an endpoint removed from the slice leaves the list.
+func TestFrontendPresent(t *testing.T) {
+	g, err := calc.New(calc.DefaultConfig("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &store.Service{Namespace: "ns", Name: "web", UID: "u1", Type: store.ServiceClusterIP,
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports:      []store.ServicePortSpec{{Name: "http", Protocol: store.ProtocolTCP, Port: 80}}}
+	slice := func(eps ...store.Endpoint) *store.EndpointSlice {
+		return &store.EndpointSlice{Namespace: "ns", Name: "web-1", Service: "web", AddressType: "IPv4", Endpoints: eps,
+			Ports: []store.EndpointPort{{Name: "http", Protocol: store.ProtocolTCP, Port: 8080}}}
+	}
+	ep := func(a string, ready, serving, terminating bool) store.Endpoint {
+		return store.Endpoint{Addresses: []netip.Addr{netip.MustParseAddr(a)}, Ready: ready, Serving: serving, Terminating: terminating, NodeName: "node-b"}
+	}
+	ev := func(o store.Object, id string) store.Event {
+		return store.Event{Type: store.EventUpsert, Kind: o.Kind(), ID: id, Object: o}
+	}
+	u := g.OnEvents([]store.Event{ev(svc, "ns/web"),
+		ev(slice(ep("10.65.0.1", true, true, false), ep("10.65.0.2", false, true, true), ep("10.65.0.3", false, false, false)), "ns/web-1"),
+		{Type: store.EventInSync}})
+	front := func(u *calc.Update) calc.Frontend {
+		for _, op := range u.Ops {
+			if op.Frontend != nil && !op.Remove && op.Frontend.Key.Port == 80 {
+				return *op.Frontend
+			}
+		}
+		t.Fatalf("no frontend in %+v", u)
+		return calc.Frontend{}
+	}
+	f := front(u)
+	ap := func(a string) netip.AddrPort { return netip.AddrPortFrom(netip.MustParseAddr(a), 8080) }
+	if want := []netip.AddrPort{ap("10.65.0.1"), ap("10.65.0.2"), ap("10.65.0.3")}; !slices.Equal(f.Present, want) {
+		t.Fatalf("present %v, want %v", f.Present, want)
+	}
+	if len(f.Backends) != 1 || f.Backends[0].Addr != netip.MustParseAddr("10.65.0.1") {
+		t.Fatalf("backends %v, want only the ready one", f.Backends)
+	}
+	u = g.OnEvents([]store.Event{ev(slice(ep("10.65.0.1", true, true, false)), "ns/web-1")})
+	if f = front(u); !slices.Equal(f.Present, []netip.AddrPort{ap("10.65.0.1")}) {
+		t.Fatalf("after removing two endpoints present is %v", f.Present)
+	}
+}
