@@ -255,7 +255,7 @@ tunnel TCP 10.65.0.1:8080 → 198.51.100.77:21000 tunnel back to 198.51.100.13 t
 	t.Logf("drops:\n%s", out)
 	rows := lines(out)
 	if rows[0] != "COUNTER VALUE MEANING" || !strings.HasPrefix(rows[1], "drop_") || !strings.Contains(out, "drop_no_local_endpoint 5 traffic policy Local") ||
-		!strings.HasPrefix(rows[len(rows)-1], "reply_translated 0") {
+		!strings.HasPrefix(rows[len(rows)-1], bpf.CounterNames[len(bpf.CounterNames)-1]+" 0") {
 		t.Errorf("drops:\n%s", out)
 	}
 	var dr []counterRow
