@@ -63,7 +63,8 @@ type Attacher struct {
 	cleanConflicts bool
 	links          map[Hook]link.Link
 	ours           map[ebpf.ProgramID]bool
-	// Repairs counts links found detached or missing and attached again.
+	// Repairs counts links found detached or missing and attached again, and held links
+	// whose pin was removed, pinned again.
 	Repairs int
 }
 
@@ -99,6 +100,11 @@ func (a *Attacher) program(h Hook, wep bool) *ebpf.Program {
 }
 
 func (a *Attacher) pin(h Hook) string { return filepath.Join(a.dir, h.Iface+"_"+h.dir()) }
+
+// isHookPin says whether a pin under the link directory is an interface hook's.
+func isHookPin(name string) bool {
+	return strings.HasSuffix(name, "_ingress") || strings.HasSuffix(name, "_egress")
+}
 
 // Sync attaches to every wanted interface present now and detaches from every other one.
 // It returns the conflicts found on the hooks it holds.
@@ -137,7 +143,11 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 	}
 	for h, l := range a.links {
 		if _, ok := want[h]; !ok {
-			_ = l.Unpin()
+			// An interface gone and back under its name (a new ifindex) has its new link
+			// pinned at the old one's path by now: that pin stays.
+			if !held[filepath.Base(a.pin(h))] {
+				_ = l.Unpin()
+			}
 			_ = l.Close()
 			delete(a.links, h)
 		}
@@ -147,6 +157,10 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 		errs = append(errs, fmt.Errorf("reading link pins: %w", err))
 	}
 	for _, e := range entries {
+		// Only interface links: the socket hooks pin theirs in the same directory.
+		if !isHookPin(e.Name()) {
+			continue
+		}
 		if !held[e.Name()] {
 			if err := os.Remove(filepath.Join(a.dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("removing stale link pin %s: %w", e.Name(), err))
@@ -180,6 +194,15 @@ func (a *Attacher) attach(h Hook, prog *ebpf.Program) error {
 				}
 			}
 			a.links[h] = l
+			if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+				// Unpinned by someone while held: without the pin the program goes when the
+				// agent stops. Pin is a no-op for the path the link remembers, so forget it.
+				a.Repairs++
+				_ = l.Unpin()
+				if err := l.Pin(path); err != nil {
+					return fmt.Errorf("pinning link again: %w", err)
+				}
+			}
 			return nil
 		}
 		// Detached by someone, or its interface went and came back: start again.
@@ -300,8 +323,11 @@ func RemoveAll(pinDir string) error {
 	spec, err := loadSluice()
 	if err == nil {
 		for name := range spec.Maps {
-			if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("removing pinned map %s: %w", name, err))
+			// With a resize's temporary pin, should one have been left by a crash.
+			for _, p := range []string{filepath.Join(pinDir, name), resizeTemp(filepath.Join(pinDir, name))} {
+				if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, fmt.Errorf("removing pinned map %s: %w", filepath.Base(p), err))
+				}
 			}
 		}
 	}

@@ -128,7 +128,7 @@ func resizePinned(path string, spec *ebpf.MapSpec) (bool, error) {
 			return false, fmt.Errorf("reading pinned map %s: %w", path, err)
 		}
 	}
-	tmp := path + ".new"
+	tmp := resizeTemp(path)
 	_ = os.Remove(tmp)
 	if err := nm.Pin(tmp); err != nil {
 		return false, fmt.Errorf("pinning resized map %s: %w", spec.Name, err)
@@ -139,6 +139,10 @@ func resizePinned(path string, spec *ebpf.MapSpec) (bool, error) {
 	}
 	return true, nil
 }
+
+// resizeTemp is where a resized map is pinned before it replaces the old pin. Not a dot:
+// bpffs refuses names with one (EPERM, reserved by the kernel).
+func resizeTemp(path string) string { return path + "_resizing" }
 
 // BPFFSMagic is the file system type of bpffs.
 const BPFFSMagic = 0xcafe4a11

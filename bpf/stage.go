@@ -55,6 +55,9 @@ type Stage struct {
 	kick   chan struct{}
 	beat   atomic.Int64
 	links  atomic.Bool
+	// running: programs run on the maps (this stage attached them, or a previous run's
+	// links were pinned at start). Only Apply touches it.
+	running bool
 
 	mu        sync.Mutex
 	selfAddrs map[netip.Prefix]bool
@@ -111,12 +114,21 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	if cfg.ResyncInterval == 0 {
 		cfg.ResyncInterval = 90 * time.Second
 	}
+	if cfg.Timeouts == (Timeouts{}) {
+		// Zero timeouts would expire every flow at the first cleanup.
+		cfg.Timeouts = DefaultTimeouts
+	}
 	if cfg.CleanupInterval == 0 {
 		cfg.CleanupInterval = 10 * time.Second
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
 		Svc: NewServices(KernelTables(objs), cfg.Services), sock: sock, kick: make(chan struct{}, 1), conflicts: map[string]bool{},
 		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{}}
+	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
+		for _, e := range entries {
+			s.running = s.running || isHookPin(e.Name())
+		}
+	}
 	return s, nil
 }
 
@@ -182,8 +194,11 @@ func (s *Stage) LastClean() CleanStats {
 	return s.lastClean
 }
 
-// Apply writes the maps, then attaches the programs: a program never runs on maps that
-// are not yet the desired state.
+// Apply writes the maps, then attaches the programs: a program is never first attached to
+// maps that are not yet the desired state. Once programs run on the maps (attached by this
+// stage or found pinned at start), a map that fails (full until its size option is raised)
+// no longer holds back the attacher: new workload interfaces still get the programs and
+// detached ones are still repaired.
 func (s *Stage) Apply() (int, error) {
 	if !s.Svc.Ready() {
 		return 0, nil
@@ -199,12 +214,17 @@ func (s *Stage) Apply() (int, error) {
 	}
 	err := s.Svc.Apply()
 	writes := int(s.Svc.Stats().Writes - before)
-	if err != nil {
+	if err != nil && !s.running {
 		// Maps first: programs attached over a half-written table would answer wrongly.
 		return writes, err
 	}
 	conflicts, aerr := s.att.Sync(s.Svc.Workloads())
-	s.Health.SetHealthy(aerr == nil)
+	if len(s.att.Hooks()) > 0 {
+		s.running = true
+	}
+	if aerr != nil || err == nil {
+		s.Health.SetHealthy(aerr == nil)
+	}
 	herr := s.Health.Apply()
 	perr := s.repin()
 	var serr error
@@ -223,7 +243,7 @@ func (s *Stage) Apply() (int, error) {
 	}
 	s.conflicts = seen
 	s.mu.Unlock()
-	return writes, errors.Join(aerr, herr, perr, serr)
+	return writes, errors.Join(err, aerr, herr, perr, serr)
 }
 
 // repin puts back a map pin someone removed: without it a restarted agent would start with
@@ -233,10 +253,13 @@ func (s *Stage) repin() error {
 	for name, m := range s.Objs.pinned() {
 		path := filepath.Join(s.cfg.PinDir, name)
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			s.Repins++
+			// Pin is a no-op for the path the map remembers as its pin: forget it first.
+			_ = m.Unpin()
 			if err := m.Pin(path); err != nil {
 				errs = append(errs, fmt.Errorf("pinning map %s again: %w", name, err))
+				continue
 			}
+			s.Repins++
 		}
 	}
 	return errors.Join(errs...)

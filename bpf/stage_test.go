@@ -1,0 +1,1345 @@
+package bpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// The stage tests run the service stage as the agent runs it, against the real kernel: each
+// test gets its own network namespace with host interfaces named as on a node (eth0, eth1)
+// and workload interfaces (cali-w1, ...), a private bpffs for its pins, and a stage fed calc
+// updates built by hand. Apply is called directly; the one test of Run's own behaviour waits
+// on conditions with a bounded poll. Assertions read the kernel: the programs on each hook
+// (BPF_PROG_QUERY), the pinned links and maps, and the maps' contents through OpenPinned.
+
+const (
+	stNodeName = "node-a"
+	stPeerName = "node-b"
+)
+
+var (
+	stHostIP = netip.MustParseAddr("192.0.2.11") // node-a, on eth0
+	stPeerIP = netip.MustParseAddr("192.0.2.12") // node-b
+	stPodA   = netip.MustParseAddr("10.65.0.5")  // on node-a, cali-w1
+	stPodA2  = netip.MustParseAddr("10.65.0.6")  // on node-a, cali-w2
+	stPodB   = netip.MustParseAddr("10.65.1.5")  // on node-b
+
+	stSizes = MapSizes{Frontends: 64, Backends: 256, SourceRanges: 64, ClusterNets: 64, Affinity: 64, Conntrack: 1024}
+)
+
+// stEnv is one test's node: a network namespace the test's OS thread stays in, its
+// interfaces, and a private bpffs holding the pin directory.
+type stEnv struct {
+	t   *testing.T
+	ns  netns.NsHandle
+	h   *netlink.Handle
+	pin string
+	// made are the interfaces the test made: all are deleted at the end, even on failure.
+	made map[string]bool
+}
+
+// stNewEnv makes the namespace with eth0 (the node's address 192.0.2.11/24), eth1 and the
+// workload interface cali-w1, and mounts bpffs. Everything is undone in cleanup, in order:
+// stages closed (registered later, so run first), interfaces deleted, bpffs unmounted (which
+// drops every pin left), the thread back in the test's namespace.
+func stNewEnv(t *testing.T) *stEnv {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
+	}
+	if err := CheckKernel(); err != nil {
+		t.Skip(err)
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("getting the test's network namespace: %v", err)
+	}
+	ns, err := netns.New() // the thread is now in ns
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		t.Fatalf("creating a network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		defer orig.Close()
+		defer ns.Close()
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked: the runtime ends it with the test's goroutine.
+			t.Errorf("returning to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+	base := t.TempDir()
+	fs := filepath.Join(base, "bpffs")
+	if err := os.Mkdir(fs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mounting bpffs on %s: %v", fs, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(fs, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmounting bpffs: %v", err)
+		}
+	})
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatalf("netlink handle: %v", err)
+	}
+	e := &stEnv{t: t, ns: ns, h: h, pin: filepath.Join(fs, "sluice"), made: map[string]bool{}}
+	t.Cleanup(func() {
+		defer h.Close()
+		for name := range e.made {
+			l, err := h.LinkByName(name)
+			if err != nil {
+				continue // deleted by the test
+			}
+			if err := h.LinkDel(l); err != nil {
+				t.Errorf("deleting %s: %v", name, err)
+			}
+		}
+	})
+	e.hostIface("eth0", "192.0.2.11/24")
+	e.hostIface("eth1", "198.51.100.11/24")
+	e.workload("cali-w1")
+	return e
+}
+
+func (e *stEnv) up(name string) netlink.Link {
+	e.t.Helper()
+	l, err := e.h.LinkByName(name)
+	if err != nil {
+		e.t.Fatalf("%s: %v", name, err)
+	}
+	if err := e.h.LinkSetUp(l); err != nil {
+		e.t.Fatalf("setting %s up: %v", name, err)
+	}
+	return l
+}
+
+// hostIface adds a host interface with an address: one end of a veth whose other end
+// (up-..., which no pattern matches) stands for the uplink (the dummy driver is not
+// everywhere).
+func (e *stEnv) hostIface(name, addr string) {
+	e.t.Helper()
+	e.made[name] = true
+	peer := "up-" + name
+	if err := e.h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		e.t.Fatalf("adding %s: %v", name, err)
+	}
+	e.up(peer)
+	l := e.up(name)
+	a, err := netlink.ParseAddr(addr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.h.AddrAdd(l, a); err != nil {
+		e.t.Fatalf("address %s on %s: %v", addr, name, err)
+	}
+}
+
+// workload adds a workload interface: the host end of a veth whose other end stands for the
+// pod (named pod-..., which no pattern matches).
+func (e *stEnv) workload(name string) {
+	e.t.Helper()
+	peer := "pod" + strings.TrimPrefix(name, "cali")
+	e.made[name] = true
+	if err := e.h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		e.t.Fatalf("adding %s: %v", name, err)
+	}
+	e.up(peer)
+	e.up(name)
+}
+
+func (e *stEnv) del(name string) {
+	e.t.Helper()
+	l, err := e.h.LinkByName(name)
+	if err != nil {
+		e.t.Fatalf("%s: %v", name, err)
+	}
+	if err := e.h.LinkDel(l); err != nil {
+		e.t.Fatalf("deleting %s: %v", name, err)
+	}
+}
+
+func (e *stEnv) ifindex(name string) int {
+	e.t.Helper()
+	l, err := e.h.LinkByName(name)
+	if err != nil {
+		e.t.Fatalf("%s: %v", name, err)
+	}
+	return l.Attrs().Index
+}
+
+func stConfig(pin string) StageConfig {
+	return StageConfig{PinDir: pin, Sizes: stSizes, HostInterfaces: regexp.MustCompile(DefaultHostInterfaces),
+		CgroupPath: "none", Timeouts: DefaultTimeouts,
+		Services: Config{NodeName: stNodeName, VXLANPort: DefaultVXLANPort, VNI: DefaultVNI, PSNATMin: DefaultPSNATMin, PSNATMax: DefaultPSNATMax}}
+}
+
+// start starts a stage on the test's pin directory; it is closed at the end unless stop
+// closed it before.
+func (e *stEnv) start(cfg StageConfig) (*Stage, func()) {
+	e.t.Helper()
+	s, err := StartStage(cfg)
+	if err != nil {
+		e.t.Fatalf("starting the stage: %v", err)
+	}
+	var once sync.Once
+	stop := func() { once.Do(s.Close) }
+	e.t.Cleanup(stop)
+	return s, stop
+}
+
+// apply runs one apply that must succeed and returns its writes.
+func (e *stEnv) apply(s *Stage) int {
+	e.t.Helper()
+	n, err := s.Apply()
+	if err != nil {
+		e.t.Fatalf("apply: %v", err)
+	}
+	return n
+}
+
+// stWeb is a service with a cluster IP and a node port, one endpoint on this node (on
+// cali-w1) and one on node-b.
+func stWeb() []calc.Frontend {
+	bes := []calc.Backend{{Addr: stPodA, Port: 8080, Node: stNodeName, NodeAddr: stHostIP},
+		{Addr: stPodB, Port: 8080, Node: stPeerName, NodeAddr: stPeerIP}}
+	return []calc.Frontend{
+		{Key: calc.FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: store.ProtocolTCP},
+			Kind: calc.FrontendClusterIP, Service: "default/web", ServiceID: 0x5eb0001, Backends: bes, LocalBackends: 1},
+		{Key: calc.FrontendKey{Addr: netip.IPv4Unspecified(), Port: 30080, Protocol: store.ProtocolTCP},
+			Kind: calc.FrontendNodePort, Service: "default/web", ServiceID: 0x5eb0001, Backends: bes, LocalBackends: 1},
+	}
+}
+
+// stDNS is a UDP service with its endpoint on node-b.
+func stDNS() calc.Frontend {
+	return calc.Frontend{Key: calc.FrontendKey{Addr: netip.MustParseAddr("10.96.0.53"), Port: 53, Protocol: store.ProtocolUDP},
+		Kind: calc.FrontendClusterIP, Service: "kube-system/dns", ServiceID: 0xd050001,
+		Backends: []calc.Backend{{Addr: stPodB, Port: 53, Node: stPeerName, NodeAddr: stPeerIP}}}
+}
+
+// stClusterIP is a service "default/<name>" with one cluster IP port and a local endpoint.
+func stClusterIP(name string, i int) calc.Frontend {
+	return calc.Frontend{Key: calc.FrontendKey{Addr: netip.AddrFrom4([4]byte{10, 96, 1, byte(i)}), Port: 80, Protocol: store.ProtocolTCP},
+		Kind: calc.FrontendClusterIP, Service: "default/" + name, ServiceID: 0x1000 + uint64(i), LocalBackends: 1,
+		Backends: []calc.Backend{{Addr: stPodA, Port: 8080, Node: stNodeName, NodeAddr: stHostIP}}}
+}
+
+// stUpdate is calc's whole desired state for the stage: the pool, the two nodes' addresses,
+// the local workloads' routes (interface → pod address) and the frontends.
+func stUpdate(weps map[string]netip.Addr, fronts ...calc.Frontend) *calc.Update {
+	u := &calc.Update{Full: true}
+	for _, n := range []calc.ClusterNet{{Prefix: netip.MustParsePrefix("10.65.0.0/16")},
+		{Prefix: netip.PrefixFrom(stHostIP, 32), Host: true, Node: stNodeName},
+		{Prefix: netip.PrefixFrom(stPeerIP, 32), Host: true, Node: stPeerName}} {
+		u.Ops = append(u.Ops, calc.Op{ClusterNet: &n})
+	}
+	names := make([]string, 0, len(weps))
+	for name := range weps {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		u.Ops = append(u.Ops, calc.Op{Route: &calc.Route{Dst: netip.PrefixFrom(weps[name], 32), Type: calc.RouteUnicast,
+			Device: name, Reason: calc.ReasonLocalWorkload}})
+	}
+	for _, f := range fronts {
+		u.Ops = append(u.Ops, calc.Op{Frontend: &f})
+	}
+	return u
+}
+
+func stStandard() *calc.Update {
+	return stUpdate(map[string]netip.Addr{"cali-w1": stPodA}, append(stWeb(), stDNS())...)
+}
+
+// stFakeRender is what a driver over in-memory tables makes of the updates: the maps the
+// kernel must hold.
+func stFakeRender(t *testing.T, cfg StageConfig, us ...*calc.Update) string {
+	t.Helper()
+	ft, _ := FakeTables(MapSizes{Frontends: 1 << 16, Backends: 1 << 16, SourceRanges: 1 << 16, ClusterNets: 1 << 16})
+	svc := NewServices(ft, cfg.Services)
+	for _, u := range us {
+		svc.OnUpdate(u)
+	}
+	if err := svc.Apply(); err != nil {
+		t.Fatalf("fake apply: %v", err)
+	}
+	r, err := Render(ft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// kernelRender reads the pinned maps as an operator's tool does.
+func (e *stEnv) kernelRender() string {
+	e.t.Helper()
+	p, err := OpenPinned(e.pin)
+	if err != nil {
+		e.t.Fatalf("opening the pinned maps: %v", err)
+	}
+	defer p.Close()
+	r, err := Render(p.Tables())
+	if err != nil {
+		e.t.Fatalf("reading the pinned maps: %v", err)
+	}
+	return r
+}
+
+func (e *stEnv) settings() Settings {
+	e.t.Helper()
+	p, err := OpenPinned(e.pin)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Close()
+	st, err := p.Tables().Settings.Dump()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st[0]
+}
+
+func (e *stEnv) conntrack() map[ConntrackKey]ConntrackValue {
+	e.t.Helper()
+	p, err := OpenPinned(e.pin)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Close()
+	ct, err := p.Conntrack()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ct
+}
+
+// stAttached is one program on a hook as the kernel reports it.
+type stAttached struct {
+	Name string
+	Prog ebpf.ProgramID
+	Link link.ID
+}
+
+func stProgName(t *testing.T, id ebpf.ProgramID) string {
+	t.Helper()
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		t.Fatalf("program %d: %v", id, err)
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Name
+}
+
+func stProgID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// hook returns the TCX programs on an interface's direction, in the order they run.
+func (e *stEnv) hook(iface string, egress bool) []stAttached {
+	e.t.Helper()
+	attach := ebpf.AttachTCXIngress
+	if egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	res, err := link.QueryPrograms(link.QueryOptions{Target: e.ifindex(iface), Attach: attach})
+	if err != nil {
+		e.t.Fatalf("querying %s: %v", iface, err)
+	}
+	var out []stAttached
+	for _, p := range res.Programs {
+		lid, _ := p.LinkID()
+		out = append(out, stAttached{Name: stProgName(e.t, p.ID), Prog: p.ID, Link: lid})
+	}
+	return out
+}
+
+// wantHooks checks the programs on every hook of every interface of the namespace: the hooks
+// named in want ("eth0 ingress") hold exactly those programs, every other hook none.
+func (e *stEnv) wantHooks(want map[string][]string) {
+	e.t.Helper()
+	links, err := e.h.LinkList()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, l := range links {
+		for _, egress := range []bool{false, true} {
+			h := Hook{Iface: l.Attrs().Name, Egress: egress}.String()
+			for _, p := range e.hook(l.Attrs().Name, egress) {
+				got[h] = append(got[h], p.Name)
+			}
+		}
+	}
+	keys := map[string]bool{}
+	for k := range got {
+		keys[k] = true
+	}
+	for k := range want {
+		keys[k] = true
+	}
+	for k := range keys {
+		if !slices.Equal(got[k], want[k]) {
+			e.t.Errorf("%s runs %v, want %v", k, got[k], want[k])
+		}
+	}
+}
+
+// stStandardHooks are the programs the standard update attaches.
+var stStandardHooks = map[string][]string{
+	"eth0 ingress":    {"sl_from_host"},
+	"eth1 ingress":    {"sl_from_host"},
+	"cali-w1 ingress": {"sl_from_wep"},
+	"cali-w1 egress":  {"sl_to_wep"},
+}
+
+// linkPins returns the link pins under <pin>/links with the ID of each pinned link.
+func (e *stEnv) linkPins() map[string]link.ID {
+	e.t.Helper()
+	dir := filepath.Join(e.pin, "links")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]link.ID{}
+	for _, en := range entries {
+		l, err := link.LoadPinnedLink(filepath.Join(dir, en.Name()), nil)
+		if err != nil {
+			e.t.Errorf("pin %s: %v", en.Name(), err)
+			continue
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out[en.Name()] = info.ID
+	}
+	return out
+}
+
+// wantPinnedHooks checks that every hook in want runs one program through the link pinned
+// as <iface>_<direction>, and that no other link is pinned. It returns the link IDs by hook.
+func (e *stEnv) wantPinnedHooks(want map[string][]string) map[string]link.ID {
+	e.t.Helper()
+	pins := e.linkPins()
+	ids := map[string]link.ID{}
+	for h := range want {
+		iface, dir, _ := strings.Cut(h, " ")
+		ps := e.hook(iface, dir == "egress")
+		pin := iface + "_" + dir
+		if len(ps) != 1 {
+			e.t.Errorf("%s runs %d programs", h, len(ps))
+			continue
+		}
+		if pins[pin] != ps[0].Link {
+			e.t.Errorf("%s runs link %d, pinned %s is link %d", h, ps[0].Link, pin, pins[pin])
+		}
+		ids[h] = ps[0].Link
+		delete(pins, pin)
+	}
+	if len(pins) > 0 {
+		e.t.Errorf("links pinned for no wanted hook: %v", pins)
+	}
+	return ids
+}
+
+// 1. The first apply writes exactly the desired entries, then attaches the programs through
+// pinned links.
+func TestStageFirstApply(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	s, _ := e.start(cfg)
+	u := stStandard()
+	s.OnUpdate(u)
+	if n := e.apply(s); n == 0 {
+		t.Error("the first apply wrote nothing")
+	}
+	want := stFakeRender(t, cfg, u)
+	got := e.kernelRender()
+	if got != want {
+		t.Errorf("kernel maps\n%s\nwant\n%s", got, want)
+	}
+	for _, line := range []string{"frontend 0.0.0.0:30080/TCP service 0000000005eb0001", "frontend 10.96.0.10:0/any service 0000000005eb0001 address-only",
+		"frontend 10.96.0.53:53/UDP service 000000000d050001", "cluster-net 192.0.2.11/32 node,self", "cluster-net 10.65.0.0/16 pool"} {
+		if !strings.Contains(got, line) {
+			t.Errorf("kernel maps lack %q:\n%s", line, got)
+		}
+	}
+	st := e.settings()
+	if st.HostIp != NetAddr(stHostIP) || st.TunnelMtu != 1450 || st.Vni != DefaultVNI || st.VxlanPort != NetPort(DefaultVXLANPort) {
+		t.Errorf("settings %+v: want host %s, tunnel MTU 1450 (eth0's 1500 less 50), VNI %#x, port %d", st, stHostIP, DefaultVNI, DefaultVXLANPort)
+	}
+	e.wantHooks(stStandardHooks)
+	e.wantPinnedHooks(stStandardHooks)
+	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 ingress eth1 ingress]" {
+		t.Errorf("stage holds hooks %s", got)
+	}
+	// The programs on the hooks are this stage's.
+	if p := e.hook("eth0", false); len(p) == 1 && p[0].Prog != stProgID(t, s.Objs.SlFromHost) {
+		t.Errorf("eth0 runs program %d, the stage loaded %d", p[0].Prog, stProgID(t, s.Objs.SlFromHost))
+	}
+	// A second apply of the same state writes nothing.
+	if n := e.apply(s); n != 0 {
+		t.Errorf("an apply with nothing changed wrote %d entries", n)
+	}
+}
+
+// 2. Nothing is written or attached before the first full update.
+func TestStageNothingBeforeFullUpdate(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	u := stStandard()
+	u.Full = false
+	s.OnUpdate(u)
+	if n := e.apply(s); n != 0 {
+		t.Errorf("apply before the first full update wrote %d entries", n)
+	}
+	if got := e.kernelRender(); got != "" {
+		t.Errorf("maps written before the first full update:\n%s", got)
+	}
+	if st := e.settings(); st != (Settings{}) {
+		t.Errorf("settings written before the first full update: %+v", st)
+	}
+	e.wantHooks(nil)
+	if pins := e.linkPins(); len(pins) != 0 {
+		t.Errorf("links pinned before the first full update: %v", pins)
+	}
+	if h := s.Hooks(); len(h) != 0 {
+		t.Errorf("hooks held before the first full update: %v", h)
+	}
+	// The full update then programs everything.
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	e.wantHooks(stStandardHooks)
+}
+
+// 3. A restart is invisible: the new stage adopts the maps (no write), swaps its programs
+// into the same links (never detached), and the connections tracked before are still there.
+func TestStageRestartInvisible(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	s1, stop1 := e.start(cfg)
+	s1.OnUpdate(stStandard())
+	e.apply(s1)
+	before := e.wantPinnedHooks(stStandardHooks)
+	mapsBefore := e.kernelRender()
+	now := Monotonic()
+	fk, fv, rk, rv := pinnedFlow(now-5*uint64(time.Second), now-uint64(time.Second))
+	for _, kv := range [][2]any{{&fk, &fv}, {&rk, &rv}} {
+		if err := s1.Objs.SlCtV4.Put(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldProg := stProgID(t, s1.Objs.SlFromHost)
+	stop1()
+	// Stopped: the pins keep the programs on the hooks.
+	e.wantHooks(stStandardHooks)
+
+	s2, _ := e.start(cfg)
+	s2.OnUpdate(stStandard())
+	w0 := s2.Svc.Stats().Writes
+	if n := e.apply(s2); n != 0 {
+		t.Errorf("the restarted stage wrote %d entries", n)
+	}
+	if d := s2.Svc.Stats().Writes - w0; d != 0 {
+		t.Errorf("the restarted stage's driver counted %d writes", d)
+	}
+	if got := e.kernelRender(); got != mapsBefore {
+		t.Errorf("maps after the restart\n%s\nwant\n%s", got, mapsBefore)
+	}
+	after := e.wantPinnedHooks(stStandardHooks)
+	for h, id := range before {
+		if after[h] != id {
+			t.Errorf("%s: link %d after the restart, %d before (detached and attached again)", h, after[h], id)
+		}
+	}
+	if s2.att.Repairs != 0 {
+		t.Errorf("the restart counted %d repairs", s2.att.Repairs)
+	}
+	newProg := stProgID(t, s2.Objs.SlFromHost)
+	if p := e.hook("eth0", false); len(p) != 1 || p[0].Prog != newProg || newProg == oldProg {
+		t.Errorf("eth0 runs %+v; the restarted stage's program is %d, the old one %d", p, newProg, oldProg)
+	}
+	ct := e.conntrack()
+	if len(ct) != 2 || ct[fk] != fv || ct[rk] != rv {
+		t.Errorf("connection table after the restart: %v", ct)
+	}
+}
+
+// 4a. A program detached by someone else is attached again at the next apply and counted; a
+// link pin removed by someone else is put back (the agent still holds the link).
+func TestStageDriftProgramDetached(t *testing.T) {
+	t.Run("detached", func(t *testing.T) {
+		e := stNewEnv(t)
+		s, _ := e.start(stConfig(e.pin))
+		s.OnUpdate(stStandard())
+		e.apply(s)
+		ids := e.wantPinnedHooks(stStandardHooks)
+		for _, h := range []string{"eth0 ingress", "cali-w1 egress"} {
+			l, err := link.NewFromID(ids[h])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Detach(); err != nil {
+				t.Fatalf("detaching %s: %v", h, err)
+			}
+			l.Close()
+		}
+		if p := e.hook("eth0", false); len(p) != 0 {
+			t.Fatalf("eth0 still runs %v", p)
+		}
+		e.apply(s)
+		e.wantHooks(stStandardHooks)
+		again := e.wantPinnedHooks(stStandardHooks)
+		for _, h := range []string{"eth0 ingress", "cali-w1 egress"} {
+			if again[h] == ids[h] {
+				t.Errorf("%s: still the detached link %d", h, ids[h])
+			}
+		}
+		if again["eth1 ingress"] != ids["eth1 ingress"] {
+			t.Error("eth1's link, which nobody touched, was replaced")
+		}
+		if s.att.Repairs != 2 {
+			t.Errorf("%d repairs counted, want 2", s.att.Repairs)
+		}
+	})
+	t.Run("unpinned", func(t *testing.T) {
+		e := stNewEnv(t)
+		cfg := stConfig(e.pin)
+		s, stop := e.start(cfg)
+		s.OnUpdate(stStandard())
+		e.apply(s)
+		ids := e.wantPinnedHooks(stStandardHooks)
+		pin := filepath.Join(e.pin, "links", "eth0_ingress")
+		l, err := link.LoadPinnedLink(pin, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Unpin(); err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		// The agent holds the link: the program stays, only the pin is gone.
+		e.wantHooks(stStandardHooks)
+		e.apply(s)
+		if got := e.wantPinnedHooks(stStandardHooks); got["eth0 ingress"] != ids["eth0 ingress"] {
+			t.Errorf("eth0 ingress: link %d, want the agent's %d pinned again", got["eth0 ingress"], ids["eth0 ingress"])
+		}
+		if s.att.Repairs != 1 {
+			t.Errorf("%d repairs counted, want 1", s.att.Repairs)
+		}
+		// With the pin back, a restart keeps the same link.
+		stop()
+		e.wantHooks(stStandardHooks)
+		s2, _ := e.start(cfg)
+		s2.OnUpdate(stStandard())
+		e.apply(s2)
+		if got := e.wantPinnedHooks(stStandardHooks); got["eth0 ingress"] != ids["eth0 ingress"] {
+			t.Errorf("after the restart eth0 ingress runs link %d, want %d", got["eth0 ingress"], ids["eth0 ingress"])
+		}
+	})
+}
+
+// 4b. Map entries changed, deleted or added by hand are put right by a resync.
+func TestStageDriftMapEntry(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	s, _ := e.start(cfg)
+	u := stStandard()
+	s.OnUpdate(u)
+	e.apply(s)
+	want := stFakeRender(t, cfg, u)
+
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "sl_fe_v4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	np := FrontendMapKey(stWeb()[1].Key)
+	dns := FrontendMapKey(stDNS().Key)
+	alien := FrontendKey{Addr: NetAddr(netip.MustParseAddr("10.96.9.9")), Port: NetPort(99), Proto: ProtoTCP}
+	var v FrontendValue
+	if err := m.Lookup(&dns, &v); err != nil {
+		t.Fatal(err)
+	}
+	v.Count = 0
+	if err := m.Delete(&np); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Put(&dns, &v); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Put(&alien, &FrontendValue{ListId: 1, SvcId: 9, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cn, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "sl_cnet_v4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cn.Close()
+	self := ClusterNetKey{Prefixlen: 32, Addr: NetAddr(stHostIP)}
+	if err := cn.Delete(&self); err != nil {
+		t.Fatal(err)
+	}
+	if e.kernelRender() == want {
+		t.Fatal("the hand edits did not show")
+	}
+	s.Svc.QueueResync()
+	if n := e.apply(s); n != 4 {
+		t.Errorf("the resync wrote %d entries, want 4 (two frontends back, one deleted, one cluster net)", n)
+	}
+	if got := e.kernelRender(); got != want {
+		t.Errorf("maps after the resync\n%s\nwant\n%s", got, want)
+	}
+}
+
+// 4c. A map pin removed by someone is put back: the same map, so a restart still finds the
+// connections.
+func TestStageDriftMapPin(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	s, stop := e.start(cfg)
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	now := Monotonic()
+	fk, fv, rk, rv := pinnedFlow(now-5*uint64(time.Second), now-uint64(time.Second))
+	for _, kv := range [][2]any{{&fk, &fv}, {&rk, &rv}} {
+		if err := s.Objs.SlCtV4.Put(kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"sl_ct_v4", "sl_fe_v4"} {
+		if err := os.Remove(filepath.Join(e.pin, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.apply(s)
+	if s.Repins != 2 {
+		t.Errorf("%d repins counted, want 2", s.Repins)
+	}
+	for name, m := range map[string]*ebpf.Map{"sl_ct_v4": s.Objs.SlCtV4, "sl_fe_v4": s.Objs.SlFeV4} {
+		pm, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, name), nil)
+		if err != nil {
+			t.Errorf("%s not pinned again: %v", name, err)
+			continue
+		}
+		pinfo, _ := pm.Info()
+		pm.Close()
+		minfo, _ := m.Info()
+		pid, _ := pinfo.ID()
+		mid, _ := minfo.ID()
+		if pid != mid {
+			t.Errorf("%s pinned again as map %d, the stage's is %d", name, pid, mid)
+		}
+	}
+	e.apply(s)
+	if s.Repins != 2 {
+		t.Errorf("%d repins counted after an apply with nothing removed, want 2", s.Repins)
+	}
+	stop()
+	s2, _ := e.start(cfg)
+	s2.OnUpdate(stStandard())
+	if n := e.apply(s2); n != 0 {
+		t.Errorf("the restart after the repin wrote %d entries", n)
+	}
+	if ct := e.conntrack(); len(ct) != 2 || ct[fk] != fv || ct[rk] != rv {
+		t.Errorf("connection table after the repin and a restart: %v", ct)
+	}
+}
+
+// 4d. A workload interface that goes loses its links and pins; one that comes back (with a
+// new ifindex) gets them again, also when it went and came back between two applies.
+func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	ids := e.wantPinnedHooks(stStandardHooks)
+	hostOnly := map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"}}
+
+	e.del("cali-w1")
+	e.apply(s)
+	e.wantHooks(hostOnly)
+	e.wantPinnedHooks(hostOnly)
+	if got := fmt.Sprint(s.Hooks()); got != "[eth0 ingress eth1 ingress]" {
+		t.Errorf("stage holds hooks %s", got)
+	}
+	for _, h := range []string{"cali-w1 ingress", "cali-w1 egress"} {
+		if l, err := link.NewFromID(ids[h]); err == nil {
+			l.Close()
+			t.Errorf("%s: link %d still exists", h, ids[h])
+		}
+	}
+
+	e.workload("cali-w1")
+	e.apply(s)
+	e.wantHooks(stStandardHooks)
+	e.wantPinnedHooks(stStandardHooks)
+
+	// Gone and back between two applies (a pod re-created under the same name).
+	old := e.ifindex("cali-w1")
+	e.del("cali-w1")
+	e.workload("cali-w1")
+	if e.ifindex("cali-w1") == old {
+		t.Fatal("the re-created interface has the old ifindex")
+	}
+	e.apply(s)
+	e.wantHooks(stStandardHooks)
+	e.wantPinnedHooks(stStandardHooks)
+	e.apply(s)
+	e.wantPinnedHooks(stStandardHooks)
+	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 ingress eth1 ingress]" {
+		t.Errorf("stage holds hooks %s", got)
+	}
+
+	// A route withdrawn while its interface stays: the interface is let go.
+	s.OnUpdate(stUpdate(nil, append(stWeb(), stDNS())...))
+	e.apply(s)
+	e.wantHooks(hostOnly)
+	e.wantPinnedHooks(hostOnly)
+}
+
+// 5. Turning the stage off leaves no pin and no program.
+func TestStageRemoveAll(t *testing.T) {
+	e := stNewEnv(t)
+	s, stop := e.start(stConfig(e.pin))
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	now := Monotonic()
+	fk, fv, _, _ := pinnedFlow(now, now)
+	if err := s.Objs.SlCtV4.Put(&fk, &fv); err != nil {
+		t.Fatal(err)
+	}
+	e.wantHooks(stStandardHooks)
+	stop()
+	if err := RemoveAll(e.pin); err != nil {
+		t.Fatalf("RemoveAll: %v", err)
+	}
+	entries, err := os.ReadDir(e.pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, en := range entries {
+		left = append(left, en.Name())
+	}
+	if len(left) != 0 {
+		t.Errorf("left in the pin directory: %v", left)
+	}
+	e.wantHooks(nil)
+	if _, err := OpenPinned(e.pin); !errors.Is(err, ErrNotPinned) {
+		t.Errorf("OpenPinned after RemoveAll: %v", err)
+	}
+	// Running it again (the agent restarted, still off) is fine.
+	if err := RemoveAll(e.pin); err != nil {
+		t.Errorf("RemoveAll again: %v", err)
+	}
+}
+
+// stForeign loads a trivial tc program of "other software": it passes every packet on.
+func stForeign(t *testing.T) *ebpf.Program {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "foreign", Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
+	if err != nil {
+		t.Fatalf("loading the foreign program: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// stClassicFilter adds a clsact qdisc and a classic tc bpf filter running p on ingress.
+func (e *stEnv) stClassicFilter(iface string, p *ebpf.Program) {
+	e.t.Helper()
+	idx := e.ifindex(iface)
+	q := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: idx, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+	if err := e.h.QdiscAdd(q); err != nil {
+		e.t.Fatalf("adding clsact to %s: %v", iface, err)
+	}
+	f := &netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: idx, Parent: netlink.HANDLE_MIN_INGRESS, Handle: netlink.MakeHandle(0, 1),
+		Protocol: unix.ETH_P_ALL, Priority: 1}, Fd: p.FD(), Name: "foreign", DirectAction: true}
+	if err := e.h.FilterAdd(f); err != nil {
+		e.t.Fatalf("adding a bpf filter to %s: %v", iface, err)
+	}
+}
+
+func (e *stEnv) classicFilters(iface string) int {
+	e.t.Helper()
+	l, err := e.h.LinkByName(iface)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	fs, err := e.h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(fs)
+}
+
+// 6. Other software's programs on a hook sluice uses are reported once and left, or with
+// CleanConflicts removed and reported removed.
+func TestStageConflicts(t *testing.T) {
+	for _, clean := range []bool{false, true} {
+		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
+			e := stNewEnv(t)
+			foreign := stForeign(t)
+			fl, err := link.AttachTCX(link.TCXOptions{Interface: e.ifindex("eth0"), Program: foreign, Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				t.Fatalf("attaching the foreign program: %v", err)
+			}
+			defer fl.Close()
+			e.stClassicFilter("eth0", foreign)
+			fid := stProgID(t, foreign)
+
+			var mu sync.Mutex
+			var got []string
+			cfg := stConfig(e.pin)
+			cfg.CleanConflicts = clean
+			cfg.OnConflict = func(c Conflict) {
+				mu.Lock()
+				defer mu.Unlock()
+				got = append(got, c.String())
+				if c.Err != nil {
+					t.Errorf("conflict %s: %v", c, c.Err)
+				}
+			}
+			s, _ := e.start(cfg)
+			s.OnUpdate(stStandard())
+			e.apply(s)
+			suffix := ""
+			if clean {
+				suffix = " (removed)"
+			}
+			want := []string{"tc filter pref 1 bpf foreign on eth0 ingress" + suffix, fmt.Sprintf("tcx program %d on eth0 ingress%s", fid, suffix)}
+			mu.Lock()
+			sort.Strings(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("conflicts reported %q, want %q", got, want)
+			}
+			got = nil
+			mu.Unlock()
+
+			var names []string
+			for _, p := range e.hook("eth0", false) {
+				names = append(names, p.Name)
+			}
+			if clean {
+				if !slices.Equal(names, []string{"sl_from_host"}) || e.classicFilters("eth0") != 0 {
+					t.Errorf("after cleaning eth0 ingress runs %v and %d classic filters", names, e.classicFilters("eth0"))
+				}
+			} else {
+				// Left in place, behind sluice's program at the head.
+				if !slices.Equal(names, []string{"sl_from_host", "foreign"}) || e.classicFilters("eth0") != 1 {
+					t.Errorf("eth0 ingress runs %v and %d classic filters, want sluice's then the foreign one, and the filter", names, e.classicFilters("eth0"))
+				}
+			}
+			// Reported once, not at every apply.
+			e.apply(s)
+			mu.Lock()
+			if len(got) != 0 {
+				t.Errorf("reported again: %q", got)
+			}
+			mu.Unlock()
+		})
+	}
+}
+
+// 7. A frontend map too small: the apply fails naming the services and the option to raise,
+// counts it, and leaves the services that were programmed alone; a restart with the larger
+// size programs everything and keeps the rest.
+func TestStageMapFull(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	cfg.Sizes.Frontends = 16
+	s, stop := e.start(cfg)
+	first := stStandard() // 5 frontend entries
+	s.OnUpdate(first)
+	e.apply(s)
+	before := e.kernelRender()
+	e.wantHooks(stStandardHooks)
+
+	// Eight more services of two entries each (the port and the cluster IP's address-only
+	// entry): 21 entries for 16 places. A new workload comes too.
+	fronts := append(stWeb(), stDNS())
+	for i := range 8 {
+		fronts = append(fronts, stClusterIP(fmt.Sprintf("svc-%d", i), i))
+	}
+	e.workload("cali-w2")
+	full := stUpdate(map[string]netip.Addr{"cali-w1": stPodA, "cali-w2": stPodA2}, fronts...)
+	s.OnUpdate(full)
+	mf := s.Svc.Stats().MapFull
+	_, err := s.Apply()
+	if err == nil {
+		t.Fatal("apply over a full frontend map succeeded")
+	}
+	for _, w := range []string{"bpf-map-size-frontends", "service default/svc-", "16 entries"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not say %q", err, w)
+		}
+	}
+	if d := s.Svc.Stats().MapFull - mf; d < 5 {
+		t.Errorf("%d map-full failures counted, want at least 5", d)
+	}
+	got := e.kernelRender()
+	for _, line := range strings.Split(before, "\n") {
+		if !strings.Contains(got, line) {
+			t.Errorf("%q was lost", line)
+		}
+	}
+	p, err := OpenPinned(e.pin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Tables().Frontends.Len(); n != 16 {
+		t.Errorf("%d frontend entries, want the map full with 16", n)
+	}
+	p.Close()
+	// The services that fit work: the programs follow the workloads all the same.
+	e.wantHooks(map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"},
+		"cali-w1 ingress": {"sl_from_wep"}, "cali-w1 egress": {"sl_to_wep"}, "cali-w2 ingress": {"sl_from_wep"}, "cali-w2 egress": {"sl_to_wep"}})
+
+	// Restarted with the same size: the map still fails, and the programs found running are
+	// swapped for the new stage's all the same.
+	stop()
+	s2, stop2 := e.start(cfg)
+	s2.OnUpdate(full)
+	if _, err := s2.Apply(); err == nil || !strings.Contains(err.Error(), "bpf-map-size-frontends") {
+		t.Errorf("apply after a restart with the map still too small: %v", err)
+	}
+	if p := e.hook("eth0", false); len(p) != 1 || p[0].Prog != stProgID(t, s2.Objs.SlFromHost) {
+		t.Errorf("eth0 runs %+v, want the restarted stage's program %d", p, stProgID(t, s2.Objs.SlFromHost))
+	}
+
+	// The fix the error names: a larger map, at the next start.
+	stop2()
+	cfg.Sizes.Frontends = 64
+	var resized []string
+	cfg.OnResized = func(m []string) { resized = m }
+	s3, _ := e.start(cfg)
+	if !slices.Equal(resized, []string{"sl_fe_v4"}) {
+		t.Errorf("resized %v, want sl_fe_v4", resized)
+	}
+	s3.OnUpdate(full)
+	e.apply(s3)
+	if got, want := e.kernelRender(), stFakeRender(t, cfg, full); got != want {
+		t.Errorf("maps after the resize\n%s\nwant\n%s", got, want)
+	}
+}
+
+// stFlow is one flow's entries in the connection table.
+type stFlow struct {
+	name string
+	keys []ConntrackKey
+	vals []ConntrackValue
+}
+
+func (f stFlow) put(t *testing.T, m *ebpf.Map) {
+	t.Helper()
+	for i := range f.keys {
+		if err := m.Put(&f.keys[i], &f.vals[i]); err != nil {
+			t.Fatalf("%s: %v", f.name, err)
+		}
+	}
+}
+
+// stLocalFlow is a flow from a workload to a cluster IP served on this node: a forward and a
+// reverse entry, last seen at seen with the given TCP state bits.
+func stLocalFlow(name string, proto uint8, sport uint16, tcp uint8, seen uint64) stFlow {
+	a := func(s string) uint32 { return NetAddr(netip.MustParseAddr(s)) }
+	fk := ConntrackKey{Src: a("10.65.0.7"), Dst: a("10.96.0.10"), Sport: NetPort(sport), Dport: NetPort(80), Proto: proto}
+	fv := ConntrackValue{Created: seen, LastSeen: seen, Type: ConntrackFwd, NatAddr: NetAddr(stPodA), NatPort: NetPort(8080), NatSport: NetPort(sport)}
+	rk := PairKey(fk, fv)
+	rv := ConntrackValue{Created: seen, LastSeen: seen, Type: ConntrackRev, Tcp: tcp, NatAddr: fk.Dst, NatPort: fk.Dport, NatSport: fk.Sport}
+	return stFlow{name: name, keys: []ConntrackKey{fk, rk}, vals: []ConntrackValue{fv, rv}}
+}
+
+// 8. Connection cleanup judged at chosen times: each kind of flow lives exactly as long as its
+// idle timeout, and a flow goes with its pair.
+func TestStageConntrackCleanup(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	sec := uint64(time.Second)
+	to := DefaultTimeouts
+	est := uint64(to.TCPEstablished)
+	// The clock is the test's: entries are stamped and judged at chosen times, far enough
+	// from zero for last-seen times days in the past (a machine up for minutes would
+	// otherwise have them wrap). No packet touches them: the namespace carries no IPv4 traffic.
+	t0 := 10 * est
+
+	// Forwarded to node-b (this node is the ingress node): answered, last seen at t0.
+	fk, fv, rk, rv := pinnedFlow(t0-60*sec, t0)
+	fwd := stFlow{name: "forwarded", keys: []ConntrackKey{fk, rk}, vals: []ConntrackValue{fv, rv}}
+	// Forwarded the same way, idle longer than the established timeout at the first cleanup.
+	ofk, ofv, ork, orv := pinnedFlow(t0-est-60*sec, t0-est-2*sec)
+	ofk.Sport, ofv.NatSport = NetPort(40001), NetPort(20002)
+	ork = PairKey(ofk, ofv)
+	orv.NatSport = ofk.Sport
+	old := stFlow{name: "forwarded, idle too long", keys: []ConntrackKey{ofk, ork}, vals: []ConntrackValue{ofv, orv}}
+	// A flow forwarded here from node-c (this node is the backend's node): a tunnel entry.
+	tk := ConntrackKey{Src: NetAddr(stPodA), Dst: NetAddr(netip.MustParseAddr("203.0.113.9")), Sport: NetPort(8080), Dport: NetPort(20003), Proto: ProtoTCP}
+	tun := stFlow{name: "tunnel", keys: []ConntrackKey{tk}, vals: []ConntrackValue{{Created: t0 - 60*sec, LastSeen: t0, Type: ConntrackTun,
+		Tcp: TCPSyn | TCPReplied, NatAddr: NetAddr(netip.MustParseAddr("192.0.2.13"))}}}
+	syn := stLocalFlow("SYN only", ProtoTCP, 31000, TCPSyn, t0)
+	udp := stLocalFlow("UDP", ProtoUDP, 31001, 0, t0)
+	udpAnswered := stLocalFlow("UDP answered", ProtoUDP, 31002, TCPReplied, t0)
+	// Forward entries whose reverse entry never came (a half-made pair): one older than the
+	// grace period at the first cleanup, one younger.
+	orphan := stLocalFlow("half-made", ProtoTCP, 31003, TCPSyn, t0-uint64(to.Grace))
+	orphan.keys, orphan.vals = orphan.keys[:1], orphan.vals[:1]
+	young := stLocalFlow("half-made, young", ProtoTCP, 31004, TCPSyn, t0)
+	young.keys, young.vals = young.keys[:1], young.vals[:1]
+
+	flows := []stFlow{fwd, old, tun, syn, udp, udpAnswered, orphan, young}
+	for _, f := range flows {
+		f.put(t, s.Objs.SlCtV4)
+	}
+	alive := func(want ...string) {
+		t.Helper()
+		ct := e.conntrack()
+		n := 0
+		for _, f := range flows {
+			in := slices.Contains(want, f.name)
+			for i, k := range f.keys {
+				v, ok := ct[k]
+				switch {
+				case in && !ok:
+					t.Errorf("%s: entry %d gone", f.name, i)
+				case in && v != f.vals[i]:
+					t.Errorf("%s: entry %d changed to %+v", f.name, i, v)
+				case !in && ok:
+					t.Errorf("%s: entry %d still there", f.name, i)
+				}
+				if in {
+					n++
+				}
+			}
+		}
+		if len(ct) != n {
+			t.Errorf("%d entries, want %d", len(ct), n)
+		}
+	}
+	clean := func(at uint64) CleanStats {
+		t.Helper()
+		st, err := s.CT.Clean(at)
+		if err != nil {
+			t.Fatalf("cleaning at t0%+ds: %v", int64(at-t0)/int64(sec), err)
+		}
+		return st
+	}
+
+	st := clean(t0 + sec)
+	alive("forwarded", "tunnel", "SYN only", "UDP", "UDP answered", "half-made, young")
+	// Deleted counts requests: a reverse entry's pair goes with it.
+	if st.Expired != 2 || st.Deleted != 2 || st.Forwards != 3 || st.Entries != 13 {
+		t.Errorf("first pass %+v: want 2 expired and deleted (the idle pair, the old half-made one), 3 forwarded flows of 13 entries", st)
+	}
+	clean(t0 + uint64(to.UDP) + sec)
+	alive("forwarded", "tunnel", "SYN only", "UDP answered")
+	clean(t0 + uint64(to.TCPSyn) + sec) // TCPSyn and UDPStream are both 120 s
+	alive("forwarded", "tunnel")
+	// Any number of passes before the established timeout leave the forwarded flows alone.
+	for i := uint64(0); i < 50; i++ {
+		clean(t0 + uint64(to.TCPSyn) + i*(est-uint64(to.TCPSyn))/50)
+	}
+	clean(t0 + est)
+	alive("forwarded", "tunnel")
+	st = clean(t0 + est + sec)
+	alive()
+	if st.Expired != 2 || st.Deleted != 2 || st.Forwards != 2 {
+		t.Errorf("last pass %+v: want the two forwarded flows (a pair, a tunnel entry) expired and deleted", st)
+	}
+}
+
+// Run follows interfaces as they come (the link subscription, not the periodic resync) and
+// cleans the connection table on its own interval.
+func TestStageRunFollowsInterfaces(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	cfg.MinInterval = 5 * time.Millisecond
+	cfg.ResyncInterval = time.Hour // a new interface must be found without it
+	cfg.CleanupInterval = 20 * time.Millisecond
+	cfg.Timeouts.UDP = 100 * time.Millisecond
+	cleaned := make(chan CleanStats, 100)
+	cfg.OnClean = func(st CleanStats, err error) {
+		if err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		select {
+		case cleaned <- st:
+		default:
+		}
+	}
+	s, _ := e.start(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Run in the test's namespace: the thread stays locked and ends with the goroutine.
+		runtime.LockOSThread()
+		if err := netns.Set(e.ns); err != nil {
+			t.Errorf("entering the test's namespace: %v", err)
+			return
+		}
+		s.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return")
+		}
+	})
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	attached := func(iface string) func() bool {
+		return func() bool {
+			in, eg := e.hook(iface, false), e.hook(iface, true)
+			return len(in) == 1 && in[0].Name == "sl_from_wep" && len(eg) == 1 && eg[0].Name == "sl_to_wep"
+		}
+	}
+	s.OnUpdate(stUpdate(map[string]netip.Addr{"cali-w1": stPodA, "cali-w2": stPodA2}, append(stWeb(), stDNS())...))
+	waitFor("cali-w1 attached", attached("cali-w1"))
+	e.workload("cali-w2")
+	waitFor("cali-w2 attached", attached("cali-w2"))
+	waitFor("cali-w2 pinned", func() bool { _, ok := e.linkPins()["cali-w2_egress"]; return ok })
+
+	// Cleanup runs on the agent's clock: an unanswered UDP flow idle for longer than its
+	// timeout goes.
+	f := stLocalFlow("old", ProtoUDP, 31000, 0, Monotonic()-uint64(time.Second))
+	f.put(t, s.Objs.SlCtV4)
+	waitFor("the idle flow cleaned", func() bool { return len(e.conntrack()) == 0 })
+	waitFor("a cleanup reported", func() bool {
+		select {
+		case st := <-cleaned:
+			return st.Entries == 0
+		default:
+			return false
+		}
+	})
+	if !s.Alive(time.Minute) {
+		t.Error("the loop is not alive")
+	}
+}
+
+// Socket programs pinned beside the interface links keep their pins through applies: a
+// restart finds them (the same links), and RemoveAll detaches them.
+func TestStageSocketHookPins(t *testing.T) {
+	e := stNewEnv(t)
+	root, err := CgroupV2Root()
+	if err != nil {
+		t.Skip(err)
+	}
+	cg, err := os.MkdirTemp(root, "sluice-test-")
+	if err != nil {
+		t.Skipf("cannot make a cgroup: %v", err)
+	}
+	cfg := stConfig(e.pin)
+	cfg.CgroupPath = cg
+	t.Cleanup(func() {
+		// After the stages closed: detach, then remove the cgroup.
+		if err := RemoveAll(e.pin); err != nil {
+			t.Errorf("RemoveAll: %v", err)
+		}
+		if err := os.Remove(cg); err != nil {
+			t.Errorf("removing cgroup %s: %v", cg, err)
+		}
+	})
+	query := func() []stAttached {
+		t.Helper()
+		d, err := os.Open(cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		var out []stAttached
+		for _, a := range []ebpf.AttachType{ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupUDP4Sendmsg, ebpf.AttachCGroupUDP4Recvmsg} {
+			res, err := link.QueryPrograms(link.QueryOptions{Target: int(d.Fd()), Attach: a})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range res.Programs {
+				out = append(out, stAttached{Name: stProgName(t, p.ID), Prog: p.ID})
+			}
+		}
+		return out
+	}
+	s, stop := e.start(cfg)
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	e.apply(s)
+	pins := e.linkPins()
+	for _, h := range []string{"cgroup_connect4", "cgroup_sendmsg4", "cgroup_recvmsg4"} {
+		if _, ok := pins[h]; !ok {
+			t.Errorf("%s not pinned after two applies (pins %v)", h, pins)
+		}
+	}
+	if got := query(); len(got) != 3 {
+		t.Errorf("cgroup runs %v, want the three socket programs", got)
+	}
+	stop()
+	s2, _ := e.start(cfg)
+	s2.OnUpdate(stStandard())
+	e.apply(s2)
+	again := e.linkPins()
+	for _, h := range []string{"cgroup_connect4", "cgroup_sendmsg4", "cgroup_recvmsg4"} {
+		if again[h] == 0 || again[h] != pins[h] {
+			t.Errorf("%s: link %d after the restart, %d before", h, again[h], pins[h])
+		}
+	}
+	if got := query(); len(got) != 3 {
+		t.Errorf("after the restart the cgroup runs %v, want the three socket programs", got)
+	}
+}
