@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -60,6 +61,7 @@ type CleanStats struct {
 	Deleted  int            // deleted by the cleaner
 	Kept     int            // refreshed between judgement and deletion: kept
 	Forwards int            // live flows forwarded to or from another node
+	Stale    int            // flows to endpoints no longer in their service, queued for deletion
 }
 
 // Conntrack expires idle flows. Expiry is judged on the reverse or tunnel entry, which every
@@ -72,6 +74,11 @@ type Conntrack struct {
 	Queue    *ebpf.Map
 	Cleaner  *ebpf.Program
 	Timeouts Timeouts
+	// Live, when set, says whether an endpoint is still named by its service's slices;
+	// flows to one that is not are stale and go at the next cleanup, whatever their state
+	// (as kube-proxy clears conntrack for removed endpoints): the client gets a reset from
+	// a new backend instead of hanging on one that is gone.
+	Live func(addr netip.Addr, port uint16) bool
 }
 
 // NewConntrack returns the cleaner of objs' table.
@@ -154,7 +161,10 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 			if v.Flags&ConntrackRemote != 0 || v.Type == ConntrackTun {
 				st.Forwards++
 			}
-			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
+			stale := c.Live != nil && !c.Live(HostAddr(k.Src), HostPort(k.Sport))
+			if stale {
+				st.Stale++
+			} else if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
 				continue
 			}
 			pair := ConntrackKey{}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,10 @@ type Stage struct {
 
 	mu        sync.Mutex
 	selfAddrs map[netip.Prefix]bool
+	// present holds the endpoints each frontend's slices still name, and live counts them:
+	// the cleaner's test for flows whose endpoint went.
+	present map[calc.FrontendKey][]netip.AddrPort
+	live    map[netip.AddrPort]int
 	conflicts map[string]bool
 	hostIP    netip.Addr
 	hooks     []Hook
@@ -123,7 +128,9 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
 		Svc: NewServices(KernelTables(objs), cfg.Services), sock: sock, kick: make(chan struct{}, 1), conflicts: map[string]bool{},
-		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{}}
+		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{},
+		present: map[calc.FrontendKey][]netip.AddrPort{}, live: map[netip.AddrPort]int{}}
+	s.CT.Live = s.liveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
 		for _, e := range entries {
 			s.running = s.running || isHookPin(e.Name())
@@ -138,10 +145,32 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 	s.mu.Lock()
 	if u.Full {
 		clear(s.selfAddrs)
+		clear(s.present)
+		clear(s.live)
 	}
 	addrsChanged := u.Full
 	for _, op := range u.Ops {
 		switch {
+		case op.Frontend != nil:
+			for _, ap := range s.present[op.Frontend.Key] {
+				if s.live[ap]--; s.live[ap] <= 0 {
+					delete(s.live, ap)
+				}
+			}
+			delete(s.present, op.Frontend.Key)
+			if !op.Remove {
+				// Every endpoint in use is live, whether or not the update listed it as present.
+				live := slices.Clone(op.Frontend.Present)
+				for _, b := range op.Frontend.Backends {
+					live = append(live, netip.AddrPortFrom(b.Addr, b.Port))
+				}
+				slices.SortFunc(live, netip.AddrPort.Compare)
+				live = slices.Compact(live)
+				s.present[op.Frontend.Key] = live
+				for _, ap := range live {
+					s.live[ap]++
+				}
+			}
 		case op.HealthCheck != nil && op.Remove:
 			s.Health.DeleteService(op.HealthCheck.Port)
 		case op.HealthCheck != nil:
@@ -165,6 +194,13 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 	}
 	s.mu.Unlock()
 	s.Kick()
+}
+
+// liveEndpoint says whether a service still names addr:port as an endpoint.
+func (s *Stage) liveEndpoint(addr netip.Addr, port uint16) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.live[netip.AddrPortFrom(addr, port)] > 0
 }
 
 // Kick asks for an apply soon.

@@ -1102,6 +1102,9 @@ func TestStageConntrackCleanup(t *testing.T) {
 	s, _ := e.start(stConfig(e.pin))
 	s.OnUpdate(stStandard())
 	e.apply(s)
+	// Idle timeouts alone: every endpoint counts as live here (TestStageConntrackStale
+	// judges flows whose endpoint went).
+	s.CT.Live = func(netip.Addr, uint16) bool { return true }
 	sec := uint64(time.Second)
 	to := DefaultTimeouts
 	est := uint64(to.TCPEstablished)
@@ -1341,5 +1344,61 @@ func TestStageSocketHookPins(t *testing.T) {
 	}
 	if got := query(); len(got) != 3 {
 		t.Errorf("after the restart the cgroup runs %v, want the three socket programs", got)
+	}
+}
+
+// Flows whose endpoint left its service go at the next cleanup, busy or not; flows to an
+// endpoint that is terminating but still named by its slice stay (it drains).
+func TestStageConntrackStale(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	web := stWeb()
+	// stPodA:8080 is in use; 10.65.0.9:8080 is named by the slice but not used (terminating
+	// while a ready endpoint exists).
+	draining := netip.AddrPortFrom(netip.MustParseAddr("10.65.0.9"), 8080)
+	for i := range web {
+		web[i].Present = []netip.AddrPort{netip.AddrPortFrom(stPodA, 8080), netip.AddrPortFrom(stPodB, 8080), draining}
+	}
+	u := stUpdate(map[string]netip.Addr{"cali-w1": stPodA}, web...)
+	s.OnUpdate(u)
+	e.apply(s)
+	now := Monotonic()
+	a := func(s string) uint32 { return NetAddr(netip.MustParseAddr(s)) }
+	flow := func(name string, backend netip.AddrPort, sport uint16) stFlow {
+		fk := ConntrackKey{Src: a("10.65.0.7"), Dst: a("10.96.0.10"), Sport: NetPort(sport), Dport: NetPort(80), Proto: ProtoTCP}
+		fv := ConntrackValue{Created: now, LastSeen: now, Type: ConntrackFwd, NatAddr: NetAddr(backend.Addr()), NatPort: NetPort(backend.Port()), NatSport: NetPort(sport)}
+		rk := PairKey(fk, fv)
+		rv := ConntrackValue{Created: now, LastSeen: now, Type: ConntrackRev, Tcp: TCPSyn | TCPReplied, NatAddr: fk.Dst, NatPort: fk.Dport, NatSport: fk.Sport}
+		return stFlow{name: name, keys: []ConntrackKey{fk, rk}, vals: []ConntrackValue{fv, rv}}
+	}
+	inUse := flow("in use", netip.AddrPortFrom(stPodA, 8080), 41000)
+	drain := flow("draining", draining, 41001)
+	gone := flow("gone", netip.AddrPortFrom(netip.MustParseAddr("10.65.0.99"), 8080), 41002)
+	for _, f := range []stFlow{inUse, drain, gone} {
+		f.put(t, s.Objs.SlCtV4)
+	}
+	st, err := s.CT.Clean(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct := e.conntrack()
+	has := func(f stFlow) bool { _, ok := ct[f.keys[1]]; return ok }
+	if !has(inUse) || !has(drain) || has(gone) || st.Stale != 1 {
+		t.Fatalf("after a cleanup: in use %v, draining %v, gone %v (want true, true, false); stats %+v", has(inUse), has(drain), has(gone), st)
+	}
+	if _, ok := ct[gone.keys[0]]; ok {
+		t.Fatal("the gone flow's forward entry stayed")
+	}
+	// The draining endpoint leaves the slice: its flow goes at the next cleanup.
+	for i := range web {
+		web[i].Present = web[i].Present[:2]
+	}
+	s.OnUpdate(stUpdate(map[string]netip.Addr{"cali-w1": stPodA}, web...))
+	if st, err = s.CT.Clean(now); err != nil {
+		t.Fatal(err)
+	}
+	ct = e.conntrack()
+	if !has(inUse) || has(drain) || st.Stale != 1 {
+		t.Fatalf("after the draining endpoint left: in use %v, draining %v (want true, false); stats %+v", has(inUse), has(drain), st)
 	}
 }
