@@ -64,8 +64,8 @@ type Stage struct {
 	selfAddrs map[netip.Prefix]bool
 	// present holds the endpoints each frontend's slices still name, and live counts them:
 	// the cleaner's test for flows whose endpoint went.
-	present map[calc.FrontendKey][]netip.AddrPort
-	live    map[netip.AddrPort]int
+	present   map[calc.FrontendKey][]netip.AddrPort
+	live      map[netip.AddrPort]int
 	conflicts map[string]bool
 	hostIP    netip.Addr
 	hooks     []Hook
