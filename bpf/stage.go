@@ -196,6 +196,9 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 	s.Kick()
 }
 
+// ErrNoNodeAddress: the service stage waits for this node's own address.
+var ErrNoNodeAddress = errors.New("waiting for this node's address before programming services")
+
 // liveEndpoint says whether a service still names addr:port as an endpoint.
 func (s *Stage) liveEndpoint(addr netip.Addr, port uint16) bool {
 	s.mu.Lock()
@@ -238,6 +241,15 @@ func (s *Stage) LastClean() CleanStats {
 func (s *Stage) Apply() (int, error) {
 	if !s.Svc.Ready() {
 		return 0, nil
+	}
+	s.mu.Lock()
+	known := len(s.selfAddrs) > 0
+	s.mu.Unlock()
+	if !known {
+		// Node ports are this node's addresses: programming before they are known would
+		// erase every node port for a moment (Calico #12192). Nothing is written or
+		// attached until etcd gives the node an address.
+		return 0, fmt.Errorf("%w: node %q has no address in etcd", ErrNoNodeAddress, s.cfg.Services.NodeName)
 	}
 	before := s.Svc.Stats().Writes
 	if ip := s.Svc.HostIP(); ip != s.hostIP {

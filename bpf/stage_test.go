@@ -1402,3 +1402,34 @@ func TestStageConntrackStale(t *testing.T) {
 		t.Fatalf("after the draining endpoint left: in use %v, draining %v (want true, false); stats %+v", has(inUse), has(drain), st)
 	}
 }
+
+// Nothing is written before this node's own address is known: an agent whose view lacks its
+// node would otherwise erase every node port for a moment (Calico #12192).
+func TestStageWaitsForNodeAddress(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	full := stStandard()
+	var without calc.Update
+	without.Full = true
+	for _, op := range full.Ops {
+		if op.ClusterNet != nil && op.ClusterNet.Node == stNodeName {
+			continue
+		}
+		without.Ops = append(without.Ops, op)
+	}
+	s.OnUpdate(&without)
+	if n, err := s.Apply(); !errors.Is(err, ErrNoNodeAddress) || n != 0 {
+		t.Fatalf("apply without the node's address: %d writes, %v; want none and ErrNoNodeAddress", n, err)
+	}
+	if fe, err := s.Svc.t.Frontends.Dump(); err != nil || len(fe) != 0 {
+		t.Fatalf("frontends written before the node's address was known: %d, %v", len(fe), err)
+	}
+	if hooks := s.Hooks(); len(hooks) != 0 {
+		t.Fatalf("programs attached before the node's address was known: %v", hooks)
+	}
+	s.OnUpdate(full)
+	e.apply(s)
+	if fe, err := s.Svc.t.Frontends.Dump(); err != nil || len(fe) == 0 {
+		t.Fatalf("no frontends once the address is known: %v", err)
+	}
+}
