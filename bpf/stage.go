@@ -72,6 +72,10 @@ type Stage struct {
 	lastClean CleanStats
 	// Repins counts map pins found removed and put back.
 	Repins int
+	// periodic is set when the periodic resync queued a reread of the maps: the writes of
+	// the apply that follows are drift repaired.
+	periodic bool
+	repairs  Repairs
 }
 
 // StartStage mounts bpffs under the pin directory if needed, loads (or adopts) the maps and
@@ -280,6 +284,12 @@ func (s *Stage) Apply() (int, error) {
 		serr = s.sock.Sync()
 	}
 	s.mu.Lock()
+	if s.periodic {
+		s.repairs.MapEntries += writes
+		s.periodic = false
+	}
+	s.repairs.Links = s.att.Repairs
+	s.repairs.Pins = s.Repins
 	s.hooks = s.att.Hooks()
 	seen := map[string]bool{}
 	for _, c := range conflicts {
@@ -292,6 +302,20 @@ func (s *Stage) Apply() (int, error) {
 	s.conflicts = seen
 	s.mu.Unlock()
 	return writes, errors.Join(err, aerr, herr, perr, serr)
+}
+
+// Repairs counts drift the stage found and repaired.
+type Repairs struct {
+	MapEntries int // map entries written back after a periodic reread found them missing or changed
+	Links      int // program links found detached, stale or unpinned and attached again
+	Pins       int // map pins found removed and pinned again
+}
+
+// Repairs returns the drift repaired so far.
+func (s *Stage) Repairs() Repairs {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.repairs
 }
 
 // repin puts back a map pin someone removed: without it a restarted agent would start with
@@ -366,6 +390,9 @@ func (s *Stage) Run(ctx context.Context) {
 			// A workload or host interface came or went: attach or let go.
 		case <-resync.C:
 			s.Svc.QueueResync()
+			s.mu.Lock()
+			s.periodic = true
+			s.mu.Unlock()
 		case <-retry:
 			retry = nil
 		case <-clean.C:

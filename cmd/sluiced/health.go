@@ -172,6 +172,15 @@ func (a *agentState) registerServices(r *prometheus.Registry) {
 			Help: "Size of each service map (options bpf-map-size-*).", ConstLabels: prometheus.Labels{"map": name}},
 			func() float64 { return float64(m) }))
 	}
+	for kind, f := range map[string]func(bpf.Repairs) int{
+		"bpf-map-entry": func(r bpf.Repairs) int { return r.MapEntries },
+		"bpf-link":      func(r bpf.Repairs) int { return r.Links },
+		"bpf-pin":       func(r bpf.Repairs) int { return r.Pins },
+	} {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_bpf_total",
+			Help: "Drift of the service stage found and repaired, by kind.", ConstLabels: prometheus.Labels{"kind": kind}},
+			func() float64 { return float64(f(svc.Repairs())) }))
+	}
 	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_bpf_map_full_total",
 		Help: "Service map writes refused because the map was full."}, func() float64 { return float64(svc.Svc.Stats().MapFull) }))
 	for _, typ := range []string{"forward", "reverse", "tunnel"} {

@@ -153,7 +153,17 @@ func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logge
 	}
 	var mu sync.Mutex
 	var lastLog time.Time
+	var stage *bpf.Stage
+	var lastRepairs bpf.Repairs
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
+		if stage != nil {
+			// Drift is logged once for each time it is found.
+			if r := stage.Repairs(); r != lastRepairs {
+				log.Warn().Int("map_entries", r.MapEntries-lastRepairs.MapEntries).Int("links", r.Links-lastRepairs.Links).
+					Int("pins", r.Pins-lastRepairs.Pins).Msg("service stage drift repaired")
+				lastRepairs = r
+			}
+		}
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("service maps updated")
 			return
@@ -188,7 +198,8 @@ func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logge
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
 	}
-	stage, err := bpf.StartStage(cfg)
+	var err error
+	stage, err = bpf.StartStage(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("starting the service stage (option services=false turns it off): %w", err)
 	}

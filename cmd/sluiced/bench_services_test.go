@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
+)
+
+// The services benchmark's cluster in etcd: 100 nodes (node-000, this one, at 192.0.2.1 and
+// node-%03d at 192.0.2.(i+1)), and 10,000 NodePort services of 10 endpoints each: cluster IP
+// 10.96.x.y:80, node port 30000+s, endpoints spread over the nodes (endpoint e of service s on
+// node (s*10+e) mod 100), every endpoint address:port distinct inside 10.65.0.0/16, as in
+// bpf's benchmarks.
+const (
+	svcBenchServices  = 10_000
+	svcBenchEndpoints = 10
+	svcBenchNodes     = 100
+	svcBenchChanges   = 200
+	svcBenchWarmup    = 10
+	// svcBenchGap separates endpoint changes: more than the service stage's minimum interval
+	// between applies (10 ms), so each change is measured alone, not behind the coalescing of
+	// the one before.
+	svcBenchGap = 20 * time.Millisecond
+)
+
+func svcBenchNode(i int) (string, netip.Addr) {
+	return fmt.Sprintf("node-%03d", i), netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)})
+}
+
+func svcBenchClusterIP(s int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)})
+}
+
+// svcBenchEndpoint is endpoint e of service s: its address, port and node.
+func svcBenchEndpoint(s, e int) (netip.Addr, uint16, int) {
+	const span = 63000
+	i := s*svcBenchEndpoints + e
+	a := 2<<8 + i%span
+	return netip.AddrFrom4([4]byte{10, 65, byte(a >> 8), byte(a)}), uint16(8080 + i/span), i % svcBenchNodes
+}
+
+func svcBenchName(s int) string { return fmt.Sprintf("svc-%05d", s) }
+
+func svcBenchService(s int) (string, string) {
+	name := svcBenchName(s)
+	return store.ServicePrefix + "bench/" + name, fmt.Sprintf(`{"kind":"Service","apiVersion":"v1","metadata":{"name":%q,"namespace":"bench","uid":"uid-%s"},"spec":{"type":"NodePort","clusterIPs":[%q],"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080,"nodePort":%d}],"externalTrafficPolicy":"Cluster"}}`,
+		name, name, svcBenchClusterIP(s), 30000+s)
+}
+
+// svcBenchSlice is service s's endpoint slice; first, when valid, replaces endpoint 0's
+// address.
+func svcBenchSlice(s int, first netip.Addr) (string, string) {
+	name := svcBenchName(s)
+	var eps []string
+	var port uint16
+	for e := range svcBenchEndpoints {
+		addr, p, n := svcBenchEndpoint(s, e)
+		if e == 0 && first.IsValid() {
+			addr = first
+		}
+		port = p
+		node, _ := svcBenchNode(n)
+		eps = append(eps, fmt.Sprintf(`{"addresses":[%q],"conditions":{"ready":true},"nodeName":%q}`, addr, node))
+	}
+	return store.EndpointSlicePrefix + "bench/" + name + "-1", fmt.Sprintf(`{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"%s-1","namespace":"bench","labels":{"kubernetes.io/service-name":%q}},"addressType":"IPv4","endpoints":[%s],"ports":[{"name":"http","protocol":"TCP","port":%d}]}`,
+		name, name, strings.Join(eps, ","), port)
+}
+
+func loadServicesBench(b *testing.B, cli *clientv3.Client) {
+	ctx := context.Background()
+	var ops []clientv3.Op
+	flush := func() {
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			b.Fatal(err)
+		}
+		ops = ops[:0]
+	}
+	add := func(k, v string) {
+		ops = append(ops, clientv3.OpPut(k, v))
+		if len(ops) == 128 {
+			flush()
+		}
+	}
+	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Never","ipipMode":"Never","blockSize":26}}`)
+	for n := range svcBenchNodes {
+		name, addr := svcBenchNode(n)
+		add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"%s/24"}}}`, name, addr))
+	}
+	for s := range svcBenchServices {
+		add(svcBenchService(s))
+		add(svcBenchSlice(s, netip.Addr{}))
+	}
+	if len(ops) > 0 {
+		flush()
+	}
+}
+
+// startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
+// svcBenchLogLine is what the benchmark reads of sluiced's JSON log: zerolog writes "took"
+// in milliseconds.
+type svcBenchLogLine struct {
+	Time    time.Time `json:"time"`
+	Message string    `json:"message"`
+	Took    float64   `json:"took"`
+}
+
+func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
+	args := []string{"--etcd-endpoints", endpoint, "--node-name", "node-000", "--log-format", "json", "--bpf-pin-dir", pinDir}
+	// The socket programs would attach to the cgroup hierarchy, which `ip netns exec` hides
+	// (it remounts /sys): they are not what is measured.
+	if help, _ := exec.Command(bin, "--help").CombinedOutput(); strings.Contains(string(help), "cgroup-path") {
+		args = append(args, "--cgroup-path", "none")
+	}
+	cmd := exec.Command(bin, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	a := &agentProc{cmd: cmd, lines: make(chan string, 4096)}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // even when the benchmark fails
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			select {
+			case a.lines <- sc.Text():
+			default:
+			}
+		}
+		close(a.lines)
+	}()
+	return a
+}
+
+// BenchmarkServiceEndpointChange runs sluiced with the service stage for a node of a cluster
+// of 10,000 services of 10 endpoints in etcd, inside a network namespace of its own (make
+// bench-services creates it and sets SLUICE_BENCH_NETNS), its maps pinned on a bpffs the
+// benchmark mounts (sluiced is its child, in its mount namespace). It reports the time from
+// starting sluiced to its first service-map apply (every frontend in the map), and then, for
+// one endpoint's address changed in an endpoint slice at a time, p50 and p99 from the etcd
+// write to the map holding the new backend: the backend list is written before the frontend
+// that points at it, so the benchmark reads the service's cluster-IP frontend in a bounded
+// loop (one lookup, then a 10 µs nanosleep: about 0.1 ms between reads here, leaving the CPU
+// to sluiced and etcd) until it names a new list, and checks that list holds the new address.
+// Reference, in the same run: etcd's own put-to-watch-event latency.
+func BenchmarkServiceEndpointChange(b *testing.B) {
+	if os.Getenv("SLUICE_BENCH_NETNS") == "" || os.Geteuid() != 0 {
+		b.Skip("programs a kernel: run through `make bench-services`, which gives it its own network namespace")
+	}
+	if err := bpf.CheckKernel(); err != nil {
+		b.Skip(err)
+	}
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "sluiced")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		b.Fatalf("building sluiced: %v\n%s", err, out)
+	}
+	for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peth0"},
+		{"ip", "addr", "add", "192.0.2.1/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}, {"ip", "link", "set", "peth0", "up"}} {
+		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+			b.Fatalf("%v: %v %s", c, err, out)
+		}
+	}
+	bpffs := filepath.Join(dir, "bpf")
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, "mode=0700"); err != nil {
+		b.Fatalf("mounting bpffs: %v", err)
+	}
+	// Last first: sluiced is killed (its cleanup comes later) before the pins, links and maps go
+	// with the mount.
+	b.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
+	pinDir := filepath.Join(bpffs, "sluiced")
+	etcd, err := etcdtest.StartChild(etcdtest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer etcd.Close()
+	cli, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	loadStart := time.Now()
+	loadServicesBench(b, cli)
+	b.Logf("etcd loaded in %v", time.Since(loadStart).Round(time.Millisecond))
+
+	b.ResetTimer()
+	start := time.Now()
+	agent := startServicesAgent(b, bin, etcd.Endpoint(), pinDir)
+	defer agent.stop()
+	if !agent.waitLine(2*time.Minute, "service maps updated") {
+		b.Fatal("sluiced ended or never updated the service maps")
+	}
+	cold := time.Since(start)
+	pinned, err := bpf.OpenPinned(pinDir) // checks the maps' layouts against this build
+	if err != nil {
+		b.Fatal(err)
+	}
+	feCount, beCount := pinned.Tables().Frontends.Len(), pinned.Tables().Backends.Len()
+	pinned.Close()
+	if feCount != 4*svcBenchServices || beCount != svcBenchServices*svcBenchEndpoints {
+		b.Fatalf("after the first apply: %d frontends and %d backends in the maps; want %d and %d", feCount, beCount,
+			4*svcBenchServices, svcBenchServices*svcBenchEndpoints)
+	}
+	b.Logf("cold start to every frontend in the map: %v", cold.Round(time.Millisecond))
+	ro := &ebpf.LoadPinOptions{ReadOnly: true}
+	fe, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "sl_fe_v4"), ro)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fe.Close()
+	be, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "sl_be_v4"), ro)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer be.Close()
+	// sluiced's own account of each change, from its log: when calc's update was ready and
+	// when the service maps' apply ended (log times are the same clock's).
+	var logMu sync.Mutex
+	var logged []svcBenchLogLine
+	go func() {
+		for l := range agent.lines {
+			var e svcBenchLogLine
+			if json.Unmarshal([]byte(l), &e) == nil && (e.Message == "desired state changed" || e.Message == "service maps updated") {
+				logMu.Lock()
+				logged = append(logged, e)
+				logMu.Unlock()
+			}
+		}
+	}()
+
+	// One endpoint's address changed at a time, each in a service of its own.
+	nap := unix.NsecToTimespec(int64(10 * time.Microsecond))
+	var perChange []time.Duration
+	var begins []time.Time
+	var polls int
+	for j := range svcBenchWarmup + svcBenchChanges {
+		s := (j*37 + 11) % svcBenchServices
+		key := bpf.FrontendKey{Addr: bpf.NetAddr(svcBenchClusterIP(s)), Port: bpf.NetPort(80), Proto: bpf.ProtoTCP}
+		var old bpf.FrontendValue
+		if err := fe.Lookup(&key, &old); err != nil {
+			b.Fatalf("frontend of %s: %v", svcBenchName(s), err)
+		}
+		addr := netip.AddrFrom4([4]byte{10, 65, 250, byte(j)})
+		k, v := svcBenchSlice(s, addr)
+		time.Sleep(svcBenchGap)
+		begin := time.Now()
+		if _, err := cli.Put(context.Background(), k, v); err != nil {
+			b.Fatal(err)
+		}
+		deadline := begin.Add(10 * time.Second)
+		var cur bpf.FrontendValue
+		for {
+			polls++
+			if err := fe.Lookup(&key, &cur); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				b.Fatal(err)
+			}
+			if cur.ListId != old.ListId {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("change %d: the frontend of %s still names its old list after 10s", j, svcBenchName(s))
+			}
+			_ = unix.Nanosleep(&nap, nil)
+		}
+		took := time.Since(begin)
+		found := false
+		for o := uint32(0); o < cur.Count; o++ {
+			var bv bpf.BackendValue
+			if err := be.Lookup(&bpf.BackendKey{ListId: cur.ListId, Ordinal: o}, &bv); err != nil {
+				b.Fatalf("change %d: backend %d of the new list of %s: %v", j, o, svcBenchName(s), err)
+			}
+			found = found || bv.Addr == bpf.NetAddr(addr)
+		}
+		if !found || cur.Count != svcBenchEndpoints {
+			b.Fatalf("change %d: the new list of %s has %d backends, new address %s among them: %v", j, svcBenchName(s), cur.Count, addr, found)
+		}
+		if j >= svcBenchWarmup {
+			perChange = append(perChange, took)
+			begins = append(begins, begin)
+		}
+	}
+	// Reference: etcd's own put-to-watch-event latency, in the same run and the same rhythm.
+	var etcdLat []time.Duration
+	wch := cli.Watch(context.Background(), "/bench/ref/", clientv3.WithPrefix())
+	for i := range svcBenchWarmup + svcBenchChanges {
+		time.Sleep(svcBenchGap)
+		begin := time.Now()
+		if _, err := cli.Put(context.Background(), fmt.Sprintf("/bench/ref/%d", i), "x"); err != nil {
+			b.Fatal(err)
+		}
+		<-wch
+		if i >= svcBenchWarmup {
+			etcdLat = append(etcdLat, time.Since(begin))
+		}
+	}
+	b.StopTimer()
+	peak, settled := memKiB(agent.cmd.Process.Pid)
+	// For each change: the first calc update and the first service-map apply logged after it.
+	logMu.Lock()
+	var toCalc, toApplied, applies []time.Duration
+	for _, begin := range begins {
+		var calcAt, appliedAt time.Time
+		var took time.Duration
+		for _, e := range logged {
+			if e.Time.Before(begin) {
+				continue
+			}
+			if e.Message == "desired state changed" && calcAt.IsZero() {
+				calcAt = e.Time
+			}
+			if e.Message == "service maps updated" && !calcAt.IsZero() && appliedAt.IsZero() {
+				appliedAt, took = e.Time, time.Duration(e.Took*float64(time.Millisecond))
+			}
+		}
+		if !appliedAt.IsZero() {
+			toCalc = append(toCalc, calcAt.Sub(begin))
+			toApplied = append(toApplied, appliedAt.Sub(begin))
+			applies = append(applies, took)
+		}
+	}
+	logMu.Unlock()
+	if len(toCalc) > 0 {
+		b.Logf("from sluiced's log (%d changes): etcd write to calc's update p50 %v, to the end of the service-map apply p50 %v; the apply itself p50 %v p99 %v",
+			len(toCalc), percentile(toCalc, 0.5), percentile(toApplied, 0.5), percentile(applies, 0.5), percentile(applies, 0.99))
+	}
+	b.Logf("%d map reads while waiting for %d changes; sluiced peak %d MiB, now %d MiB", polls, svcBenchWarmup+svcBenchChanges, peak/1024, settled/1024)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(0, "ns/op") // the whole run's time: meaningless here
+	b.ReportMetric(cold.Seconds(), "svc-cold-start-s")
+	b.ReportMetric(ms(percentile(perChange, 0.5)), "endpoint-p50-ms")
+	b.ReportMetric(ms(percentile(perChange, 0.99)), "endpoint-p99-ms")
+	b.ReportMetric(ms(percentile(etcdLat, 0.5)), "etcd-watch-p50-ms")
+	b.ReportMetric(ms(percentile(etcdLat, 0.99)), "etcd-watch-p99-ms")
+	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
+}
