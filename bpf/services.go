@@ -1,9 +1,12 @@
 package bpf
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/sluice-net/sluice/calc"
@@ -55,8 +58,11 @@ type wanted struct {
 // deleted only after none does, so a packet never meets a half-written service (the order
 // Felix learned: delete frontends, write backends, write frontends, delete backends); a
 // service identity found on two services is refused, not shared (Calico #13279: backends
-// flapped between the two); nothing is written before the first full update, so a restart
-// never erases node ports for a moment (Calico #12192).
+// flapped between the two) and let in once the first service is gone; nothing is written
+// before the first full update, so a restart never erases node ports for a moment (Calico
+// #12192); a list stays while a frontend in the map still points at it, even when moving that
+// frontend failed; the address-only entry names the cluster IP's lowest frontend, so the maps
+// do not depend on the order the frontends came in.
 type Services struct {
 	cfg Config
 	t   Tables
@@ -69,8 +75,9 @@ type Services struct {
 	settings *dataplane.Tracker[uint32, Settings]
 	fronts   map[calc.FrontendKey]wanted
 	lists    map[uint64]*list
-	addrOnly map[netip.Addr][]string // cluster IPs and the services holding them
+	addrOnly map[netip.Addr]map[calc.FrontendKey]uint64 // cluster IPs: their frontends' service identities
 	svcIDs   map[uint64]map[string]int
+	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
 	nets     map[netip.Prefix]calc.ClusterNet
 	wepDst   map[netip.Prefix]string
 	weps     map[string]int
@@ -78,6 +85,11 @@ type Services struct {
 	full     bool
 	resync   bool
 	stats    Stats
+
+	// feLists and heldLists are the lists the frontends in the map point at (as written or
+	// read): a list is not deleted while one does.
+	feLists   map[FrontendKey]uint64
+	heldLists map[uint64]int
 }
 
 // Stats are the driver's counters.
@@ -102,8 +114,11 @@ func (s *Services) reset() {
 	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
 	s.fronts = map[calc.FrontendKey]wanted{}
 	s.lists = map[uint64]*list{}
-	s.addrOnly = map[netip.Addr][]string{}
+	s.addrOnly = map[netip.Addr]map[calc.FrontendKey]uint64{}
 	s.svcIDs = map[uint64]map[string]int{}
+	s.refused = map[calc.FrontendKey]calc.Frontend{}
+	s.feLists = map[FrontendKey]uint64{}
+	s.heldLists = map[uint64]int{}
 	s.nets = map[netip.Prefix]calc.ClusterNet{}
 	s.wepDst = map[netip.Prefix]string{}
 	s.weps = map[string]int{}
@@ -128,11 +143,36 @@ func (s *Services) OnUpdate(u *calc.Update) {
 			}
 		case op.ClusterNet != nil:
 			s.setClusterNetLocked(*op.ClusterNet, op.Remove)
-		case op.Route != nil && op.Route.Reason == calc.ReasonLocalWorkload:
-			s.setWorkloadRouteLocked(*op.Route, op.Remove)
+		case op.Route != nil:
+			// Routes are keyed by destination: a workload's address that now leads elsewhere
+			// comes as a set with another reason, not as a removal.
+			s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload)
 		}
 	}
+	s.retryRefusedLocked()
 	s.setSettingsLocked()
+}
+
+// retryRefusedLocked tries again the frontends refused for a service identity that was
+// another's: in key order, so the same state gives the same owner however it came.
+func (s *Services) retryRefusedLocked() {
+	if len(s.refused) == 0 {
+		return
+	}
+	keys := make([]calc.FrontendKey, 0, len(s.refused))
+	for k := range s.refused {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, cmpFrontendKey)
+	for _, k := range keys {
+		f := s.refused[k]
+		delete(s.refused, k)
+		s.setFrontendLocked(f) // refused again, with the current owner named, while it clashes
+	}
+}
+
+func cmpFrontendKey(a, b calc.FrontendKey) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), strings.Compare(string(a.Protocol), string(b.Protocol)))
 }
 
 func protoNumber(p store.Protocol) uint8 {
@@ -167,6 +207,7 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 		for other := range owners {
 			s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, other, f.Service)
 		}
+		s.refused[f.Key] = f
 		return
 	}
 	owners := s.svcIDs[f.ServiceID]
@@ -233,19 +274,42 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 	s.fe.SetDesired(key, v)
 	if f.Kind == calc.FrontendClusterIP {
 		w.addrOnly = true
-		svcs := s.addrOnly[f.Key.Addr]
-		s.addrOnly[f.Key.Addr] = append(svcs, f.Service)
-		if len(svcs) == 0 {
-			s.fe.SetDesired(FrontendKey{Addr: key.Addr}, FrontendValue{SvcId: f.ServiceID, Flags: FrontendAddrOnly})
+		holders := s.addrOnly[f.Key.Addr]
+		if holders == nil {
+			holders = map[calc.FrontendKey]uint64{}
+			s.addrOnly[f.Key.Addr] = holders
 		}
+		holders[f.Key] = f.ServiceID
+		s.setAddrOnlyLocked(f.Key.Addr)
 	}
 	s.fronts[f.Key] = w
 }
 
+// setAddrOnlyLocked wants the address-only entry of cluster IP a while a cluster-IP frontend
+// holds it, naming the service of the lowest such frontend (not the first to come, so the
+// entry does not depend on the order of updates).
+func (s *Services) setAddrOnlyLocked(a netip.Addr) {
+	ak := FrontendKey{Addr: NetAddr(a)}
+	holders := s.addrOnly[a]
+	if len(holders) == 0 {
+		delete(s.addrOnly, a)
+		s.fe.DeleteDesired(ak)
+		return
+	}
+	var first calc.FrontendKey
+	for k := range holders {
+		if !first.Addr.IsValid() || cmpFrontendKey(k, first) < 0 {
+			first = k
+		}
+	}
+	s.fe.SetDesired(ak, FrontendValue{SvcId: holders[first], Flags: FrontendAddrOnly})
+}
+
 func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
+	delete(s.problems, "frontend/"+k.String())
+	delete(s.refused, k)
 	w, ok := s.fronts[k]
 	if !ok {
-		delete(s.problems, "frontend/"+k.String())
 		return
 	}
 	delete(s.fronts, k)
@@ -271,27 +335,8 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 		s.src.DeleteDesired(sk)
 	}
 	if w.addrOnly {
-		svcs := s.addrOnly[k.Addr]
-		for i, name := range svcs {
-			if name == w.f.Service {
-				svcs = append(svcs[:i:i], svcs[i+1:]...)
-				break
-			}
-		}
-		ak := FrontendKey{Addr: key.Addr}
-		if len(svcs) == 0 {
-			delete(s.addrOnly, k.Addr)
-			s.fe.DeleteDesired(ak)
-		} else {
-			s.addrOnly[k.Addr] = svcs
-			// The address stays a cluster IP of another service: name that one.
-			for _, o := range s.fronts {
-				if o.addrOnly && o.f.Key.Addr == k.Addr {
-					s.fe.SetDesired(ak, FrontendValue{SvcId: o.f.ServiceID, Flags: FrontendAddrOnly})
-					break
-				}
-			}
-		}
+		delete(s.addrOnly[k.Addr], k)
+		s.setAddrOnlyLocked(k.Addr)
 	}
 }
 
@@ -410,8 +455,9 @@ func (s *Services) Stats() Stats {
 }
 
 // Apply writes the difference between the desired and the actual maps: cluster networks and
-// settings, backend lists, frontends, then what is no longer wanted. A failed entry stays
-// pending and the rest goes on; the errors are joined, each naming its service.
+// settings, frontends no longer wanted, backend lists, frontends, then the lists and source
+// ranges no longer wanted. A failed entry stays pending and the rest goes on; the errors are
+// joined, each naming its service.
 func (s *Services) Apply() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -477,6 +523,9 @@ func (s *Services) Apply() error {
 		return wrote(nil)
 	}
 	delBe := func(k BackendKey, v BackendValue) bool {
+		if s.heldLists[k.ListId] > 0 {
+			return false // a frontend in the map still points at it (moving it failed): later
+		}
 		if err := s.t.Backends.Delete(k); err != nil {
 			fail("deleting backend "+BackendString(k, v), err)
 			return false
@@ -500,10 +549,7 @@ func (s *Services) Apply() error {
 		s.src.DeleteActual(k)
 		return wrote(nil)
 	}
-	// Adds first: lists and source ranges exist before the frontends that use them.
-	s.be.Pending(setBe, func(BackendKey, BackendValue) bool { return false })
-	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
-	s.fe.Pending(func(k FrontendKey, v FrontendValue) bool {
+	setFe := func(k FrontendKey, v FrontendValue) bool {
 		if v.Flags&FrontendAddrOnly == 0 && !s.listWrittenLocked(v) {
 			fail(fmt.Sprintf("frontend %s", FrontendString(k, v)), errors.New("its backend list is not written yet"))
 			return false
@@ -513,18 +559,41 @@ func (s *Services) Apply() error {
 			return false
 		}
 		s.fe.SetActual(k, v)
+		s.holdLocked(k, v, true)
 		return wrote(nil)
-	}, func(k FrontendKey, v FrontendValue) bool {
+	}
+	delFe := func(k FrontendKey, v FrontendValue) bool {
 		if err := s.t.Frontends.Delete(k); err != nil {
 			fail("deleting frontend "+FrontendString(k, v), err)
 			return false
 		}
 		s.fe.DeleteActual(k)
+		s.holdLocked(k, v, false)
 		return wrote(nil)
-	})
+	}
+	// Frontends no longer wanted go first, making room in a full map for the new ones.
+	s.fe.Pending(func(FrontendKey, FrontendValue) bool { return false }, delFe)
+	// Adds first: lists and source ranges exist before the frontends that use them.
+	s.be.Pending(setBe, func(BackendKey, BackendValue) bool { return false })
+	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
+	s.fe.Pending(setFe, delFe)
 	s.be.Pending(setBe, delBe)
 	s.src.Pending(setSrc, delSrc)
 	return errors.Join(errs...)
+}
+
+// holdLocked records that the frontend map holds v at k (held) or nothing.
+func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
+	if old, ok := s.feLists[k]; ok {
+		if s.heldLists[old]--; s.heldLists[old] <= 0 {
+			delete(s.heldLists, old)
+		}
+		delete(s.feLists, k)
+	}
+	if held && v.Flags&FrontendAddrOnly == 0 {
+		s.feLists[k] = v.ListId
+		s.heldLists[v.ListId]++
+	}
 }
 
 func (s *Services) full1(err error, option string, max int) error {
@@ -587,6 +656,11 @@ func (s *Services) readLocked() error {
 		return fmt.Errorf("reading the settings map: %w", err)
 	}
 	s.fe.ReplaceActual(fe)
+	clear(s.feLists)
+	clear(s.heldLists)
+	for k, v := range fe {
+		s.holdLocked(k, v, true)
+	}
 	s.be.ReplaceActual(be)
 	s.src.ReplaceActual(src)
 	s.cnet.ReplaceActual(cn)
