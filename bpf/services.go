@@ -383,12 +383,14 @@ func (s *Services) HostIP() netip.Addr {
 }
 
 func (s *Services) hostIPLocked() netip.Addr {
+	// The lowest, so a node with several IPv4 addresses always tunnels from the same one.
+	var best netip.Addr
 	for p, n := range s.nets {
-		if n.Host && n.Node == s.cfg.NodeName && p.Addr().Is4() {
-			return p.Addr()
+		if n.Host && n.Node == s.cfg.NodeName && p.Addr().Is4() && (!best.IsValid() || p.Addr().Less(best)) {
+			best = p.Addr()
 		}
 	}
-	return netip.Addr{}
+	return best
 }
 
 func (s *Services) setSettingsLocked() {
