@@ -714,7 +714,9 @@ static __always_inline __u16 csum_replace2(__u16 check, __u16 from, __u16 to)
 #define Q_L4 (Q_IP + sizeof(struct iphdr))
 
 /* quoted reads the packet an ICMP error quotes: 0 when it is an IPv4 TCP or UDP packet
- * without options whose ports are there. */
+ * without options whose ports are there. Only the ports are read: a quote may end 8 bytes into
+ * the transport header (RFC 792; routers still send such), which is enough for Linux to
+ * match an error to a TCP socket too. */
 static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, struct pkt *q)
 {
 	if (outer->proto != IPPROTO_ICMP || (outer->frag & IP_OFFMASK))
@@ -724,8 +726,22 @@ static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, stru
 		return -1;
 	if (type != ICMP_DEST_UNREACH && type != 11 /* time exceeded */ && type != 12 /* parameter problem */)
 		return -1;
-	if (parse(skb, Q_IP, q) < 0 || !is_l4(q))
+	struct iphdr ip;
+	if (bpf_skb_load_bytes(skb, Q_IP, &ip, sizeof(ip)) < 0)
 		return -1;
+	if (ip.version != 4 || ip.ihl != 5)
+		return -1;
+	q->src = ip.saddr;
+	q->dst = ip.daddr;
+	q->proto = ip.protocol;
+	q->frag = bpf_ntohs(ip.frag_off);
+	if (!is_l4(q))
+		return -1;
+	__be16 ports[2];
+	if (bpf_skb_load_bytes(skb, Q_L4, ports, sizeof(ports)) < 0)
+		return -1;
+	q->sport = ports[0];
+	q->dport = ports[1];
 	return 0;
 }
 
@@ -773,17 +789,39 @@ static __always_inline int icmp_rewrite(struct __sk_buff *skb, struct pkt *outer
  * an error about a packet a client sent to a backend (a backend's port unreachable, a
  * router's fragmentation-needed on the way) goes to the client as if about the packet it sent
  * to the frontend; an error about a reply (sent by a client or a router on its side) goes to
- * the backend as if about the reply it sent. Returns -1 when it is not such an error. */
-static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, int route)
+ * the backend as if about the reply it sent. tun_src is the node that tunnelled the error
+ * here (0: it did not come through the tunnel): only the node a flow was forwarded to, or
+ * from, may send errors about it. Returns -1 when it is not such an error. */
+static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, int route,
+				      __be32 tun_src)
 {
 	struct pkt q = {};
 	if (quoted(skb, outer, &q) < 0)
 		return -1;
-	/* About a client's packet after DNAT: the flow's reverse entry is the quoted tuple turned round. */
-	struct ct_key_v4 rk = {.src = q.dst, .dst = q.src, .sport = q.dport, .dport = q.sport, .proto = q.proto};
-	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+	/* The quoted tuple turned round is the flow's reverse entry for an error about a client's
+	 * packet after DNAT, its forward entry for one about a reply from the frontend, and its
+	 * tunnel entry for a backend's error about a flow forwarded to this node. */
+	struct ct_key_v4 k = {.src = q.dst, .dst = q.src, .sport = q.dport, .dport = q.sport, .proto = q.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (tun_src && !(v && v->type == CT_REV)) {
+		/* On the backend's node: the ingress node translated an error about a reply; the
+		 * quoted tuple as it is (backend to client) names the flow's tunnel entry. */
+		struct ct_key_v4 tk = {.src = q.src, .dst = q.dst, .sport = q.sport, .dport = q.dport, .proto = q.proto};
+		struct ct_val_v4 *t = bpf_map_lookup_elem(&sl_ct_v4, &tk);
+		if (!t || t->type != CT_TUN)
+			return -1;
+		if (t->nat_addr != tun_src) {
+			count(C_DROP_FORGED_TUNNEL);
+			return TC_ACT_SHOT;
+		}
+		return fib_out(skb, outer->src, outer->dst, 1);
+	}
 	if (v && v->type == CT_REV) {
 		struct ct_val_v4 rev = *v;
+		if (tun_src && (!(rev.flags & CT_F_REMOTE) || rev.tun_addr != tun_src)) {
+			count(C_DROP_FORGED_TUNNEL);
+			return TC_ACT_SHOT;
+		}
 		/* The backend itself answering speaks for the frontend; a router keeps its address. */
 		__be32 src = outer->src == q.dst ? rev.nat_addr : outer->src;
 		if (icmp_rewrite(skb, outer, &q, 1, rev.nat_addr, rev.nat_port, 0, src) < 0 ||
@@ -808,9 +846,6 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 		/* On the backend's node: back through the tunnel, translated by the ingress node. */
 		return encap(skb, outer, c, v->nat_addr);
 	}
-	/* About a reply from the frontend: the forward entry is the quoted tuple turned round. */
-	struct ct_key_v4 fk = {.src = q.dst, .dst = q.src, .sport = q.dport, .dport = q.sport, .proto = q.proto};
-	v = bpf_map_lookup_elem(&sl_ct_v4, &fk);
 	if (v && v->type == CT_FWD) {
 		struct ct_val_v4 fwd = *v;
 		if (icmp_rewrite(skb, outer, &q, 0, fwd.nat_addr, fwd.nat_port, 1, fwd.nat_addr) < 0 ||
@@ -854,8 +889,9 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	}
 	count(C_TUN_IN);
 	if (p.proto == IPPROTO_ICMP) {
-		/* Only errors about flows this node translated travel the tunnel. */
-		int rc = icmp_error(skb, &p, c, 1);
+		/* Only errors about flows between this node and the sender travel the tunnel: the
+		 * backend's about a flow forwarded there, the ingress node's about a reply. */
+		int rc = icmp_error(skb, &p, c, 1, outer->src);
 		if (rc < 0) {
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
@@ -904,7 +940,7 @@ int sl_from_host(struct __sk_buff *skb)
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 1);
+		int rc = icmp_error(skb, &p, config(), 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
@@ -941,7 +977,7 @@ int sl_from_wep(struct __sk_buff *skb)
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 1);
+		int rc = icmp_error(skb, &p, config(), 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
@@ -993,7 +1029,7 @@ int sl_to_wep(struct __sk_buff *skb)
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 0);
+		int rc = icmp_error(skb, &p, config(), 0, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
