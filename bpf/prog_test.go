@@ -1511,3 +1511,43 @@ func TestProgClosedTupleReuse(t *testing.T) {
 		})
 	}
 }
+
+// One client ip:port reaching two frontends that share a backend (Cilium #11810): the
+// backend-side tuple is the same, so the second flow gets a source port of its own from the
+// range, both flows stay live with entries of their own, and each reply goes back as its
+// own frontend.
+func TestProgSharedBackendTuple(t *testing.T) {
+	vip1, vip2 := netip.MustParseAddr("10.96.0.41"), netip.MustParseAddr("10.96.0.42")
+	client := netip.AddrPortFrom(tpPodA7, 34000)
+	x := netip.AddrPortFrom(tpPodA5, 8080)
+	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
+	a.frontend(vip1, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
+	a.frontend(vip2, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 2, Count: 1, Local: 1})
+	a.backends(1, tpBackend(x, tpNodeA, true))
+	f1 := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip1, 80), tpSYN, 1, 0, nil)
+	rc, out := a.fromWep("wep1", f1)
+	tpWant(t, rc, out, tpOK, tpNAT(f1, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, x))
+	f2 := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip2, 80), tpSYN, 1, 0, nil)
+	rc, _ = a.fromWep("wep1", f2)
+	if rc != tpOK {
+		t.Fatalf("second flow: verdict %d, want %d", rc, tpOK)
+	}
+	fwd2, ok := a.ct(tpKey(client, netip.AddrPortFrom(vip2, 80), tpProtoTCP))
+	if !ok || fwd2.Flags&tpCtPsnat == 0 {
+		t.Fatalf("second flow's forward entry %+v (found %v): want a source port of its own", fwd2, ok)
+	}
+	sport := HostPort(fwd2.NatSport)
+	if sport < tpPsnatMin || sport > tpPsnatMax {
+		t.Fatalf("second flow's source port %d, want one of %d-%d", sport, tpPsnatMin, tpPsnatMax)
+	}
+	// Both reverse entries are there, each naming its own frontend.
+	r1, ok1 := a.ct(tpKey(x, client, tpProtoTCP))
+	r2, ok2 := a.ct(tpKey(x, netip.AddrPortFrom(tpPodA7, sport), tpProtoTCP))
+	if !ok1 || !ok2 || HostAddr(r1.NatAddr) != vip1 || HostAddr(r2.NatAddr) != vip2 || HostPort(r2.NatSport) != 34000 {
+		t.Fatalf("reverse entries %+v (%v), %+v (%v): want one per frontend", r1, ok1, r2, ok2)
+	}
+	// The reply of the second flow is the second frontend's, to the client's own port.
+	reply := tpTCPFrame(tpMACPodA5, tpMACWepA0, x, netip.AddrPortFrom(tpPodA7, sport), tpSYN|tpACK, 1, 2, nil)
+	rc, out = a.fromWep("wep0", reply)
+	tpWant(t, rc, out, tpRedirect, tpNAT(reply, tpMACWepA1, tpMACPodA7, netip.AddrPortFrom(vip2, 80), client))
+}

@@ -110,7 +110,7 @@ type sluiceCtValV4 struct {
 	MacLocal [6]uint8
 	MacPeer  [6]uint8
 	Pad2     uint32
-	_        [4]byte
+	Pad3     uint32
 }
 
 type sluiceFeKeyV4 struct {

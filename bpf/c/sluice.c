@@ -441,7 +441,12 @@ static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cf
 
 static __always_inline int ct_put(struct ct_key_v4 *k, struct ct_val_v4 *v, __u64 flags)
 {
-	if (bpf_map_update_elem(&sl_ct_v4, k, v, flags) < 0) {
+	long rc = bpf_map_update_elem(&sl_ct_v4, k, v, flags);
+	if (rc == -17 /* EEXIST: another CPU took the tuple first */) {
+		count(C_DROP_COLLISION);
+		return -1;
+	}
+	if (rc < 0) {
 		count(C_DROP_CT_FULL);
 		return -1;
 	}
@@ -578,13 +583,23 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	__be16 sport = p->sport;
 	struct ct_key_v4 rk = {.src = be.addr, .dst = p->src, .sport = be.port, .proto = p->proto};
 	rk.dport = sport;
-	if (remote && c->psnat_max > c->psnat_min) {
-		__u32 span = c->psnat_max - c->psnat_min + 1;
-		for (int i = 0; i < 4; i++) {
-			sport = bpf_htons(c->psnat_min + bpf_get_prandom_u32() % span);
-			rk.dport = sport;
-			if (!bpf_map_lookup_elem(&sl_ct_v4, &rk))
-				break;
+	/* The client's own port is kept when nothing else uses the backend-side tuple; a flow
+	 * of the same client ip:port to another frontend of the same backend (Cilium #11810)
+	 * gets a port of its own too, never the other flow's entry. */
+	if (remote || bpf_map_lookup_elem(&sl_ct_v4, &rk)) {
+		if (c && c->psnat_max > c->psnat_min) {
+			__u32 span = c->psnat_max - c->psnat_min + 1;
+			for (int i = 0; i < 8; i++) {
+				sport = bpf_htons(c->psnat_min + bpf_get_prandom_u32() % span);
+				rk.dport = sport;
+				if (!bpf_map_lookup_elem(&sl_ct_v4, &rk))
+					break;
+			}
+		}
+		if (bpf_map_lookup_elem(&sl_ct_v4, &rk)) {
+			/* No free port: drop (the client retries) rather than take a live flow's entry. */
+			count(C_DROP_COLLISION);
+			return TC_ACT_SHOT;
 		}
 	}
 	struct ct_val_v4 rev = {.created = now, .last_seen = now, .type = CT_REV, .nat_addr = p->dst,
@@ -612,7 +627,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	}
 	tcp_track(&rev, p, 0);
 	struct ct_key_v4 fk2 = {.src = p->src, .dst = p->dst, .sport = p->sport, .dport = p->dport, .proto = p->proto};
-	if (ct_put(&rk, &rev, BPF_ANY) < 0)
+	if (ct_put(&rk, &rev, BPF_NOEXIST) < 0)
 		return TC_ACT_SHOT;
 	if (ct_put(&fk2, &fwd, BPF_ANY) < 0) {
 		bpf_map_delete_elem(&sl_ct_v4, &rk);

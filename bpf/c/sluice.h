@@ -132,6 +132,7 @@ struct ct_val_v4 {
 	__u8 mac_local[6]; /* REV: our MAC on ifindex (source of replies) */
 	__u8 mac_peer[6];  /* REV: the hop the request came from (destination of replies) */
 	__u32 pad2;
+	__u32 pad3; /* named, so no byte of an entry is left uninitialised */
 };
 
 /* Global settings, one entry. */
@@ -166,13 +167,13 @@ struct sock_val_v4 {
 enum counter {
 	C_NAT_NEW = 0,        /* new flows translated */
 	C_NAT_FWD_REMOTE,     /* new flows forwarded to another node */
-	C_TUN_IN,             /* tunnelled packets accepted */
+	C_TUN_IN,             /* tunnelled packets unwrapped (before the reply and collision checks) */
 	C_DROP_FORGED_TUNNEL, /* tunnel packet from an address that is no known node */
 	C_DROP_NO_LOCAL,      /* traffic policy Local with no local endpoint */
 	C_DROP_SRC_RANGE,     /* client outside loadBalancerSourceRanges */
 	C_DROP_CT_FULL,       /* connection table full */
 	C_DROP_TOO_BIG,       /* too large for the tunnel and not allowed to fragment */
-	C_DROP_COLLISION,     /* tunnelled flow collides with a live one from another node */
+	C_DROP_COLLISION,     /* a flow's tuple is taken by a live one (another node's, or no free source port) */
 	C_DROP_FIB,           /* no route for a translated or tunnelled packet */
 	C_DROP_MALFORMED,     /* headers that could not be read or rewritten */
 	C_REJECT_NO_BACKEND,  /* service without usable endpoint: RST or ICMP unreachable */
