@@ -600,8 +600,8 @@ func tpUnwrapped(f tpFrame) tpFrame {
 
 // tpWantVXLAN checks a redirected VXLAN output from node src to node dst (our VNI and port,
 // UDP checksum 0, an outer source port of 49152-65535) carrying exactly innerWant, except
-// that with psnat the inner source port is the one chosen from the node-port range. It
-// returns the outer source port and the inner one chosen.
+// that with psnat the inner source port is the one chosen from the node-port range (without,
+// the client's own port is kept). It returns the outer source port and the inner one.
 func tpWantVXLAN(t *testing.T, rc uint32, out []byte, srcMAC, dstMAC tpMAC, src, dst netip.Addr, innerWant tpFrame, psnat bool) (outerSport, innerSport uint16) {
 	t.Helper()
 	if rc != tpRedirect {
@@ -616,11 +616,11 @@ func tpWantVXLAN(t *testing.T, rc uint32, out []byte, srcMAC, dstMAC tpMAC, src,
 		t.Errorf("outer UDP source port %d, want one of 49152-65535", outerSport)
 	}
 	innerWant = innerWant.clone()
+	innerSport = got.Inner.TCP.Sport
+	if got.Inner.IP.Proto == tpProtoUDP {
+		innerSport = got.Inner.UDP.Sport
+	}
 	if psnat {
-		innerSport = got.Inner.TCP.Sport
-		if got.Inner.IP.Proto == tpProtoUDP {
-			innerSport = got.Inner.UDP.Sport
-		}
 		if innerSport < tpPsnatMin || innerSport > tpPsnatMax {
 			t.Errorf("inner source port %d, want one of the node-port range %d-%d", innerSport, tpPsnatMin, tpPsnatMax)
 		}
@@ -631,13 +631,24 @@ func tpWantVXLAN(t *testing.T, rc uint32, out []byte, srcMAC, dstMAC tpMAC, src,
 }
 
 // tpICMPError is the ICMP destination-unreachable error the programs send for orig (a frame
-// as received), out of the interface it came in on.
+// as received), out of the interface it came in on. It quotes the IP header and 28 bytes
+// beyond when the packet has them, else 20 (TCP) or 8 (UDP).
 func tpICMPError(orig tpFrame, code uint8, mtu uint16) tpFrame {
 	b := orig.build()
 	return tpFrame{Dst: orig.Src, Src: orig.Dst,
 		IP:      tpIPv4{TTL: 64, Proto: tpProtoICMP, Src: orig.IP.Dst, Dst: orig.IP.Src},
 		ICMP:    tpICMP{Type: 3, Code: code, Rest: uint32(mtu)},
-		Payload: b[14 : 14+28]}
+		Payload: b[14 : 14+tpQuoteLen(b)]}
+}
+
+func tpQuoteLen(b []byte) int {
+	switch {
+	case len(b) >= 14+48:
+		return 48
+	case b[14+9] == tpProtoTCP:
+		return 40
+	}
+	return 28
 }
 
 // TestProgHeaderConstants checks the tests' copies of c/sluice.h's flags and counters against
@@ -869,7 +880,7 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		rc, out := a.fromWep("wep1", q)
 		got := tpWant(t, rc, out, tpRedirect, tpICMPError(q, 3, 0))
 		// The quote is the datagram's IP header and UDP header as sent.
-		if !bytes.Equal(got.Payload, q.build()[14:14+28]) {
+		if b := q.build(); !bytes.Equal(got.Payload, b[14:14+tpQuoteLen(b)]) {
 			t.Errorf("quoted %x", got.Payload)
 		}
 		a.wantCounters(map[int]uint64{tpCRejectPort: 1})
@@ -912,15 +923,15 @@ func TestProgNodePortRemoteBackend(t *testing.T) {
 	front := netip.AddrPortFrom(tpEdgeA, 30080)
 	pod := netip.AddrPortFrom(tpPodB5, 8080)
 
-	// Node A: the SYN from nic1 is translated to the pod (client address kept, a source
-	// port of the node-port range) and tunnelled to node B by nic0.
+	// Node A: the SYN from nic1 is translated to the pod (client address and port kept)
+	// and tunnelled to node B by nic0.
 	syn := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, nil)
 	rc, out := a.fromHost("nic1", syn)
-	outer, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	outer, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
 	mid := netip.AddrPortFrom(tpClient, port) // the client as node B sees it
-	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtRemote | tpCtPsnat,
+	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtRemote,
 		NatAddr: tpA(tpPodB5), TunAddr: tpA(tpNodeB), NatPort: tpP(8080), NatSport: tpP(port)})
-	revWant := sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote | tpCtPsnat | tpCtRedirect, Tcp: tpTCPSyn,
+	revWant := sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote | tpCtRedirect, Tcp: tpTCPSyn,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), TunAddr: tpA(tpNodeB), NatPort: tpP(30080),
 		NatSport: tpP(40000), MacLocal: tpMACA1, MacPeer: tpMACEdge}
 	a.wantCT(tpKey(pod, mid, tpProtoTCP), revWant)
@@ -963,7 +974,7 @@ func TestProgNodePortRemoteBackend(t *testing.T) {
 	uc := netip.AddrPortFrom(tpClient, 41000)
 	q := tpUDPFrame(tpMACEdge, tpMACA1, uc, front, []byte("ping"))
 	rc, out = a.fromHost("nic1", q)
-	_, uport := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	_, uport := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
 	umid := netip.AddrPortFrom(tpClient, uport)
 	rc, out = b.runBytes(b.o.SlFromHost, "nic0", false, out)
 	tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepB0, tpMACPodB5, umid, pod))
@@ -986,9 +997,9 @@ func TestProgClusterIPRemoteBackend(t *testing.T) {
 
 	syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpSYN, 1000, 0, nil)
 	rc, out := a.fromWep("wep1", syn)
-	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
 	mid := netip.AddrPortFrom(tpPodA7, port)
-	a.wantCT(tpKey(pod, mid, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote | tpCtPsnat, Tcp: tpTCPSyn,
+	a.wantCT(tpKey(pod, mid, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote, Tcp: tpTCPSyn,
 		NatAddr: tpA(vip), TunAddr: tpA(tpNodeB), NatPort: tpP(80), NatSport: tpP(33333)})
 	rc, out = b.runBytes(b.o.SlFromHost, "nic0", false, out)
 	tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepB0, tpMACPodB5, mid, pod))
@@ -1009,7 +1020,7 @@ func TestProgForgedTunnel(t *testing.T) {
 	pod := netip.AddrPortFrom(tpPodB5, 8080)
 	syn := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, nil)
 	rc, out := a.fromHost("nic1", syn)
-	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
 	mid := netip.AddrPortFrom(tpClient, port)
 	synack := tpUnwrapped(tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, mid, tpSYN|tpACK, 5000, 1001, nil))
 
@@ -1024,7 +1035,7 @@ func TestProgForgedTunnel(t *testing.T) {
 	forged = tpVXLANFrame(tpMACC0, tpMACA0, tpNodeC, tpNodeA, 50000, tpVXLANPort, tpVNI, synack)
 	rc, _ = a.fromHost("nic0", forged)
 	tpWantVerdict(t, rc, tpShot)
-	a.wantCT(tpKey(pod, mid, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote | tpCtPsnat | tpCtRedirect, Tcp: tpTCPSyn,
+	a.wantCT(tpKey(pod, mid, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRemote | tpCtRedirect, Tcp: tpTCPSyn,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), TunAddr: tpA(tpNodeB), NatPort: tpP(30080),
 		NatSport: tpP(40000), MacLocal: tpMACA1, MacPeer: tpMACEdge})
 	// Another VNI from a node is the overlay's, left to the kernel as it is.
@@ -1133,7 +1144,7 @@ func TestProgTooBigForTunnel(t *testing.T) {
 	c2 := netip.AddrPortFrom(tpClient, 40002)
 	syn = tpTCPFrame(tpMACEdge, tpMACA1, c2, front, tpSYN, 1000, 0, nil)
 	rc, out = a.fromHost("nic1", syn)
-	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
 	mid := netip.AddrPortFrom(tpClient, port)
 	rc, _ = b.runBytes(b.o.SlFromHost, "nic0", false, out)
 	tpWantVerdict(t, rc, tpRedirect)
@@ -1220,7 +1231,7 @@ func TestProgTrafficPolicy(t *testing.T) {
 		}
 		node := tpTCPFrame(tpMACRouter, tpMACA0, netip.AddrPortFrom(tpNodeC, 40000), netip.AddrPortFrom(tpNodeA, 30081), tpSYN, 1, 0, nil)
 		rc, out := a.fromHost("nic0", node)
-		tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(node, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, netip.AddrPortFrom(tpPodB5, 8080))), true)
+		tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(node, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, netip.AddrPortFrom(tpPodB5, 8080))), false)
 		a.wantCounters(map[int]uint64{tpCDropNoLocal: 1, tpCNatNew: 2, tpCNatFwdRemote: 2})
 	})
 
@@ -1550,4 +1561,25 @@ func TestProgSharedBackendTuple(t *testing.T) {
 	reply := tpTCPFrame(tpMACPodA5, tpMACWepA0, x, netip.AddrPortFrom(tpPodA7, sport), tpSYN|tpACK, 1, 2, nil)
 	rc, out = a.fromWep("wep0", reply)
 	tpWant(t, rc, out, tpRedirect, tpNAT(reply, tpMACWepA1, tpMACPodA7, netip.AddrPortFrom(vip2, 80), client))
+}
+
+// A SYN sent again for a forwarded flow that got no answer (dropped on the endpoint's node,
+// say, by a collision with another ingress node's flow) goes with a source port of the
+// node-port range, and the unanswered entries go.
+func TestProgForwardedSYNRetryNewPort(t *testing.T) {
+	a, _ := tpRemoteNodePort(t)
+	client := netip.AddrPortFrom(tpClient, 40000)
+	front := netip.AddrPortFrom(tpEdgeA, 30080)
+	pod := netip.AddrPortFrom(tpPodB5, 8080)
+	syn := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, nil)
+	rc, out := a.fromHost("nic1", syn)
+	_, first := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
+	if first != 40000 {
+		t.Fatalf("first SYN went with source port %d, want the client's own 40000", first)
+	}
+	rc, out = a.fromHost("nic1", syn)
+	_, second := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+	a.wantNoCT(tpKey(pod, client, tpProtoTCP))
+	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtRemote | tpCtPsnat,
+		NatAddr: tpA(tpPodB5), TunAddr: tpA(tpNodeB), NatPort: tpP(8080), NatSport: tpP(second)})
 }

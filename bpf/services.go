@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
+	"golang.org/x/sys/unix"
 )
 
 // Config configures the service maps' driver.
@@ -516,13 +517,27 @@ func (s *Services) Apply() error {
 		return wrote(nil)
 	}
 	s.cnet.Pending(setCnet, delCnet)
-	setBe := func(k BackendKey, v BackendValue) bool {
-		if err := s.t.Backends.Put(k, v); err != nil {
-			fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(err, "backends", s.t.Backends.Max()))
-			return false
-		}
-		s.be.SetActual(k, v)
-		return wrote(nil)
+	// Backend entries and frontends are written in batches: collected from the trackers,
+	// written, then marked. A list with an entry refused is not written, and no frontend
+	// is pointed at it in this apply.
+	failedLists := map[uint64]bool{}
+	var beKeys []BackendKey
+	var beVals []BackendValue
+	collectBe := func(k BackendKey, v BackendValue) bool {
+		beKeys, beVals = append(beKeys, k), append(beVals, v)
+		return false
+	}
+	writeBe := func() {
+		putAll(s.t.Backends, beKeys, beVals, func(i int) {
+			s.be.SetActual(beKeys[i], beVals[i])
+			s.be.Clean(beKeys[i])
+			wrote(nil)
+		}, func(i int, err error) {
+			k := beKeys[i]
+			failedLists[k.ListId] = true
+			fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(s.mapFull(err), "backends", s.t.Backends.Max()))
+		})
+		beKeys, beVals = beKeys[:0], beVals[:0]
 	}
 	delBe := func(k BackendKey, v BackendValue) bool {
 		if s.heldLists[k.ListId] > 0 {
@@ -551,18 +566,15 @@ func (s *Services) Apply() error {
 		s.src.DeleteActual(k)
 		return wrote(nil)
 	}
-	setFe := func(k FrontendKey, v FrontendValue) bool {
-		if v.Flags&FrontendAddrOnly == 0 && !s.listWrittenLocked(v) {
+	var feKeys []FrontendKey
+	var feVals []FrontendValue
+	collectFe := func(k FrontendKey, v FrontendValue) bool {
+		if v.Flags&FrontendAddrOnly == 0 && failedLists[v.ListId] {
 			fail(fmt.Sprintf("frontend %s", FrontendString(k, v)), errors.New("its backend list is not written yet"))
 			return false
 		}
-		if err := s.t.Frontends.Put(k, v); err != nil {
-			fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(err, "frontends", s.t.Frontends.Max()))
-			return false
-		}
-		s.fe.SetActual(k, v)
-		s.holdLocked(k, v, true)
-		return wrote(nil)
+		feKeys, feVals = append(feKeys, k), append(feVals, v)
+		return false
 	}
 	delFe := func(k FrontendKey, v FrontendValue) bool {
 		if err := s.t.Frontends.Delete(k); err != nil {
@@ -576,10 +588,22 @@ func (s *Services) Apply() error {
 	// Frontends no longer wanted go first, making room in a full map for the new ones.
 	s.fe.Pending(func(FrontendKey, FrontendValue) bool { return false }, delFe)
 	// Adds first: lists and source ranges exist before the frontends that use them.
-	s.be.Pending(setBe, func(BackendKey, BackendValue) bool { return false })
+	s.be.Pending(collectBe, func(BackendKey, BackendValue) bool { return false })
+	writeBe()
 	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
-	s.fe.Pending(setFe, delFe)
-	s.be.Pending(setBe, delBe)
+	s.fe.Pending(collectFe, delFe)
+	putAll(s.t.Frontends, feKeys, feVals, func(i int) {
+		k, v := feKeys[i], feVals[i]
+		s.fe.SetActual(k, v)
+		s.fe.Clean(k)
+		s.holdLocked(k, v, true)
+		wrote(nil)
+	}, func(i int, err error) {
+		k, v := feKeys[i], feVals[i]
+		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(s.mapFull(err), "frontends", s.t.Frontends.Max()))
+	})
+	s.be.Pending(collectBe, delBe)
+	writeBe()
 	s.src.Pending(setSrc, delSrc)
 	return errors.Join(errs...)
 }
@@ -598,22 +622,22 @@ func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
 	}
 }
 
+// mapFull turns the kernel's "no space" (E2BIG from a full hash) into ErrMapFull.
+func (s *Services) mapFull(err error) error {
+	if err == nil || errors.Is(err, ErrMapFull) {
+		return err
+	}
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("%w: %v", ErrMapFull, err)
+	}
+	return err
+}
+
 func (s *Services) full1(err error, option string, max int) error {
 	if errors.Is(err, ErrMapFull) {
 		return fmt.Errorf("%w (%d entries; raise option bpf-map-size-%s)", err, max, option)
 	}
 	return err
-}
-
-// listWrittenLocked says whether every entry of v's backend list is in the map.
-func (s *Services) listWrittenLocked(v FrontendValue) bool {
-	for i := uint32(0); i < v.Count; i++ {
-		want, _ := s.be.Desired(BackendKey{ListId: v.ListId, Ordinal: i})
-		if !s.be.IsActual(BackendKey{ListId: v.ListId, Ordinal: i}, want) {
-			return false
-		}
-	}
-	return true
 }
 
 func (s *Services) serviceOfLocked(k FrontendKey) string {

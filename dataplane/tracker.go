@@ -11,6 +11,8 @@ type Tracker[K comparable, V any] struct {
 	desired map[K]V
 	actual  map[K]V
 	dirty   map[K]struct{}
+	// dirtyPeak is the most keys dirty at once since the set was last replaced.
+	dirtyPeak int
 }
 
 // NewTracker returns an empty tracker comparing values with equal.
@@ -33,6 +35,9 @@ func (t *Tracker[K, V]) SetDesired(k K, v V) {
 	}
 	t.desired[k] = v
 	t.dirty[k] = struct{}{}
+	if len(t.dirty) > t.dirtyPeak {
+		t.dirtyPeak = len(t.dirty)
+	}
 }
 
 // DeleteDesired wants nothing at k.
@@ -75,6 +80,9 @@ func (t *Tracker[K, V]) DeleteActual(k K) { delete(t.actual, k) }
 // each dirty key the kernel holds but nobody wants (adds before deletes). Keys whose callback
 // returns true are clean afterwards; the rest stay dirty.
 func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V) bool) {
+	if len(t.dirty) > t.dirtyPeak {
+		t.dirtyPeak = len(t.dirty) // a resync dirties every key at once
+	}
 	for k := range t.dirty {
 		want, wanted := t.desired[k]
 		have, held := t.actual[k]
@@ -94,6 +102,21 @@ func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V
 		if _, wanted := t.desired[k]; !wanted && held && del(k, have) {
 			delete(t.dirty, k)
 		}
+	}
+	t.shrinkDirty()
+}
+
+// shrinkDirty replaces an emptied dirty set that once held many keys: a Go map never gives
+// back its buckets, and ranging over it costs its capacity, so after a cold start every small
+// change would walk the buckets of the whole table.
+func (t *Tracker[K, V]) shrinkDirty() {
+	n := len(t.dirty)
+	if n > t.dirtyPeak {
+		t.dirtyPeak = n
+	}
+	if n == 0 && t.dirtyPeak > 1024 {
+		t.dirty = map[K]struct{}{}
+		t.dirtyPeak = 0
 	}
 }
 

@@ -268,9 +268,10 @@ static __always_inline int swap_macs(struct __sk_buff *skb)
 
 /* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
  * fragmentation needed) from the address it was sent to, out of the interface it came in on. */
-static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu)
+static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, const __u32 q)
 {
-	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(struct iphdr) + 8, 0) < 0)
+	/* The quote is cut first: its length is a constant of each inlined copy. */
+	if (bpf_skb_change_tail(skb, ETH_HLEN + q, 0) < 0)
 		return TC_ACT_SHOT;
 	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct icmphdr), BPF_ADJ_ROOM_MAC, 0) < 0)
 		return TC_ACT_SHOT;
@@ -279,7 +280,7 @@ static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 
 	ip.ihl = 5;
 	ip.ttl = 64;
 	ip.protocol = IPPROTO_ICMP;
-	ip.tot_len = bpf_htons(2 * sizeof(struct iphdr) + sizeof(struct icmphdr) + 8);
+	ip.tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct icmphdr) + q);
 	ip.saddr = p->dst;
 	ip.daddr = p->src;
 	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
@@ -287,16 +288,39 @@ static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 
 	ic.type = ICMP_DEST_UNREACH;
 	ic.code = code;
 	ic.mtu = bpf_htons(mtu);
-	__u8 quote[28];
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote, sizeof(quote)) < 0)
+	__u8 quote[48];
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote, q) < 0)
 		return TC_ACT_SHOT;
-	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote, sizeof(quote), 0);
+	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote, q, 0);
 	cs = bpf_csum_diff(0, 0, (__be32 *)&ic, sizeof(ic), cs);
 	ic.checksum = csum_fold(cs);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &ic, sizeof(ic), 0) < 0 || swap_macs(skb) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
+ * fragmentation needed) from the address it was sent to, out of the interface it came in on.
+ * It quotes the IP header and 28 bytes beyond when the packet has them (a whole TCP header:
+ * a packet from a local TCP stack still owes its checksum, and the kernel will not cut into
+ * it), else the IP header and 20 bytes (TCP) or 8 (UDP, the minimum). */
+static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu)
+{
+	if (skb->len >= ETH_HLEN + 48)
+		return icmp_back_q(skb, p, code, mtu, 48);
+	if (p->proto == IPPROTO_TCP)
+		return icmp_back_q(skb, p, code, mtu, 40);
+	return icmp_back_q(skb, p, code, mtu, 28);
+}
+
+/* too_big_back answers an oversized packet with fragmentation-needed, counted when sent. */
+static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, __u16 mtu)
+{
+	int rc = icmp_back(skb, p, ICMP_FRAG_NEEDED, mtu);
+	if (rc == TC_ACT_REDIRECT)
+		count(C_ICMP_TOO_BIG);
+	return rc;
 }
 
 /* tcp_rst answers a TCP segment with a reset, as a closed port does. */
@@ -524,7 +548,7 @@ static __always_inline struct fe_val *lookup_frontend(struct __sk_buff *skb, str
 /* new_flow translates the first packet of a flow to a service: picks a backend, records the
  * flow, rewrites the packet and sends it on. Returns a tc verdict; TC_ACT_OK when the packet
  * is not for a service. */
-static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int from)
+static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int from, int retry)
 {
 	struct fe_key_v4 fk;
 	struct fe_val *fe = lookup_frontend(skb, p, &fk);
@@ -574,8 +598,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 			count(C_DROP_TOO_BIG);
 			return TC_ACT_SHOT;
 		}
-		count(C_ICMP_TOO_BIG);
-		return icmp_back(skb, p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+		return too_big_back(skb, p, c->tunnel_mtu);
 	}
 	/* Forwarded flows get a source port of their own (the client's address is kept): a load
 	 * balancer may reuse one source port towards two nodes, which would meet on the backend's
@@ -583,10 +606,15 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	__be16 sport = p->sport;
 	struct ct_key_v4 rk = {.src = be.addr, .dst = p->src, .sport = be.port, .proto = p->proto};
 	rk.dport = sport;
-	/* The client's own port is kept when nothing else uses the backend-side tuple; a flow
-	 * of the same client ip:port to another frontend of the same backend (Cilium #11810)
-	 * gets a port of its own too, never the other flow's entry. */
-	if (remote || bpf_map_lookup_elem(&sl_ct_v4, &rk)) {
+	/* The client's own port is kept when nothing here uses the backend-side tuple, as the
+	 * kernel's NAT keeps it: the endpoint then sees the ports the client's own stack manages
+	 * (a port of ours reused while the endpoint still holds the last connection in
+	 * TIME_WAIT would be refused by PAWS). A flow of the same client ip:port to another
+	 * frontend of the same backend (Cilium #11810) gets a port of its own from the range, and
+	 * so does a SYN sent again for a forwarded flow that got no answer: two clients behind
+	 * one load balancer reusing a source port towards two nodes meet on the endpoint's node,
+	 * which drops the second (counted), and its retry comes with another port. */
+	if (bpf_map_lookup_elem(&sl_ct_v4, &rk) || (remote && retry)) {
 		if (c && c->psnat_max > c->psnat_min) {
 			__u32 span = c->psnat_max - c->psnat_min + 1;
 			for (int i = 0; i < 8; i++) {
@@ -664,8 +692,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 			count(C_DROP_TOO_BIG);
 			return TC_ACT_SHOT;
 		}
-		count(C_ICMP_TOO_BIG);
-		return icmp_back(skb, p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+		return too_big_back(skb, p, c->tunnel_mtu);
 	}
 	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, p->src, fwd.nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
@@ -965,6 +992,7 @@ int sl_from_host(struct __sk_buff *skb)
 		return tunnel_in(skb, &p, c);
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	int retry = 0;
 	if (v) {
 		if (v->type == CT_REV)
 			return reply(skb, &p, v, 1);
@@ -975,12 +1003,14 @@ int sl_from_host(struct __sk_buff *skb)
 			struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
 			if (r && !closed(r) && (r->tcp & TCP_REPLIED))
 				return forward(skb, &p, c, v, FROM_HOST);
-			/* A SYN on a closed or unanswered flow starts afresh (a new backend, a new port). */
+			/* A SYN on a closed or unanswered flow starts afresh (a new backend; for an
+			 * unanswered one, a new port). */
+			retry = r && !closed(r);
 			bpf_map_delete_elem(&sl_ct_v4, &rk);
 			bpf_map_delete_elem(&sl_ct_v4, &k);
 		}
 	}
-	return new_flow(skb, &p, c, FROM_HOST);
+	return new_flow(skb, &p, c, FROM_HOST, retry);
 }
 
 SEC("tc")
@@ -1000,6 +1030,7 @@ int sl_from_wep(struct __sk_buff *skb)
 	struct cfg *c = config();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	int retry = 0;
 	if (v) {
 		if (v->type == CT_REV)
 			return reply(skb, &p, v, 1);
@@ -1014,8 +1045,7 @@ int sl_from_wep(struct __sk_buff *skb)
 					count(C_DROP_TOO_BIG);
 					return TC_ACT_SHOT;
 				}
-				count(C_ICMP_TOO_BIG);
-				return icmp_back(skb, &p, ICMP_FRAG_NEEDED, c->tunnel_mtu);
+				return too_big_back(skb, &p, c->tunnel_mtu);
 			}
 			return encap(skb, &p, c, peer);
 		}
@@ -1030,7 +1060,7 @@ int sl_from_wep(struct __sk_buff *skb)
 			bpf_map_delete_elem(&sl_ct_v4, &k);
 		}
 	}
-	return new_flow(skb, &p, c, FROM_WEP);
+	return new_flow(skb, &p, c, FROM_WEP, retry);
 }
 
 /* sl_to_wep undoes the translation of replies to a workload client whose backend is

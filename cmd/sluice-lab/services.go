@@ -203,9 +203,16 @@ func (l *lab) seed000() error {
 	}
 	l.mustCtl("apply", "-f", file)
 	time.Sleep(time.Second)
+	// Then web-b leaves the slice altogether.
+	gone := strings.Replace(moved, "- addresses: [10.65.0.65]\n  conditions: {ready: false, serving: true, terminating: true}\n  nodeName: node-b\n", "", 1)
+	if err := os.WriteFile(file, []byte(gone), 0o600); err != nil {
+		return err
+	}
+	l.mustCtl("apply", "-f", file)
+	time.Sleep(time.Second)
 	_ = loop.stdin.Close()
 	<-loop.done
-	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating and web-c was added: %s", oneLine(strings.Join(loop.lines, " ")))
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating, web-c was added and web-b was removed: %s", oneLine(strings.Join(loop.lines, " ")))
 
 	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
 	stream, err = l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")
