@@ -82,7 +82,7 @@ type Services struct {
 	nets     map[netip.Prefix]calc.ClusterNet
 	wepDst   map[netip.Prefix]string
 	weps     map[string]int
-	problems map[string]string
+	problems map[calc.FrontendKey]string
 	full     bool
 	resync   bool
 	stats    Stats
@@ -123,7 +123,7 @@ func (s *Services) reset() {
 	s.nets = map[netip.Prefix]calc.ClusterNet{}
 	s.wepDst = map[netip.Prefix]string{}
 	s.weps = map[string]int{}
-	s.problems = map[string]string{}
+	s.problems = map[calc.FrontendKey]string{}
 	s.resync = true
 }
 
@@ -194,7 +194,7 @@ func FrontendMapKey(k calc.FrontendKey) FrontendKey {
 }
 
 func (s *Services) setFrontendLocked(f calc.Frontend) {
-	pkey := "frontend/" + f.Key.String()
+	pkey := f.Key // rendered only when Problems is asked (formatting every key cost a cold start a fifth)
 	delete(s.problems, pkey)
 	if !f.Key.Addr.Is4() {
 		s.problems[pkey] = "IPv6 frontends are not programmed yet"
@@ -307,7 +307,7 @@ func (s *Services) setAddrOnlyLocked(a netip.Addr) {
 }
 
 func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
-	delete(s.problems, "frontend/"+k.String())
+	delete(s.problems, k)
 	delete(s.refused, k)
 	w, ok := s.fronts[k]
 	if !ok {
@@ -431,7 +431,7 @@ func (s *Services) Problems() map[string]string {
 	defer s.mu.Unlock()
 	out := make(map[string]string, len(s.problems))
 	for k, v := range s.problems {
-		out[k] = v
+		out["frontend/"+k.String()] = v
 	}
 	return out
 }
@@ -528,6 +528,7 @@ func (s *Services) Apply() error {
 		return false
 	}
 	writeBe := func() {
+		s.be.ReserveActual(len(beKeys))
 		putAll(s.t.Backends, beKeys, beVals, func(i int) {
 			s.be.SetActual(beKeys[i], beVals[i])
 			s.be.Clean(beKeys[i])
@@ -588,10 +589,13 @@ func (s *Services) Apply() error {
 	// Frontends no longer wanted go first, making room in a full map for the new ones.
 	s.fe.Pending(func(FrontendKey, FrontendValue) bool { return false }, delFe)
 	// Adds first: lists and source ranges exist before the frontends that use them.
+	beKeys, beVals = make([]BackendKey, 0, s.be.DirtyLen()), make([]BackendValue, 0, s.be.DirtyLen())
 	s.be.Pending(collectBe, func(BackendKey, BackendValue) bool { return false })
 	writeBe()
 	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
+	feKeys, feVals = make([]FrontendKey, 0, s.fe.DirtyLen()), make([]FrontendValue, 0, s.fe.DirtyLen())
 	s.fe.Pending(collectFe, delFe)
+	s.fe.ReserveActual(len(feKeys))
 	putAll(s.t.Frontends, feKeys, feVals, func(i int) {
 		k, v := feKeys[i], feVals[i]
 		s.fe.SetActual(k, v)

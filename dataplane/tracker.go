@@ -28,6 +28,17 @@ func (t *Tracker[K, V]) Expect(n int) {
 	}
 }
 
+// DirtyLen is how many keys may differ (an upper bound on the writes of the next Pending).
+func (t *Tracker[K, V]) DirtyLen() int { return len(t.dirty) }
+
+// ReserveActual sizes an empty actual map for n keys (about to be written at once): a map
+// grown one key at a time to 100,000 copies itself a dozen times.
+func (t *Tracker[K, V]) ReserveActual(n int) {
+	if len(t.actual) == 0 && n > 1024 {
+		t.actual = make(map[K]V, n)
+	}
+}
+
 // SetDesired wants v at k.
 func (t *Tracker[K, V]) SetDesired(k K, v V) {
 	if old, ok := t.desired[k]; ok && t.equal(old, v) {
