@@ -127,31 +127,38 @@ func (s *Services) reset() {
 	s.resync = true
 }
 
-// OnUpdate takes one calc update.
-func (s *Services) OnUpdate(u *calc.Update) {
+// OnUpdate takes one calc update. It reports whether the update touched anything the
+// service stage programs (a route change elsewhere in the cluster does not).
+func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if u.Full {
 		s.reset()
 		s.full = true
+		changed = true
 	}
 	for _, op := range u.Ops {
 		switch {
 		case op.Frontend != nil:
+			changed = true
 			s.removeFrontendLocked(op.Frontend.Key)
 			if !op.Remove {
 				s.setFrontendLocked(*op.Frontend)
 			}
 		case op.ClusterNet != nil:
+			changed = true
 			s.setClusterNetLocked(*op.ClusterNet, op.Remove)
 		case op.Route != nil:
 			// Routes are keyed by destination: a workload's address that now leads elsewhere
 			// comes as a set with another reason, not as a removal.
-			s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload)
+			if s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload) {
+				changed = true
+			}
 		}
 	}
 	s.retryRefusedLocked()
 	s.setSettingsLocked()
+	return changed
 }
 
 // retryRefusedLocked tries again the frontends refused for a service identity that was
@@ -362,18 +369,20 @@ func (s *Services) setClusterNetLocked(n calc.ClusterNet, remove bool) {
 	s.cnet.SetDesired(k, v)
 }
 
-func (s *Services) setWorkloadRouteLocked(r calc.Route, remove bool) {
-	if old, ok := s.wepDst[r.Dst]; ok {
+func (s *Services) setWorkloadRouteLocked(r calc.Route, remove bool) bool {
+	old, had := s.wepDst[r.Dst]
+	if had {
 		if s.weps[old]--; s.weps[old] <= 0 {
 			delete(s.weps, old)
 		}
 		delete(s.wepDst, r.Dst)
 	}
 	if remove || r.Device == "" {
-		return
+		return had
 	}
 	s.wepDst[r.Dst] = r.Device
 	s.weps[r.Device]++
+	return !had || old != r.Device
 }
 
 // HostIP returns this node's IPv4 underlay address as calc knows it.

@@ -145,7 +145,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 
 // OnUpdate takes a calc update.
 func (s *Stage) OnUpdate(u *calc.Update) {
-	s.Svc.OnUpdate(u)
+	relevant := s.Svc.OnUpdate(u)
 	s.mu.Lock()
 	if u.Full {
 		clear(s.selfAddrs)
@@ -153,7 +153,12 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 		clear(s.live)
 	}
 	addrsChanged := u.Full
+	// Only what the stage programs asks for an apply: a route change elsewhere in the
+	// cluster does not.
 	for _, op := range u.Ops {
+		if op.HealthCheck != nil {
+			relevant = true
+		}
 		switch {
 		case op.Frontend != nil:
 			for _, ap := range s.present[op.Frontend.Key] {
@@ -197,7 +202,9 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 		s.Health.SetNodeAddrs(addrs)
 	}
 	s.mu.Unlock()
-	s.Kick()
+	if relevant {
+		s.Kick()
+	}
 }
 
 // ErrNoNodeAddress: the service stage waits for this node's own address.

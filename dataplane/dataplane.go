@@ -163,7 +163,11 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		d.synced = true
 	}
+	changed := u.Full
 	for _, op := range u.Ops {
+		if op.VTEP != nil || op.Route != nil {
+			changed = true
+		}
 		switch {
 		case op.VTEP != nil && op.Remove:
 			for _, x := range d.devices() { // each device takes its own family's VTEPs
@@ -194,7 +198,11 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			}
 		}
 	}
-	d.Kick()
+	if changed {
+		// An update of services only is not the dataplane's: an apply for it would take the
+		// CPU from the one that programs them.
+		d.Kick()
+	}
 }
 
 // forgetDst forgets a destination calc no longer wants a route to.
