@@ -6,6 +6,7 @@ import (
 	"github.com/sluice-net/sluice/bpf"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -25,6 +26,8 @@ type agentState struct {
 	indexing *store.Async
 	dp       *dataplane.Dataplane
 	svc      *bpf.Stage
+	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
+	profiling bool
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
@@ -222,6 +225,12 @@ func (a *agentState) serveHealth(ctx context.Context, ln net.Listener) error {
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { answer(a.live(), w) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { answer(a.ready(), w) })
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry(), promhttp.HandlerOpts{}))
+	if a.profiling {
+		// Go's profiles, as kube-proxy's enableProfiling: on the health address only.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -73,6 +73,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	state := newAgentState()
 	state.index = index
+	state.profiling = c.Profiling
 	// calc and the dataplane come first: they are the path from etcd to the kernel. The index
 	// (and the in-sync log line, which counts what it holds) follows on a goroutine of its
 	// own, held until the first apply when there is a dataplane to program.

@@ -43,6 +43,7 @@ type Config struct {
 	Services          bool
 	BPF               bpf.StageConfig
 	ProxyHealthListen string
+	Profiling         bool
 	// set by systemd, not options
 	NotifySocket string
 	Watchdog     time.Duration
@@ -233,6 +234,8 @@ func optionTable() []option {
 			}},
 		{name: "cgroup-path", env: "SLUICE_CGROUP_PATH", key: "cgroupPath", accepts: "a cgroup v2 directory, empty for the hierarchy's root, or none", help: "where the socket programs attach that point the node's own connections to services at a backend; none leaves them alone",
 			set: func(c *Config, v string) error { c.BPF.CgroupPath = v; return nil }},
+		{name: "profiling", env: "SLUICE_PROFILING", key: "profiling", def: "false", boolean: true, accepts: "true or false", help: "also serve Go's CPU, heap and trace profiles under /debug/pprof/ on the health address",
+			set: func(c *Config, v string) (err error) { c.Profiling, err = parseBool(v); return }},
 		{name: "proxy-health-listen", env: "SLUICE_PROXY_HEALTH_LISTEN", key: "proxyHealthListen", def: "0.0.0.0:10256", accepts: "host:port, or empty to turn it off", help: "address of the proxy health check (/healthz, as kube-proxy's) for load balancers of Cluster-policy services",
 			set: func(c *Config, v string) error { c.ProxyHealthListen = v; return nil }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
