@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -72,6 +73,11 @@ type Stage struct {
 	lastClean CleanStats
 	// Repins counts map pins found removed and put back.
 	Repins int
+	// synced are the workload interfaces the last hook check attached to, hooksOK whether
+	// it succeeded; needHooks asks the loop's next apply to check every hook.
+	synced    map[string]bool
+	hooksOK   bool
+	needHooks atomic.Bool
 	// periodic is set when the periodic resync queued a reread of the maps: the writes of
 	// the apply that follows are drift repaired.
 	periodic bool
@@ -249,7 +255,13 @@ func (s *Stage) LastClean() CleanStats {
 // stage or found pinned at start), a map that fails (full until its size option is raised)
 // no longer holds back the attacher: new workload interfaces still get the programs and
 // detached ones are still repaired.
-func (s *Stage) Apply() (int, error) {
+func (s *Stage) Apply() (int, error) { return s.apply(true) }
+
+// apply writes the maps and, with hooks (or when the workload interfaces changed, or the
+// last attach failed), checks every hook: listing links and hooks costs more than a small
+// change of the maps, so the loop does it when a link event, the periodic resync or a
+// failure asks for it.
+func (s *Stage) apply(hooks bool) (int, error) {
 	if !s.Svc.Ready() {
 		return 0, nil
 	}
@@ -277,7 +289,22 @@ func (s *Stage) Apply() (int, error) {
 		// Maps first: programs attached over a half-written table would answer wrongly.
 		return writes, err
 	}
-	conflicts, aerr := s.att.Sync(s.Svc.Workloads())
+	workloads := s.Svc.Workloads()
+	if !hooks && s.running && s.hooksOK && maps.Equal(workloads, s.synced) {
+		if err == nil {
+			s.Health.SetHealthy(true)
+		}
+		herr := s.Health.Apply()
+		s.mu.Lock()
+		if s.periodic {
+			s.repairs.MapEntries += writes
+			s.periodic = false
+		}
+		s.mu.Unlock()
+		return writes, errors.Join(err, herr)
+	}
+	conflicts, aerr := s.att.Sync(workloads)
+	s.synced = workloads
 	if len(s.att.Hooks()) > 0 {
 		s.running = true
 	}
@@ -308,6 +335,7 @@ func (s *Stage) Apply() (int, error) {
 	}
 	s.conflicts = seen
 	s.mu.Unlock()
+	s.hooksOK = aerr == nil && perr == nil && serr == nil
 	return writes, errors.Join(err, aerr, herr, perr, serr)
 }
 
@@ -395,8 +423,10 @@ func (s *Stage) Run(ctx context.Context) {
 			}
 		case <-updates:
 			// A workload or host interface came or went: attach or let go.
+			s.needHooks.Store(true)
 		case <-resync.C:
 			s.Svc.QueueResync()
+			s.needHooks.Store(true)
 			s.mu.Lock()
 			s.periodic = true
 			s.mu.Unlock()
@@ -426,7 +456,8 @@ func (s *Stage) Run(ctx context.Context) {
 			}
 		}
 		last = time.Now()
-		writes, err := s.Apply()
+		// Without the link subscription, no event says an interface came: check every time.
+		writes, err := s.apply(s.needHooks.Swap(false) || !s.links.Load())
 		if s.cfg.OnApply != nil && (writes > 0 || err != nil) {
 			s.cfg.OnApply(err, writes, time.Since(last))
 		}
