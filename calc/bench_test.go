@@ -130,6 +130,29 @@ func BenchmarkOneChange(b *testing.B) {
 				g.OnEvents([]store.Event{e})
 			}
 		})
+		b.Run(fmt.Sprintf("slice/nodes=%d", nodes), func(b *testing.B) {
+			// An endpoint of a service's slice turning terminating and back (two services per node).
+			const n = 1024
+			var slices []*store.EndpointSlice
+			for _, ev := range c.events {
+				if es, ok := ev.Object.(*store.EndpointSlice); ok {
+					slices = append(slices, es)
+				}
+			}
+			alt := make([][2]store.Event, n)
+			for i := range n {
+				es := slices[(i*7919)%len(slices)]
+				changed := *es
+				changed.Endpoints = append([]store.Endpoint(nil), es.Endpoints...)
+				changed.Endpoints[0].Ready, changed.Endpoints[0].Terminating = false, true
+				alt[i] = [2]store.Event{up(&changed), up(es)}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				g.OnEvents([]store.Event{alt[i%n][(i/n)%2]})
+			}
+		})
 		b.Run(fmt.Sprintf("block/nodes=%d", nodes), func(b *testing.B) {
 			const n = 1024
 			alt := make([][2]store.Event, n)
