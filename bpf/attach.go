@@ -177,55 +177,69 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 // attach makes h run prog through a pinned TCX link, reusing (and updating in place) a link
 // that is already there.
 func (a *Attacher) attach(h Hook, prog *ebpf.Program) error {
-	path := a.pin(h)
-	l := a.links[h]
+	attach := ebpf.AttachTCXIngress
+	if h.Egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	l, repaired, err := holdLink(a.pin(h), a.links[h], func(info *link.Info) bool {
+		return info.TCX() != nil && int(info.TCX().Ifindex) == h.Ifindex
+	}, a.ours, prog, func() (link.Link, error) {
+		return link.AttachTCX(link.TCXOptions{Interface: h.Ifindex, Program: prog, Attach: attach, Anchor: link.Head()})
+	})
+	a.Repairs += repaired
+	if l != nil {
+		a.links[h] = l
+	} else {
+		delete(a.links, h)
+	}
+	return err
+}
+
+// holdLink keeps prog attached through the link pinned at path. The link held (or found
+// pinned there by an earlier run) is kept while valid says it is still attached where it
+// should be: its program is swapped in place when it is not one of ours, and its pin is put
+// back if someone removed it (without the pin the program goes when the agent stops; Pin is
+// a no-op for the path the link remembers, so that is forgotten first). A link detached by
+// someone, or whose target went and came back, is let go and attach makes a new one, pinned
+// at path. repaired counts what was found broken.
+func holdLink(path string, held link.Link, valid func(*link.Info) bool, ours map[ebpf.ProgramID]bool,
+	prog *ebpf.Program, attach func() (link.Link, error)) (l link.Link, repaired int, err error) {
+	l = held
 	if l == nil {
 		if pl, err := link.LoadPinnedLink(path, nil); err == nil {
 			l = pl
 		}
 	}
 	if l != nil {
-		info, err := l.Info()
-		ok := err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == h.Ifindex
-		if ok {
-			if !a.ours[info.Program] {
+		if info, err := l.Info(); err == nil && valid(info) {
+			if !ours[info.Program] {
 				if err := l.Update(prog); err != nil {
-					return fmt.Errorf("replacing the program: %w", err)
+					return l, repaired, fmt.Errorf("replacing the program: %w", err)
 				}
 			}
-			a.links[h] = l
 			if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-				// Unpinned by someone while held: without the pin the program goes when the
-				// agent stops. Pin is a no-op for the path the link remembers, so forget it.
-				a.Repairs++
+				repaired++
 				_ = l.Unpin()
 				if err := l.Pin(path); err != nil {
-					return fmt.Errorf("pinning link again: %w", err)
+					return l, repaired, fmt.Errorf("pinning link again: %w", err)
 				}
 			}
-			return nil
+			return l, repaired, nil
 		}
-		// Detached by someone, or its interface went and came back: start again.
-		a.Repairs++
+		repaired++
 		_ = l.Unpin()
 		_ = l.Close()
-		delete(a.links, h)
 	}
 	_ = os.Remove(path)
-	attach := ebpf.AttachTCXIngress
-	if h.Egress {
-		attach = ebpf.AttachTCXEgress
-	}
-	nl, err := link.AttachTCX(link.TCXOptions{Interface: h.Ifindex, Program: prog, Attach: attach, Anchor: link.Head()})
+	nl, err := attach()
 	if err != nil {
-		return err
+		return nil, repaired, err
 	}
 	if err := nl.Pin(path); err != nil {
 		_ = nl.Close()
-		return fmt.Errorf("pinning link: %w", err)
+		return nil, repaired, fmt.Errorf("pinning link: %w", err)
 	}
-	a.links[h] = nl
-	return nil
+	return nl, repaired, nil
 }
 
 // conflicts lists other software's programs on h: TCX programs that are not sluice's, and

@@ -180,18 +180,4 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 }
 
 // Counters sums the per-CPU drop and event counters by name.
-func Counters(o *Objects) (map[string]uint64, error) {
-	out := map[string]uint64{}
-	for i, name := range CounterNames {
-		var per []uint64
-		if err := o.SlCounters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("reading counter %s: %w", name, err)
-		}
-		var sum uint64
-		for _, n := range per {
-			sum += n
-		}
-		out[name] = sum
-	}
-	return out, nil
-}
+func Counters(o *Objects) (map[string]uint64, error) { return sumCounters(o.SlCounters) }

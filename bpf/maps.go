@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // The map entry types, named for the domain (the generated names follow the C structs).
@@ -56,12 +57,53 @@ const (
 	TCPRst     = 1 << 4
 )
 
-// Counter names, in the order of enum counter in c/sluice.h.
-var CounterNames = []string{
-	"nat_new", "nat_forward_remote", "tunnel_in", "drop_forged_tunnel", "drop_no_local_endpoint",
-	"drop_source_range", "drop_conntrack_full", "drop_too_big", "drop_tunnel_collision", "drop_no_route",
-	"drop_malformed", "reject_no_endpoint", "reject_unknown_port", "icmp_too_big_sent", "reply_translated",
-	"socket_connected", "reject_socket",
+// counters are the programs' counters in the order of enum counter in c/sluice.h, with what
+// each counts (the header's comments), for operators.
+var counters = []struct{ name, meaning string }{
+	{"nat_new", "new flows translated"},
+	{"nat_forward_remote", "new flows forwarded to another node"},
+	{"tunnel_in", "tunnelled packets unwrapped (before the reply and collision checks)"},
+	{"drop_forged_tunnel", "tunnel packet from an address that is no known node"},
+	{"drop_no_local_endpoint", "traffic policy Local with no local endpoint"},
+	{"drop_source_range", "client outside loadBalancerSourceRanges"},
+	{"drop_conntrack_full", "connection table full"},
+	{"drop_too_big", "too large for the tunnel and not allowed to fragment"},
+	{"drop_tunnel_collision", "a flow's tuple is taken by a live one (another node's, or no free source port)"},
+	{"drop_no_route", "no route for a translated or tunnelled packet"},
+	{"drop_malformed", "headers that could not be read or rewritten"},
+	{"reject_no_endpoint", "service without usable endpoint: RST or ICMP unreachable"},
+	{"reject_unknown_port", "cluster IP on a port the service does not have"},
+	{"icmp_too_big_sent", "ICMP fragmentation-needed sent"},
+	{"reply_translated", "replies translated back"},
+	{"socket_connected", "host sockets connected straight to a backend"},
+	{"reject_socket", "host sockets refused: no endpoint or unknown port"},
+}
+
+// CounterNames are the counters' names, in the order of enum counter; CounterMeanings say
+// what each counts.
+var CounterNames, CounterMeanings = func() ([]string, map[string]string) {
+	names, meanings := make([]string, len(counters)), make(map[string]string, len(counters))
+	for i, c := range counters {
+		names[i], meanings[c.name] = c.name, c.meaning
+	}
+	return names, meanings
+}()
+
+// sumCounters reads the per-CPU counter map and sums each counter over the CPUs, by name.
+func sumCounters(m *ebpf.Map) (map[string]uint64, error) {
+	out := make(map[string]uint64, len(CounterNames))
+	for i, name := range CounterNames {
+		var per []uint64
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			return nil, fmt.Errorf("reading counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, n := range per {
+			sum += n
+		}
+		out[name] = sum
+	}
+	return out, nil
 }
 
 // NetAddr returns the map form of an IPv4 address: the uint32 whose memory holds the
@@ -168,15 +210,15 @@ type MapTable[K comparable, V any] struct {
 	Map *ebpf.Map
 }
 
-func (t MapTable[K, V]) Put(k K, v V) error {
-	if err := t.Map.Put(&k, &v); err != nil {
-		if errors.Is(err, ebpf.ErrKeyNotExist) || strings.Contains(err.Error(), "argument list too long") ||
-			strings.Contains(err.Error(), "no space") {
-			return fmt.Errorf("%w: %v", ErrMapFull, err)
-		}
-		return err
+func (t MapTable[K, V]) Put(k K, v V) error { return mapError(t.Map.Put(&k, &v)) }
+
+// mapError turns the kernel's refusal of a new key in a full map (E2BIG from a hash, ENOSPC
+// from an LPM trie) into ErrMapFull.
+func mapError(err error) error {
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("%w: %v", ErrMapFull, err)
 	}
-	return nil
+	return err
 }
 
 // PutBatch writes entries with one BPF_MAP_UPDATE_BATCH call.
@@ -185,7 +227,7 @@ func (t MapTable[K, V]) PutBatch(keys []K, vals []V) (int, error) {
 		return 0, nil
 	}
 	n, err := t.Map.BatchUpdate(keys, vals, nil)
-	return n, err
+	return n, mapError(err)
 }
 
 func (t MapTable[K, V]) Delete(k K) error {
@@ -301,13 +343,16 @@ type Tables struct {
 }
 
 // KernelTables returns the tables over loaded objects.
-func KernelTables(o *Objects) Tables {
+func KernelTables(o *Objects) Tables { return tablesOf(o.pinned()) }
+
+// tablesOf returns the tables over maps by their pinned names.
+func tablesOf(m map[string]*ebpf.Map) Tables {
 	return Tables{
-		Frontends:    MapTable[FrontendKey, FrontendValue]{o.SlFeV4},
-		Backends:     MapTable[BackendKey, BackendValue]{o.SlBeV4},
-		SourceRanges: MapTable[SourceRangeKey, uint32]{o.SlSrcV4},
-		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{o.SlCnetV4},
-		Settings:     MapTable[uint32, Settings]{o.SlCfg},
+		Frontends:    MapTable[FrontendKey, FrontendValue]{m["sl_fe_v4"]},
+		Backends:     MapTable[BackendKey, BackendValue]{m["sl_be_v4"]},
+		SourceRanges: MapTable[SourceRangeKey, uint32]{m["sl_src_v4"]},
+		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{m["sl_cnet_v4"]},
+		Settings:     MapTable[uint32, Settings]{m["sl_cfg"]},
 	}
 }
 

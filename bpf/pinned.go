@@ -20,28 +20,6 @@ var ErrNotPinned = errors.New("service maps not found")
 // PinnedMapNames are the maps sluiced pins under its pin directory, by name.
 var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
 
-// CounterMeanings say what each counter of CounterNames counts (the comments of enum counter
-// in c/sluice.h), for operators.
-var CounterMeanings = map[string]string{
-	"nat_new":                "new flows translated",
-	"nat_forward_remote":     "new flows forwarded to another node",
-	"tunnel_in":              "tunnelled packets unwrapped (before the reply and collision checks)",
-	"drop_forged_tunnel":     "tunnel packet from an address that is no known node",
-	"drop_no_local_endpoint": "traffic policy Local with no local endpoint",
-	"drop_source_range":      "client outside loadBalancerSourceRanges",
-	"drop_conntrack_full":    "connection table full",
-	"drop_too_big":           "too large for the tunnel and not allowed to fragment",
-	"drop_tunnel_collision":  "a flow's tuple is taken by a live one (another node's, or no free source port)",
-	"drop_no_route":          "no route for a translated or tunnelled packet",
-	"drop_malformed":         "headers that could not be read or rewritten",
-	"reject_no_endpoint":     "service without usable endpoint: RST or ICMP unreachable",
-	"reject_unknown_port":    "cluster IP on a port the service does not have",
-	"icmp_too_big_sent":      "ICMP fragmentation-needed sent",
-	"reply_translated":       "replies translated back",
-	"socket_connected":       "host sockets connected straight to a backend",
-	"reject_socket":          "host sockets refused: no endpoint or unknown port",
-}
-
 // Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools
 // (sluicectl services, sluicectl diff). It never writes: the maps are opened read-only, so
 // the Tables it returns refuse Put and Delete.
@@ -51,8 +29,8 @@ var CounterMeanings = map[string]string{
 // consistent snapshot; and a pinned map of another layout (a sluicectl of another version)
 // would be read as garbage, so every map's layout is checked against this build's object.
 type Pinned struct {
-	Dir                                            string
-	fe, be, src, cnet, aff, ct, settings, counters *ebpf.Map
+	Dir  string
+	maps map[string]*ebpf.Map // by pinned name
 }
 
 // OpenPinned opens the maps pinned under pinDir read-only. A missing directory or map is
@@ -68,7 +46,7 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
 	}
-	p := &Pinned{Dir: pinDir}
+	p := &Pinned{Dir: pinDir, maps: map[string]*ebpf.Map{}}
 	for _, name := range PinnedMapNames {
 		path := filepath.Join(pinDir, name)
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
@@ -89,43 +67,18 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 			p.Close()
 			return nil, err
 		}
-		switch name {
-		case "sl_fe_v4":
-			p.fe = m
-		case "sl_be_v4":
-			p.be = m
-		case "sl_src_v4":
-			p.src = m
-		case "sl_cnet_v4":
-			p.cnet = m
-		case "sl_aff_v4":
-			p.aff = m
-		case "sl_ct_v4":
-			p.ct = m
-		case "sl_cfg":
-			p.settings = m
-		case "sl_counters":
-			p.counters = m
-		}
+		p.maps[name] = m
 	}
 	return p, nil
 }
 
 // Tables returns the service maps as Tables (for Render and comparison); they are
 // read-only.
-func (p *Pinned) Tables() Tables {
-	return Tables{
-		Frontends:    MapTable[FrontendKey, FrontendValue]{p.fe},
-		Backends:     MapTable[BackendKey, BackendValue]{p.be},
-		SourceRanges: MapTable[SourceRangeKey, uint32]{p.src},
-		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{p.cnet},
-		Settings:     MapTable[uint32, Settings]{p.settings},
-	}
-}
+func (p *Pinned) Tables() Tables { return tablesOf(p.maps) }
 
 // Conntrack returns the connection table's entries.
 func (p *Pinned) Conntrack() (map[ConntrackKey]ConntrackValue, error) {
-	out, err := MapTable[ConntrackKey, ConntrackValue]{p.ct}.Dump()
+	out, err := MapTable[ConntrackKey, ConntrackValue]{p.maps["sl_ct_v4"]}.Dump()
 	if err != nil {
 		return nil, fmt.Errorf("reading the connection table in %s: %w", p.Dir, err)
 	}
@@ -134,27 +87,17 @@ func (p *Pinned) Conntrack() (map[ConntrackKey]ConntrackValue, error) {
 
 // Counters returns the per-CPU counters summed, by name (CounterNames).
 func (p *Pinned) Counters() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(CounterNames))
-	for i, name := range CounterNames {
-		var per []uint64
-		if err := p.counters.Lookup(uint32(i), &per); err != nil {
-			return nil, fmt.Errorf("reading counter %s in %s: %w", name, p.Dir, err)
-		}
-		var sum uint64
-		for _, n := range per {
-			sum += n
-		}
-		out[name] = sum
+	out, err := sumCounters(p.maps["sl_counters"])
+	if err != nil {
+		return nil, fmt.Errorf("%w in %s", err, p.Dir)
 	}
 	return out, nil
 }
 
 // Close releases the map handles (the pins stay).
 func (p *Pinned) Close() {
-	for _, m := range []*ebpf.Map{p.fe, p.be, p.src, p.cnet, p.aff, p.ct, p.settings, p.counters} {
-		if m != nil {
-			m.Close()
-		}
+	for _, m := range p.maps {
+		m.Close()
 	}
 }
 

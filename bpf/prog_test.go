@@ -32,33 +32,34 @@ import (
 // wrote, which come from the same FIB result or conntrack entry as the ifindex, and the
 // ifindex recorded in conntrack.
 
-// Constants of c/sluice.h (TestProgHeaderConstants checks them against the header).
+// The driver's constants of c/sluice.h under the tests' short names
+// (TestProgHeaderConstants checks the driver's values against the header).
 const (
-	tpFeExtLocal  = 1 << 0
-	tpFeIntLocal  = 1 << 1
-	tpFeSrcRanges = 1 << 2
-	tpFeAddrOnly  = 1 << 3
-	tpFeNodePort  = 1 << 4
+	tpFeExtLocal  = FrontendExternalLocal
+	tpFeIntLocal  = FrontendInternalLocal
+	tpFeSrcRanges = FrontendSourceRanges
+	tpFeAddrOnly  = FrontendAddrOnly
+	tpFeNodePort  = FrontendNodePort
 
-	tpBeLocal = 1 << 0
+	tpBeLocal = BackendLocal
 
-	tpCnetPool = 1 << 0
-	tpCnetHost = 1 << 1
-	tpCnetSelf = 1 << 2
+	tpCnetPool = ClusterNetPool
+	tpCnetHost = ClusterNetHost
+	tpCnetSelf = ClusterNetSelf
 
-	tpCtFwd = 1
-	tpCtRev = 2
-	tpCtTun = 3
+	tpCtFwd = ConntrackFwd
+	tpCtRev = ConntrackRev
+	tpCtTun = ConntrackTun
 
-	tpCtRemote   = 1 << 0
-	tpCtRedirect = 1 << 1
-	tpCtPsnat    = 1 << 2
+	tpCtRemote   = ConntrackRemote
+	tpCtRedirect = ConntrackRedirect
+	tpCtPsnat    = ConntrackPSNAT
 
-	tpTCPSyn     = 1 << 0
-	tpTCPReplied = 1 << 1
-	tpTCPFinFwd  = 1 << 2
-	tpTCPFinRev  = 1 << 3
-	tpTCPRst     = 1 << 4
+	tpTCPSyn     = TCPSyn
+	tpTCPReplied = TCPReplied
+	tpTCPFinFwd  = TCPFinFwd
+	tpTCPFinRev  = TCPFinRev
+	tpTCPRst     = TCPRst
 )
 
 // Counters, in the order of enum counter.
@@ -675,7 +676,7 @@ func TestProgHeaderConstants(t *testing.T) {
 		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
 		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst} {
 		if got, ok := defines[name]; !ok || got != v {
-			t.Errorf("%s: header says %d (found %v), the tests use %d", name, got, ok, v)
+			t.Errorf("%s: header says %d (found %v), the driver uses %d", name, got, ok, v)
 		}
 	}
 	enum := regexp.MustCompile(`(?s)enum counter \{(.*?)\};`).FindStringSubmatch(string(src))
@@ -688,6 +689,9 @@ func TestProgHeaderConstants(t *testing.T) {
 	}
 	if want := append(append([]string{}, tpCounterNames...), "C_NUM"); strings.Join(names, " ") != strings.Join(want, " ") {
 		t.Errorf("enum counter is\n%v\nthe tests use\n%v", names, want)
+	}
+	if len(CounterNames) != len(names)-1 {
+		t.Errorf("the driver names %d counters, the header has %d", len(CounterNames), len(names)-1)
 	}
 	if n := binary.Size(tpSkb{}); n != 192 {
 		t.Errorf("tpSkb is %d bytes, struct __sk_buff 192", n)
@@ -1582,4 +1586,14 @@ func TestProgForwardedSYNRetryNewPort(t *testing.T) {
 	a.wantNoCT(tpKey(pod, client, tpProtoTCP))
 	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtRemote | tpCtPsnat,
 		NatAddr: tpA(tpPodB5), TunAddr: tpA(tpNodeB), NatPort: tpP(8080), NatSport: tpP(second)})
+
+	// The same from a workload on node A.
+	pc := netip.AddrPortFrom(tpPodA7, 41000)
+	wsyn := tpTCPFrame(tpMACPodA7, tpMACWepA1, pc, front, tpSYN, 1000, 0, nil)
+	rc, out = a.fromWep("wep1", wsyn)
+	if _, p := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(wsyn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false); p != 41000 {
+		t.Fatalf("a workload's first SYN went with source port %d, want its own 41000", p)
+	}
+	rc, out = a.fromWep("wep1", wsyn)
+	tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(wsyn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
 }

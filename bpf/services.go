@@ -12,7 +12,6 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
-	"golang.org/x/sys/unix"
 )
 
 // Config configures the service maps' driver.
@@ -50,6 +49,7 @@ type wanted struct {
 	list     uint64
 	addrOnly bool
 	sources  []SourceRangeKey
+	live     []netip.AddrPort // endpoints named or in use (counted in Services.live)
 }
 
 // Services keeps the service maps matching calc's frontends and cluster networks. Updates
@@ -79,7 +79,10 @@ type Services struct {
 	addrOnly map[netip.Addr]map[calc.FrontendKey]uint64 // cluster IPs: their frontends' service identities
 	svcIDs   map[uint64]map[string]int
 	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
-	nets     map[netip.Prefix]calc.ClusterNet
+	self     map[netip.Prefix]bool              // this node's own addresses (both families)
+	// live counts the endpoints the frontends' slices still name (Frontend.Present and the
+	// backends in use): the cleaner's test for flows whose endpoint went.
+	live     map[netip.AddrPort]int
 	wepDst   map[netip.Prefix]string
 	weps     map[string]int
 	problems map[calc.FrontendKey]string
@@ -120,7 +123,8 @@ func (s *Services) reset() {
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
 	s.feLists = map[FrontendKey]uint64{}
 	s.heldLists = map[uint64]int{}
-	s.nets = map[netip.Prefix]calc.ClusterNet{}
+	s.self = map[netip.Prefix]bool{}
+	s.live = map[netip.AddrPort]int{}
 	s.wepDst = map[netip.Prefix]string{}
 	s.weps = map[string]int{}
 	s.problems = map[calc.FrontendKey]string{}
@@ -290,6 +294,16 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 		holders[f.Key] = f.ServiceID
 		s.setAddrOnlyLocked(f.Key.Addr)
 	}
+	// Every endpoint in use is live, whether or not the update listed it as present.
+	w.live = slices.Clone(f.Present)
+	for _, b := range f.Backends {
+		w.live = append(w.live, netip.AddrPortFrom(b.Addr, b.Port))
+	}
+	slices.SortFunc(w.live, netip.AddrPort.Compare)
+	w.live = slices.Compact(w.live)
+	for _, ap := range w.live {
+		s.live[ap]++
+	}
 	s.fronts[f.Key] = w
 }
 
@@ -321,6 +335,11 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 		return
 	}
 	delete(s.fronts, k)
+	for _, ap := range w.live {
+		if s.live[ap]--; s.live[ap] <= 0 {
+			delete(s.live, ap)
+		}
+	}
 	key := FrontendMapKey(k)
 	s.fe.DeleteDesired(key)
 	if owners := s.svcIDs[w.f.ServiceID]; owners != nil {
@@ -349,16 +368,19 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 }
 
 func (s *Services) setClusterNetLocked(n calc.ClusterNet, remove bool) {
+	if !remove && n.Host && n.Node == s.cfg.NodeName {
+		s.self[n.Prefix] = true
+	} else {
+		delete(s.self, n.Prefix)
+	}
 	if !n.Prefix.Addr().Is4() {
 		return
 	}
 	k := ClusterNetKey{Prefixlen: uint32(n.Prefix.Bits()), Addr: NetAddr(n.Prefix.Masked().Addr())}
 	if remove {
-		delete(s.nets, n.Prefix)
 		s.cnet.DeleteDesired(k)
 		return
 	}
-	s.nets[n.Prefix] = n
 	v := ClusterNetVal{Flags: ClusterNetPool}
 	if n.Host {
 		v.Flags = ClusterNetHost
@@ -395,12 +417,31 @@ func (s *Services) HostIP() netip.Addr {
 func (s *Services) hostIPLocked() netip.Addr {
 	// The lowest, so a node with several IPv4 addresses always tunnels from the same one.
 	var best netip.Addr
-	for p, n := range s.nets {
-		if n.Host && n.Node == s.cfg.NodeName && p.Addr().Is4() && (!best.IsValid() || p.Addr().Less(best)) {
+	for p := range s.self {
+		if p.Addr().Is4() && (!best.IsValid() || p.Addr().Less(best)) {
 			best = p.Addr()
 		}
 	}
 	return best
+}
+
+// SelfAddrs returns this node's own addresses as calc knows them, sorted.
+func (s *Services) SelfAddrs() []netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]netip.Addr, 0, len(s.self))
+	for p := range s.self {
+		out = append(out, p.Addr())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// LiveEndpoint says whether a service still names addr:port as an endpoint.
+func (s *Services) LiveEndpoint(addr netip.Addr, port uint16) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.live[netip.AddrPortFrom(addr, port)] > 0
 }
 
 func (s *Services) setSettingsLocked() {
@@ -545,7 +586,7 @@ func (s *Services) Apply() error {
 		}, func(i int, err error) {
 			k := beKeys[i]
 			failedLists[k.ListId] = true
-			fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(s.mapFull(err), "backends", s.t.Backends.Max()))
+			fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(err, "backends", s.t.Backends.Max()))
 		})
 		beKeys, beVals = beKeys[:0], beVals[:0]
 	}
@@ -613,7 +654,7 @@ func (s *Services) Apply() error {
 		wrote(nil)
 	}, func(i int, err error) {
 		k, v := feKeys[i], feVals[i]
-		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(s.mapFull(err), "frontends", s.t.Frontends.Max()))
+		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(err, "frontends", s.t.Frontends.Max()))
 	})
 	s.be.Pending(collectBe, delBe)
 	writeBe()
@@ -633,17 +674,6 @@ func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
 		s.feLists[k] = v.ListId
 		s.heldLists[v.ListId]++
 	}
-}
-
-// mapFull turns the kernel's "no space" (E2BIG from a full hash) into ErrMapFull.
-func (s *Services) mapFull(err error) error {
-	if err == nil || errors.Is(err, ErrMapFull) {
-		return err
-	}
-	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
-		return fmt.Errorf("%w: %v", ErrMapFull, err)
-	}
-	return err
 }
 
 func (s *Services) full1(err error, option string, max int) error {

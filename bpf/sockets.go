@@ -26,6 +26,8 @@ type SocketHooks struct {
 	hooks  []socketHook
 	links  map[string]link.Link
 	ours   map[ebpf.ProgramID]bool
+	// Repairs counts links found detached, stale or unpinned and attached again.
+	Repairs int
 }
 
 type socketHook struct {
@@ -63,41 +65,20 @@ func NewSocketHooks(pinDir, cgroupPath string, objs *Objects) (*SocketHooks, err
 func (h *SocketHooks) Sync() error {
 	var errs []error
 	for _, hk := range h.hooks {
-		path := filepath.Join(h.dir, "cgroup_"+hk.name)
-		l := h.links[hk.name]
-		if l == nil {
-			if pl, err := link.LoadPinnedLink(path, nil); err == nil {
-				l = pl
-			}
-		}
+		l, repaired, err := holdLink(filepath.Join(h.dir, "cgroup_"+hk.name), h.links[hk.name], func(info *link.Info) bool {
+			return info.Cgroup() != nil && info.Cgroup().CgroupId != 0
+		}, h.ours, hk.prog, func() (link.Link, error) {
+			return link.AttachCgroup(link.CgroupOptions{Path: h.cgroup, Attach: hk.attach, Program: hk.prog})
+		})
+		h.Repairs += repaired
 		if l != nil {
-			info, err := l.Info()
-			if err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId != 0 {
-				if !h.ours[info.Program] {
-					if err := l.Update(hk.prog); err != nil {
-						errs = append(errs, fmt.Errorf("replacing the %s program on cgroup %s: %w", hk.name, h.cgroup, err))
-						continue
-					}
-				}
-				h.links[hk.name] = l
-				continue
-			}
-			_ = l.Unpin()
-			_ = l.Close()
+			h.links[hk.name] = l
+		} else {
 			delete(h.links, hk.name)
 		}
-		_ = os.Remove(path)
-		nl, err := link.AttachCgroup(link.CgroupOptions{Path: h.cgroup, Attach: hk.attach, Program: hk.prog})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("attaching %s to cgroup %s: %w", hk.name, h.cgroup, err))
-			continue
+			errs = append(errs, fmt.Errorf("%s on cgroup %s: %w", hk.name, h.cgroup, err))
 		}
-		if err := nl.Pin(path); err != nil {
-			_ = nl.Close()
-			errs = append(errs, fmt.Errorf("pinning the %s link: %w", hk.name, err))
-			continue
-		}
-		h.links[hk.name] = nl
 	}
 	return errors.Join(errs...)
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,11 +61,6 @@ type Stage struct {
 	running bool
 
 	mu        sync.Mutex
-	selfAddrs map[netip.Prefix]bool
-	// present holds the endpoints each frontend's slices still name, and live counts them:
-	// the cleaner's test for flows whose endpoint went.
-	present   map[calc.FrontendKey][]netip.AddrPort
-	live      map[netip.AddrPort]int
 	conflicts map[string]bool
 	hostIP    netip.Addr
 	hooks     []Hook
@@ -138,9 +132,8 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
 		Svc: NewServices(KernelTables(objs), cfg.Services), sock: sock, kick: make(chan struct{}, 1), conflicts: map[string]bool{},
-		Health: healthcheck.New(), selfAddrs: map[netip.Prefix]bool{},
-		present: map[calc.FrontendKey][]netip.AddrPort{}, live: map[netip.AddrPort]int{}}
-	s.CT.Live = s.liveEndpoint
+		Health: healthcheck.New()}
+	s.CT.Live = s.Svc.LiveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
 		for _, e := range entries {
 			s.running = s.running || isHookPin(e.Name())
@@ -152,62 +145,24 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 // OnUpdate takes a calc update.
 func (s *Stage) OnUpdate(u *calc.Update) {
 	relevant := s.Svc.OnUpdate(u)
-	s.mu.Lock()
-	if u.Full {
-		clear(s.selfAddrs)
-		clear(s.present)
-		clear(s.live)
-	}
 	addrsChanged := u.Full
-	// Only what the stage programs asks for an apply: a route change elsewhere in the
-	// cluster does not.
 	for _, op := range u.Ops {
-		if op.HealthCheck != nil {
-			relevant = true
-		}
 		switch {
-		case op.Frontend != nil:
-			for _, ap := range s.present[op.Frontend.Key] {
-				if s.live[ap]--; s.live[ap] <= 0 {
-					delete(s.live, ap)
-				}
-			}
-			delete(s.present, op.Frontend.Key)
-			if !op.Remove {
-				// Every endpoint in use is live, whether or not the update listed it as present.
-				live := slices.Clone(op.Frontend.Present)
-				for _, b := range op.Frontend.Backends {
-					live = append(live, netip.AddrPortFrom(b.Addr, b.Port))
-				}
-				slices.SortFunc(live, netip.AddrPort.Compare)
-				live = slices.Compact(live)
-				s.present[op.Frontend.Key] = live
-				for _, ap := range live {
-					s.live[ap]++
-				}
-			}
 		case op.HealthCheck != nil && op.Remove:
 			s.Health.DeleteService(op.HealthCheck.Port)
 		case op.HealthCheck != nil:
 			s.Health.SetService(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalEndpoints)
-		case op.ClusterNet != nil && op.ClusterNet.Host && op.ClusterNet.Node == s.cfg.Services.NodeName:
+		case op.ClusterNet != nil:
 			addrsChanged = true
-			if op.Remove {
-				delete(s.selfAddrs, op.ClusterNet.Prefix)
-			} else {
-				s.selfAddrs[op.ClusterNet.Prefix] = true
-			}
 		}
+		// Only what the stage programs asks for an apply: a route change elsewhere in the
+		// cluster does not.
+		relevant = relevant || op.HealthCheck != nil
 	}
 	if addrsChanged {
-		var addrs []netip.Addr
-		for p := range s.selfAddrs {
-			addrs = append(addrs, p.Addr())
-		}
 		// Health-check node ports answer on the node's own addresses and follow them.
-		s.Health.SetNodeAddrs(addrs)
+		s.Health.SetNodeAddrs(s.Svc.SelfAddrs())
 	}
-	s.mu.Unlock()
 	if relevant {
 		s.Kick()
 	}
@@ -215,13 +170,6 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 
 // ErrNoNodeAddress: the service stage waits for this node's own address.
 var ErrNoNodeAddress = errors.New("waiting for this node's address before programming services")
-
-// liveEndpoint says whether a service still names addr:port as an endpoint.
-func (s *Stage) liveEndpoint(addr netip.Addr, port uint16) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.live[netip.AddrPortFrom(addr, port)] > 0
-}
 
 // Kick asks for an apply soon.
 func (s *Stage) Kick() {
@@ -265,10 +213,7 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	if !s.Svc.Ready() {
 		return 0, nil
 	}
-	s.mu.Lock()
-	known := len(s.selfAddrs) > 0
-	s.mu.Unlock()
-	if !known {
+	if len(s.Svc.SelfAddrs()) == 0 {
 		// Node ports are this node's addresses: programming before they are known would
 		// erase every node port for a moment (Calico #12192). Nothing is written or
 		// attached until etcd gives the node an address.
@@ -285,44 +230,44 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	}
 	err := s.Svc.Apply()
 	writes := int(s.Svc.Stats().Writes - before)
-	if err != nil && !s.running {
-		// Maps first: programs attached over a half-written table would answer wrongly.
-		return writes, err
-	}
-	workloads := s.Svc.Workloads()
-	if !hooks && s.running && s.hooksOK && maps.Equal(workloads, s.synced) {
-		if err == nil {
-			s.Health.SetHealthy(true)
-		}
-		herr := s.Health.Apply()
-		s.mu.Lock()
-		if s.periodic {
-			s.repairs.MapEntries += writes
-			s.periodic = false
-		}
-		s.mu.Unlock()
-		return writes, errors.Join(err, herr)
-	}
-	conflicts, aerr := s.att.Sync(workloads)
-	s.synced = workloads
-	if len(s.att.Hooks()) > 0 {
-		s.running = true
-	}
-	if aerr != nil || err == nil {
-		s.Health.SetHealthy(aerr == nil)
-	}
-	herr := s.Health.Apply()
-	perr := s.repin()
-	var serr error
-	if s.sock != nil {
-		serr = s.sock.Sync()
-	}
 	s.mu.Lock()
 	if s.periodic {
 		s.repairs.MapEntries += writes
 		s.periodic = false
 	}
+	s.mu.Unlock()
+	if err != nil && !s.running {
+		// Maps first: programs attached over a half-written table would answer wrongly.
+		return writes, err
+	}
+	var aerr, perr, serr error
+	if workloads := s.Svc.Workloads(); hooks || !s.running || !s.hooksOK || !maps.Equal(workloads, s.synced) {
+		aerr, perr, serr = s.checkHooks(workloads)
+	}
+	if aerr != nil || err == nil {
+		s.Health.SetHealthy(aerr == nil)
+	}
+	herr := s.Health.Apply()
+	return writes, errors.Join(err, aerr, herr, perr, serr)
+}
+
+// checkHooks attaches the programs to every wanted interface, lets go of the others, puts
+// back removed pins, and reports conflicts found on the hooks.
+func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
+	conflicts, aerr := s.att.Sync(workloads)
+	s.synced = workloads
+	if len(s.att.Hooks()) > 0 {
+		s.running = true
+	}
+	perr = s.repin()
+	if s.sock != nil {
+		serr = s.sock.Sync()
+	}
+	s.mu.Lock()
 	s.repairs.Links = s.att.Repairs
+	if s.sock != nil {
+		s.repairs.Links += s.sock.Repairs
+	}
 	s.repairs.Pins = s.Repins
 	s.hooks = s.att.Hooks()
 	seen := map[string]bool{}
@@ -336,7 +281,7 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	s.conflicts = seen
 	s.mu.Unlock()
 	s.hooksOK = aerr == nil && perr == nil && serr == nil
-	return writes, errors.Join(err, aerr, herr, perr, serr)
+	return aerr, perr, serr
 }
 
 // Repairs counts drift the stage found and repaired.

@@ -383,13 +383,19 @@ static __always_inline int reject(struct __sk_buff *skb, struct pkt *p, __u32 wh
 	return icmp_back(skb, p, ICMP_PORT_UNREACH, 0);
 }
 
-/* too_big says whether the packet cannot cross the tunnel whole; a segmented (GSO) packet is
- * judged by its segments, which the kernel cuts to fit after encapsulation. */
-static __always_inline int too_big(struct __sk_buff *skb, struct pkt *p, struct cfg *c)
+/* oversize answers a packet that cannot cross the tunnel whole: fragmentation-needed back
+ * when it may not be fragmented, else a counted drop. It returns -1 when the packet fits. A
+ * segmented (GSO) packet is judged by its segments, which the kernel cuts to fit after
+ * encapsulation. */
+static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c)
 {
-	if (skb->gso_segs > 1)
-		return 0;
-	return p->tot_len > c->tunnel_mtu;
+	if (c && (skb->gso_segs > 1 || p->tot_len <= c->tunnel_mtu))
+		return -1;
+	if (!c || !(p->frag & IP_DF)) {
+		count(C_DROP_TOO_BIG);
+		return TC_ACT_SHOT;
+	}
+	return too_big_back(skb, p, c->tunnel_mtu);
 }
 
 /* fib_out sends the packet, whose IP header is at the standard offset, to its destination
@@ -593,16 +599,11 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	int remote = !(be.flags & BE_LOCAL);
 	if (remote && !c)
 		return TC_ACT_SHOT;
-	if (remote && too_big(skb, p, c)) {
-		if (!(p->frag & IP_DF)) {
-			count(C_DROP_TOO_BIG);
-			return TC_ACT_SHOT;
-		}
-		return too_big_back(skb, p, c->tunnel_mtu);
+	if (remote) {
+		int rc = oversize(skb, p, c);
+		if (rc >= 0)
+			return rc;
 	}
-	/* Forwarded flows get a source port of their own (the client's address is kept): a load
-	 * balancer may reuse one source port towards two nodes, which would meet on the backend's
-	 * node as one tuple. */
 	__be16 sport = p->sport;
 	struct ct_key_v4 rk = {.src = be.addr, .dst = p->src, .sport = be.port, .proto = p->proto};
 	rk.dport = sport;
@@ -687,12 +688,10 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 		tcp_track(rev, p, 0);
 	}
 	int remote = fwd.flags & CT_F_REMOTE;
-	if (remote && (!c || too_big(skb, p, c))) {
-		if (!c || !(p->frag & IP_DF)) {
-			count(C_DROP_TOO_BIG);
-			return TC_ACT_SHOT;
-		}
-		return too_big_back(skb, p, c->tunnel_mtu);
+	if (remote) {
+		int rc = oversize(skb, p, c);
+		if (rc >= 0)
+			return rc;
 	}
 	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, p->src, fwd.nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
@@ -703,6 +702,18 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 	if (from == FROM_HOST)
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
+}
+
+/* redirect_back sends a packet of a flow that came in from outside back the way its request
+ * came: out of that interface, to the hop it came from. */
+static __always_inline int redirect_back(struct __sk_buff *skb, const struct ct_val_v4 *rev)
+{
+	__u8 m[12];
+	__builtin_memcpy(m, rev->mac_peer, 6);
+	__builtin_memcpy(m + 6, rev->mac_local, 6);
+	if (bpf_skb_store_bytes(skb, 0, m, 12, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(rev->ifindex, 0);
 }
 
 /* reply undoes the translation of a reply from a backend and sends it back the way the
@@ -721,12 +732,7 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 	}
 	count(C_REV_NAT);
 	if (rev.flags & CT_F_REDIRECT) {
-		__u8 m[12];
-		__builtin_memcpy(m, rev.mac_peer, 6);
-		__builtin_memcpy(m + 6, rev.mac_local, 6);
-		if (bpf_skb_store_bytes(skb, 0, m, 12, 0) < 0)
-			return TC_ACT_SHOT;
-		return bpf_redirect(rev.ifindex, 0);
+		return redirect_back(skb, &rev);
 	}
 	if (route)
 		return fib_out(skb, p->src, p->dst, 1);
@@ -873,12 +879,7 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 		}
 		count(C_REV_NAT);
 		if (rev.flags & CT_F_REDIRECT) {
-			__u8 m[12];
-			__builtin_memcpy(m, rev.mac_peer, 6);
-			__builtin_memcpy(m + 6, rev.mac_local, 6);
-			if (bpf_skb_store_bytes(skb, 0, m, 12, 0) < 0)
-				return TC_ACT_SHOT;
-			return bpf_redirect(rev.ifindex, 0);
+			return redirect_back(skb, &rev);
 		}
 		if (route)
 			return fib_out(skb, outer->src, outer->dst, 1);
@@ -973,6 +974,27 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	return fib_out(skb, p.src, p.dst, 1);
 }
 
+/* client_flow handles a packet in the client's direction: a known flow goes on as it
+ * began; a SYN on a closed or unanswered flow starts afresh (a new backend; for an unanswered
+ * one, a new source port); anything else is a new flow, or not a service's. */
+static __always_inline int client_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, struct ct_key_v4 *k,
+				       struct ct_val_v4 *v, int from)
+{
+	int retry = 0;
+	if (v && v->type == CT_FWD) {
+		if (!is_syn(p))
+			return forward(skb, p, c, v, from);
+		struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p->src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p->proto};
+		struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+		if (r && !closed(r) && (r->tcp & TCP_REPLIED))
+			return forward(skb, p, c, v, from);
+		retry = r && !closed(r);
+		bpf_map_delete_elem(&sl_ct_v4, &rk);
+		bpf_map_delete_elem(&sl_ct_v4, k);
+	}
+	return new_flow(skb, p, c, from, retry);
+}
+
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
 {
@@ -992,25 +1014,9 @@ int sl_from_host(struct __sk_buff *skb)
 		return tunnel_in(skb, &p, c);
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
-	int retry = 0;
-	if (v) {
-		if (v->type == CT_REV)
-			return reply(skb, &p, v, 1);
-		if (v->type == CT_FWD) {
-			if (!is_syn(&p))
-				return forward(skb, &p, c, v, FROM_HOST);
-			struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p.src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p.proto};
-			struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
-			if (r && !closed(r) && (r->tcp & TCP_REPLIED))
-				return forward(skb, &p, c, v, FROM_HOST);
-			/* A SYN on a closed or unanswered flow starts afresh (a new backend; for an
-			 * unanswered one, a new port). */
-			retry = r && !closed(r);
-			bpf_map_delete_elem(&sl_ct_v4, &rk);
-			bpf_map_delete_elem(&sl_ct_v4, &k);
-		}
-	}
-	return new_flow(skb, &p, c, FROM_HOST, retry);
+	if (v && v->type == CT_REV)
+		return reply(skb, &p, v, 1);
+	return client_flow(skb, &p, c, &k, v, FROM_HOST);
 }
 
 SEC("tc")
@@ -1030,7 +1036,6 @@ int sl_from_wep(struct __sk_buff *skb)
 	struct cfg *c = config();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
-	int retry = 0;
 	if (v) {
 		if (v->type == CT_REV)
 			return reply(skb, &p, v, 1);
@@ -1040,27 +1045,13 @@ int sl_from_wep(struct __sk_buff *skb)
 			__be32 peer = v->nat_addr;
 			if (!c)
 				return TC_ACT_SHOT;
-			if (too_big(skb, &p, c)) {
-				if (!(p.frag & IP_DF)) {
-					count(C_DROP_TOO_BIG);
-					return TC_ACT_SHOT;
-				}
-				return too_big_back(skb, &p, c->tunnel_mtu);
-			}
+			int rc = oversize(skb, &p, c);
+			if (rc >= 0)
+				return rc;
 			return encap(skb, &p, c, peer);
 		}
-		if (v->type == CT_FWD) {
-			if (!is_syn(&p))
-				return forward(skb, &p, c, v, FROM_WEP);
-			struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p.src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p.proto};
-			struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
-			if (r && !closed(r) && (r->tcp & TCP_REPLIED))
-				return forward(skb, &p, c, v, FROM_WEP);
-			bpf_map_delete_elem(&sl_ct_v4, &rk);
-			bpf_map_delete_elem(&sl_ct_v4, &k);
-		}
 	}
-	return new_flow(skb, &p, c, FROM_WEP, retry);
+	return client_flow(skb, &p, c, &k, v, FROM_WEP);
 }
 
 /* sl_to_wep undoes the translation of replies to a workload client whose backend is

@@ -84,20 +84,7 @@ func svcBenchSlice(s int, first netip.Addr) (string, string) {
 }
 
 func loadServicesBench(b *testing.B, cli *clientv3.Client) {
-	ctx := context.Background()
-	var ops []clientv3.Op
-	flush := func() {
-		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			b.Fatal(err)
-		}
-		ops = ops[:0]
-	}
-	add := func(k, v string) {
-		ops = append(ops, clientv3.OpPut(k, v))
-		if len(ops) == 128 {
-			flush()
-		}
-	}
+	add, flush := benchWriter(b, cli)
 	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Never","ipipMode":"Never","blockSize":26}}`)
 	for n := range svcBenchNodes {
 		name, addr := svcBenchNode(n)
@@ -107,9 +94,7 @@ func loadServicesBench(b *testing.B, cli *clientv3.Client) {
 		add(svcBenchService(s))
 		add(svcBenchSlice(s, netip.Addr{}))
 	}
-	if len(ops) > 0 {
-		flush()
-	}
+	flush()
 }
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.

@@ -52,23 +52,32 @@ func benchTunnel(node int) string {
 	return cidr.Addr().String()
 }
 
-// loadBench writes the pool, node-0000 (this node) and 1,000 remote nodes, and 20,000 remote
-// blocks with their affinities, in Calico's format.
-func loadBench(b testing.TB, cli *clientv3.Client) {
-	ctx := context.Background()
+// benchWriter puts keys into etcd in transactions of 128: add queues one, flush writes what
+// is queued.
+func benchWriter(b testing.TB, cli *clientv3.Client) (add func(k, v string), flush func()) {
 	var ops []clientv3.Op
-	flush := func() {
-		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+	flush = func() {
+		if len(ops) == 0 {
+			return
+		}
+		if _, err := cli.Txn(context.Background()).Then(ops...).Commit(); err != nil {
 			b.Fatal(err)
 		}
 		ops = ops[:0]
 	}
-	add := func(k, v string) {
+	add = func(k, v string) {
 		ops = append(ops, clientv3.OpPut(k, v))
 		if len(ops) == 128 {
 			flush()
 		}
 	}
+	return add, flush
+}
+
+// loadBench writes the pool, node-0000 (this node) and 1,000 remote nodes, and 20,000 remote
+// blocks with their affinities, in Calico's format.
+func loadBench(b testing.TB, cli *clientv3.Client) {
+	add, flush := benchWriter(b, cli)
 	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.64.0.0/10","vxlanMode":"Always","ipipMode":"Never","blockSize":26}}`)
 	add(store.NodePrefix+"node-0000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-0000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"172.31.0.1"}}`) // this node's blocks are not part of the run
 	for n := 1; n <= benchNodes; n++ {
@@ -80,9 +89,7 @@ func loadBench(b testing.TB, cli *clientv3.Client) {
 		add(store.BlockKey(cidr), blockJSON(cidr, node))
 		add(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)
 	}
-	if len(ops) > 0 {
-		flush()
-	}
+	flush()
 }
 
 func blockJSON(cidr netip.Prefix, node string) string {
