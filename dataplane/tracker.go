@@ -11,6 +11,10 @@ type Tracker[K comparable, V any] struct {
 	desired map[K]V
 	actual  map[K]V
 	dirty   map[K]struct{}
+	// allDirty says every key (desired or actual) may differ, without listing them in dirty:
+	// a cold start or a fresh read would otherwise copy every key into the dirty set, only to
+	// empty it again in the first Pending.
+	allDirty bool
 	// dirtyPeak is the most keys dirty at once since the set was last replaced.
 	dirtyPeak int
 }
@@ -29,7 +33,19 @@ func (t *Tracker[K, V]) Expect(n int) {
 }
 
 // DirtyLen is how many keys may differ (an upper bound on the writes of the next Pending).
-func (t *Tracker[K, V]) DirtyLen() int { return len(t.dirty) }
+func (t *Tracker[K, V]) DirtyLen() int {
+	if t.allDirty {
+		return len(t.desired) + len(t.actual)
+	}
+	return len(t.dirty)
+}
+
+// DirtyAll makes every key, desired or actual, now or set later, be compared at the next
+// Pending, at no cost per key: for a tracker about to be filled from scratch.
+func (t *Tracker[K, V]) DirtyAll() {
+	t.allDirty = true
+	clear(t.dirty)
+}
 
 // ReserveActual sizes an empty actual map for n keys (about to be written at once): a map
 // grown one key at a time to 100,000 copies itself a dozen times.
@@ -45,6 +61,9 @@ func (t *Tracker[K, V]) SetDesired(k K, v V) {
 		return
 	}
 	t.desired[k] = v
+	if t.allDirty {
+		return
+	}
 	t.dirty[k] = struct{}{}
 	if len(t.dirty) > t.dirtyPeak {
 		t.dirtyPeak = len(t.dirty)
@@ -57,12 +76,20 @@ func (t *Tracker[K, V]) DeleteDesired(k K) {
 		return
 	}
 	delete(t.desired, k)
-	t.dirty[k] = struct{}{}
+	if !t.allDirty {
+		t.dirty[k] = struct{}{}
+	}
 }
 
 // Desired returns the desired value at k.
 func (t *Tracker[K, V]) Desired(k K) (V, bool) {
 	v, ok := t.desired[k]
+	return v, ok
+}
+
+// Actual returns the value the kernel holds at k, as far as the tracker knows.
+func (t *Tracker[K, V]) Actual(k K) (V, bool) {
+	v, ok := t.actual[k]
 	return v, ok
 }
 
@@ -72,13 +99,7 @@ func (t *Tracker[K, V]) ActualLen() int { return len(t.actual) }
 // ReplaceActual records a fresh read of the kernel; every key becomes dirty.
 func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
 	t.actual = actual
-	clear(t.dirty)
-	for k := range t.desired {
-		t.dirty[k] = struct{}{}
-	}
-	for k := range t.actual {
-		t.dirty[k] = struct{}{}
-	}
+	t.DirtyAll()
 }
 
 // SetActual records that the kernel now holds v at k.
@@ -91,8 +112,12 @@ func (t *Tracker[K, V]) DeleteActual(k K) { delete(t.actual, k) }
 // each dirty key the kernel holds but nobody wants (adds before deletes). Keys whose callback
 // returns true are clean afterwards; the rest stay dirty.
 func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V) bool) {
+	if t.allDirty {
+		t.pendingAll(set, del)
+		return
+	}
 	if len(t.dirty) > t.dirtyPeak {
-		t.dirtyPeak = len(t.dirty) // a resync dirties every key at once
+		t.dirtyPeak = len(t.dirty)
 	}
 	for k := range t.dirty {
 		want, wanted := t.desired[k]
@@ -117,6 +142,53 @@ func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V
 	t.shrinkDirty()
 }
 
+// pendingAll is Pending over every key. The keys left dirty are listed only when they are
+// few; when most are (a pass that only deletes, or one whose writes all failed), the tracker
+// stays all-dirty instead of copying them.
+func (t *Tracker[K, V]) pendingAll(set func(k K, want V) bool, del func(k K, have V) bool) {
+	var left []K
+	total := 0
+	keep := func(k K) {
+		total++
+		if total <= 1024 {
+			left = append(left, k)
+		}
+	}
+	for k, want := range t.desired {
+		if have, held := t.actual[k]; (!held || !t.equal(want, have)) && !set(k, want) {
+			keep(k)
+		}
+	}
+	for k, have := range t.actual {
+		if _, wanted := t.desired[k]; !wanted && !del(k, have) {
+			keep(k)
+		}
+	}
+	if total > 1024 && total*2 > len(t.desired)+len(t.actual) {
+		return // most keys still differ: stay all-dirty
+	}
+	t.allDirty = false
+	t.dirty = make(map[K]struct{}, total)
+	t.dirtyPeak = 0
+	if total <= 1024 {
+		for _, k := range left {
+			t.dirty[k] = struct{}{}
+		}
+		return
+	}
+	// More than 1024 but fewer than half: one more pass lists them.
+	for k, want := range t.desired {
+		if have, held := t.actual[k]; !held || !t.equal(want, have) {
+			t.dirty[k] = struct{}{}
+		}
+	}
+	for k := range t.actual {
+		if _, wanted := t.desired[k]; !wanted {
+			t.dirty[k] = struct{}{}
+		}
+	}
+}
+
 // shrinkDirty replaces an emptied dirty set that once held many keys: a Go map never gives
 // back its buckets, and ranging over it costs its capacity, so after a cold start every small
 // change would walk the buckets of the whole table.
@@ -131,11 +203,16 @@ func (t *Tracker[K, V]) shrinkDirty() {
 	}
 }
 
-// Clean records that k now matches (after a write confirmed out of band of Pending).
+// Clean records that k now matches (after a write confirmed out of band of Pending). It is
+// a no-op while every key is dirty.
 func (t *Tracker[K, V]) Clean(k K) { delete(t.dirty, k) }
 
 // MarkDirty makes k be compared again at the next Pending.
-func (t *Tracker[K, V]) MarkDirty(k K) { t.dirty[k] = struct{}{} }
+func (t *Tracker[K, V]) MarkDirty(k K) {
+	if !t.allDirty {
+		t.dirty[k] = struct{}{}
+	}
+}
 
 // DesiredLen is how many keys are wanted.
 func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }

@@ -1,0 +1,184 @@
+package dataplane
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+)
+
+// trackerKernel is a kernel of int keys whose writes a test can refuse.
+type trackerKernel struct {
+	held    map[int]string
+	refuse  func(k int) bool
+	sets    []int
+	deletes []int
+}
+
+// pass runs one Pending against the kernel, recording every write tried.
+func (kn *trackerKernel) pass(tr *Tracker[int, string]) {
+	kn.sets, kn.deletes = nil, nil
+	tr.Pending(func(k int, want string) bool {
+		kn.sets = append(kn.sets, k)
+		if kn.refuse != nil && kn.refuse(k) {
+			return false
+		}
+		kn.held[k] = want
+		tr.SetActual(k, want)
+		return true
+	}, func(k int, _ string) bool {
+		kn.deletes = append(kn.deletes, k)
+		if kn.refuse != nil && kn.refuse(k) {
+			return false
+		}
+		delete(kn.held, k)
+		tr.DeleteActual(k)
+		return true
+	})
+	slices.Sort(kn.sets)
+	slices.Sort(kn.deletes)
+}
+
+func newIntTracker() *Tracker[int, string] {
+	return NewTracker[int, string](func(a, b string) bool { return a == b })
+}
+
+func TestTrackerTransitions(t *testing.T) {
+	tr := newIntTracker()
+	kn := &trackerKernel{held: map[int]string{}}
+
+	// Empty to two keys: both written once, then nothing to do.
+	tr.SetDesired(1, "a")
+	tr.SetDesired(2, "b")
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{1, 2}) || kn.deletes != nil {
+		t.Fatalf("first pass set %v deleted %v; want set [1 2]", kn.sets, kn.deletes)
+	}
+	kn.pass(tr)
+	if kn.sets != nil || kn.deletes != nil || tr.DirtyLen() != 0 {
+		t.Fatalf("second pass set %v deleted %v, %d dirty; want nothing", kn.sets, kn.deletes, tr.DirtyLen())
+	}
+
+	// The same value again dirties nothing; a changed value and a removal are one write each.
+	tr.SetDesired(1, "a")
+	if tr.DirtyLen() != 0 {
+		t.Fatalf("setting an unchanged value made %d keys dirty", tr.DirtyLen())
+	}
+	tr.DeleteDesired(9) // never wanted: nothing
+	tr.SetDesired(1, "a2")
+	tr.DeleteDesired(2)
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{1}) || !slices.Equal(kn.deletes, []int{2}) {
+		t.Fatalf("change pass set %v deleted %v; want set [1] deleted [2]", kn.sets, kn.deletes)
+	}
+	if want := map[int]string{1: "a2"}; !maps.Equal(kn.held, want) {
+		t.Fatalf("kernel holds %v; want %v", kn.held, want)
+	}
+
+	// A refused write stays dirty and is the only one tried again.
+	tr.SetDesired(3, "c")
+	tr.SetDesired(4, "d")
+	kn.refuse = func(k int) bool { return k == 4 }
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{3, 4}) || tr.DirtyLen() != 1 {
+		t.Fatalf("pass with 4 refused set %v, %d dirty; want set [3 4], 1 dirty", kn.sets, tr.DirtyLen())
+	}
+	kn.refuse = nil
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{4}) || tr.DirtyLen() != 0 {
+		t.Fatalf("retry set %v, %d dirty; want set [4], 0 dirty", kn.sets, tr.DirtyLen())
+	}
+
+	// Desired set back to what the kernel holds before any pass: nothing written.
+	tr.SetDesired(3, "x")
+	tr.SetDesired(3, "c")
+	kn.pass(tr)
+	if kn.sets != nil {
+		t.Fatalf("a value changed and changed back wrote %v", kn.sets)
+	}
+
+	// A read of the kernel finds drift: a stale key, a wrong value, a missing key. Exactly
+	// those are written; the matching one is left alone.
+	kn.held = map[int]string{1: "a2", 3: "wrong", 7: "stale"}
+	tr.ReplaceActual(maps.Clone(kn.held))
+	if tr.DirtyLen() != 3+3 {
+		t.Fatalf("after a read, DirtyLen %d; want desired+actual = 6", tr.DirtyLen())
+	}
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{3, 4}) || !slices.Equal(kn.deletes, []int{7}) {
+		t.Fatalf("repair set %v deleted %v; want set [3 4] deleted [7]", kn.sets, kn.deletes)
+	}
+	if want := map[int]string{1: "a2", 3: "c", 4: "d"}; !maps.Equal(kn.held, want) {
+		t.Fatalf("after repair the kernel holds %v; want %v", kn.held, want)
+	}
+	kn.pass(tr)
+	if kn.sets != nil || kn.deletes != nil {
+		t.Fatalf("pass after repair set %v deleted %v; want nothing", kn.sets, kn.deletes)
+	}
+
+	// MarkDirty compares a key again (and writes it only if it differs).
+	kn.held[1] = "changed behind our back"
+	tr.SetActual(1, "changed behind our back")
+	tr.MarkDirty(1)
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{1}) || kn.held[1] != "a2" {
+		t.Fatalf("MarkDirty pass set %v, kernel has %q; want [1] and a2", kn.sets, kn.held[1])
+	}
+}
+
+// TestTrackerAllDirty covers the cold start: every key compared without listing it, and
+// what is left over after a pass that failed in part.
+func TestTrackerAllDirty(t *testing.T) {
+	const n = 5000
+	fill := func(tr *Tracker[int, string]) {
+		tr.Expect(n)
+		for i := range n {
+			tr.SetDesired(i, fmt.Sprint(i))
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		refuse    func(k int) bool
+		wantDirty int
+	}{
+		{"all written", func(int) bool { return false }, 0},
+		{"ten refused", func(k int) bool { return k < 10 }, 10},
+		{"2000 refused", func(k int) bool { return k < 2000 }, 2000},
+		{"all refused", func(int) bool { return true }, n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newIntTracker()
+			kn := &trackerKernel{held: map[int]string{-1: "stale"}, refuse: tc.refuse}
+			tr.ReplaceActual(maps.Clone(kn.held))
+			fill(tr)
+			if tr.DirtyLen() != n+1 {
+				t.Fatalf("filled after a read: DirtyLen %d; want %d", tr.DirtyLen(), n+1)
+			}
+			kn.pass(tr)
+			if len(kn.sets) != n {
+				t.Fatalf("cold pass tried %d sets; want %d", len(kn.sets), n)
+			}
+			// The stale key is deleted unless refused.
+			wantLeft := tc.wantDirty
+			if tc.refuse(-1) {
+				wantLeft++
+			}
+			if wantLeft < n && tr.DirtyLen() != wantLeft {
+				t.Fatalf("after the cold pass DirtyLen %d; want %d", tr.DirtyLen(), wantLeft)
+			}
+			// The next pass tries exactly the refused keys, and once they go in, all is clean.
+			kn.refuse = nil
+			kn.pass(tr)
+			if len(kn.sets) != tc.wantDirty {
+				t.Fatalf("second pass tried %d sets; want %d", len(kn.sets), tc.wantDirty)
+			}
+			kn.pass(tr)
+			if kn.sets != nil || kn.deletes != nil || tr.DirtyLen() != 0 {
+				t.Fatalf("third pass set %d deleted %v with %d dirty; want nothing", len(kn.sets), kn.deletes, tr.DirtyLen())
+			}
+			if len(kn.held) != n || kn.held[-1] != "" || kn.held[n-1] != fmt.Sprint(n-1) {
+				t.Fatalf("kernel holds %d keys (stale %q); want %d, no stale", len(kn.held), kn.held[-1], n)
+			}
+		})
+	}
+}
