@@ -87,13 +87,22 @@ func NewConntrack(o *Objects, t Timeouts) *Conntrack {
 }
 
 // PairKey returns the key of the other entry of a NAT pair: a reverse entry's forward entry
-// and the other way round.
+// and the other way round. A hairpin pair (NatSaddr set) has the client's own address in the
+// forward entry's key and the hairpin address in the reverse entry's.
 func PairKey(k ConntrackKey, v ConntrackValue) ConntrackKey {
 	switch v.Type {
 	case ConntrackRev:
-		return ConntrackKey{Src: k.Dst, Dst: v.NatAddr, Sport: v.NatSport, Dport: v.NatPort, Proto: k.Proto}
+		client := k.Dst
+		if v.NatSaddr != 0 {
+			client = v.NatSaddr
+		}
+		return ConntrackKey{Src: client, Dst: v.NatAddr, Sport: v.NatSport, Dport: v.NatPort, Proto: k.Proto}
 	case ConntrackFwd:
-		return ConntrackKey{Src: v.NatAddr, Dst: k.Src, Sport: v.NatPort, Dport: v.NatSport, Proto: k.Proto}
+		client := k.Src
+		if v.NatSaddr != 0 {
+			client = v.NatSaddr
+		}
+		return ConntrackKey{Src: v.NatAddr, Dst: client, Sport: v.NatPort, Dport: v.NatSport, Proto: k.Proto}
 	}
 	return ConntrackKey{}
 }

@@ -36,7 +36,8 @@ const (
 	FrontendAddrOnly      = 1 << 3
 	FrontendNodePort      = 1 << 4
 
-	BackendLocal = 1 << 0
+	BackendLocal  = 1 << 0
+	BackendRouted = 1 << 1 // on no node of the cluster: plain DNAT, never tunnelled
 
 	ClusterNetPool = 1 << 0
 	ClusterNetHost = 1 << 1
@@ -56,6 +57,11 @@ const (
 	TCPFinRev  = 1 << 3
 	TCPRst     = 1 << 4
 )
+
+// HairpinAddr is HAIRPIN_ADDR of c/sluice.h: the source a workload's flow to itself through
+// a service is given towards it (Cilium's service loopback address), so that its answer
+// leaves it and is translated back. Flows carrying it have NatSaddr set in their entries.
+const HairpinAddr = "169.254.42.1"
 
 // counters are the programs' counters in the order of enum counter in c/sluice.h, with what
 // each counts (the header's comments), for operators.
@@ -443,6 +449,9 @@ func BackendString(k BackendKey, v BackendValue) string {
 	s := fmt.Sprintf("list %016x #%d %s node %s", k.ListId, k.Ordinal, netip.AddrPortFrom(HostAddr(v.Addr), HostPort(v.Port)), HostAddr(v.NodeAddr))
 	if v.Flags&BackendLocal != 0 {
 		s += " local"
+	}
+	if v.Flags&BackendRouted != 0 {
+		s += " routed"
 	}
 	return s
 }

@@ -163,11 +163,17 @@ func ConntrackStringNamed(k ConntrackKey, v ConntrackValue, now uint64, ifname f
 		if v.Flags&ConntrackRemote != 0 {
 			fmt.Fprintf(&b, " via node %s", HostAddr(v.TunAddr))
 		}
-		if v.NatSport != k.Sport || v.Flags&ConntrackPSNAT != 0 {
+		if v.NatSaddr != 0 {
+			fmt.Fprintf(&b, " from %s (hairpin)", ap(v.NatSaddr, v.NatSport))
+		} else if v.NatSport != k.Sport || v.Flags&ConntrackPSNAT != 0 {
 			fmt.Fprintf(&b, " from port %d", HostPort(v.NatSport))
 		}
 	case ConntrackRev:
-		fmt.Fprintf(&b, " reply as %s to client port %d", ap(v.NatAddr, v.NatPort), HostPort(v.NatSport))
+		if v.NatSaddr != 0 {
+			fmt.Fprintf(&b, " reply as %s to client %s (hairpin)", ap(v.NatAddr, v.NatPort), ap(v.NatSaddr, v.NatSport))
+		} else {
+			fmt.Fprintf(&b, " reply as %s to client port %d", ap(v.NatAddr, v.NatPort), HostPort(v.NatSport))
+		}
 		if v.Flags&ConntrackRemote != 0 {
 			fmt.Fprintf(&b, " tunnelled from node %s", HostAddr(v.TunAddr))
 		}
@@ -189,7 +195,7 @@ func ConntrackStringNamed(k ConntrackKey, v ConntrackValue, now uint64, ifname f
 		b.WriteString(" flags " + strings.Join(fl, ","))
 	}
 	// Only reverse and tunnel entries keep the TCP state and the last packet's time; a
-	// forward entry's last_seen is its creation.
+	// forward entry's last_seen is its creation. Other protocols keep only "replied".
 	if v.Type != ConntrackFwd {
 		if k.Proto == ProtoTCP {
 			st := TCPStateNames(v.Tcp)
@@ -197,6 +203,8 @@ func ConntrackStringNamed(k ConntrackKey, v ConntrackValue, now uint64, ifname f
 				st = []string{"none"}
 			}
 			b.WriteString(" tcp " + strings.Join(st, ","))
+		} else if v.Tcp&TCPReplied != 0 {
+			b.WriteString(" replied")
 		}
 		fmt.Fprintf(&b, " idle %s", since(now, v.LastSeen))
 	}

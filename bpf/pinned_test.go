@@ -55,6 +55,16 @@ func TestPinnedConntrackString(t *testing.T) {
 		Sport: NetPort(53), Dport: NetPort(33000), Proto: ProtoUDP}
 	uv := ConntrackValue{Created: 95 * sec, LastSeen: 101 * sec, Type: ConntrackRev, NatAddr: NetAddr(netip.MustParseAddr("10.96.0.10")),
 		NatPort: NetPort(53), NatSport: NetPort(33000)}
+	uav := uv
+	uav.Tcp = TCPReplied
+	// A hairpin flow: 10.65.0.5:40000 to 10.96.0.60:80, whose backend is 10.65.0.5:8080.
+	hk := ConntrackKey{Src: NetAddr(netip.MustParseAddr("10.65.0.5")), Dst: NetAddr(netip.MustParseAddr("10.96.0.60")),
+		Sport: NetPort(40000), Dport: NetPort(80), Proto: ProtoTCP}
+	hv := ConntrackValue{Created: 90 * sec, LastSeen: 90 * sec, Type: ConntrackFwd, NatAddr: NetAddr(netip.MustParseAddr("10.65.0.5")),
+		NatPort: NetPort(8080), NatSport: NetPort(40000), NatSaddr: NetAddr(netip.MustParseAddr(HairpinAddr))}
+	hrk := PairKey(hk, hv)
+	hrv := ConntrackValue{Created: 90 * sec, LastSeen: 99 * sec, Type: ConntrackRev, Tcp: TCPSyn | TCPReplied,
+		NatAddr: hk.Dst, NatPort: hk.Dport, NatSport: hk.Sport, NatSaddr: hk.Src}
 	now := 100 * sec
 	for _, c := range []struct {
 		k    ConntrackKey
@@ -65,6 +75,9 @@ func TestPinnedConntrackString(t *testing.T) {
 		{rk, rv, "reverse TCP 10.65.0.65:8080 → 203.0.113.7:20001 reply as 192.0.2.11:30090 to client port 40000 tunnelled from node 192.0.2.12 out ifindex 2 (eth9) to 02:00:00:00:00:fe from 02:00:00:00:00:11 flags forwarded,redirect,psnat tcp syn,replied idle 3s age 1m30s"},
 		{tk, tv, "tunnel TCP 10.65.0.65:8080 → 203.0.113.7:20001 tunnel back to 192.0.2.13 tcp syn,replied,fin-fwd idle 1s age 1m0s"},
 		{uk, uv, "reverse UDP 10.65.0.1:53 → 10.65.0.2:33000 reply as 10.96.0.10:53 to client port 33000 out by the kernel's route idle 0s age 5s"},
+		{uk, uav, "reverse UDP 10.65.0.1:53 → 10.65.0.2:33000 reply as 10.96.0.10:53 to client port 33000 out by the kernel's route replied idle 0s age 5s"},
+		{hk, hv, "forward TCP 10.65.0.5:40000 → 10.96.0.60:80 dnat to 10.65.0.5:8080 from 169.254.42.1:40000 (hairpin) age 10s"},
+		{hrk, hrv, "reverse TCP 10.65.0.5:8080 → 169.254.42.1:40000 reply as 10.96.0.60:80 to client 10.65.0.5:40000 (hairpin) out by the kernel's route tcp syn,replied idle 1s age 10s"},
 	} {
 		got := ConntrackStringNamed(c.k, c.v, now, func(i int) string {
 			if i == 2 {

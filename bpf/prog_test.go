@@ -41,7 +41,8 @@ const (
 	tpFeAddrOnly  = FrontendAddrOnly
 	tpFeNodePort  = FrontendNodePort
 
-	tpBeLocal = BackendLocal
+	tpBeLocal  = BackendLocal
+	tpBeRouted = BackendRouted
 
 	tpCnetPool = ClusterNetPool
 	tpCnetHost = ClusterNetHost
@@ -671,13 +672,18 @@ func TestProgHeaderConstants(t *testing.T) {
 	}
 	for name, v := range map[string]int{"FE_EXT_LOCAL": tpFeExtLocal, "FE_INT_LOCAL": tpFeIntLocal,
 		"FE_SRC_RANGES": tpFeSrcRanges, "FE_ADDR_ONLY": tpFeAddrOnly, "FE_NODE_PORT": tpFeNodePort,
-		"BE_LOCAL": tpBeLocal, "CNET_POOL": tpCnetPool, "CNET_HOST": tpCnetHost, "CNET_SELF": tpCnetSelf,
+		"BE_LOCAL": tpBeLocal, "BE_ROUTED": tpBeRouted, "CNET_POOL": tpCnetPool, "CNET_HOST": tpCnetHost, "CNET_SELF": tpCnetSelf,
 		"CT_FWD": tpCtFwd, "CT_REV": tpCtRev, "CT_TUN": tpCtTun, "CT_F_REMOTE": tpCtRemote,
 		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
 		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst} {
 		if got, ok := defines[name]; !ok || got != v {
 			t.Errorf("%s: header says %d (found %v), the driver uses %d", name, got, ok, v)
 		}
+	}
+	if m := regexp.MustCompile(`(?m)^#define HAIRPIN_ADDR\s+0x([0-9a-fA-F]{8})\b`).FindStringSubmatch(string(src)); m == nil {
+		t.Error("no HAIRPIN_ADDR 0x........ in c/sluice.h")
+	} else if v, _ := strconv.ParseUint(m[1], 16, 32); netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}) != netip.MustParseAddr(HairpinAddr) {
+		t.Errorf("HAIRPIN_ADDR is 0x%s, the driver's HairpinAddr %s", m[1], HairpinAddr)
 	}
 	enum := regexp.MustCompile(`(?s)enum counter \{(.*?)\};`).FindStringSubmatch(string(src))
 	if enum == nil {

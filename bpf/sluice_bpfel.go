@@ -109,7 +109,7 @@ type sluiceCtValV4 struct {
 	NatSport uint16
 	MacLocal [6]uint8
 	MacPeer  [6]uint8
-	Pad2     uint32
+	NatSaddr uint32
 	Pad3     uint32
 }
 

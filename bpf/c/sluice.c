@@ -221,10 +221,16 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int dst
 	return 0;
 }
 
+/* tcp_track keeps the state bits of a REV or TUN entry for a packet of its flow (reply: from
+ * the backend). A flow of another protocol (UDP) is only marked replied, which the cleaner
+ * reads as the kernel's "stream": answered UDP lives 120 s, not 30. */
 static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int reply)
 {
-	if (p->proto != IPPROTO_TCP)
+	if (p->proto != IPPROTO_TCP) {
+		if (reply && !(v->tcp & TCP_REPLIED))
+			v->tcp |= TCP_REPLIED;
 		return;
+	}
 	__u8 f = p->tcp_flags, t = v->tcp;
 	if ((f & TH_SYN) && !(f & TH_ACK) && !reply)
 		t |= TCP_SYN;
@@ -596,7 +602,17 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	if (!bep)
 		return reject(skb, p, C_REJECT_NO_BACKEND);
 	struct be_val_v4 be = *bep;
-	int remote = !(be.flags & BE_LOCAL);
+	/* A routed backend (on no node) is reached as a local one is: DNAT only, never the
+	 * tunnel; its replies come back by a host interface and meet the REV entry there. */
+	int remote = !(be.flags & (BE_LOCAL | BE_ROUTED));
+	/* Hairpin: a workload whose flow lands on itself would answer itself inside its own
+	 * namespace, from its own address, and the client (itself) would reset the connection.
+	 * As Cilium does, such a flow also gets the source HAIRPIN_ADDR: the answer leaves the
+	 * workload by its default route and comes back here, to the REV entry. The workload
+	 * sees the hairpin address as its client (Cilium #26100). Only for a workload's flow to
+	 * a backend here: the address must never leave the node (Cilium #10841). */
+	int hairpin = !remote && from == FROM_WEP && be.addr == p->src;
+	__be32 saddr = hairpin ? bpf_htonl(HAIRPIN_ADDR) : p->src;
 	if (remote && !c)
 		return TC_ACT_SHOT;
 	if (remote) {
@@ -605,7 +621,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 			return rc;
 	}
 	__be16 sport = p->sport;
-	struct ct_key_v4 rk = {.src = be.addr, .dst = p->src, .sport = be.port, .proto = p->proto};
+	struct ct_key_v4 rk = {.src = be.addr, .dst = saddr, .sport = be.port, .proto = p->proto};
 	rk.dport = sport;
 	/* The client's own port is kept when nothing here uses the backend-side tuple, as the
 	 * kernel's NAT keeps it: the endpoint then sees the ports the client's own stack manages
@@ -635,6 +651,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 				.nat_port = p->dport, .nat_sport = p->sport};
 	struct ct_val_v4 fwd = {.created = now, .last_seen = now, .type = CT_FWD, .nat_addr = be.addr,
 				.nat_port = be.port, .nat_sport = sport};
+	if (hairpin) {
+		rev.nat_saddr = p->src;
+		fwd.nat_saddr = saddr;
+	}
 	if (remote) {
 		rev.flags |= CT_F_REMOTE;
 		fwd.flags |= CT_F_REMOTE;
@@ -663,7 +683,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		return TC_ACT_SHOT;
 	}
 	count(C_NAT_NEW);
-	if (rewrite(skb, p, 1, be.addr, be.port) < 0 || rewrite(skb, p, 0, p->src, sport) < 0) {
+	if (rewrite(skb, p, 1, be.addr, be.port) < 0 || rewrite(skb, p, 0, saddr, sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
@@ -671,7 +691,10 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		count(C_NAT_FWD_REMOTE);
 		return encap(skb, p, c, be.node_addr);
 	}
-	if (from == FROM_HOST)
+	/* A hairpin packet goes straight back to the workload's interface: to the kernel's
+	 * forwarding it is a link-local source coming in from a workload, which a strict
+	 * rp_filter drops. */
+	if (from == FROM_HOST || hairpin)
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }
@@ -680,7 +703,8 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct cfg *c, struct ct_val_v4 *f, int from)
 {
 	struct ct_val_v4 fwd = *f;
-	struct ct_key_v4 rk = {.src = fwd.nat_addr, .dst = p->src, .sport = fwd.nat_port, .dport = fwd.nat_sport, .proto = p->proto};
+	__be32 saddr = fwd.nat_saddr ? fwd.nat_saddr : p->src;
+	struct ct_key_v4 rk = {.src = fwd.nat_addr, .dst = saddr, .sport = fwd.nat_port, .dport = fwd.nat_sport, .proto = p->proto};
 	struct ct_val_v4 *rev = bpf_map_lookup_elem(&sl_ct_v4, &rk);
 	__u64 now = bpf_ktime_get_ns();
 	if (rev) {
@@ -693,13 +717,13 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 		if (rc >= 0)
 			return rc;
 	}
-	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, p->src, fwd.nat_sport) < 0) {
+	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, saddr, fwd.nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
 	if (remote)
 		return encap(skb, p, c, fwd.tun_addr);
-	if (from == FROM_HOST)
+	if (from == FROM_HOST || fwd.nat_saddr)
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }
@@ -726,7 +750,9 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 	r->last_seen = bpf_ktime_get_ns();
 	tcp_track(r, p, 1);
 	struct ct_val_v4 rev = *r;
-	if (rewrite(skb, p, 0, rev.nat_addr, rev.nat_port) < 0 || rewrite(skb, p, 1, p->dst, rev.nat_sport) < 0) {
+	/* A hairpin reply is addressed to HAIRPIN_ADDR: it goes to the client's own address. */
+	__be32 client = rev.nat_saddr ? rev.nat_saddr : p->dst;
+	if (rewrite(skb, p, 0, rev.nat_addr, rev.nat_port) < 0 || rewrite(skb, p, 1, client, rev.nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
@@ -870,10 +896,12 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 			count(C_DROP_FORGED_TUNNEL);
 			return TC_ACT_SHOT;
 		}
-		/* The backend itself answering speaks for the frontend; a router keeps its address. */
+		/* The backend itself answering speaks for the frontend; a router keeps its address.
+		 * An error about a hairpin packet goes to the client's own address. */
 		__be32 src = outer->src == q.dst ? rev.nat_addr : outer->src;
+		__be32 client = rev.nat_saddr ? rev.nat_saddr : q.src;
 		if (icmp_rewrite(skb, outer, &q, 1, rev.nat_addr, rev.nat_port, 0, src) < 0 ||
-		    icmp_rewrite(skb, outer, &q, 0, q.src, rev.nat_sport, 0, src) < 0) {
+		    icmp_rewrite(skb, outer, &q, 0, client, rev.nat_sport, 1, rev.nat_saddr ? client : outer->dst) < 0) {
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
@@ -891,8 +919,10 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 	}
 	if (v && v->type == CT_FWD) {
 		struct ct_val_v4 fwd = *v;
+		/* About a reply to a hairpin flow: from the client as the backend knows it. */
+		__be32 saddr = fwd.nat_saddr ? fwd.nat_saddr : q.dst;
 		if (icmp_rewrite(skb, outer, &q, 0, fwd.nat_addr, fwd.nat_port, 1, fwd.nat_addr) < 0 ||
-		    icmp_rewrite(skb, outer, &q, 1, q.dst, fwd.nat_sport, 1, fwd.nat_addr) < 0) {
+		    icmp_rewrite(skb, outer, &q, 1, saddr, fwd.nat_sport, 0, fwd.nat_saddr ? saddr : outer->src) < 0) {
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
@@ -984,7 +1014,8 @@ static __always_inline int client_flow(struct __sk_buff *skb, struct pkt *p, str
 	if (v && v->type == CT_FWD) {
 		if (!is_syn(p))
 			return forward(skb, p, c, v, from);
-		struct ct_key_v4 rk = {.src = v->nat_addr, .dst = p->src, .sport = v->nat_port, .dport = v->nat_sport, .proto = p->proto};
+		__be32 saddr = v->nat_saddr ? v->nat_saddr : p->src;
+		struct ct_key_v4 rk = {.src = v->nat_addr, .dst = saddr, .sport = v->nat_port, .dport = v->nat_sport, .proto = p->proto};
 		struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
 		if (r && !closed(r) && (r->tcp & TCP_REPLIED))
 			return forward(skb, p, c, v, from);

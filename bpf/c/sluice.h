@@ -34,7 +34,10 @@ struct fe_val {
 };
 
 /* Backend flags. */
-#define BE_LOCAL (1 << 0) /* on this node: delivered directly, never tunnelled */
+#define BE_LOCAL  (1 << 0) /* on this node: delivered directly, never tunnelled */
+#define BE_ROUTED (1 << 1) /* on no node of the cluster (an endpoint without nodeName, an address
+			    * outside the cluster): plain DNAT, then the FIB or the kernel's
+			    * routing as for a local backend; never tunnelled */
 
 struct be_key {
 	__u64 list_id;
@@ -110,7 +113,8 @@ struct ct_key_v4 {
 #define CT_F_REDIRECT  (1 << 1) /* REV: replies leave by ifindex with macs (came in from outside) */
 #define CT_F_PSNAT     (1 << 2) /* the source port was rewritten to nat_sport */
 
-/* TCP state bits, kept in REV and TUN entries. */
+/* TCP state bits, kept in REV and TUN entries. Flows of other protocols (UDP) keep
+ * TCP_REPLIED only: an answered one gets the longer timeout, as the kernel's "stream". */
 #define TCP_SYN      (1 << 0)
 #define TCP_REPLIED  (1 << 1) /* the responder answered: established for the timeouts */
 #define TCP_FIN_FWD  (1 << 2)
@@ -131,9 +135,19 @@ struct ct_val_v4 {
 	__be16 nat_sport; /* FWD: source port towards the backend; REV: the client's own */
 	__u8 mac_local[6]; /* REV: our MAC on ifindex (source of replies) */
 	__u8 mac_peer[6];  /* REV: the hop the request came from (destination of replies) */
-	__u32 pad2;
+	/* FWD: source address written towards the backend, 0 = unchanged (the client's own);
+	 * REV: the client's own address, where replies go, 0 = the reply's destination as it
+	 * is. Set for hairpin flows only (HAIRPIN_ADDR). It took the place of a padding word
+	 * that was always 0, so the layout and the map's name are unchanged and entries of an
+	 * older agent read as "unchanged". */
+	__be32 nat_saddr;
 	__u32 pad3; /* named, so no byte of an entry is left uninitialised */
 };
+
+/* Hairpin: a workload reaching itself through a service gets this link-local source (host
+ * order; 169.254.42.1, Cilium's service loopback address), so that its answer leaves it for
+ * the reverse translation instead of staying inside its own namespace. */
+#define HAIRPIN_ADDR 0xa9fe2a01
 
 /* Global settings, one entry. */
 struct cfg {
