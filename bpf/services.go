@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -45,11 +46,33 @@ type list struct {
 
 // wanted is what one calc frontend became in the maps.
 type wanted struct {
-	f        calc.Frontend
+	service  string // namespace/name
+	svcID    uint64
 	list     uint64
 	addrOnly bool
 	sources  []SourceRangeKey
-	live     []netip.AddrPort // endpoints named or in use (counted in Services.live)
+	live     *liveSet // endpoints named or in use
+}
+
+// liveSet is one set of endpoints that frontends name (Frontend.Present and the backends in
+// use), shared by the frontends naming the same set: a service's cluster IP and node ports
+// count its endpoints once, not once each.
+type liveSet struct {
+	key  string // the endpoints, encoded: the set's key in Services.liveSets
+	eps  []netip.AddrPort
+	refs int
+}
+
+// idOwner is the one service holding a service identity, and how many frontends of it do.
+type idOwner struct {
+	service string
+	n       int
+}
+
+// addrHolder is a cluster-IP frontend holding its address's address-only entry.
+type addrHolder struct {
+	key calc.FrontendKey
+	id  uint64
 }
 
 // Services keeps the service maps matching calc's frontends and cluster networks. Updates
@@ -68,31 +91,41 @@ type Services struct {
 	cfg Config
 	t   Tables
 
-	mu       sync.Mutex
-	fe       *dataplane.Tracker[FrontendKey, FrontendValue]
-	be       *dataplane.Tracker[BackendKey, BackendValue]
+	mu sync.Mutex
+	fe *dataplane.Tracker[FrontendKey, FrontendValue]
+	// be tracks backend lists, not single entries: a list's identity is a hash of its
+	// content, so it is written and removed whole (a cold start handles 10,000 lists where it
+	// would handle 100,000 entries). An actual list read with a gap holds a zero entry there.
+	be       *dataplane.Tracker[uint64, []BackendValue]
+	beCount  [2]int       // backend entries desired and programmed
+	strays   []BackendKey // backend entries read that no list can hold, to delete
 	src      *dataplane.Tracker[SourceRangeKey, uint32]
 	cnet     *dataplane.Tracker[ClusterNetKey, ClusterNetVal]
 	settings *dataplane.Tracker[uint32, Settings]
 	fronts   map[calc.FrontendKey]wanted
 	lists    map[uint64]*list
-	addrOnly map[netip.Addr]map[calc.FrontendKey]uint64 // cluster IPs: their frontends' service identities
-	svcIDs   map[uint64]map[string]int
+	addrOnly map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
+	svcIDs   map[uint64]idOwner
 	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
 	self     map[netip.Prefix]bool              // this node's own addresses (both families)
-	// live counts the endpoints the frontends' slices still name (Frontend.Present and the
-	// backends in use): the cleaner's test for flows whose endpoint went.
-	live     map[netip.AddrPort]int
-	wepDst   map[netip.Prefix]string
-	weps     map[string]int
-	problems map[calc.FrontendKey]string
-	full     bool
-	resync   bool
-	stats    Stats
+	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
+	// use); live is their union, the cleaner's test for flows whose endpoint went, rebuilt
+	// when the cleaner asks after a set came or went (not at every change: a cold start
+	// would count 100,000 endpoints for nothing).
+	liveSets  map[string]*liveSet
+	live      map[netip.AddrPort]struct{}
+	liveStale bool
+	liveBuf   []byte
+	beBuf     []BackendValue
+	wepDst    map[netip.Prefix]string
+	weps      map[string]int
+	problems  map[calc.FrontendKey]string
+	full      bool
+	resync    bool
+	stats     Stats
 
-	// feLists and heldLists are the lists the frontends in the map point at (as written or
-	// read): a list is not deleted while one does.
-	feLists   map[FrontendKey]uint64
+	// heldLists counts the frontends in the map (as written or read) pointing at each list:
+	// a list is not deleted while one does.
 	heldLists map[uint64]int
 }
 
@@ -112,23 +145,47 @@ func NewServices(t Tables, cfg Config) *Services {
 
 func (s *Services) reset() {
 	s.fe = dataplane.NewTracker[FrontendKey, FrontendValue](func(a, b FrontendValue) bool { return a == b })
-	s.be = dataplane.NewTracker[BackendKey, BackendValue](func(a, b BackendValue) bool { return a == b })
+	s.be = dataplane.NewTracker[uint64, []BackendValue](slices.Equal[[]BackendValue])
+	s.beCount = [2]int{}
 	s.src = dataplane.NewTracker[SourceRangeKey, uint32](func(a, b uint32) bool { return a == b })
 	s.cnet = dataplane.NewTracker[ClusterNetKey, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
 	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
 	s.fronts = map[calc.FrontendKey]wanted{}
 	s.lists = map[uint64]*list{}
-	s.addrOnly = map[netip.Addr]map[calc.FrontendKey]uint64{}
-	s.svcIDs = map[uint64]map[string]int{}
+	s.addrOnly = map[netip.Addr][]addrHolder{}
+	s.svcIDs = map[uint64]idOwner{}
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
-	s.feLists = map[FrontendKey]uint64{}
 	s.heldLists = map[uint64]int{}
 	s.self = map[netip.Prefix]bool{}
-	s.live = map[netip.AddrPort]int{}
+	s.liveSets = map[string]*liveSet{}
+	s.liveStale = true
 	s.wepDst = map[netip.Prefix]string{}
 	s.weps = map[string]int{}
 	s.problems = map[calc.FrontendKey]string{}
 	s.resync = true
+	// A reset is always followed by a fresh read of the maps, which compares every key.
+	for _, t := range []interface{ DirtyAll() }{s.fe, s.be, s.src, s.cnet, s.settings} {
+		t.DirtyAll()
+	}
+}
+
+// expectLocked sizes the empty tables of a reset for a full update of u's size: maps grown
+// one key at a time to 100,000 copy themselves a dozen times.
+func (s *Services) expectLocked(u *calc.Update) {
+	nFront, nList := 0, 0
+	for _, op := range u.Ops {
+		if op.Frontend != nil && !op.Remove {
+			nFront++
+			if op.Frontend.Kind == calc.FrontendClusterIP {
+				nList++ // lists and endpoint sets are shared by a service's frontends
+			}
+		}
+	}
+	s.fronts = make(map[calc.FrontendKey]wanted, nFront)
+	s.fe.Expect(nFront)
+	s.be.Expect(nList)
+	s.lists = make(map[uint64]*list, nList)
+	s.liveSets = make(map[string]*liveSet, nList)
 }
 
 // OnUpdate takes one calc update. It reports whether the update touched anything the
@@ -138,6 +195,7 @@ func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 	defer s.mu.Unlock()
 	if u.Full {
 		s.reset()
+		s.expectLocked(u)
 		s.full = true
 		changed = true
 	}
@@ -215,21 +273,15 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 		s.problems[pkey] = "only TCP and UDP services are programmed"
 		return
 	}
-	if owners := s.svcIDs[f.ServiceID]; len(owners) > 0 && owners[f.Service] == 0 {
-		for other := range owners {
-			s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, other, f.Service)
-		}
+	owner, held := s.svcIDs[f.ServiceID]
+	if held && owner.service != f.Service {
+		s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, owner.service, f.Service)
 		s.refused[f.Key] = f
 		return
 	}
-	owners := s.svcIDs[f.ServiceID]
-	if owners == nil {
-		owners = map[string]int{}
-		s.svcIDs[f.ServiceID] = owners
-	}
-	owners[f.Service]++
-	w := wanted{f: f}
-	bes := make([]BackendValue, 0, len(f.Backends))
+	s.svcIDs[f.ServiceID] = idOwner{service: f.Service, n: owner.n + 1}
+	w := wanted{service: f.Service, svcID: f.ServiceID}
+	bes := s.beBuf[:0] // cloned only for a new list
 	for i, b := range f.Backends {
 		local := b.Node == s.cfg.NodeName
 		if !b.Addr.Is4() {
@@ -248,14 +300,15 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 		}
 		bes = append(bes, v)
 	}
+	s.beBuf = bes
 	w.list = listID(bes)
 	l := s.lists[w.list]
 	if l == nil {
+		bes = slices.Clone(bes)
 		l = &list{entries: bes}
 		s.lists[w.list] = l
-		for i, v := range bes {
-			s.be.SetDesired(BackendKey{ListId: w.list, Ordinal: uint32(i)}, v)
-		}
+		s.be.SetDesired(w.list, bes)
+		s.beCount[0] += len(bes)
 	}
 	l.refs++
 	v := FrontendValue{ListId: w.list, SvcId: f.ServiceID, Count: uint32(len(bes)), Local: uint32(min(f.LocalBackends, len(bes))),
@@ -286,25 +339,60 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 	s.fe.SetDesired(key, v)
 	if f.Kind == calc.FrontendClusterIP {
 		w.addrOnly = true
-		holders := s.addrOnly[f.Key.Addr]
-		if holders == nil {
-			holders = map[calc.FrontendKey]uint64{}
-			s.addrOnly[f.Key.Addr] = holders
-		}
-		holders[f.Key] = f.ServiceID
+		s.addrOnly[f.Key.Addr] = append(s.addrOnly[f.Key.Addr], addrHolder{key: f.Key, id: f.ServiceID})
 		s.setAddrOnlyLocked(f.Key.Addr)
 	}
-	// Every endpoint in use is live, whether or not the update listed it as present.
-	w.live = slices.Clone(f.Present)
-	for _, b := range f.Backends {
-		w.live = append(w.live, netip.AddrPortFrom(b.Addr, b.Port))
-	}
-	slices.SortFunc(w.live, netip.AddrPort.Compare)
-	w.live = slices.Compact(w.live)
-	for _, ap := range w.live {
-		s.live[ap]++
-	}
+	w.live = s.holdLiveLocked(f)
 	s.fronts[f.Key] = w
+}
+
+// holdLiveLocked counts the endpoints f names (every endpoint in use is live, whether or not
+// the update listed it as present) through the set shared with the frontends naming the same.
+func (s *Services) holdLiveLocked(f calc.Frontend) *liveSet {
+	buf := s.liveBuf[:0]
+	put := func(ap netip.AddrPort) {
+		if a := ap.Addr(); a.Is4() {
+			b := a.As4()
+			buf = append(append(buf, 4), b[:]...)
+		} else {
+			b := a.As16()
+			buf = append(append(buf, 16), b[:]...)
+		}
+		buf = binary.BigEndian.AppendUint16(buf, ap.Port())
+	}
+	for _, ap := range f.Present {
+		put(ap)
+	}
+	buf = append(buf, 0)
+	for _, b := range f.Backends {
+		put(netip.AddrPortFrom(b.Addr, b.Port))
+	}
+	s.liveBuf = buf
+	if ls := s.liveSets[string(buf)]; ls != nil {
+		ls.refs++
+		return ls
+	}
+	eps := slices.Clone(f.Present)
+	for _, b := range f.Backends {
+		eps = append(eps, netip.AddrPortFrom(b.Addr, b.Port))
+	}
+	slices.SortFunc(eps, netip.AddrPort.Compare)
+	ls := &liveSet{key: string(buf), eps: slices.Compact(eps), refs: 1}
+	s.liveSets[ls.key] = ls
+	s.liveStale = true
+	return ls
+}
+
+// releaseLiveLocked drops a frontend's hold on its endpoint set.
+func (s *Services) releaseLiveLocked(ls *liveSet) {
+	if ls == nil {
+		return
+	}
+	if ls.refs--; ls.refs > 0 {
+		return
+	}
+	delete(s.liveSets, ls.key)
+	s.liveStale = true
 }
 
 // setAddrOnlyLocked wants the address-only entry of cluster IP a while a cluster-IP frontend
@@ -318,13 +406,13 @@ func (s *Services) setAddrOnlyLocked(a netip.Addr) {
 		s.fe.DeleteDesired(ak)
 		return
 	}
-	var first calc.FrontendKey
-	for k := range holders {
-		if !first.Addr.IsValid() || cmpFrontendKey(k, first) < 0 {
-			first = k
+	first := holders[0]
+	for _, h := range holders[1:] {
+		if cmpFrontendKey(h.key, first.key) < 0 {
+			first = h
 		}
 	}
-	s.fe.SetDesired(ak, FrontendValue{SvcId: holders[first], Flags: FrontendAddrOnly})
+	s.fe.SetDesired(ak, FrontendValue{SvcId: first.id, Flags: FrontendAddrOnly})
 }
 
 func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
@@ -335,26 +423,18 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 		return
 	}
 	delete(s.fronts, k)
-	for _, ap := range w.live {
-		if s.live[ap]--; s.live[ap] <= 0 {
-			delete(s.live, ap)
-		}
-	}
+	s.releaseLiveLocked(w.live)
 	key := FrontendMapKey(k)
 	s.fe.DeleteDesired(key)
-	if owners := s.svcIDs[w.f.ServiceID]; owners != nil {
-		if owners[w.f.Service]--; owners[w.f.Service] <= 0 {
-			delete(owners, w.f.Service)
-		}
-		if len(owners) == 0 {
-			delete(s.svcIDs, w.f.ServiceID)
-		}
+	if owner := s.svcIDs[w.svcID]; owner.n > 1 {
+		s.svcIDs[w.svcID] = idOwner{service: owner.service, n: owner.n - 1}
+	} else {
+		delete(s.svcIDs, w.svcID)
 	}
 	if l := s.lists[w.list]; l != nil {
 		if l.refs--; l.refs == 0 {
-			for i := range l.entries {
-				s.be.DeleteDesired(BackendKey{ListId: w.list, Ordinal: uint32(i)})
-			}
+			s.be.DeleteDesired(w.list)
+			s.beCount[0] -= len(l.entries)
 			delete(s.lists, w.list)
 		}
 	}
@@ -362,7 +442,7 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 		s.src.DeleteDesired(sk)
 	}
 	if w.addrOnly {
-		delete(s.addrOnly[k.Addr], k)
+		s.addrOnly[k.Addr] = slices.DeleteFunc(s.addrOnly[k.Addr], func(h addrHolder) bool { return h.key == k })
 		s.setAddrOnlyLocked(k.Addr)
 	}
 }
@@ -441,7 +521,17 @@ func (s *Services) SelfAddrs() []netip.Addr {
 func (s *Services) LiveEndpoint(addr netip.Addr, port uint16) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.live[netip.AddrPortFrom(addr, port)] > 0
+	if s.liveStale {
+		s.live = make(map[netip.AddrPort]struct{}, len(s.live))
+		for _, ls := range s.liveSets {
+			for _, ap := range ls.eps {
+				s.live[ap] = struct{}{}
+			}
+		}
+		s.liveStale = false
+	}
+	_, ok := s.live[netip.AddrPortFrom(addr, port)]
+	return ok
 }
 
 func (s *Services) setSettingsLocked() {
@@ -567,39 +657,66 @@ func (s *Services) Apply() error {
 		return wrote(nil)
 	}
 	s.cnet.Pending(setCnet, delCnet)
-	// Backend entries and frontends are written in batches: collected from the trackers,
-	// written, then marked. A list with an entry refused is not written, and no frontend
-	// is pointed at it in this apply.
+	// Backend lists and frontends are written in batches: collected from the trackers (as
+	// clean), written, then marked (a failed one dirty again). A list with an entry refused
+	// is not written whole, and no frontend is pointed at it in this apply.
 	failedLists := map[uint64]bool{}
+	var beIDs []uint64
 	var beKeys []BackendKey
 	var beVals []BackendValue
-	collectBe := func(k BackendKey, v BackendValue) bool {
-		beKeys, beVals = append(beKeys, k), append(beVals, v)
-		return false
+	collectBe := func(id uint64, want []BackendValue) bool {
+		beIDs = append(beIDs, id)
+		// Only the entries that differ from the map's are written (a list read back with
+		// one wrong entry is mended by one write).
+		have, _ := s.be.Actual(id)
+		for i, v := range want {
+			if i < len(have) && have[i] == v {
+				continue
+			}
+			beKeys, beVals = append(beKeys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(beVals, v)
+		}
+		return true
 	}
 	writeBe := func() {
-		s.be.ReserveActual(len(beKeys))
-		putAll(s.t.Backends, beKeys, beVals, func(i int) {
-			s.be.SetActual(beKeys[i], beVals[i])
-			s.be.Clean(beKeys[i])
-			wrote(nil)
-		}, func(i int, err error) {
+		putAll(s.t.Backends, beKeys, beVals, func(int) { wrote(nil) }, func(i int, err error) {
 			k := beKeys[i]
-			failedLists[k.ListId] = true
-			fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(err, "backends", s.t.Backends.Max()))
+			if !failedLists[k.ListId] {
+				failedLists[k.ListId] = true
+				fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(err, "backends", s.t.Backends.Max()))
+			}
 		})
-		beKeys, beVals = beKeys[:0], beVals[:0]
+		for _, id := range beIDs {
+			if failedLists[id] {
+				s.be.MarkDirty(id)
+				continue
+			}
+			want, _ := s.be.Desired(id)
+			have, _ := s.be.Actual(id)
+			// A list read longer than wanted (drift) loses its extra entries.
+			for i := len(want); i < len(have); i++ {
+				if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
+					fail(fmt.Sprintf("deleting backend %016x #%d", id, i), err)
+				}
+			}
+			s.beCount[1] += len(want) - realEntries(have)
+			s.be.SetActual(id, want)
+		}
+		beIDs, beKeys, beVals = beIDs[:0], beKeys[:0], beVals[:0]
 	}
-	delBe := func(k BackendKey, v BackendValue) bool {
-		if s.heldLists[k.ListId] > 0 {
+	delBe := func(id uint64, have []BackendValue) bool {
+		if s.heldLists[id] > 0 {
 			return false // a frontend in the map still points at it (moving it failed): later
 		}
-		if err := s.t.Backends.Delete(k); err != nil {
-			fail("deleting backend "+BackendString(k, v), err)
-			return false
+		for i := range have {
+			if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
+				fail(fmt.Sprintf("deleting backend list %016x", id), err)
+				return false
+			}
+			wrote(nil)
 		}
-		s.be.DeleteActual(k)
-		return wrote(nil)
+		s.beCount[1] -= realEntries(have)
+		s.be.DeleteActual(id)
+		return true
 	}
 	setSrc := func(k SourceRangeKey, v uint32) bool {
 		if err := s.t.SourceRanges.Put(k, v); err != nil {
@@ -625,22 +742,23 @@ func (s *Services) Apply() error {
 			return false
 		}
 		feKeys, feVals = append(feKeys, k), append(feVals, v)
-		return false
+		return true
 	}
 	delFe := func(k FrontendKey, v FrontendValue) bool {
 		if err := s.t.Frontends.Delete(k); err != nil {
 			fail("deleting frontend "+FrontendString(k, v), err)
 			return false
 		}
-		s.fe.DeleteActual(k)
 		s.holdLocked(k, v, false)
+		s.fe.DeleteActual(k)
 		return wrote(nil)
 	}
 	// Frontends no longer wanted go first, making room in a full map for the new ones.
 	s.fe.Pending(func(FrontendKey, FrontendValue) bool { return false }, delFe)
 	// Adds first: lists and source ranges exist before the frontends that use them.
-	beKeys, beVals = make([]BackendKey, 0, s.be.DirtyLen()), make([]BackendValue, 0, s.be.DirtyLen())
-	s.be.Pending(collectBe, func(BackendKey, BackendValue) bool { return false })
+	n := max(0, s.beCount[0]-s.beCount[1])
+	beKeys, beVals = make([]BackendKey, 0, n), make([]BackendValue, 0, n)
+	s.be.Pending(collectBe, func(uint64, []BackendValue) bool { return false })
 	writeBe()
 	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
 	feKeys, feVals = make([]FrontendKey, 0, s.fe.DirtyLen()), make([]FrontendValue, 0, s.fe.DirtyLen())
@@ -648,30 +766,49 @@ func (s *Services) Apply() error {
 	s.fe.ReserveActual(len(feKeys))
 	putAll(s.t.Frontends, feKeys, feVals, func(i int) {
 		k, v := feKeys[i], feVals[i]
-		s.fe.SetActual(k, v)
-		s.fe.Clean(k)
 		s.holdLocked(k, v, true)
+		s.fe.SetActual(k, v)
 		wrote(nil)
 	}, func(i int, err error) {
 		k, v := feKeys[i], feVals[i]
+		s.fe.MarkDirty(k)
 		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(err, "frontends", s.t.Frontends.Max()))
 	})
 	s.be.Pending(collectBe, delBe)
 	writeBe()
+	for len(s.strays) > 0 {
+		k := s.strays[len(s.strays)-1]
+		if err := s.t.Backends.Delete(k); err != nil {
+			fail(fmt.Sprintf("deleting stray backend %016x #%d", k.ListId, k.Ordinal), err)
+			break
+		}
+		s.strays = s.strays[:len(s.strays)-1]
+		wrote(nil)
+	}
 	s.src.Pending(setSrc, delSrc)
 	return errors.Join(errs...)
 }
 
-// holdLocked records that the frontend map holds v at k (held) or nothing.
-func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
-	if old, ok := s.feLists[k]; ok {
-		if s.heldLists[old]--; s.heldLists[old] <= 0 {
-			delete(s.heldLists, old)
+// realEntries counts the entries of an actual list that the map holds (not its gaps).
+func realEntries(l []BackendValue) int {
+	n := 0
+	for _, v := range l {
+		if v != (BackendValue{}) {
+			n++
 		}
-		delete(s.feLists, k)
+	}
+	return n
+}
+
+// holdLocked records that the frontend map now holds v at k (held) or nothing, before the
+// tracker's actual value changes: the lists that frontends in the map point at are counted.
+func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
+	if old, ok := s.fe.Actual(k); ok && old.Flags&FrontendAddrOnly == 0 {
+		if s.heldLists[old.ListId]--; s.heldLists[old.ListId] <= 0 {
+			delete(s.heldLists, old.ListId)
+		}
 	}
 	if held && v.Flags&FrontendAddrOnly == 0 {
-		s.feLists[k] = v.ListId
 		s.heldLists[v.ListId]++
 	}
 }
@@ -686,7 +823,7 @@ func (s *Services) full1(err error, option string, max int) error {
 func (s *Services) serviceOfLocked(k FrontendKey) string {
 	for fk, w := range s.fronts {
 		if FrontendMapKey(fk) == k || (k.Port == 0 && k.Addr == NetAddr(fk.Addr)) {
-			return "service " + w.f.Service
+			return "service " + w.service
 		}
 	}
 	return "no service"
@@ -695,7 +832,7 @@ func (s *Services) serviceOfLocked(k FrontendKey) string {
 func (s *Services) serviceOfListLocked(id uint64) string {
 	for _, w := range s.fronts {
 		if w.list == id {
-			return "service " + w.f.Service
+			return "service " + w.service
 		}
 	}
 	return "no service"
@@ -724,13 +861,30 @@ func (s *Services) readLocked() error {
 	if err != nil {
 		return fmt.Errorf("reading the settings map: %w", err)
 	}
-	s.fe.ReplaceActual(fe)
-	clear(s.feLists)
 	clear(s.heldLists)
-	for k, v := range fe {
-		s.holdLocked(k, v, true)
+	for _, v := range fe {
+		if v.Flags&FrontendAddrOnly == 0 {
+			s.heldLists[v.ListId]++
+		}
 	}
-	s.be.ReplaceActual(be)
+	s.fe.ReplaceActual(fe)
+	lists := map[uint64][]BackendValue{}
+	s.strays = s.strays[:0]
+	for k, v := range be {
+		if k.Ordinal >= uint32(len(be)) {
+			// No list written by a driver has an entry this far: removed at the next apply.
+			s.strays = append(s.strays, k)
+			continue
+		}
+		l := lists[k.ListId]
+		for uint32(len(l)) <= k.Ordinal {
+			l = append(l, BackendValue{})
+		}
+		l[k.Ordinal] = v
+		lists[k.ListId] = l
+	}
+	s.be.ReplaceActual(lists)
+	s.beCount[1] = len(be) - len(s.strays)
 	s.src.ReplaceActual(src)
 	s.cnet.ReplaceActual(cn)
 	s.settings.ReplaceActual(st)
@@ -743,7 +897,7 @@ func (s *Services) Counts() map[string][2]int {
 	defer s.mu.Unlock()
 	return map[string][2]int{
 		"frontends":     {s.fe.DesiredLen(), s.fe.ActualLen()},
-		"backends":      {s.be.DesiredLen(), s.be.ActualLen()},
+		"backends":      {s.beCount[0], s.beCount[1]},
 		"source_ranges": {s.src.DesiredLen(), s.src.ActualLen()},
 		"cluster_nets":  {s.cnet.DesiredLen(), s.cnet.ActualLen()},
 	}
