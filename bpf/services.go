@@ -58,9 +58,29 @@ type wanted struct {
 // use), shared by the frontends naming the same set: a service's cluster IP and node ports
 // count its endpoints once, not once each.
 type liveSet struct {
-	key  string // the endpoints, encoded: the set's key in Services.liveSets
-	eps  []netip.AddrPort
+	key  string // the endpoints, encoded (see holdLiveLocked): the set's key in Services.liveSets
 	refs int
+}
+
+// eachLive calls fn for each endpoint a live set's key encodes: a family byte (4 or 16), the
+// address, the port big-endian; a zero byte separates the present from the backends.
+func eachLive(key string, fn func(netip.AddrPort)) {
+	for i := 0; i < len(key); {
+		var a netip.Addr
+		switch key[i] {
+		case 0:
+			i++
+			continue
+		case 4:
+			a = netip.AddrFrom4([4]byte([]byte(key[i+1 : i+5])))
+			i += 5
+		default:
+			a = netip.AddrFrom16([16]byte([]byte(key[i+1 : i+17])))
+			i += 17
+		}
+		fn(netip.AddrPortFrom(a, binary.BigEndian.Uint16([]byte(key[i:i+2]))))
+		i += 2
+	}
 }
 
 // idOwner is the one service holding a service identity, and how many frontends of it do.
@@ -186,6 +206,8 @@ func (s *Services) expectLocked(u *calc.Update) {
 	s.be.Expect(nList)
 	s.lists = make(map[uint64]*list, nList)
 	s.liveSets = make(map[string]*liveSet, nList)
+	s.svcIDs = make(map[uint64]idOwner, nList)
+	s.addrOnly = make(map[netip.Addr][]addrHolder, nList)
 }
 
 // OnUpdate takes one calc update. It reports whether the update touched anything the
@@ -199,11 +221,17 @@ func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 		s.full = true
 		changed = true
 	}
+	var last *calc.FrontendKey
 	for _, op := range u.Ops {
 		switch {
 		case op.Frontend != nil:
 			changed = true
-			s.removeFrontendLocked(op.Frontend.Key)
+			// A full update follows a reset and names each frontend once, in key order (calc's
+			// State): there is nothing to remove unless a key comes again.
+			if !u.Full || (last != nil && *last == op.Frontend.Key) {
+				s.removeFrontendLocked(op.Frontend.Key)
+			}
+			last = &op.Frontend.Key
 			if !op.Remove {
 				s.setFrontendLocked(*op.Frontend)
 			}
@@ -372,12 +400,7 @@ func (s *Services) holdLiveLocked(f calc.Frontend) *liveSet {
 		ls.refs++
 		return ls
 	}
-	eps := slices.Clone(f.Present)
-	for _, b := range f.Backends {
-		eps = append(eps, netip.AddrPortFrom(b.Addr, b.Port))
-	}
-	slices.SortFunc(eps, netip.AddrPort.Compare)
-	ls := &liveSet{key: string(buf), eps: slices.Compact(eps), refs: 1}
+	ls := &liveSet{key: string(buf), refs: 1}
 	s.liveSets[ls.key] = ls
 	s.liveStale = true
 	return ls
@@ -416,8 +439,12 @@ func (s *Services) setAddrOnlyLocked(a netip.Addr) {
 }
 
 func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
-	delete(s.problems, k)
-	delete(s.refused, k)
+	if len(s.problems) > 0 {
+		delete(s.problems, k)
+	}
+	if len(s.refused) > 0 {
+		delete(s.refused, k)
+	}
 	w, ok := s.fronts[k]
 	if !ok {
 		return
@@ -524,9 +551,7 @@ func (s *Services) LiveEndpoint(addr netip.Addr, port uint16) bool {
 	if s.liveStale {
 		s.live = make(map[netip.AddrPort]struct{}, len(s.live))
 		for _, ls := range s.liveSets {
-			for _, ap := range ls.eps {
-				s.live[ap] = struct{}{}
-			}
+			eachLive(ls.key, func(ap netip.AddrPort) { s.live[ap] = struct{}{} })
 		}
 		s.liveStale = false
 	}

@@ -28,7 +28,9 @@ func NewTracker[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 func (t *Tracker[K, V]) Expect(n int) {
 	if len(t.desired) == 0 && len(t.dirty) == 0 {
 		t.desired = make(map[K]V, n)
-		t.dirty = make(map[K]struct{}, n)
+		if !t.allDirty { // an all-dirty tracker lists no key
+			t.dirty = make(map[K]struct{}, n)
+		}
 	}
 }
 
