@@ -310,17 +310,21 @@ func (s *Services) setFrontendLocked(f calc.Frontend) {
 	s.svcIDs[f.ServiceID] = idOwner{service: f.Service, n: owner.n + 1}
 	w := wanted{service: f.Service, svcID: f.ServiceID}
 	bes := s.beBuf[:0] // cloned only for a new list
-	for i, b := range f.Backends {
-		local := b.Node == s.cfg.NodeName
+	for _, b := range f.Backends {
 		if !b.Addr.Is4() {
 			continue
 		}
 		v := BackendValue{Addr: NetAddr(b.Addr), Port: NetPort(b.Port)}
-		if local {
+		switch {
+		case b.Node == s.cfg.NodeName:
 			v.Flags = BackendLocal
-		} else if b.NodeAddr.Is4() {
+		case b.Node == "":
+			// An endpoint on no node (a slice written by hand for an address outside the
+			// cluster, as kube-proxy allows) is reached by routing, never by the tunnel.
+			v.Flags = BackendRouted
+		case b.NodeAddr.Is4():
 			v.NodeAddr = NetAddr(b.NodeAddr)
-		} else if i >= f.LocalBackends {
+		default:
 			// A remote endpoint whose node has no IPv4 address cannot be tunnelled to;
 			// remote endpoints come last, so dropping it shortens the cluster set only.
 			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no IPv4 address; not used", b.Addr, b.Node)

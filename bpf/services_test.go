@@ -1564,3 +1564,38 @@ func svtConsistent(t *testing.T, f *FakeSet) {
 		t.Errorf("frontends point at missing backends: %v", dl)
 	}
 }
+
+// TestServicesRoutedEndpoint: an endpoint on no node (a slice written by hand for an address
+// outside the cluster) is used, flagged routed (DNAT and the FIB, never the tunnel), and no
+// problem; once its slice names a node it is tunnelled to that node like any other.
+func TestServicesRoutedEndpoint(t *testing.T) {
+	ext := svtFE("default/ext", 0x71, calc.FrontendClusterIP, "198.51.100.71:443", store.ProtocolTCP,
+		svtBE("10.244.1.71:443", svtNode, svtNodeA), svtBE("203.0.113.71:443", "", netip.Addr{}))
+	st := svtStateOf(ext)
+	d := svtRun(t, st)
+	svtCheckText(t, "an endpoint on no node", d.render(), []string{
+		"backend list 408c842877aaec03 #0 10.244.1.71:443 node 0.0.0.0 local",
+		"backend list 408c842877aaec03 #1 203.0.113.71:443 node 0.0.0.0 routed",
+		"cluster-net 10.244.0.0/16 pool",
+		"cluster-net 192.0.2.1/32 node,self",
+		"frontend 198.51.100.71:0/any service 0000000000000071 address-only",
+		"frontend 198.51.100.71:443/TCP service 0000000000000071 list 408c842877aaec03 backends 2 local 1 cluster-from 0",
+	})
+	if p := d.s.Problems(); len(p) != 0 {
+		t.Errorf("problems %v; want none", p)
+	}
+	svtConsistent(t, d.fakes)
+
+	next := st.clone()
+	onB := svtWith(ext, func(f *calc.Frontend) { f.Backends[1].Node, f.Backends[1].NodeAddr = "node-b", svtNodeB })
+	next.fronts[onB.Key] = onB
+	if err := d.update(st, next); err != nil {
+		t.Fatal(err)
+	}
+	if want, _, _ := svtFresh(t, next); d.render() != want {
+		t.Errorf("the endpoint on node-b\n%s", svtLineDiff(want, d.render()))
+	}
+	if !strings.Contains(d.render(), "203.0.113.71:443 node 192.0.2.2\n") || strings.Contains(d.render(), "routed") {
+		t.Errorf("the endpoint on node-b is not tunnelled to it:\n%s", d.render())
+	}
+}
