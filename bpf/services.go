@@ -791,18 +791,42 @@ func (s *Services) Apply() error {
 	writeBe()
 	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
 	feKeys, feVals = make([]FrontendKey, 0, s.fe.DirtyLen()), make([]FrontendValue, 0, s.fe.DirtyLen())
+	// Cold: nothing in the map and every wanted frontend about to be written. When all go in,
+	// the tracker adopts the desired state in one copy rather than a SetActual per frontend.
+	cold := s.fe.ActualLen() == 0
 	s.fe.Pending(collectFe, delFe)
-	s.fe.ReserveActual(len(feKeys))
+	cold = cold && len(feKeys) == s.fe.DesiredLen()
+	var refusedFe map[int]bool
 	putAll(s.t.Frontends, feKeys, feVals, func(i int) {
 		k, v := feKeys[i], feVals[i]
-		s.holdLocked(k, v, true)
-		s.fe.SetActual(k, v)
+		if cold {
+			if v.Flags&FrontendAddrOnly == 0 {
+				s.heldLists[v.ListId]++
+			}
+		} else {
+			s.holdLocked(k, v, true)
+			s.fe.SetActual(k, v)
+		}
 		wrote(nil)
 	}, func(i int, err error) {
 		k, v := feKeys[i], feVals[i]
+		if refusedFe == nil {
+			refusedFe = map[int]bool{}
+		}
+		refusedFe[i] = true
 		s.fe.MarkDirty(k)
 		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(err, "frontends", s.t.Frontends.Max()))
 	})
+	if cold && refusedFe == nil {
+		s.fe.AdoptDesired()
+	} else if cold {
+		s.fe.ReserveActual(len(feKeys))
+		for i, k := range feKeys {
+			if !refusedFe[i] {
+				s.fe.SetActual(k, feVals[i])
+			}
+		}
+	}
 	s.be.Pending(collectBe, delBe)
 	writeBe()
 	for len(s.strays) > 0 {

@@ -1599,3 +1599,47 @@ func TestServicesRoutedEndpoint(t *testing.T) {
 		t.Errorf("the endpoint on node-b is not tunnelled to it:\n%s", d.render())
 	}
 }
+
+// TestServicesColdStartFailure: a frontend refused in the very first apply (the cold path,
+// which adopts the desired state in one copy when every write succeeds) is retried alone; the
+// others are known to be written, and a removal of one of them deletes it.
+func TestServicesColdStartFailure(t *testing.T) {
+	web := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA, svtWebB)
+	dns := svtFE("kube-system/dns", 0xd1, calc.FrontendClusterIP, "198.51.100.53:53", store.ProtocolUDP, svtDNSB)
+	api := svtFE("default/api", 0xb1, calc.FrontendClusterIP, "198.51.100.20:443", store.ProtocolTCP, svtAPIA)
+	st := svtStateOf(web, dns, api)
+	want, _, _ := svtFresh(t, st)
+
+	d := newSvtDriver(t)
+	failing := FrontendMapKey(api.Key)
+	d.fakes.Frontends.Fail = func(op string, k FrontendKey) error {
+		if op == "put" && k == failing {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	d.s.OnUpdate(svtDiff(nil, st))
+	if err := d.s.Apply(); err == nil || !strings.Contains(err.Error(), "198.51.100.20:443/TCP") {
+		t.Fatalf("cold Apply with a failing frontend: %v; want its failure", err)
+	}
+	svtCheckText(t, "cold, one frontend refused", d.render(), strings.Split(svtWithout(t, want, "frontend 198.51.100.20:443/TCP "), "\n"))
+
+	d.fakes.Frontends.Fail = nil
+	before := d.writesBy()
+	d.apply()
+	if w := svtSub(d.writesBy(), before); w != [5]int{1, 0, 0, 0, 0} {
+		t.Errorf("the retry wrote %v; want the one frontend", w)
+	}
+	if got := d.render(); got != want {
+		t.Errorf("after the retry\n%s", svtLineDiff(want, got))
+	}
+	// The frontends written in the cold apply are known as written: removing one deletes it.
+	next := svtStateOf(web, api)
+	if err := d.update(st, next); err != nil {
+		t.Fatal(err)
+	}
+	if want, _, _ := svtFresh(t, next); d.render() != want {
+		t.Errorf("after removing dns\n%s", svtLineDiff(want, d.render()))
+	}
+	svtConsistent(t, d.fakes)
+}

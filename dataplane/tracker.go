@@ -1,5 +1,7 @@
 package dataplane
 
+import "maps"
+
 // Tracker holds the desired and the actual (as last read or written) value of each key of
 // one kind of kernel object, and which keys may differ. It is the one diff used for every
 // kind: routes now; neighbours, FDB entries and map entries next.
@@ -102,6 +104,16 @@ func (t *Tracker[K, V]) ActualLen() int { return len(t.actual) }
 func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
 	t.actual = actual
 	t.DirtyAll()
+}
+
+// AdoptDesired records that the kernel now holds exactly the desired state (every key
+// written, nothing else there): one copy of the desired map instead of a SetActual per key,
+// for a cold start that wrote everything at once. Every key is clean afterwards.
+func (t *Tracker[K, V]) AdoptDesired() {
+	t.actual = maps.Clone(t.desired)
+	t.allDirty = false
+	t.dirty = map[K]struct{}{}
+	t.dirtyPeak = 0
 }
 
 // SetActual records that the kernel now holds v at k.

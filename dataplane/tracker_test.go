@@ -182,3 +182,29 @@ func TestTrackerAllDirty(t *testing.T) {
 		})
 	}
 }
+
+// TestTrackerAdoptDesired: after a cold write of everything, adopting the desired state
+// leaves nothing to do, and later changes are written as usual.
+func TestTrackerAdoptDesired(t *testing.T) {
+	tr := newIntTracker()
+	tr.DirtyAll()
+	for i := range 3000 {
+		tr.SetDesired(i, fmt.Sprint(i))
+	}
+	tr.AdoptDesired()
+	kn := &trackerKernel{held: map[int]string{}}
+	kn.pass(tr)
+	if kn.sets != nil || kn.deletes != nil || tr.DirtyLen() != 0 || tr.ActualLen() != 3000 {
+		t.Fatalf("after adoption: set %d deleted %d, %d dirty, %d actual; want nothing and 3000", len(kn.sets), len(kn.deletes), tr.DirtyLen(), tr.ActualLen())
+	}
+	// The actual map is a copy: changing the desired state does not change it.
+	tr.DeleteDesired(5)
+	tr.SetDesired(6, "six")
+	if v, ok := tr.Actual(5); !ok || v != "5" {
+		t.Fatalf("actual at 5 is %q %v after a desired change; want 5", v, ok)
+	}
+	kn.pass(tr)
+	if !slices.Equal(kn.sets, []int{6}) || !slices.Equal(kn.deletes, []int{5}) {
+		t.Fatalf("after adoption, a change set %v deleted %v; want [6] and [5]", kn.sets, kn.deletes)
+	}
+}
