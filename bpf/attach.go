@@ -76,7 +76,7 @@ func NewAttacher(pinDir string, objs *Objects, hostPattern *regexp.Regexp, clean
 	}
 	a := &Attacher{dir: dir, objs: objs, hostPattern: hostPattern, cleanConflicts: cleanConflicts,
 		links: map[Hook]link.Link{}, ours: map[ebpf.ProgramID]bool{}}
-	for _, p := range []*ebpf.Program{objs.SlFromHost, objs.SlFromWep, objs.SlToWep} {
+	for _, p := range []*ebpf.Program{objs.SlFromHost, objs.SlToHost, objs.SlFromWep, objs.SlToWep} {
 		info, err := p.Info()
 		if err != nil {
 			return nil, fmt.Errorf("reading program info: %w", err)
@@ -90,6 +90,8 @@ func NewAttacher(pinDir string, objs *Objects, hostPattern *regexp.Regexp, clean
 
 func (a *Attacher) program(h Hook, wep bool) *ebpf.Program {
 	switch {
+	case !wep && h.Egress:
+		return a.objs.SlToHost
 	case !wep:
 		return a.objs.SlFromHost
 	case h.Egress:
@@ -123,6 +125,7 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = true
 		case a.hostPattern != nil && a.hostPattern.MatchString(name):
 			want[Hook{Iface: name, Ifindex: attrs.Index}] = false
+			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = false
 		}
 	}
 	var errs []error

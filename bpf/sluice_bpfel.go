@@ -178,6 +178,7 @@ const (
 	sluiceProgSlSockConnect4 = "sl_sock_connect4"
 	sluiceProgSlSockRecvmsg4 = "sl_sock_recvmsg4"
 	sluiceProgSlSockSendmsg4 = "sl_sock_sendmsg4"
+	sluiceProgSlToHost       = "sl_to_host"
 	sluiceProgSlToWep        = "sl_to_wep"
 )
 
@@ -229,6 +230,7 @@ type sluiceProgramSpecs struct {
 	SlSockConnect4 *ebpf.ProgramSpec `ebpf:"sl_sock_connect4"`
 	SlSockRecvmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg4"`
 	SlSockSendmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg4"`
+	SlToHost       *ebpf.ProgramSpec `ebpf:"sl_to_host"`
 	SlToWep        *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
 }
 
@@ -317,6 +319,7 @@ type sluicePrograms struct {
 	SlSockConnect4 *ebpf.Program `ebpf:"sl_sock_connect4"`
 	SlSockRecvmsg4 *ebpf.Program `ebpf:"sl_sock_recvmsg4"`
 	SlSockSendmsg4 *ebpf.Program `ebpf:"sl_sock_sendmsg4"`
+	SlToHost       *ebpf.Program `ebpf:"sl_to_host"`
 	SlToWep        *ebpf.Program `ebpf:"sl_to_wep"`
 }
 
@@ -328,6 +331,7 @@ func (p *sluicePrograms) Close() error {
 		p.SlSockConnect4,
 		p.SlSockRecvmsg4,
 		p.SlSockSendmsg4,
+		p.SlToHost,
 		p.SlToWep,
 	)
 }

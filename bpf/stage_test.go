@@ -426,7 +426,9 @@ func (e *stEnv) wantHooks(want map[string][]string) {
 // stStandardHooks are the programs the standard update attaches.
 var stStandardHooks = map[string][]string{
 	"eth0 ingress":    {"sl_from_host"},
+	"eth0 egress":     {"sl_to_host"},
 	"eth1 ingress":    {"sl_from_host"},
+	"eth1 egress":     {"sl_to_host"},
 	"cali-w1 ingress": {"sl_from_wep"},
 	"cali-w1 egress":  {"sl_to_wep"},
 }
@@ -513,7 +515,7 @@ func TestStageFirstApply(t *testing.T) {
 	}
 	e.wantHooks(stStandardHooks)
 	e.wantPinnedHooks(stStandardHooks)
-	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 ingress eth1 ingress]" {
+	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 egress eth0 ingress eth1 egress eth1 ingress]" {
 		t.Errorf("stage holds hooks %s", got)
 	}
 	// The programs on the hooks are this stage's.
@@ -797,13 +799,14 @@ func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
 	s.OnUpdate(stStandard())
 	e.apply(s)
 	ids := e.wantPinnedHooks(stStandardHooks)
-	hostOnly := map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"}}
+	hostOnly := map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"},
+		"eth0 egress": {"sl_to_host"}, "eth1 egress": {"sl_to_host"}}
 
 	e.del("cali-w1")
 	e.apply(s)
 	e.wantHooks(hostOnly)
 	e.wantPinnedHooks(hostOnly)
-	if got := fmt.Sprint(s.Hooks()); got != "[eth0 ingress eth1 ingress]" {
+	if got := fmt.Sprint(s.Hooks()); got != "[eth0 egress eth0 ingress eth1 egress eth1 ingress]" {
 		t.Errorf("stage holds hooks %s", got)
 	}
 	for _, h := range []string{"cali-w1 ingress", "cali-w1 egress"} {
@@ -830,7 +833,7 @@ func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
 	e.wantPinnedHooks(stStandardHooks)
 	e.apply(s)
 	e.wantPinnedHooks(stStandardHooks)
-	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 ingress eth1 ingress]" {
+	if got := fmt.Sprint(s.Hooks()); got != "[cali-w1 egress cali-w1 ingress eth0 egress eth0 ingress eth1 egress eth1 ingress]" {
 		t.Errorf("stage holds hooks %s", got)
 	}
 
@@ -1038,6 +1041,7 @@ func TestStageMapFull(t *testing.T) {
 	p.Close()
 	// The services that fit work: the programs follow the workloads all the same.
 	e.wantHooks(map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"},
+		"eth0 egress": {"sl_to_host"}, "eth1 egress": {"sl_to_host"},
 		"cali-w1 ingress": {"sl_from_wep"}, "cali-w1 egress": {"sl_to_wep"}, "cali-w2 ingress": {"sl_from_wep"}, "cali-w2 egress": {"sl_to_wep"}})
 
 	// Restarted with the same size: the map still fails, and the programs found running are

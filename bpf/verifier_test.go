@@ -16,7 +16,7 @@ func TestProgramsPassVerifier(t *testing.T) {
 	}
 	defer o.Close()
 	for name, p := range map[string]interface{ FD() int }{"sl_from_host": o.SlFromHost, "sl_from_wep": o.SlFromWep,
-		"sl_to_wep": o.SlToWep, "sl_ct_clean": o.SlCtClean, "sl_sock_connect4": o.SlSockConnect4,
+		"sl_to_wep": o.SlToWep, "sl_to_host": o.SlToHost, "sl_ct_clean": o.SlCtClean, "sl_sock_connect4": o.SlSockConnect4,
 		"sl_sock_sendmsg4": o.SlSockSendmsg4, "sl_sock_recvmsg4": o.SlSockRecvmsg4} {
 		if p.FD() <= 0 {
 			t.Errorf("%s: no program", name)

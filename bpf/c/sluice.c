@@ -1108,6 +1108,54 @@ int sl_to_wep(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* sl_to_host undoes the translation of replies that leave by a host interface: those of a
+ * backend in the host's own network namespace (a host-networked endpoint answers from the
+ * host stack, which no ingress hook of ours sees). A reply to a client that came in by a host
+ * interface leaves by that interface to the hop it came from; a reply to a flow forwarded here
+ * through the tunnel goes back through it to the ingress node. Workload backends' replies were
+ * translated at sl_from_wep already, and match nothing here. */
+SEC("tc")
+int sl_to_host(struct __sk_buff *skb)
+{
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct pkt p = {};
+	if (parse(skb, IP_OFF, &p) < 0)
+		return TC_ACT_OK;
+	if (p.proto == IPPROTO_ICMP) {
+		int rc = icmp_error(skb, &p, config(), 0, 0);
+		return rc < 0 ? TC_ACT_OK : rc;
+	}
+	if (!is_l4(&p))
+		return TC_ACT_OK;
+	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (!v)
+		return TC_ACT_OK;
+	if (v->type == CT_REV) {
+		/* Already on the way out of the interface the request came in by: the MACs are
+		 * set and the packet goes on, rather than being queued to this device again. */
+		if ((v->flags & CT_F_REDIRECT) && v->ifindex == skb->ifindex) {
+			int rc = reply(skb, &p, v, 0);
+			return rc == TC_ACT_REDIRECT ? TC_ACT_OK : rc;
+		}
+		return reply(skb, &p, v, 0);
+	}
+	if (v->type == CT_TUN) {
+		v->last_seen = bpf_ktime_get_ns();
+		tcp_track(v, &p, 1);
+		__be32 peer = v->nat_addr;
+		struct cfg *c = config();
+		if (!c)
+			return TC_ACT_SHOT;
+		int rc = oversize(skb, &p, c);
+		if (rc >= 0)
+			return rc;
+		return encap(skb, &p, c, peer);
+	}
+	return TC_ACT_OK;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct sock_key_v4);

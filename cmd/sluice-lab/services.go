@@ -10,7 +10,8 @@ import (
 
 // seedServices are the services of the seed-000 scenario: "np" has its only endpoint on
 // node-b (web-b) with externalTrafficPolicy Cluster, so node-a and node-c must forward;
-// "lb-local" is a LoadBalancer with externalTrafficPolicy Local and its health check.
+// "lb-local" is a LoadBalancer with externalTrafficPolicy Local and its health check;
+// "host-who" has a host-networked endpoint: a server in node-b's own namespace, at its address.
 const seedServices = `apiVersion: v1
 kind: Service
 metadata: {name: np, namespace: seed}
@@ -61,6 +62,30 @@ endpoints:
   nodeName: node-b
 ports:
 - {name: who, protocol: TCP, port: 8082}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: host-who, namespace: seed}
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.22]
+  ports:
+  - {name: who, protocol: TCP, port: 83, targetPort: 8083, nodePort: 30094}
+  externalTrafficPolicy: Cluster
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: host-who-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: host-who}
+addressType: IPv4
+endpoints:
+- addresses: [192.168.10.12]
+  conditions: {ready: true}
+  nodeName: node-b
+ports:
+- {name: who, protocol: TCP, port: 8083}
 `
 
 var nodeIPs = map[string]string{"node-a": "192.168.10.11", "node-b": "192.168.10.12", "node-c": "192.168.20.13"}
@@ -102,6 +127,25 @@ func (l *lab) seed000() error {
 		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 50"),
 			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
+	}
+
+	l.step("a host-networked endpoint (node-b's own address): its replies leave by host interfaces")
+	if _, err := l.start(nodeNS("node-b"), "whoami node-b host", false, l.tool(), "tcp-whoami", nodeIPs["node-b"]+":8083"); err != nil {
+		return err
+	}
+	for _, n := range []string{"node-b", "node-a", "node-c"} {
+		_, _ = retry(5*time.Second, func() error {
+			_, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "1")
+			return err
+		})
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "20")
+		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
+			"20 of 20 connections to %s's node port reach the server in node-b's host namespace, which sees the client's own address: %s", n, oneLine(out))
+	}
+	for _, w := range []string{"web-a", "web-b"} {
+		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.22:83", "10")
+		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
+			"%s reaches cluster IP 10.96.0.22:83 (node-b's host) 10 of 10 times: %s", w, oneLine(out))
 	}
 
 	l.step("seed 000: the reply leaves multi-homed node-a by the NIC the request came in on")
