@@ -156,6 +156,8 @@ type backendRow struct {
 	// empty for a backend on this node.
 	Node  string `json:"node,omitempty"`
 	Local bool   `json:"local"`
+	// Routed marks an endpoint on no node: reached by routing, never the tunnel.
+	Routed bool `json:"routed,omitempty"`
 	// UsedBy counts the frontends pointing at the list (0: a list left behind).
 	UsedBy int `json:"usedBy"`
 	// Missing marks an entry a frontend's count reaches that is not in the map.
@@ -168,8 +170,20 @@ func (b backendRow) String() string {
 		return fmt.Sprintf("#%d-missing", b.Ordinal)
 	case b.Local:
 		return b.Backend
+	case b.Routed:
+		return b.Backend + "@routed"
 	}
 	return b.Backend + "@" + b.Node
+}
+
+// describe fills the row from the backend's map value.
+func (b *backendRow) describe(v bpf.BackendValue) {
+	b.Backend = netip.AddrPortFrom(bpf.HostAddr(v.Addr), bpf.HostPort(v.Port)).String()
+	b.Local = v.Flags&bpf.BackendLocal != 0
+	b.Routed = v.Flags&bpf.BackendRouted != 0
+	if !b.Local && !b.Routed {
+		b.Node = bpf.HostAddr(v.NodeAddr).String()
+	}
 }
 
 // frontendRow is one frontend entry with its backends resolved.
@@ -245,11 +259,7 @@ func frontendRows(t bpf.Tables) ([]frontendRow, error) {
 			for i := uint32(0); i < v.Count; i++ {
 				b := backendRow{List: r.List, Ordinal: i}
 				if bv, ok := be[bpf.BackendKey{ListId: v.ListId, Ordinal: i}]; ok {
-					b.Backend = netip.AddrPortFrom(bpf.HostAddr(bv.Addr), bpf.HostPort(bv.Port)).String()
-					b.Local = bv.Flags&bpf.BackendLocal != 0
-					if !b.Local {
-						b.Node = bpf.HostAddr(bv.NodeAddr).String()
-					}
+					b.describe(bv)
 				} else {
 					b.Missing = true
 				}
@@ -313,11 +323,8 @@ func backendRows(t bpf.Tables) ([]backendRow, error) {
 	}
 	rows := []backendRow{}
 	for k, v := range be {
-		r := backendRow{List: fmt.Sprintf("%016x", k.ListId), Ordinal: k.Ordinal, UsedBy: users[k.ListId],
-			Backend: netip.AddrPortFrom(bpf.HostAddr(v.Addr), bpf.HostPort(v.Port)).String(), Local: v.Flags&bpf.BackendLocal != 0}
-		if !r.Local {
-			r.Node = bpf.HostAddr(v.NodeAddr).String()
-		}
+		r := backendRow{List: fmt.Sprintf("%016x", k.ListId), Ordinal: k.Ordinal, UsedBy: users[k.ListId]}
+		r.describe(v)
 		rows = append(rows, r)
 	}
 	slices.SortFunc(rows, func(a, b backendRow) int {
@@ -333,6 +340,8 @@ func writeBackends(w io.Writer, rows []backendRow) error {
 		node, used := r.Node, fmt.Sprintf("%d frontends", r.UsedBy)
 		if r.Local {
 			node = "local"
+		} else if r.Routed {
+			node = "routed (no node)"
 		}
 		switch r.UsedBy {
 		case 0:
@@ -362,15 +371,21 @@ type conntrackRow struct {
 	Interface  string `json:"interface,omitempty"`
 	MACLocal   string `json:"macLocal,omitempty"`
 	MACPeer    string `json:"macPeer,omitempty"`
+	// HairpinSource is the source a hairpinned flow's backend sees (a workload reaching
+	// itself through a service), and the client's own address on its reverse entry.
+	HairpinSource string `json:"hairpinSource,omitempty"`
+	HairpinClient string `json:"hairpinClient,omitempty"`
 	// Node is the backend's node of a forwarded flow (forward and reverse entries);
 	// TunnelPeer the ingress node a tunnel entry sends replies back to.
-	Node        string   `json:"node,omitempty"`
-	TunnelPeer  string   `json:"tunnelPeer,omitempty"`
-	Flags       []string `json:"flags,omitempty"`
-	TCP         []string `json:"tcp,omitempty"`
-	IdleSeconds *int64   `json:"idleSeconds,omitempty"`
-	AgeSeconds  int64    `json:"ageSeconds"`
-	Text        string   `json:"text"`
+	Node       string   `json:"node,omitempty"`
+	TunnelPeer string   `json:"tunnelPeer,omitempty"`
+	Flags      []string `json:"flags,omitempty"`
+	TCP        []string `json:"tcp,omitempty"`
+	// Replied: a UDP flow that was answered (kept for the longer "stream" timeout).
+	Replied     bool   `json:"replied,omitempty"`
+	IdleSeconds *int64 `json:"idleSeconds,omitempty"`
+	AgeSeconds  int64  `json:"ageSeconds"`
+	Text        string `json:"text"`
 }
 
 // conntrackRows describes the entries at now: each forward entry followed by its reverse
@@ -394,8 +409,14 @@ func conntrackRows(ct map[bpf.ConntrackKey]bpf.ConntrackValue, now uint64, forwa
 		switch v.Type {
 		case bpf.ConntrackFwd:
 			r.Backend, r.SourcePort = ap(v.NatAddr, v.NatPort), bpf.HostPort(v.NatSport)
+			if v.NatSaddr != 0 {
+				r.HairpinSource = bpf.HostAddr(v.NatSaddr).String()
+			}
 		case bpf.ConntrackRev:
 			r.Frontend, r.ClientPort = ap(v.NatAddr, v.NatPort), bpf.HostPort(v.NatSport)
+			if v.NatSaddr != 0 {
+				r.HairpinClient = bpf.HostAddr(v.NatSaddr).String()
+			}
 			if v.Flags&bpf.ConntrackRedirect != 0 {
 				r.Ifindex, r.Interface = v.Ifindex, ifname(int(v.Ifindex))
 				r.MACLocal, r.MACPeer = net.HardwareAddr(v.MacLocal[:]).String(), net.HardwareAddr(v.MacPeer[:]).String()
@@ -408,6 +429,8 @@ func conntrackRows(ct map[bpf.ConntrackKey]bpf.ConntrackValue, now uint64, forwa
 			r.IdleSeconds = &idle
 			if k.Proto == bpf.ProtoTCP {
 				r.TCP = bpf.TCPStateNames(v.Tcp)
+			} else {
+				r.Replied = v.Tcp&bpf.TCPReplied != 0
 			}
 		}
 		return r

@@ -405,3 +405,49 @@ func TestDiffServicesOnNode(t *testing.T) {
 		t.Errorf("services off: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestServicesRowsHairpinUDPRouted: the JSON rows carry the facts the text does for a
+// hairpinned flow (the source the backend sees, the client's own address), an answered UDP
+// flow, and a backend on no node.
+func TestServicesRowsHairpinUDPRouted(t *testing.T) {
+	a := func(s string) uint32 { return bpf.NetAddr(netip.MustParseAddr(s)) }
+	pod := a("10.65.0.7")
+	vip := a("10.96.0.10")
+	fk := bpf.ConntrackKey{Src: pod, Dst: vip, Sport: bpf.NetPort(40000), Dport: bpf.NetPort(80), Proto: bpf.ProtoTCP}
+	fv := bpf.ConntrackValue{Type: bpf.ConntrackFwd, NatAddr: pod, NatPort: bpf.NetPort(8080), NatSport: bpf.NetPort(40000),
+		NatSaddr: a(bpf.HairpinAddr), Created: 1, LastSeen: 1}
+	rk := bpf.PairKey(fk, fv)
+	rv := bpf.ConntrackValue{Type: bpf.ConntrackRev, NatAddr: vip, NatPort: bpf.NetPort(80), NatSport: bpf.NetPort(40000),
+		NatSaddr: pod, Tcp: bpf.TCPSyn | bpf.TCPReplied, Created: 1, LastSeen: 1}
+	uk := bpf.ConntrackKey{Src: a("10.65.0.5"), Dst: a("10.65.0.9"), Sport: bpf.NetPort(53), Dport: bpf.NetPort(5000), Proto: bpf.ProtoUDP}
+	uv := bpf.ConntrackValue{Type: bpf.ConntrackRev, NatAddr: vip, NatPort: bpf.NetPort(53), NatSport: bpf.NetPort(5000),
+		Tcp: bpf.TCPReplied, Created: 1, LastSeen: 1}
+	rows := conntrackRows(map[bpf.ConntrackKey]bpf.ConntrackValue{fk: fv, rk: rv, uk: uv}, 2, false, func(int) string { return "" })
+	if len(rows) != 3 {
+		t.Fatalf("%d rows, want 3: %+v", len(rows), rows)
+	}
+	if r := rows[0]; r.Kind != "forward" || r.HairpinSource != bpf.HairpinAddr || r.HairpinClient != "" {
+		t.Errorf("hairpin forward row %+v", r)
+	}
+	if r := rows[1]; r.Kind != "reverse" || r.HairpinClient != "10.65.0.7" || r.Source != "10.65.0.7:8080" || r.Dest != bpf.HairpinAddr+":40000" {
+		t.Errorf("hairpin reverse row %+v", r)
+	}
+	if r := rows[2]; r.Protocol != "UDP" || !r.Replied || r.TCP != nil {
+		t.Errorf("answered UDP row %+v", r)
+	}
+	uv.Tcp = 0
+	if r := conntrackRows(map[bpf.ConntrackKey]bpf.ConntrackValue{uk: uv}, 2, false, func(int) string { return "" })[0]; r.Replied {
+		t.Errorf("unanswered UDP row %+v", r)
+	}
+
+	var b backendRow
+	b.describe(bpf.BackendValue{Addr: a("198.18.0.10"), Port: bpf.NetPort(6443), Flags: bpf.BackendRouted})
+	if !b.Routed || b.Local || b.Node != "" || b.String() != "198.18.0.10:6443@routed" {
+		t.Errorf("routed backend row %+v %q", b, b.String())
+	}
+	b = backendRow{}
+	b.describe(bpf.BackendValue{Addr: a("10.65.1.5"), Port: bpf.NetPort(80), NodeAddr: a("192.0.2.2")})
+	if b.Routed || b.Local || b.String() != "10.65.1.5:80@192.0.2.2" {
+		t.Errorf("remote backend row %+v %q", b, b.String())
+	}
+}
