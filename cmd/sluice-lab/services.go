@@ -219,6 +219,10 @@ func (l *lab) seed000() error {
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
 			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
 	}
+	// Hairpin: web-b is the service's endpoint and reaches it through the cluster IP.
+	out, err = nsRun(wlNS(l.workload("web-b")), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+	l.check(err == nil && strings.Contains(out, "answer 169.254.42.1 10"),
+		"web-b, the endpoint itself, reaches cluster IP 10.96.0.20:81 10 of 10 times (hairpin, seen as 169.254.42.1): %s", oneLine(out))
 	for _, n := range []string{"node-a", "node-c"} {
 		out, err := nsRun(nodeNS(n), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
 		l.check(err == nil && strings.Contains(out, "failed 0"), "%s itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s", n, oneLine(out))
