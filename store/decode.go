@@ -34,7 +34,7 @@ type fieldError struct{ field, reason string }
 func (e *fieldError) Error() string { return e.field + ": " + e.reason }
 
 func bad(field, format string, args ...any) error {
-	return &fieldError{field: field, reason: fmt.Sprintf(format, args...)}
+	return &fieldError{field: field, reason: fmt.Sprintf(format, clipArgs(args)...)}
 }
 
 // Decode parses and validates the value stored under key. Every error is a *BadValueError
@@ -42,7 +42,7 @@ func bad(field, format string, args ...any) error {
 func Decode(key string, value []byte) (obj Object, err error) {
 	kind, id, err := ParseKey(key)
 	if err != nil {
-		return nil, &BadValueError{Key: key, Reason: err.Error()}
+		return nil, newBadValue(key, "", err.Error())
 	}
 	switch kind {
 	case KindIPPool:
@@ -63,9 +63,9 @@ func Decode(key string, value []byte) (obj Object, err error) {
 	if err != nil {
 		var fe *fieldError
 		if errors.As(err, &fe) {
-			return nil, &BadValueError{Key: key, Field: fe.field, Reason: fe.reason}
+			return nil, newBadValue(key, fe.field, fe.reason)
 		}
-		return nil, &BadValueError{Key: key, Reason: err.Error()}
+		return nil, newBadValue(key, "", err.Error())
 	}
 	return obj, nil
 }

@@ -337,7 +337,7 @@ func (in *Intake) observe(key string, value []byte, modRev int64, d *decoded) {
 	if err != nil {
 		var bv *BadValueError
 		if !errors.As(err, &bv) {
-			bv = &BadValueError{Key: key, Reason: err.Error()}
+			bv = newBadValue(key, "", err.Error())
 		}
 		in.stats.BadValues.Add(1)
 		if in.cfg.Reporter != nil {

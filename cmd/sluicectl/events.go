@@ -19,7 +19,7 @@ func (r stderrReporter) BadValue(err *store.BadValueError) {
 
 func (r stderrReporter) Retry(err error, attempt int, delay time.Duration) {
 	if attempt == 1 || attempt%10 == 0 {
-		fmt.Fprintf(r.a.stderr, "warning: %v (attempt %d, next in %s)\n", err, attempt, delay.Round(time.Millisecond))
+		fmt.Fprintf(r.a.stderr, "warning: %s (attempt %d, next in %s)\n", store.Clip(err.Error(), store.MaxMessage), attempt, delay.Round(time.Millisecond))
 	}
 }
 

@@ -153,7 +153,7 @@ func runEnv(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	cmd, ok := commands[rest[0]]
 	if !ok {
-		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n\n", rest[0])
+		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n\n", store.Clip(rest[0], store.MaxQuoted))
 		usage(stderr)
 		return 2
 	}
@@ -165,12 +165,13 @@ func runEnv(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], ue.msg)
+		fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], store.ClipLines(ue.msg, store.MaxMessage))
 		return 2
 	case errors.Is(err, errDiffers):
 		return 1
 	}
-	fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], err)
+	// Errors can quote input (a file, a value in etcd): each line is bounded.
+	fmt.Fprintf(stderr, "sluicectl %s: %s\n", rest[0], store.ClipLines(err.Error(), 2*store.MaxMessage))
 	if rest[0] == "diff" {
 		return 2 // as diff(1): 1 means "they differ", 2 means trouble
 	}

@@ -38,7 +38,7 @@ func (p *planner) OnEvents(batch []store.Event) {
 		p.svc.OnUpdate(u)
 	}
 	for _, pr := range u.Problems {
-		p.log.Warn().Str("key", pr.Key).Str("reason", pr.Reason).Msg("cannot act on input")
+		p.log.Warn().Str("key", store.Clip(pr.Key, store.MaxMessage)).Str("reason", store.Clip(pr.Reason, store.MaxMessage)).Msg("cannot act on input")
 	}
 	var vteps, routes, frontends, health, nets, removes int
 	for _, op := range u.Ops {

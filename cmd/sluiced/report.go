@@ -46,7 +46,7 @@ func (r *reporter) Retry(err error, attempt int, delay time.Duration) {
 	if now.Sub(r.lastSummary) < r.every {
 		return
 	}
-	r.log.Warn().Err(err).Int("retries", r.pending).Int("attempt", attempt).Dur("next_in", delay).
+	r.log.Warn().Str("error", store.Clip(err.Error(), store.MaxMessage)).Int("retries", r.pending).Int("attempt", attempt).Dur("next_in", delay).
 		Msg("etcd unavailable; reading again with backoff")
 	r.pending, r.lastSummary = 0, now
 }
