@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // ClientConfig says how to reach etcd.
@@ -139,12 +140,15 @@ func (c ClientConfig) New() (*clientv3.Client, error) {
 		dt = 5 * time.Second
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            eps,
-		TLS:                  tlsCfg,
-		Username:             c.Username,
-		Password:             c.Password,
-		DialTimeout:          dt,
-		DialKeepAliveTime:    5 * time.Second,
+		Endpoints:   eps,
+		TLS:         tlsCfg,
+		Username:    c.Username,
+		Password:    c.Password,
+		DialTimeout: dt,
+		// gRPC pings no more often than every 10 s whatever is asked; the timeout is also
+		// the TCP_USER_TIMEOUT gRPC sets: written data unacknowledged for 3 s ends the
+		// connection, which is how the intake learns of a link cut without a word.
+		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
 		Logger:               zap.NewNop(),
 		// gRPC's flow control starts a connection with a 64 KiB window and grows it only as
@@ -152,7 +156,14 @@ func (c ClientConfig) New() (*clientv3.Client, error) {
 		// one cold start the first block page came in 111 ms instead of 138: a single,
 		// noisy observation, not a benchmark). A node agent's one connection can afford fixed
 		// windows this large.
-		DialOptions:        []grpc.DialOption{grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(64 << 20)},
+		//
+		// Reconnecting: gRPC's default backoff grows to 120 s, so an agent cut off for two
+		// minutes stayed behind for many seconds after the link came back (issue #10); a node
+		// agent's one connection retries at most every second, and one attempt waits 5 s
+		// for a link that drops its packets.
+		DialOptions: []grpc.DialOption{grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(64 << 20),
+			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 5 * time.Second,
+				Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}})},
 		MaxCallRecvMsgSize: 64 << 20,
 	})
 	if err != nil {

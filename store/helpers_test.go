@@ -68,9 +68,29 @@ func (s *sink) inSyncs() int {
 
 // reporter collects rejected values and retries.
 type reporter struct {
-	mu      sync.Mutex
-	bad     []*store.BadValueError
-	retries int
+	mu       sync.Mutex
+	bad      []*store.BadValueError
+	retries  int
+	silences []time.Duration
+	heard    []time.Duration
+}
+
+func (r *reporter) Silent(quiet time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.silences = append(r.silences, quiet)
+}
+
+func (r *reporter) Heard(outage time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.heard = append(r.heard, outage)
+}
+
+func (r *reporter) outages() (silences, heard int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.silences), len(r.heard)
 }
 
 func (r *reporter) BadValue(err *store.BadValueError) {

@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -25,6 +26,11 @@ type Reporter interface {
 	// Retry is called for every failed list or broken watch before the intake waits delay
 	// and reads again. attempt counts failures since the last success.
 	Retry(err error, attempt int, delay time.Duration)
+	// Silent is called once when etcd has not answered for quiet (at least the liveness
+	// time) although the watch is still open; Heard when it answers again, outage after
+	// it was last heard.
+	Silent(quiet time.Duration)
+	Heard(outage time.Duration)
 }
 
 // ResyncCause says why the intake read everything again.
@@ -49,7 +55,15 @@ type IntakeStats struct {
 	// ResyncsBy counts the resyncs by cause, in the order of ResyncCauses.
 	ResyncsBy [3]atomic.Int64
 	Revision  atomic.Int64 // newest revision delivered (or, in the watch, passed over)
-	InSync    atomic.Bool  // true between an in-sync and the next failure
+	InSync    atomic.Bool  // true between an in-sync and the next failure or silence
+	// Silent is set while etcd has not answered for the liveness time, with the watch open;
+	// Silences counts the times it was set; LastHeard is when etcd last answered (Unix ns).
+	Silent    atomic.Bool
+	Silences  atomic.Int64
+	LastHeard atomic.Int64
+	// HandlerSince is when the handler call in progress began (Unix ns), 0 outside one: an
+	// intake stuck in its handler is seen by how long this has been set.
+	HandlerSince atomic.Int64
 	// PageShrinks counts pages asked for again with half the keys because the answer was
 	// larger than the client takes in one message.
 	PageShrinks atomic.Int64
@@ -77,7 +91,23 @@ type IntakeConfig struct {
 	// Backoff between failed attempts: doubles from MinBackoff to MaxBackoff, jittered.
 	// Defaults 100 ms and 10 s.
 	MinBackoff, MaxBackoff time.Duration
+	// Liveness bounds how long the intake takes to say it is no longer in sync when etcd
+	// cannot be reached although the watch is still open: default 10 s, negative: never.
+	// A cut link or a dead etcd leaves the watch open (the client resumes it when it
+	// reconnects), so the sign is the client's connection: not ready for a quarter of
+	// Liveness. An etcd killed breaks it at once; a link cut without a word breaks it when
+	// written data goes unacknowledged for the client's keepalive timeout (gRPC sets
+	// TCP_USER_TIMEOUT to it, 3 s), or when a keepalive ping goes unanswered (gRPC pings no
+	// more often than every 10 s). So when the watch has been quiet for half of Liveness the
+	// intake writes a progress request on it: one small message per node per 5 s of quiet,
+	// which etcd answers without touching raft or disk. The answer itself cannot serve as
+	// the sign: etcd sends no progress notification on a watch until the store moves past
+	// the revision it started at, so a quiet cluster would look dead.
+	Liveness time.Duration
 }
+
+// DefaultLiveness is the default IntakeConfig.Liveness.
+const DefaultLiveness = 10 * time.Second
 
 // Intake lists the watched prefixes at one revision, then watches from the next revision,
 // and turns what it reads into typed events. After any failure (compaction, a cancelled
@@ -123,6 +153,9 @@ func NewIntake(cfg IntakeConfig) (*Intake, error) {
 	if cfg.MaxBackoff < cfg.MinBackoff {
 		cfg.MaxBackoff = max(10*time.Second, cfg.MinBackoff)
 	}
+	if cfg.Liveness == 0 {
+		cfg.Liveness = DefaultLiveness
+	}
 	return &Intake{cfg: cfg, known: make(map[string]keyState)}, nil
 }
 
@@ -155,6 +188,7 @@ func (in *Intake) Run(ctx context.Context) error {
 		started := time.Now()
 		err = in.watch(ctx, rev+1)
 		in.stats.InSync.Store(false)
+		in.stats.Silent.Store(false)
 		if ctx.Err() != nil {
 			break
 		}
@@ -371,7 +405,9 @@ func (in *Intake) flush() {
 		}
 	}
 	in.stats.Events.Add(int64(len(in.batch)))
+	in.stats.HandlerSince.Store(time.Now().UnixNano())
 	in.cfg.Handler.OnEvents(in.batch)
+	in.stats.HandlerSince.Store(0)
 	clear(in.batch)
 	in.batch = in.batch[:0]
 }
@@ -424,6 +460,32 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			closed <- struct{}{} // the watch is over, whatever the reason
 		}()
 	}
+	// Liveness: a response or the connection seen ready is etcd heard; the connection not
+	// ready for a quarter of the liveness time is silence: not in sync until etcd answers
+	// again. The watch stays open: the client resumes it from its revision as soon as it
+	// reconnects.
+	var tick <-chan time.Time
+	live := in.cfg.Liveness
+	if live > 0 {
+		t := time.NewTicker(max(live/20, 10*time.Millisecond))
+		defer t.Stop()
+		tick = t.C
+	}
+	heard := time.Now()
+	in.stats.LastHeard.Store(heard.UnixNano())
+	lastData, probed := heard, heard // the watch's last response, the last progress request
+	silent := false
+	var probing atomic.Bool
+	heardAgain := func(last time.Time, ok bool) {
+		silent = false
+		in.stats.Silent.Store(false)
+		if ok {
+			in.stats.InSync.Store(true)
+		}
+		if in.cfg.Reporter != nil {
+			in.cfg.Reporter.Heard(heard.Sub(last))
+		}
+	}
 	for {
 		var resp clientv3.WatchResponse
 		select {
@@ -431,7 +493,46 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			return ctx.Err()
 		case <-closed:
 			return errors.New("watch lost: the watch channel closed")
+		case now := <-tick:
+			if now.Sub(lastData) >= live/2 && now.Sub(probed) >= live/2 && probing.CompareAndSwap(false, true) {
+				probed = now
+				go func() {
+					defer probing.Store(false)
+					pctx, cancel := context.WithTimeout(wctx, live/2)
+					defer cancel()
+					_ = in.cfg.Client.RequestProgress(pctx) // its failure shows as the connection's
+				}()
+			}
+			if in.connected() {
+				last := heard
+				heard = now
+				in.stats.LastHeard.Store(heard.UnixNano())
+				if silent {
+					heardAgain(last, true)
+				}
+				continue
+			}
+			quiet := now.Sub(heard)
+			if quiet >= live/4 && !silent {
+				silent = true
+				in.stats.InSync.Store(false)
+				in.stats.Silent.Store(true)
+				in.stats.Silences.Add(1)
+				if in.cfg.Reporter != nil {
+					in.cfg.Reporter.Silent(quiet)
+				}
+			}
+			continue
 		case resp = <-merged:
+		}
+		last := heard
+		heard = time.Now()
+		lastData = heard
+		in.stats.LastHeard.Store(heard.UnixNano())
+		if silent {
+			// Heard again: in sync once more, unless this answer ends the watch (a
+			// compaction while cut off), and then the resync says when.
+			heardAgain(last, resp.Err() == nil && resp.CompactRevision == 0 && !resp.Canceled)
 		}
 		if resp.CompactRevision != 0 {
 			return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
@@ -466,11 +567,22 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		}
 		in.flush()
 		// A skipped key (another node's affinity, say) still moves the stream on: the
-		// consumers hold etcd as of that revision, as far as the prefixes go.
+		// consumers hold etcd as of that revision, as far as the prefixes go. So does a
+		// progress notification: every event up to its revision has been delivered.
+		if resp.IsProgressNotify() {
+			seen = max(seen, resp.Header.Revision)
+		}
 		if seen > in.stats.Revision.Load() {
 			in.stats.Revision.Store(seen)
 		}
+
 	}
+}
+
+// connected reports whether the client's connection to etcd is ready.
+func (in *Intake) connected() bool {
+	conn := in.cfg.Client.ActiveConnection()
+	return conn != nil && conn.GetState() == connectivity.Ready
 }
 
 // watched reports whether key is under one of the prefixes.

@@ -375,6 +375,8 @@ type delayReporter struct {
 }
 
 func (r *delayReporter) BadValue(*store.BadValueError) {}
+func (r *delayReporter) Silent(time.Duration)          {}
+func (r *delayReporter) Heard(time.Duration)           {}
 func (r *delayReporter) Retry(err error, _ int, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -455,5 +457,65 @@ func TestIntakeShrinksPagesTooLargeForOneMessage(t *testing.T) {
 	}
 	if in.Stats().PageShrinks.Load() == 0 || in.Stats().Retries.Load() != 0 {
 		t.Fatalf("page shrinks %d, retries %d: want some shrinks and no retries", in.Stats().PageShrinks.Load(), in.Stats().Retries.Load())
+	}
+}
+
+// TestIntakeNoticesSilence: a link that goes silent (nothing closed, nothing answered)
+// leaves the watch open; the intake notices within its liveness time, says it is no longer
+// in sync (once), keeps what it holds, and once the link is back catches up from its
+// revision (no resync) with what changed meanwhile.
+func TestIntakeNoticesSilence(t *testing.T) {
+	srv := etcdtest.New(t)
+	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	proxy, err := etcdtest.NewProxy(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
+	put(t, writer, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
+	s, r := newSink(), &reporter{}
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: s, Reporter: r, Liveness: time.Second,
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	// A quiet but healthy etcd is not silence: progress notifications answer.
+	time.Sleep(3 * time.Second)
+	if !in.Stats().InSync.Load() || in.Stats().Silences.Load() != 0 {
+		t.Fatalf("a quiet etcd: in sync %v, %d silences; want in sync, none", in.Stats().InSync.Load(), in.Stats().Silences.Load())
+	}
+
+	proxy.Silence()
+	cutAt := time.Now()
+	eventually(t, 30*time.Second, "the silence noticed", func() bool { return !in.Stats().InSync.Load() })
+	t.Logf("silence noticed after %v (liveness 1s)", time.Since(cutAt).Round(time.Millisecond))
+	if !in.Stats().Silent.Load() || in.Stats().Silences.Load() != 1 {
+		t.Fatalf("silent %v, %d silences; want set, 1", in.Stats().Silent.Load(), in.Stats().Silences.Load())
+	}
+	last := put(t, writer, store.NodePrefix+"node-b", nodeValue("node-b", "192.0.2.12/24", ""))
+	time.Sleep(2 * time.Second) // longer silence: still reported once
+	if sil, _ := r.outages(); sil != 1 {
+		t.Fatalf("the silence was reported %d times; want once", sil)
+	}
+	if s.index.Snapshot().Get(store.KindNode, "node-a") == nil {
+		t.Fatal("node-a lost during the silence")
+	}
+
+	proxy.Restore()
+	backAt := time.Now()
+	eventually(t, 20*time.Second, "in sync again with node-b", func() bool {
+		return in.Stats().InSync.Load() && s.index.Snapshot().Get(store.KindNode, "node-b") != nil
+	})
+	t.Logf("caught up %v after the link came back", time.Since(backAt).Round(time.Millisecond))
+	if sil, heard := r.outages(); sil != 1 || heard != 1 {
+		t.Fatalf("reported %d silences and %d recoveries; want 1 and 1", sil, heard)
+	}
+	if in.Stats().Resyncs.Load() != 0 || in.Stats().Revision.Load() < last || in.Stats().Silent.Load() {
+		t.Fatalf("resyncs %d, revision %d (want >= %d), silent %v: want a catch-up from the revision",
+			in.Stats().Resyncs.Load(), in.Stats().Revision.Load(), last, in.Stats().Silent.Load())
 	}
 }

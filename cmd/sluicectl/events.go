@@ -23,6 +23,14 @@ func (r stderrReporter) Retry(err error, attempt int, delay time.Duration) {
 	}
 }
 
+func (r stderrReporter) Silent(quiet time.Duration) {
+	fmt.Fprintf(r.a.stderr, "warning: no answer from etcd for %s; waiting for it\n", quiet.Round(time.Second))
+}
+
+func (r stderrReporter) Heard(outage time.Duration) {
+	fmt.Fprintf(r.a.stderr, "etcd answers again after %s\n", outage.Round(time.Millisecond))
+}
+
 func runRecord(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("record")
 	untilSync := fs.Bool("until-in-sync", false, "stop after the first in-sync")

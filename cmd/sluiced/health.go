@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/sluice-net/sluice/bpf"
 	"net"
 	"net/http"
@@ -38,15 +39,43 @@ type agentState struct {
 	conntrackDeleted prometheus.Counter
 }
 
+// stuckIntake is how long one handler call of the intake may last before the agent counts
+// as hung: a cold start of 20,000 nodes takes under a second.
+const stuckIntake = 2 * time.Minute
+
+// live is what /livez and the systemd watchdog follow: the apply loops, and an intake not
+// stuck in its handler. An agent cut off from etcd is live (restarting it would not help).
 func (a *agentState) live() bool {
-	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (a.svc == nil || a.svc.Alive(10*time.Second))
+	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (a.svc == nil || a.svc.Alive(10*time.Second)) && !a.intakeStuck()
+}
+
+func (a *agentState) intakeStuck() bool {
+	if a.intake == nil {
+		return false
+	}
+	since := a.intake.Stats().HandlerSince.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) > stuckIntake
 }
 
 func (a *agentState) ready() bool {
-	if a.intake == nil || !a.intake.Stats().InSync.Load() {
-		return false
+	ok, _ := a.readiness()
+	return ok
+}
+
+// readiness says whether the node is ready and, when not, why.
+func (a *agentState) readiness() (bool, string) {
+	switch {
+	case a.intake == nil:
+		return false, "not started"
+	case a.intake.Stats().Silent.Load():
+		quiet := time.Since(time.Unix(0, a.intake.Stats().LastHeard.Load()))
+		return false, fmt.Sprintf("lost etcd: no connection for %s (the dataplane is kept as it was)", quiet.Round(time.Second))
+	case !a.intake.Stats().InSync.Load():
+		return false, "not in sync with etcd (reading it, or waiting for it)"
+	case a.dp != nil && !a.dp.Synced():
+		return false, "the dataplane is not programmed yet"
 	}
-	return a.dp == nil || a.dp.Synced()
+	return true, ""
 }
 
 // started is what READY=1 waits for: in sync with etcd and the first full apply done, even
@@ -117,6 +146,10 @@ func (a *agentState) registry() *prometheus.Registry {
 	gauge("sluice_etcd_revision", "Newest etcd revision delivered.", func() float64 { return float64(st().Revision.Load()) })
 	counter("sluice_etcd_bad_values_total", "Values rejected (each bad version once).", func() float64 { return float64(st().BadValues.Load()) })
 	counter("sluice_etcd_retries_total", "Failed reads and broken watches.", func() float64 { return float64(st().Retries.Load()) })
+	counter("sluice_etcd_silences_total", "Times etcd stopped answering for the liveness time (option etcd-liveness) with the watch open.", func() float64 { return float64(st().Silences.Load()) })
+	gauge("sluice_etcd_last_heard_seconds", "Seconds since etcd last answered (or the connection to it was seen ready).", func() float64 {
+		return time.Since(time.Unix(0, st().LastHeard.Load())).Seconds()
+	})
 	counter("sluice_etcd_page_shrinks_total", "Range pages asked for again with half the keys because the answer was larger than one gRPC message.", func() float64 { return float64(st().PageShrinks.Load()) })
 	for i, cause := range store.ResyncCauses {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_etcd_resyncs_total",
@@ -129,7 +162,7 @@ func (a *agentState) registry() *prometheus.Registry {
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
 	errorKinds := map[string]func() float64{
 		"bad-value": func() float64 { return float64(st().BadValues.Load()) },
-		"etcd":      func() float64 { return float64(st().Retries.Load()) },
+		"etcd":      func() float64 { return float64(st().Retries.Load() + st().Silences.Load()) },
 		"apply": func() float64 {
 			if a.dp == nil {
 				return 0
@@ -223,7 +256,14 @@ func (a *agentState) serveHealth(ctx context.Context, ln net.Listener) error {
 		_, _ = w.Write([]byte("not ok\n"))
 	}
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { answer(a.live(), w) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { answer(a.ready(), w) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ok, why := a.readiness(); !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("not ok: " + why + "\n"))
+			return
+		}
+		answer(true, w)
+	})
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry(), promhttp.HandlerOpts{}))
 	if a.profiling {
 		// Go's profiles, as kube-proxy's enableProfiling: on the health address only.

@@ -109,7 +109,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		handlers = append(handlers, rec)
 	}
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log),
-		Prefixes: store.NodePrefixes(c.NodeName)})
+		Prefixes: store.NodePrefixes(c.NodeName), Liveness: c.EtcdLiveness})
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		Dataplane:    true,
 		HealthListen: "127.0.0.1:9097",
 		StatusTTL:    15 * time.Second,
+		EtcdLiveness: 10 * time.Second,
 		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol},
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
@@ -501,5 +502,98 @@ func checkHealth(t *testing.T, addr string) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// metric returns the value of an unlabelled metric from /metrics.
+func metric(t *testing.T, addr, name string) string {
+	t.Helper()
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, l := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return v
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return ""
+}
+
+// TestRunEtcdSilence: the link to etcd goes silent (nothing closed, nothing answered). The
+// agent reports it within its liveness time on /readyz (with the reason) and in its
+// metrics, logs it once, stays live, and once the link is back is ready again with what
+// changed meanwhile (issue #10: the outage used to be invisible on the node).
+func TestRunEtcdSilence(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	loadCluster(t, cli)
+	proxy, err := etcdtest.NewProxy(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	healthAddr := freeAddr(t)
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", proxy.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--services=false",
+		"--health-listen", healthAddr, "--etcd-liveness", "2s", "--status-ttl", "60s"}, envOf(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c, log) }()
+	defer func() { cancel(); <-done }()
+	logs.waitFor(t, "in sync with etcd", nil)
+	checkHealth(t, healthAddr)
+
+	proxy.Silence()
+	cut := time.Now()
+	var body string
+	for {
+		var code int
+		if code, body = get(t, "http://"+healthAddr+"/readyz"); code == 503 {
+			break
+		}
+		if time.Since(cut) > 30*time.Second {
+			t.Fatalf("/readyz still %d 30 s into the silence", code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("not ready %v into the silence: %s", time.Since(cut).Round(time.Millisecond), strings.TrimSpace(body))
+	if !strings.Contains(body, "lost etcd: no connection for") {
+		t.Errorf("/readyz says %q; want the reason", body)
+	}
+	if v := metric(t, healthAddr, "sluice_etcd_in_sync"); v != "0" {
+		t.Errorf("sluice_etcd_in_sync %s during the silence", v)
+	}
+	if v := metric(t, healthAddr, "sluice_etcd_silences_total"); v != "1" {
+		t.Errorf("sluice_etcd_silences_total %s; want 1", v)
+	}
+	if code, _ := get(t, "http://"+healthAddr+"/livez"); code != 200 {
+		t.Errorf("/livez %d while cut off: restarting the agent would not help", code)
+	}
+	if _, err := cli.Put(context.Background(), store.NodePrefix+"node-e",
+		`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-e"},"spec":{"bgp":{"ipv4Address":"192.168.20.15/24"}}}`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+
+	proxy.Restore()
+	back := time.Now()
+	logs.waitFor(t, "event", map[string]string{"event": "upsert", "kind": "Node", "key": store.NodePrefix + "node-e"})
+	checkHealth(t, healthAddr)
+	t.Logf("ready again %v after the link came back", time.Since(back).Round(time.Millisecond))
+	if v := metric(t, healthAddr, "sluice_etcd_in_sync"); v != "1" {
+		t.Errorf("sluice_etcd_in_sync %s after the link came back", v)
+	}
+	if n := len(logs.matching(t, "etcd has not answered; not ready until it does (the dataplane stays as it is)", nil)); n != 1 {
+		t.Errorf("the silence was logged %d times; want once", n)
+	}
+	if n := len(logs.matching(t, "etcd answers again; catching up from the last revision", nil)); n != 1 {
+		t.Errorf("the recovery was logged %d times; want once", n)
 	}
 }

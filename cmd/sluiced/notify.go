@@ -69,6 +69,9 @@ func supervise(ctx context.Context, n *notifier, state *agentState, watchdog tim
 		switch {
 		case state.intake == nil || !state.intake.Stats().InSync.Load():
 			now = "waiting for etcd"
+			if _, why := state.readiness(); state.intake != nil && state.intake.Stats().Silent.Load() {
+				now = why
+			}
 		case !state.started():
 			now = fmt.Sprintf("in sync with etcd at revision %d; programming the kernel", state.intake.Stats().Revision.Load())
 		case !state.ready() && state.dp != nil:

@@ -51,6 +51,17 @@ func (r *reporter) Retry(err error, attempt int, delay time.Duration) {
 	r.pending, r.lastSummary = 0, now
 }
 
+// Silent logs once that etcd stopped answering: the agent keeps the dataplane as it is and
+// reports not ready until etcd answers again.
+func (r *reporter) Silent(quiet time.Duration) {
+	r.log.Error().Dur("quiet", quiet).Msg("etcd has not answered; not ready until it does (the dataplane stays as it is)")
+}
+
+// Heard logs that etcd answers again, with how long it was silent.
+func (r *reporter) Heard(outage time.Duration) {
+	r.log.Warn().Dur("outage", outage).Msg("etcd answers again; catching up from the last revision")
+}
+
 // eventLogger logs in-syncs with what the index holds, and each event at debug level.
 type eventLogger struct {
 	log   zerolog.Logger

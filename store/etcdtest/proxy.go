@@ -2,7 +2,6 @@ package etcdtest
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -19,6 +18,11 @@ type Proxy struct {
 	cut    bool
 	closed bool
 	conns  map[net.Conn]struct{}
+	// silent holds every byte and every new connection, closing nothing (a link gone down
+	// or a firewall dropping packets): only the peers' own timeouts notice. held wakes the
+	// waiters when it ends.
+	silent bool
+	held   *sync.Cond
 
 	wg sync.WaitGroup
 }
@@ -33,6 +37,7 @@ func NewProxy(target string) (*Proxy, error) {
 		return nil, fmt.Errorf("etcdtest: proxy listen: %w", err)
 	}
 	p := &Proxy{target: target, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.held = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.acceptLoop()
 	return p, nil
@@ -62,11 +67,32 @@ func (p *Proxy) Cut() {
 	p.closeConnsLocked()
 }
 
-// Restore lets new connections through again after Cut.
+// Silence holds the link without closing anything: bytes either way and new connections
+// wait (as over a link that went down, where nothing answers and nothing is refused) until
+// Restore, when what waited goes through, as TCP's retransmissions would deliver it.
+func (p *Proxy) Silence() {
+	p.mu.Lock()
+	p.silent = true
+	p.mu.Unlock()
+}
+
+// Restore lets traffic through again after Cut or Silence.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
 	p.cut = false
+	p.silent = false
+	p.held.Broadcast()
 	p.mu.Unlock()
+}
+
+// wait blocks while the link is silenced; it reports false once the proxy is closed.
+func (p *Proxy) wait() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.silent && !p.closed {
+		p.held.Wait()
+	}
+	return !p.closed
 }
 
 // Close stops listening, closes every connection and waits for the
@@ -80,6 +106,7 @@ func (p *Proxy) Close() {
 	p.closed = true
 	p.ln.Close()
 	p.closeConnsLocked()
+	p.held.Broadcast()
 	p.mu.Unlock()
 	p.wg.Wait()
 }
@@ -139,6 +166,9 @@ func (p *Proxy) acceptLoop() {
 func (p *Proxy) serve(down net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(down)
+	if !p.wait() {
+		return
+	}
 	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		return
@@ -150,8 +180,17 @@ func (p *Proxy) serve(down net.Conn) {
 
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		done <- struct{}{}
+		defer func() { done <- struct{}{} }()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && (!p.wait() || writeAll(dst, buf[:n]) != nil) {
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
 	}
 	go pipe(up, down)
 	go pipe(down, up)
@@ -160,4 +199,15 @@ func (p *Proxy) serve(down net.Conn) {
 	down.Close()
 	up.Close()
 	<-done
+}
+
+func writeAll(w net.Conn, b []byte) error {
+	for len(b) > 0 {
+		n, err := w.Write(b)
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
 }

@@ -39,6 +39,7 @@ type Config struct {
 	DP           dataplane.Config
 	HealthListen string
 	StatusTTL    time.Duration
+	EtcdLiveness time.Duration
 	// Services turns on the eBPF service stage (with the dataplane).
 	Services          bool
 	BPF               bpf.StageConfig
@@ -240,6 +241,8 @@ func optionTable() []option {
 			set: func(c *Config, v string) error { c.ProxyHealthListen = v; return nil }},
 		{name: "status-ttl", env: "SLUICE_STATUS_TTL", key: "statusTTL", def: "15s", accepts: "a duration of at least 1s", help: "lease of this node's status key in etcd: how long after the agent dies `sluicectl status` says gone",
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.StatusTTL })},
+		{name: "etcd-liveness", env: "SLUICE_ETCD_LIVENESS", key: "etcdLiveness", def: "10s", accepts: "a duration of at least 1s", help: "how soon the agent reports not ready (on /readyz and sluice_etcd_in_sync) when etcd stops answering; the dataplane stays as it is meanwhile",
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.EtcdLiveness })},
 		{name: "health-listen", env: "SLUICE_HEALTH_LISTEN", key: "healthListen", def: "127.0.0.1:9097", accepts: "host:port, or empty to turn it off", help: "address of /livez, /readyz and /metrics",
 			set: func(c *Config, v string) error { c.HealthListen = v; return nil }},
 	}
