@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo bench bench-dataplane bench-services fuzz install clean generate generate-check
+.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-services fuzz install clean generate generate-check
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -38,6 +38,11 @@ test: fmt-check vet
 # sluicectl, one sluiced per node, and real traffic checked. DEMO_FLAGS=--keep leaves it up.
 demo: build
 	./$(BIN)/sluice-lab demo --testdata testdata/sample $(DEMO_FLAGS)
+
+# The fault suite (issue #10), as root: the lab, then faults injected into node-a's agent,
+# one PASS/FAIL line each with its figure (README: "What the agent promises under faults").
+faults: build
+	./$(BIN)/sluice-lab faults --testdata testdata/sample
 
 # Benchmarks with their references from the same run, printed as a table: the intake
 # (100,000 objects to in-sync beside a raw etcd range read; watch rate beside etcd's write

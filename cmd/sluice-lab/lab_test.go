@@ -40,3 +40,34 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("namespaces left behind:\n%s", left)
 	}
 }
+
+// TestFaults runs the fault suite as `make faults` does, with freshly built binaries, and
+// expects every check to pass.
+func TestFaults(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the lab builds network namespaces: needs root")
+	}
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "../sluicectl", "../sluiced", ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building: %v\n%s", err, out)
+	}
+	var out bytes.Buffer
+	l := &lab{bin: bin, testdata: "../../testdata/sample", out: &out, agents: map[string]*proc{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	err := l.faults(ctx)
+	t.Log(out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.failures != 0 || strings.Contains(out.String(), "FAIL:") {
+		t.Fatalf("%d of %d checks failed", l.failures, l.checks)
+	}
+	if !strings.Contains(out.String(), "fault: kernel state damaged by hand") {
+		t.Fatal("the suite did not reach its last case")
+	}
+	if left, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(left), "sl-") {
+		t.Fatalf("namespaces left behind:\n%s", left)
+	}
+}

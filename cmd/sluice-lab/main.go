@@ -31,7 +31,8 @@ type lab struct {
 	procs    []*proc
 	agents   map[string]*proc
 	dir      string
-	bpffs    bool // the lab's bpffs is mounted at dir/bpf
+	bpffs    bool  // the lab's bpffs is mounted at dir/bpf
+	etcd     *proc // the etcd serving the lab
 }
 
 func (l *lab) step(format string, args ...any) {
@@ -263,6 +264,7 @@ func main() {
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet,
+			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact,
 		}
 		if t, ok := tools[os.Args[1]]; ok {
 			if err := t(os.Args[2:]); err != nil {
@@ -275,8 +277,8 @@ func main() {
 	fs := flag.NewFlagSet("sluice-lab", flag.ExitOnError)
 	keep := fs.Bool("keep", false, "keep the lab running until interrupted, and print how to look around")
 	testdata := fs.String("testdata", "testdata/sample", "directory of the sample cluster's manifests")
-	if len(os.Args) < 2 || os.Args[1] != "demo" {
-		fmt.Fprintln(os.Stderr, "usage: sluice-lab demo [--keep] [--testdata DIR]   (as root)")
+	if len(os.Args) < 2 || (os.Args[1] != "demo" && os.Args[1] != "faults") {
+		fmt.Fprintln(os.Stderr, "usage: sluice-lab demo [--keep] [--testdata DIR]   (as root)\n       sluice-lab faults [--testdata DIR]         (as root: the fault suite)")
 		os.Exit(2)
 	}
 	_ = fs.Parse(os.Args[2:])
@@ -288,7 +290,11 @@ func main() {
 	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}}
 	ctx, stop := signalContext()
 	defer stop()
-	err = l.demo(ctx, *keep)
+	if os.Args[1] == "faults" {
+		err = l.faults(ctx)
+	} else {
+		err = l.demo(ctx, *keep)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sluice-lab: %v\n", err)
 		os.Exit(1)

@@ -11,11 +11,10 @@ import (
 	"time"
 )
 
-// demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
-// dataplane with real traffic.
-func (l *lab) demo(ctx context.Context, keep bool) error {
+// setup builds the lab, starts etcd, loads the sample cluster and runs one sluiced per
+// node, each in sync and programmed. The caller runs l.cleanup.
+func (l *lab) setup() error {
 	l.step("building three nodes, a router, a LAN gateway, a client and five workloads as network namespaces")
-	defer l.cleanup()
 	if err := buildTopology(); err != nil {
 		return err
 	}
@@ -32,6 +31,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	if !etcd.waitFor(30*time.Second, "READY") {
 		return fmt.Errorf("etcd did not start: %v", etcd.lines)
 	}
+	l.etcd = etcd
 
 	l.step("loading the sample cluster from %s with sluicectl", l.testdata)
 	l.mustCtl("apply", "-f", l.testdata)
@@ -61,6 +61,16 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	}
 	for _, n := range labNodes {
 		l.check(l.agents[n.name].waitFor(20*time.Second, "dataplane updated"), "sluiced on %s is in sync and has programmed its kernel", n.name)
+	}
+	return nil
+}
+
+// demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
+// dataplane with real traffic.
+func (l *lab) demo(ctx context.Context, keep bool) error {
+	defer l.cleanup()
+	if err := l.setup(); err != nil {
+		return err
 	}
 	for _, w := range labWorkloads {
 		if _, err := l.start(wlNS(w), "tcp "+w.name, false, l.tool(), "tcp-serve", w.addr+":8080"); err != nil {
@@ -192,14 +202,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
 
 	l.step("sluicectl diff on a node, and sluicectl status")
-	diff := func(node string) (string, error) {
-		cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
-		// The same configuration as the node's sluiced: its etcd and its pin directory.
-		cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node))
-		out, err := cmd.CombinedOutput()
-		fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
-		return string(out), err
-	}
+	diff := l.diff
 	out, err := diff("node-b")
 	l.check(err == nil && strings.Contains(out, "matches"), "node-b's kernel matches its desired state")
 	l.check(l.agents["node-b"].stop() == nil, "sluiced on node-b stopped, to let drift stand")
@@ -244,4 +247,15 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	}
 	l.step("tearing down")
 	return nil
+}
+
+// diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
+// freshly started agent would program from the same data (calc run afresh on etcd's state).
+func (l *lab) diff(node string) (string, error) {
+	cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
+	// The same configuration as the node's sluiced: its etcd and its pin directory.
+	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node))
+	out, err := cmd.CombinedOutput()
+	fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
+	return string(out), err
 }
