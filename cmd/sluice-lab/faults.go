@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -37,6 +39,9 @@ func (l *lab) faults(ctx context.Context) error {
 		{"bad and oversized values", l.faultBadValues},
 		{"history compacted while the agent is stopped", l.faultCompacted},
 		{"kernel state damaged by hand", l.faultKernelDamage},
+		{"the agent killed at several points of a cold start of 20,000 blocks", l.faultColdStartKilled},
+		{"the agent restarted (stopped, then killed) under a stream of changes", l.faultRestartUnderStream},
+		{"the agent killed during a storm of connections through its node port", l.faultKilledUnderConnections},
 	} {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -378,5 +383,264 @@ func toolEtcdCompact(args []string) error {
 		return err
 	}
 	fmt.Printf("compacted %d\n", resp.Header.Revision)
+	return nil
+}
+
+// The fleet: fleetNodes nodes on another underlay, with fleetBlocks blocks among them in a
+// pool of its own, so that node-a's cold start programs tens of thousands of objects.
+const (
+	fleetNodes  = 1000
+	fleetBlocks = 20_000
+)
+
+// toolEtcdLoadFleet writes the fleet into etcd in Calico's format, 128 keys a transaction.
+func toolEtcdLoadFleet(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: etcd-load-fleet ENDPOINT")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{args[0]}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	var ops []clientv3.Op
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := cli.Txn(ctx).Then(ops...).Commit()
+		ops = ops[:0]
+		return err
+	}
+	add := func(k, v string) error {
+		ops = append(ops, clientv3.OpPut(k, v))
+		if len(ops) == 128 {
+			return flush()
+		}
+		return nil
+	}
+	block := func(i int) (netip.Prefix, string) {
+		n := i * 64
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(128 + n>>16), byte(n >> 8), byte(n)}), 26), fmt.Sprintf("fleet-%04d", i%fleetNodes)
+	}
+	if err := add(store.IPPoolPrefix+"pool-fleet", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"pool-fleet"},"spec":{"cidr":"10.128.0.0/10","vxlanMode":"Always","ipipMode":"Never","blockSize":26}}`); err != nil {
+		return err
+	}
+	for n := range fleetNodes {
+		first, name := block(n)
+		if err := add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"198.18.%d.%d/16"},"ipv4VXLANTunnelAddr":%q}}`,
+			name, n/250, n%250+1, first.Addr())); err != nil {
+			return err
+		}
+	}
+	for i := range fleetBlocks {
+		cidr, node := block(i)
+		v := fmt.Sprintf(`{"cidr":%q,"affinity":"host:%s","allocations":[%s],"unallocated":[],"attributes":[],"deleted":false}`,
+			cidr, node, strings.TrimSuffix(strings.Repeat("null,", 64), ","))
+		if err := add(store.BlockKey(cidr), v); err != nil {
+			return err
+		}
+		if err := add(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`); err != nil {
+			return err
+		}
+	}
+	return flush()
+}
+
+// faultColdStartKilled kills node-a's agent (SIGKILL) at several points of a cold start of
+// 20,000 remote blocks and starts it again; the last start must leave the kernel equal to a
+// fresh agent's, and objects of other software untouched.
+func (l *lab) faultColdStartKilled() error {
+	ns := nodeNS("node-a")
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped")
+	if out, err := nsRun(nsRouter, l.tool(), "etcd-load-fleet", "http://"+etcdListen); err != nil {
+		return fmt.Errorf("loading the fleet: %v: %s", err, out)
+	}
+	fmt.Fprintf(l.out, "loaded %d nodes and %d blocks (with their affinities) into etcd\n", fleetNodes, fleetBlocks)
+	// Other software's objects: a route of another protocol, one in sluice's range of
+	// addresses but not its protocol, and a device.
+	if err := script([]string{"ip", "-n", ns, "route", "add", "10.99.0.0/24", "dev", "eth0", "proto", "static"},
+		[]string{"ip", "-n", ns, "route", "add", "10.128.0.0/26", "dev", "eth0", "proto", "boot", "metric", "50"},
+		[]string{"ip", "-n", ns, "link", "add", "foreign0", "type", "veth", "peer", "name", "foreign1"}); err != nil {
+		return err
+	}
+	for _, after := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 500 * time.Millisecond, 600 * time.Millisecond, 700 * time.Millisecond, 900 * time.Millisecond} {
+		agent, err := l.startAgent("node-a")
+		if err != nil {
+			return err
+		}
+		time.Sleep(after)
+		_ = agent.cmd.Process.Signal(syscall.SIGKILL)
+		<-agent.done
+		routes, _ := sh("ip", "-n", ns, "route", "show", "proto", "83")
+		fmt.Fprintf(l.out, "killed %v into the cold start: %d of sluice's routes in the kernel\n", after, strings.Count(routes, "\n"))
+	}
+	start := time.Now()
+	agent, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(60*time.Second, "dataplane updated"), "sluiced on node-a, started after being killed six times, has applied (%v)", time.Since(start).Round(10*time.Millisecond))
+	routes, _ := sh("ip", "-n", ns, "route", "show", "proto", "83")
+	n := len(fleetRoutes(routes, false))
+	l.check(n == fleetBlocks, "node-a routes the fleet's %d blocks (%d of sluice's routes in the fleet's pool)", fleetBlocks, n)
+	static, _ := sh("ip", "-n", ns, "route", "show", "10.99.0.0/24")
+	boot, _ := sh("ip", "-n", ns, "route", "show", "10.128.0.0/26", "proto", "boot")
+	dev, _ := sh("ip", "-n", ns, "link", "show", "foreign0")
+	l.check(strings.Contains(static, "proto static") && strings.Contains(boot, "metric 50") && strings.Contains(dev, "foreign0"),
+		"other software's routes and device are untouched")
+	return script([]string{"ip", "-n", ns, "route", "del", "10.99.0.0/24"}, []string{"ip", "-n", ns, "route", "del", "10.128.0.0/26", "proto", "boot", "metric", "50"},
+		[]string{"ip", "-n", ns, "link", "del", "foreign0"})
+}
+
+// The fleet's pool, and the part of it the churn uses (blocks no fleet node holds).
+var (
+	fleetPool  = netip.MustParsePrefix("10.128.0.0/10")
+	churnRange = netip.MustParsePrefix("10.190.0.0/16")
+)
+
+// fleetRoutes returns the destinations in the fleet's pool named by lines of `ip route` or
+// `ip monitor route` output (outside the churn's range unless churn is set).
+func fleetRoutes(out string, churn bool) []string {
+	var dsts []string
+	for _, line := range strings.Split(out, "\n") {
+		fs := strings.Fields(strings.TrimPrefix(line, "Deleted "))
+		if len(fs) == 0 {
+			continue
+		}
+		p, err := netip.ParsePrefix(fs[0])
+		if err != nil || !fleetPool.Contains(p.Addr()) || churnRange.Contains(p.Addr()) != churn {
+			continue
+		}
+		dsts = append(dsts, line)
+	}
+	return dsts
+}
+
+// toolEtcdChurn changes the fleet for a while: every 50 ms a block of one of the first ten
+// fleet nodes, in the churn range, appears or goes (with its affinity).
+func toolEtcdChurn(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: etcd-churn ENDPOINT DURATION")
+	}
+	d, err := time.ParseDuration(args[1])
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{args[0]}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	changes := 0
+	for i := 0; time.Duration(i)*50*time.Millisecond < d; i++ {
+		cidr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 190, byte(i / 2 % 200), 0}), 26)
+		node := fmt.Sprintf("fleet-%04d", i/2%10)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var ops []clientv3.Op
+		if i%2 == 0 {
+			ops = []clientv3.Op{clientv3.OpPut(store.BlockKey(cidr), fmt.Sprintf(`{"cidr":%q,"affinity":"host:%s","allocations":[%s],"unallocated":[],"attributes":[],"deleted":false}`,
+				cidr, node, strings.TrimSuffix(strings.Repeat("null,", 64), ","))), clientv3.OpPut(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)}
+		} else {
+			ops = []clientv3.Op{clientv3.OpDelete(store.BlockKey(cidr)), clientv3.OpDelete(store.AffinityKey(node, cidr))}
+		}
+		_, err := cli.Txn(ctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return err
+		}
+		changes++
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Printf("DONE %d changes\n", changes)
+	return nil
+}
+
+// faultRestartUnderStream restarts node-a's agent twice (SIGTERM, then SIGKILL) while blocks
+// of ten fleet nodes come and go, and watches node-a's routes meanwhile: no route of the
+// 990 unchanged nodes may be deleted, added or replaced.
+func (l *lab) faultRestartUnderStream() error {
+	ns := nodeNS("node-a")
+	monitor, err := l.start(ns, "monitor", false, "ip", "monitor", "route")
+	if err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond)
+	churn, err := l.start(nsRouter, "churn", false, l.tool(), "etcd-churn", "http://"+etcdListen, "8s")
+	if err != nil {
+		return err
+	}
+	time.Sleep(1500 * time.Millisecond)
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped (SIGTERM) during the stream")
+	agent, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "started again, it applied")
+	time.Sleep(time.Second)
+	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
+	<-agent.done
+	agent, err = l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "killed (SIGKILL) during the stream and started again, it applied")
+	<-churn.done
+	l.check(churn.err == nil && churn.count("DONE") == 1, "the stream of changes ran throughout: %s", strings.Join(churn.lines, " "))
+	time.Sleep(2 * time.Second) // the last changes reach the kernel
+	_ = monitor.stop()
+	monitor.mu.Lock()
+	all := strings.Join(monitor.lines, "\n")
+	monitor.mu.Unlock()
+	moved := fleetRoutes(all, false)
+	churned := fleetRoutes(all, true)
+	l.check(len(moved) == 0 && len(churned) > 0, "no route of an unchanged node moved (%d route events of the 990 unchanged nodes; %d of the ten changing ones)", len(moved), len(churned))
+	if len(moved) > 0 {
+		fmt.Fprintf(l.out, "moved: %s\n", strings.Join(moved[:min(5, len(moved))], "\n"))
+	}
+	return nil
+}
+
+// faultKilledUnderConnections kills node-a's agent (SIGKILL) while a client outside the
+// cluster opens connection after connection through node-a's node port to the endpoint on
+// node-b, and starts it again: the programs and maps are pinned, so none may fail.
+func (l *lab) faultKilledUnderConnections() error {
+	file := filepath.Join(l.dir, "fault-services.yaml")
+	if err := os.WriteFile(file, []byte(seedServices), 0o600); err != nil {
+		return err
+	}
+	l.mustCtl("apply", "-f", file)
+	if _, err := l.start(wlNS(l.workload("web-b")), "echo web-b", false, l.tool(), "tcp-serve", "10.65.0.65:8081"); err != nil {
+		return err
+	}
+	front := nodeIPs["node-a"] + ":30090"
+	_, err := retry(15*time.Second, func() error {
+		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+		return err
+	})
+	l.check(err == nil, "the node port on node-a answers (endpoint on node-b)")
+	loop, err := l.start(nsExt, "loop", false, l.tool(), "tcp-loop", front)
+	if err != nil {
+		return err
+	}
+	loop.waitFor(3*time.Second, "READY")
+	time.Sleep(time.Second)
+	agent := l.agents["node-a"]
+	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
+	<-agent.done
+	time.Sleep(time.Second)
+	agent, err = l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(30*time.Second, "in sync with etcd"), "sluiced on node-a, killed (SIGKILL) and started again, is in sync")
+	time.Sleep(2 * time.Second)
+	// It adopts the pinned maps as they are: an apply that writes logs "service maps updated".
+	l.check(agent.count("service maps updated") == 0, "it adopted the pinned service maps and programs, writing nothing")
+	_ = loop.stdin.Close()
+	<-loop.done
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "no connection failed while the agent was killed and restarted: %s", oneLine(strings.Join(loop.lines, " ")))
 	return nil
 }
