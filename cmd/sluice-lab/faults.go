@@ -108,6 +108,7 @@ func (l *lab) faultLinkCut() error {
 	if _, err := sh("ip", "-n", nsRouter, "link", "set", port, "nomaster"); err != nil {
 		return err
 	}
+	cutAt := time.Now()
 	took, body, ok := l.waitReady("node-a", 503, 3*faultLiveness)
 	l.check(ok && took <= faultLiveness+faultLiveness/2, "node-a reports not ready %v after its link to etcd was cut (etcd-liveness %v): %s", took.Round(100*time.Millisecond), faultLiveness, body)
 	l.check(l.metricOf("node-a", "sluice_etcd_in_sync") == "0" && l.metricOf("node-a", "sluice_etcd_silences_total") == "1",
@@ -117,8 +118,9 @@ func (l *lab) faultLinkCut() error {
 	routesBefore, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
 	// A change made meanwhile: a new block on node-c, which node-a must route to.
 	l.mustCtl("ipam", "claim", "--node", "node-c", "--pool", "pool-vxlan", "--cidr", "10.65.1.0/26")
-	time.Sleep(faultLiveness) // a longer outage: still one log line
+	time.Sleep(l.outage) // a longer outage: still one log line
 	routesDuring, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
+	fmt.Fprintf(l.out, "link cut for %v\n", time.Since(cutAt).Round(100*time.Millisecond))
 	l.check(routesDuring == routesBefore, "node-a's routes are kept as they were while cut off")
 	if _, err := sh("ip", "-n", nsRouter, "link", "set", port, "master", "br-a"); err != nil {
 		return err

@@ -53,7 +53,7 @@ func TestFaults(t *testing.T) {
 		t.Fatalf("building: %v\n%s", err, out)
 	}
 	var out bytes.Buffer
-	l := &lab{bin: bin, testdata: "../../testdata/sample", out: &out, agents: map[string]*proc{}}
+	l := &lab{bin: bin, testdata: "../../testdata/sample", out: &out, agents: map[string]*proc{}, outage: 10 * time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	err := l.faults(ctx)

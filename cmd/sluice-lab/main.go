@@ -33,6 +33,8 @@ type lab struct {
 	dir      string
 	bpffs    bool  // the lab's bpffs is mounted at dir/bpf
 	etcd     *proc // the etcd serving the lab
+	// outage is how long the fault suite keeps the link to etcd cut after the agent noticed.
+	outage time.Duration
 }
 
 func (l *lab) step(format string, args ...any) {
@@ -277,6 +279,7 @@ func main() {
 	fs := flag.NewFlagSet("sluice-lab", flag.ExitOnError)
 	keep := fs.Bool("keep", false, "keep the lab running until interrupted, and print how to look around")
 	testdata := fs.String("testdata", "testdata/sample", "directory of the sample cluster's manifests")
+	outage := fs.Duration("outage", 10*time.Second, "faults: how long the link to etcd stays cut after the agent noticed")
 	if len(os.Args) < 2 || (os.Args[1] != "demo" && os.Args[1] != "faults") {
 		fmt.Fprintln(os.Stderr, "usage: sluice-lab demo [--keep] [--testdata DIR]   (as root)\n       sluice-lab faults [--testdata DIR]         (as root: the fault suite)")
 		os.Exit(2)
@@ -287,7 +290,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "sluice-lab: %v\n", err)
 		os.Exit(1)
 	}
-	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}}
+	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}, outage: *outage}
 	ctx, stop := signalContext()
 	defer stop()
 	if os.Args[1] == "faults" {

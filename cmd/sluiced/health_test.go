@@ -42,6 +42,29 @@ func TestHealthStates(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// An intake stuck in its handler makes the agent not live (the watchdog restarts it); a
+	// handler call of ordinary length does not.
+	state.intake.Stats().HandlerSince.Store(time.Now().Add(-time.Second).UnixNano())
+	if !state.live() {
+		t.Fatal("not live during a handler call of a second")
+	}
+	state.intake.Stats().HandlerSince.Store(time.Now().Add(-stuckIntake - time.Second).UnixNano())
+	if state.live() {
+		t.Fatal("live with the intake stuck in its handler")
+	}
+	state.intake.Stats().HandlerSince.Store(0)
+	if !state.live() {
+		t.Fatal("not live once the handler returned")
+	}
+	// Silence: not ready, with the reason.
+	state.intake.Stats().InSync.Store(true)
+	state.intake.Stats().Silent.Store(true)
+	state.intake.Stats().LastHeard.Store(time.Now().Add(-12 * time.Second).UnixNano())
+	if ok, why := state.readiness(); ok || !strings.Contains(why, "lost etcd: no connection for 12s") {
+		t.Fatalf("readiness while silent: %v %q", ok, why)
+	}
+	state.intake.Stats().Silent.Store(false)
+	state.intake.Stats().InSync.Store(false)
 	cancel()
 
 	before := testutil.ToFloat64(state.events.WithLabelValues("Node", "upsert"))
