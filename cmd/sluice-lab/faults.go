@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -22,8 +24,12 @@ import (
 // what a freshly started agent programs from the same data (`sluicectl diff`, which runs calc
 // afresh on etcd's state and reads the node's kernel).
 
-// faultLiveness is the agents' etcd-liveness in the suite: the default.
-const faultLiveness = 10 * time.Second
+// faultLiveness is the agents' etcd-liveness in the suite: the default. faultResync is the
+// lab agents' resync-interval.
+const (
+	faultLiveness = 10 * time.Second
+	faultResync   = 30 * time.Second
+)
 
 func (l *lab) faults(ctx context.Context) error {
 	defer l.cleanup()
@@ -42,6 +48,7 @@ func (l *lab) faults(ctx context.Context) error {
 		{"the agent killed at several points of a cold start of 20,000 blocks", l.faultColdStartKilled},
 		{"the agent restarted (stopped, then killed) under a stream of changes", l.faultRestartUnderStream},
 		{"the agent killed during a storm of connections through its node port", l.faultKilledUnderConnections},
+		{"the service stage damaged by hand: frontends deleted, a program detached, a map pin removed", l.faultServiceDrift},
 	} {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -644,5 +651,84 @@ func (l *lab) faultKilledUnderConnections() error {
 	_ = loop.stdin.Close()
 	<-loop.done
 	l.check(loop.err == nil && loop.count("failed 0") == 1, "no connection failed while the agent was killed and restarted: %s", oneLine(strings.Join(loop.lines, " ")))
+	return nil
+}
+
+// toolBPFDamage damages an agent's service stage as someone with bpftool might: every
+// frontend entry deleted, the program on a host interface's ingress detached, the backend
+// map's pin removed.
+func toolBPFDamage(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: bpf-damage PIN-DIR IFACE")
+	}
+	dir := args[0]
+	fe, err := ebpf.LoadPinnedMap(filepath.Join(dir, "sl_fe_v4"), nil)
+	if err != nil {
+		return err
+	}
+	defer fe.Close()
+	var keys [][]byte
+	k := make([]byte, fe.KeySize())
+	v := make([]byte, fe.ValueSize())
+	it := fe.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := fe.Delete(k); err != nil {
+			return err
+		}
+	}
+	ln, err := link.LoadPinnedLink(filepath.Join(dir, "links", args[1]+"_ingress"), nil)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	if err := ln.Detach(); err != nil {
+		return fmt.Errorf("detaching: %w", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "sl_be_v4")); err != nil {
+		return err
+	}
+	fmt.Printf("deleted %d frontends, detached %s ingress, removed the pin of sl_be_v4\n", len(keys), args[1])
+	return nil
+}
+
+// faultServiceDrift damages node-a's service stage by hand (frontends deleted, a program
+// detached, a map pin removed) and waits for the resync to repair all three.
+func (l *lab) faultServiceDrift() error {
+	front := nodeIPs["node-a"] + ":30090"
+	agent := l.agents["node-a"]
+	before := len(agent.matching("service stage drift repaired"))
+	out, err := sh(l.tool(), "bpf-damage", filepath.Join(l.dir, "bpf", "node-a"), "eth0")
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	fmt.Fprint(l.out, out)
+	_, broken := nsRun(nsExt, l.tool(), "tcp-check", front)
+	l.check(broken != nil, "with its frontends gone node-a's node port does not answer")
+	took, err := retry(2*faultResync+10*time.Second, func() error {
+		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+		return err
+	})
+	l.check(err == nil, "the node port works again %v later (resync-interval %v)", took.Round(100*time.Millisecond), faultResync)
+	_, err = retry(5*time.Second, func() error {
+		if len(agent.matching("service stage drift repaired")) == before {
+			return errors.New("not logged")
+		}
+		return nil
+	})
+	lines := agent.matching("service stage drift repaired")
+	last := ""
+	if len(lines) > 0 {
+		last = lines[len(lines)-1]
+	}
+	l.check(err == nil && !strings.Contains(last, "map_entries=0") && !strings.Contains(last, "links=0") && !strings.Contains(last, "pins=0"),
+		"the repair is counted and logged, entries, link and pin: %s", strings.TrimSpace(last))
+	pin, _ := os.Stat(filepath.Join(l.dir, "bpf", "node-a", "sl_be_v4"))
+	l.check(pin != nil, "the backend map is pinned again")
 	return nil
 }

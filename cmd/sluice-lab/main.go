@@ -266,7 +266,7 @@ func main() {
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet,
-			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn,
+			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
 		}
 		if t, ok := tools[os.Args[1]]; ok {
 			if err := t(os.Args[2:]); err != nil {

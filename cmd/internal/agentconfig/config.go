@@ -170,8 +170,14 @@ func optionTable() []option {
 			}},
 		{name: "route-protocol", env: "SLUICE_ROUTE_PROTOCOL", key: "routeProtocol", def: strconv.Itoa(dataplane.DefaultRouteProtocol), accepts: "3 to 255, one no other program uses", help: "route protocol number that marks sluice's routes",
 			set: func(c *Config, v string) (err error) { c.DP.Routes.Protocol, err = parseIntRange(v, 3, 255); return }},
-		{name: "resync-interval", env: "SLUICE_RESYNC_INTERVAL", key: "resyncInterval", def: "90s", accepts: "a duration of at least 1s", help: "period of the full dataplane resync (a safety net behind the kernel watch)",
-			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.DP.ResyncInterval })},
+		{name: "resync-interval", env: "SLUICE_RESYNC_INTERVAL", key: "resyncInterval", def: "90s", accepts: "a duration of at least 1s", help: "period of the full dataplane resync, routes and service maps alike (a safety net behind the kernel watch: service map entries, programs detached and map pins removed by someone are found by it)",
+			set: func(c *Config, v string) error {
+				if err := atLeastOneSecond(func(c *Config) *time.Duration { return &c.DP.ResyncInterval })(c, v); err != nil {
+					return err
+				}
+				c.BPF.ResyncInterval = c.DP.ResyncInterval
+				return nil
+			}},
 		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
 			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
 		{name: "services", env: "SLUICE_SERVICES", key: "services", def: "true", boolean: true, accepts: "true or false", help: "program service NAT in eBPF (cluster IPs, node ports, load-balancer and external IPs); false removes sluice's programs, links and pins",
