@@ -1085,37 +1085,19 @@ int sl_from_wep(struct __sk_buff *skb)
 	return client_flow(skb, &p, c, &k, v, FROM_WEP);
 }
 
-/* sl_to_wep undoes the translation of replies to a workload client whose backend is
- * elsewhere: those replies reach the node by routing, through any interface. */
-SEC("tc")
-int sl_to_wep(struct __sk_buff *skb)
-{
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return TC_ACT_OK;
-	struct pkt p = {};
-	if (parse(skb, IP_OFF, &p) < 0)
-		return TC_ACT_OK;
-	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 0, 0);
-		return rc < 0 ? TC_ACT_OK : rc;
-	}
-	if (!is_l4(&p))
-		return TC_ACT_OK;
-	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
-	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
-	if (v && v->type == CT_REV && !(v->flags & CT_F_REDIRECT))
-		return reply(skb, &p, v, 0);
-	return TC_ACT_OK;
-}
-
-/* sl_to_host undoes the translation of replies that leave by a host interface: those of a
- * backend in the host's own network namespace (a host-networked endpoint answers from the
- * host stack, which no ingress hook of ours sees). A reply to a client that came in by a host
- * interface leaves by that interface to the hop it came from; a reply to a flow forwarded here
- * through the tunnel goes back through it to the ingress node. Workload backends' replies were
+/* leaving undoes the translation of replies as they leave by an interface (egress).
+ *
+ * On a workload interface (sl_to_wep): replies to a workload client whose backend is
+ * elsewhere, or in the host's own namespace; those reach the node by routing, through any
+ * interface, and only here meet the client's side.
+ *
+ * On a host interface (sl_to_host): replies of a backend in the host's own namespace (a
+ * host-networked endpoint, at one of the node's addresses), which answers from the host stack
+ * that no ingress hook of ours sees. A reply to a client that came in by a host interface
+ * leaves by that interface to the hop it came from; a reply to a flow forwarded here through
+ * the tunnel goes back through it to the ingress node. Workload backends' replies were
  * translated at sl_from_wep already, and match nothing here. */
-SEC("tc")
-int sl_to_host(struct __sk_buff *skb)
+static __always_inline int leaving(struct __sk_buff *skb, int host)
 {
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
@@ -1132,6 +1114,8 @@ int sl_to_host(struct __sk_buff *skb)
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (!v)
 		return TC_ACT_OK;
+	if (v->type == CT_REV && !host)
+		return (v->flags & CT_F_REDIRECT) ? TC_ACT_OK : reply(skb, &p, v, 0);
 	if (v->type == CT_REV) {
 		/* Already on the way out of the interface the request came in by: the MACs are
 		 * set and the packet goes on, rather than being queued to this device again. */
@@ -1141,7 +1125,7 @@ int sl_to_host(struct __sk_buff *skb)
 		}
 		return reply(skb, &p, v, 0);
 	}
-	if (v->type == CT_TUN) {
+	if (v->type == CT_TUN && host) {
 		v->last_seen = bpf_ktime_get_ns();
 		tcp_track(v, &p, 1);
 		__be32 peer = v->nat_addr;
@@ -1154,6 +1138,18 @@ int sl_to_host(struct __sk_buff *skb)
 		return encap(skb, &p, c, peer);
 	}
 	return TC_ACT_OK;
+}
+
+SEC("tc")
+int sl_to_wep(struct __sk_buff *skb)
+{
+	return leaving(skb, 0);
+}
+
+SEC("tc")
+int sl_to_host(struct __sk_buff *skb)
+{
+	return leaving(skb, 1);
 }
 
 struct {
