@@ -33,22 +33,29 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-const (
-	benchBlocks = 20_000
-	benchNodes  = 1000
-	coldRuns    = 3 // cold starts and ip -batch runs; the median of each is reported
-)
+const coldRuns = 3 // cold starts and ip -batch runs; the median of each is reported
 
-// benchBlock is remote block i: node i%1000+1, a /26 in 10.64.0.0/10.
-func benchBlock(i int) (netip.Prefix, string) {
-	n := i * 64
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + n>>16), byte(n >> 8), byte(n)}), 26), fmt.Sprintf("node-%04d", i%benchNodes+1)
+// benchShape is a cluster the dataplane benchmark loads: nodes remote nodes (each its own
+// VTEP) holding blocks /26 blocks between them, block i on node i%nodes+1.
+type benchShape struct {
+	name          string
+	nodes, blocks int
 }
 
-// benchTunnel is node n's VXLAN tunnel address: the first address of its first block, as
+// The shapes measured: 1,000 nodes of 20 blocks, and a fleet as Calico lays it out, where
+// most nodes hold one block, so 20,000 blocks are 20,000 nodes and 20,000 VTEPs (issue #11).
+var benchShapes = []benchShape{{"nodes=1000,blocks=20000", 1000, 20_000}, {"nodes=20000,blocks=20000", 20_000, 20_000}}
+
+// block is remote block i: a /26 in 10.64.0.0/10, and its node.
+func (sh benchShape) block(i int) (netip.Prefix, string) {
+	n := i * 64
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + n>>16), byte(n >> 8), byte(n)}), 26), fmt.Sprintf("node-%05d", i%sh.nodes+1)
+}
+
+// tunnel is node n's VXLAN tunnel address: the first address of its first block, as
 // calico-ipam hands it out.
-func benchTunnel(node int) string {
-	cidr, _ := benchBlock(node - 1)
+func (sh benchShape) tunnel(node int) string {
+	cidr, _ := sh.block(node - 1)
 	return cidr.Addr().String()
 }
 
@@ -74,18 +81,18 @@ func benchWriter(b testing.TB, cli *clientv3.Client) (add func(k, v string), flu
 	return add, flush
 }
 
-// loadBench writes the pool, node-0000 (this node) and 1,000 remote nodes, and 20,000 remote
-// blocks with their affinities, in Calico's format.
-func loadBench(b testing.TB, cli *clientv3.Client) {
+// loadBench writes the pool, node-00000 (this node) and the shape's remote nodes and blocks
+// with their affinities, in Calico's format.
+func loadBench(b testing.TB, cli *clientv3.Client, sh benchShape) {
 	add, flush := benchWriter(b, cli)
 	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.64.0.0/10","vxlanMode":"Always","ipipMode":"Never","blockSize":26}}`)
-	add(store.NodePrefix+"node-0000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-0000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"172.31.0.1"}}`) // this node's blocks are not part of the run
-	for n := 1; n <= benchNodes; n++ {
-		name := fmt.Sprintf("node-%04d", n)
-		add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"198.51.%d.%d/16"},"ipv4VXLANTunnelAddr":%q}}`, name, 100+n/250, n%250+1, benchTunnel(n)))
+	add(store.NodePrefix+"node-00000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-00000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"172.31.0.1"}}`) // this node's blocks are not part of the run
+	for n := 1; n <= sh.nodes; n++ {
+		name := fmt.Sprintf("node-%05d", n)
+		add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"198.%d.%d.%d/8"},"ipv4VXLANTunnelAddr":%q}}`, name, 18+n/62500, n/250%250, n%250+1, sh.tunnel(n)))
 	}
-	for i := range benchBlocks {
-		cidr, node := benchBlock(i)
+	for i := range sh.blocks {
+		cidr, node := sh.block(i)
 		add(store.BlockKey(cidr), blockJSON(cidr, node))
 		add(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)
 	}
@@ -150,7 +157,7 @@ type agentProc struct {
 }
 
 func startAgent(b *testing.B, bin, endpoint string) *agentProc {
-	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-0000", "--log-format", "json", "--services=false")
+	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -239,7 +246,21 @@ func BenchmarkDataplane(b *testing.B) {
 	if os.Getenv("SLUICE_BENCH_NETNS") == "" || os.Geteuid() != 0 {
 		b.Skip("programs a kernel: run through `make bench`, which gives it its own network namespace")
 	}
+	for _, sh := range benchShapes {
+		b.Run(sh.name, func(b *testing.B) { benchDataplane(b, sh) })
+	}
+}
+
+func benchDataplane(b *testing.B, sh benchShape) {
+	benchBlocks := sh.blocks
 	dir := b.TempDir()
+	// The shapes share the namespace: each leaves it bare (its devices take their routes,
+	// neighbours and FDB entries along).
+	b.Cleanup(func() {
+		for _, c := range [][]string{{"ip", "nexthop", "flush"}, {"ip", "link", "del", "vxlan.sluice"}, {"ip", "link", "del", "eth0"}} {
+			_ = exec.Command(c[0], c[1:]...).Run()
+		}
+	})
 	bin := filepath.Join(dir, "sluiced")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		b.Fatalf("building sluiced: %v\n%s", err, out)
@@ -260,7 +281,7 @@ func BenchmarkDataplane(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer cli.Close()
-	loadBench(b, cli)
+	loadBench(b, cli, sh)
 
 	b.ResetTimer()
 	// Cold start, three times (the median is reported): from starting the process to
@@ -324,10 +345,16 @@ func BenchmarkDataplane(b *testing.B) {
 	time.Sleep(2 * time.Second)
 	peak, settled := memKiB(agent.cmd.Process.Pid)
 
+	// sluiced's CPU while idle, over as long as the changes below take, to subtract.
+	idleStart, idleTicks := time.Now(), cpuTicks(b, agent.cmd.Process.Pid)
+	time.Sleep(3 * time.Second)
+	idleRate := float64(cpuTicks(b, agent.cmd.Process.Pid)-idleTicks) / time.Since(idleStart).Seconds()
+
 	// One new block at a time.
+	changeStart, changeTicks := time.Now(), cpuTicks(b, agent.cmd.Process.Pid)
 	var perBlock []time.Duration
 	for i := range 200 {
-		cidr, node := benchBlock(benchBlocks + i)
+		cidr, node := sh.block(benchBlocks + i)
 		events.drain()
 		start := time.Now()
 		if _, err := cli.Txn(context.Background()).Then(clientv3.OpPut(store.BlockKey(cidr), blockJSON(cidr, node)),
@@ -342,6 +369,8 @@ func BenchmarkDataplane(b *testing.B) {
 		}
 		perBlock = append(perBlock, time.Since(start))
 	}
+	busy := float64(cpuTicks(b, agent.cmd.Process.Pid)-changeTicks) - idleRate*time.Since(changeStart).Seconds()
+	cpuPerChange := time.Duration(busy / clockTicks * float64(time.Second) / float64(len(perBlock)))
 	// Reference: etcd's own put-to-watch-event latency, in the same run.
 	var etcdLat []time.Duration
 	wch := cli.Watch(context.Background(), "/bench/ref/", clientv3.WithPrefix())
@@ -357,7 +386,7 @@ func BenchmarkDataplane(b *testing.B) {
 	// A route deleted by hand.
 	var repair []time.Duration
 	for i := range 50 {
-		cidr, _ := benchBlock(i * 97)
+		cidr, _ := sh.block(i * 97)
 		events.drain()
 		dst := &net.IPNet{IP: cidr.Addr().AsSlice(), Mask: net.CIDRMask(26, 32)}
 		start := time.Now()
@@ -389,10 +418,17 @@ func BenchmarkDataplane(b *testing.B) {
 	// listening, as in the cold start.
 	events.close()
 	var batch strings.Builder
+	// Two layouts: Felix's (each route its own gateway, `via <tunnel> onlink`), and one
+	// nexthop object per remote VTEP shared by that node's routes (issue #11).
+	var nhBatch strings.Builder
+	for n := 1; n <= sh.nodes; n++ {
+		fmt.Fprintf(&nhBatch, "nexthop replace id %d via %s dev vxlan.sluice onlink proto 83\n", n, sh.tunnel(n))
+	}
 	for i := range benchBlocks { // the same 20,000 routes as the cold start
-		cidr, node := benchBlock(i)
+		cidr, node := sh.block(i)
 		n, _ := strconv.Atoi(strings.TrimPrefix(node, "node-"))
-		fmt.Fprintf(&batch, "route replace %s via %s dev vxlan.sluice onlink proto 83\n", cidr, benchTunnel(n))
+		fmt.Fprintf(&batch, "route replace %s via %s dev vxlan.sluice onlink proto 83\n", cidr, sh.tunnel(n))
+		fmt.Fprintf(&nhBatch, "route replace %s nhid %d proto 83\n", cidr, n)
 	}
 	var ipTimes []time.Duration
 	for range coldRuns {
@@ -409,6 +445,23 @@ func BenchmarkDataplane(b *testing.B) {
 	}
 	b.Logf("ip -batch: %v", ipTimes)
 	ipTime := percentile(ipTimes, 0.5)
+	var nhTimes []time.Duration
+	for range coldRuns {
+		for _, c := range [][]string{{"ip", "nexthop", "flush"}, {"ip", "route", "flush", "proto", "83"}} {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				b.Fatalf("%v: %v %s", c, err, out)
+			}
+		}
+		ipb := exec.Command("ip", "-batch", "-")
+		ipb.Stdin = strings.NewReader(nhBatch.String())
+		ipStart := time.Now()
+		if out, err := ipb.CombinedOutput(); err != nil {
+			b.Fatalf("ip -batch (nexthops): %v %s", err, out)
+		}
+		nhTimes = append(nhTimes, time.Since(ipStart))
+	}
+	b.Logf("ip -batch through nexthop objects: %v", nhTimes)
+	nhTime := percentile(nhTimes, 0.5)
 
 	// Reference: what the cold start cannot do without, reading the keys it reads (pages of
 	// the intake's size, from a new connection, nothing decoded) — the write half is
@@ -421,7 +474,7 @@ func BenchmarkDataplane(b *testing.B) {
 			b.Fatal(err)
 		}
 		n := 0
-		for _, prefix := range store.NodePrefixes("node-0000") {
+		for _, prefix := range store.NodePrefixes("node-00000") {
 			key, end := prefix, clientv3.GetPrefixRangeEnd(prefix)
 			for {
 				resp, err := rc.Get(context.Background(), key, clientv3.WithRange(end), clientv3.WithLimit(store.DefaultPageSize))
@@ -437,7 +490,7 @@ func BenchmarkDataplane(b *testing.B) {
 		}
 		reads = append(reads, time.Since(start))
 		rc.Close()
-		if n < benchBlocks+benchNodes {
+		if n < benchBlocks+sh.nodes {
 			b.Fatalf("raw read: %d keys", n)
 		}
 	}
@@ -446,6 +499,7 @@ func BenchmarkDataplane(b *testing.B) {
 
 	b.ReportMetric(cold.Seconds(), "cold-start-s")
 	b.ReportMetric(ipTime.Seconds(), "ip-batch-s")
+	b.ReportMetric(nhTime.Seconds(), "ip-batch-nhid-s")
 	b.ReportMetric(rawRead.Seconds(), "raw-read-s")
 	b.ReportMetric(float64(percentile(perBlock, 0.5).Microseconds())/1000, "block-p50-ms")
 	b.ReportMetric(float64(percentile(perBlock, 0.99).Microseconds())/1000, "block-p99-ms")
@@ -455,6 +509,24 @@ func BenchmarkDataplane(b *testing.B) {
 	b.ReportMetric(ready.Seconds(), "restart-ready-s")
 	b.ReportMetric(float64(percentile(repair, 0.5).Microseconds())/1000, "repair-p50-ms")
 	b.ReportMetric(float64(percentile(repair, 0.99).Microseconds())/1000, "repair-p99-ms")
+	b.ReportMetric(float64(cpuPerChange.Microseconds())/1000, "cpu-per-change-ms")
 	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
 	b.ReportMetric(float64(settled)/1024, "settled-rss-MiB")
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat's CPU times.
+const clockTicks = 100
+
+// cpuTicks returns a process's user and system CPU time so far, in clock ticks.
+func cpuTicks(b *testing.B, pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command's closing parenthesis: utime and stime are the 12th
+	// and 13th of them.
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return u + st
 }
