@@ -132,11 +132,19 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		d.pendingSince = time.Now()
 	}
 	if u.Full {
-		seen := make(map[netip.Prefix]bool, len(u.Ops))
+		// Sized for the routes alone: a full update also carries a VTEP and a cluster net
+		// per node, and maps sized for all of them held three times the room at 20,000 nodes.
+		nRoutes := 0
+		for _, op := range u.Ops {
+			if op.Route != nil {
+				nRoutes++
+			}
+		}
+		seen := make(map[netip.Prefix]bool, nRoutes)
 		seenV := map[calc.VTEPKey]bool{}
 		if len(d.dsts) == 0 {
-			d.dsts = make(map[netip.Prefix]bool, len(u.Ops))
-			d.routes.Expect(len(u.Ops))
+			d.dsts = make(map[netip.Prefix]bool, nRoutes)
+			d.routes.Expect(nRoutes)
 		}
 		for _, op := range u.Ops {
 			if op.Route != nil {

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -157,7 +159,9 @@ type agentProc struct {
 }
 
 func startAgent(b *testing.B, bin, endpoint string) *agentProc {
-	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false")
+	// --profiling serves Go's profiles on the health address (127.0.0.1:9097 in the
+	// benchmark's namespace): SLUICE_BENCH_HEAP saves a heap profile of the settled agent.
+	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false", "--profiling")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -344,6 +348,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	defer events.close()
 	time.Sleep(2 * time.Second)
 	peak, settled := memKiB(agent.cmd.Process.Pid)
+	if path := os.Getenv("SLUICE_BENCH_HEAP"); path != "" {
+		saveHeap(b, fmt.Sprintf("%s-%d-nodes.pb.gz", path, sh.nodes))
+	}
 
 	// sluiced's CPU while idle, over as long as the changes below take, to subtract.
 	idleStart, idleTicks := time.Now(), cpuTicks(b, agent.cmd.Process.Pid)
@@ -529,4 +536,22 @@ func cpuTicks(b *testing.B, pid int) int64 {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return u + st
+}
+
+// saveHeap writes the settled agent's heap profile (after a GC) to path.
+func saveHeap(b *testing.B, path string) {
+	resp, err := http.Get("http://127.0.0.1:9097/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("heap profile: %s", path)
 }

