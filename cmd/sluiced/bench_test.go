@@ -360,7 +360,19 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	// One new block at a time.
 	changeStart, changeTicks := time.Now(), cpuTicks(b, agent.cmd.Process.Pid)
 	var perBlock []time.Duration
-	for i := range 200 {
+	nChanges := 200
+	var profiled chan struct{}
+	if path := os.Getenv("SLUICE_BENCH_CPU"); path != "" {
+		// A CPU profile of sluiced over more changes than the figures need (they then
+		// include the profiler's cost: use such a run for the profile only).
+		nChanges = 3000
+		profiled = make(chan struct{})
+		go func() {
+			defer close(profiled)
+			saveProfile(b, "http://127.0.0.1:9097/debug/pprof/profile?seconds=5", fmt.Sprintf("%s-%d-nodes.pb.gz", path, sh.nodes))
+		}()
+	}
+	for i := range nChanges {
 		cidr, node := sh.block(benchBlocks + i)
 		events.drain()
 		start := time.Now()
@@ -375,6 +387,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 			b.Fatalf("no route for the new block %s", cidr)
 		}
 		perBlock = append(perBlock, time.Since(start))
+	}
+	if profiled != nil {
+		<-profiled
 	}
 	busy := float64(cpuTicks(b, agent.cmd.Process.Pid)-changeTicks) - idleRate*time.Since(changeStart).Seconds()
 	cpuPerChange := time.Duration(busy / clockTicks * float64(time.Second) / float64(len(perBlock)))
@@ -540,7 +555,12 @@ func cpuTicks(b *testing.B, pid int) int64 {
 
 // saveHeap writes the settled agent's heap profile (after a GC) to path.
 func saveHeap(b *testing.B, path string) {
-	resp, err := http.Get("http://127.0.0.1:9097/debug/pprof/heap?gc=1")
+	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?gc=1", path)
+}
+
+// saveProfile writes the profile served at url to path.
+func saveProfile(b *testing.B, url, path string) {
+	resp, err := http.Get(url)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -553,5 +573,5 @@ func saveHeap(b *testing.B, path string) {
 	if _, err := io.Copy(f, resp.Body); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("heap profile: %s", path)
+	b.Logf("profile: %s", path)
 }
