@@ -73,8 +73,9 @@ func newRouteBatcher(ns netns.NsHandle) (*batcher, error) {
 func (b *batcher) close() { b.sock.Close() }
 
 // routeRequest builds an RTM_NEWROUTE (create or replace) or, with del, an RTM_DELROUTE
-// request for r.
-func routeRequest(r *netlink.Route, del bool) *nl.NetlinkRequest {
+// request for r. A route through a nexthop object names the object instead of a gateway
+// and device.
+func routeRequest(r *Route, del bool) *nl.NetlinkRequest {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_REPLACE)
 	if del {
 		req = nl.NewNetlinkRequest(unix.RTM_DELROUTE, 0)
@@ -99,14 +100,17 @@ func routeRequest(r *netlink.Route, del bool) *nl.NetlinkRequest {
 	req.AddData(msg)
 	req.AddData(nl.NewRtAttr(unix.RTA_DST, dst))
 	req.AddData(nl.NewRtAttr(unix.RTA_TABLE, nl.Uint32Attr(uint32(r.Table))))
-	if r.Gw != nil {
+	if r.NH != 0 {
+		req.AddData(nl.NewRtAttr(rtaNHID, nl.Uint32Attr(r.NH)))
+	}
+	if r.Gw != nil && r.NH == 0 {
 		gw := r.Gw.To4()
 		if msg.Family == unix.AF_INET6 {
 			gw = r.Gw.To16()
 		}
 		req.AddData(nl.NewRtAttr(unix.RTA_GATEWAY, gw))
 	}
-	if r.LinkIndex != 0 {
+	if r.LinkIndex != 0 && r.NH == 0 {
 		req.AddData(nl.NewRtAttr(unix.RTA_OIF, nl.Uint32Attr(uint32(r.LinkIndex))))
 	}
 	if r.Priority != 0 {
@@ -132,7 +136,7 @@ func neighRequest(n *netlink.Neigh) *nl.NetlinkRequest {
 }
 
 // replace writes every route and returns one error per route (nil where it succeeded).
-func (b *batcher) replace(rs []*netlink.Route) []error {
+func (b *batcher) replace(rs []*Route) []error {
 	reqs := make([]*nl.NetlinkRequest, len(rs))
 	for i, r := range rs {
 		reqs[i] = routeRequest(r, false)
@@ -151,7 +155,7 @@ func (b *batcher) setNeighs(ns []*netlink.Neigh) []error {
 
 // remove deletes every route and returns one error per route; a route already gone is not an
 // error (deleting is idempotent).
-func (b *batcher) remove(rs []*netlink.Route) []error {
+func (b *batcher) remove(rs []*Route) []error {
 	reqs := make([]*nl.NetlinkRequest, len(rs))
 	for i, r := range rs {
 		reqs[i] = routeRequest(r, true)

@@ -20,19 +20,19 @@ import (
 
 // batchRoutes is n routes /26 apart via gateways on eth0; the routes at the indexes in bad go
 // through an interface index that does not exist, so the kernel refuses them.
-func batchRoutes(n, eth0 int, bad map[int]bool) []*netlink.Route {
-	rs := make([]*netlink.Route, n)
+func batchRoutes(n, eth0 int, bad map[int]bool) []*Route {
+	rs := make([]*Route, n)
 	for i := range rs {
 		a := i * 64
 		link := eth0
 		if bad[i] {
 			link = 999_999
 		}
-		rs[i] = &netlink.Route{
+		rs[i] = &Route{Route: netlink.Route{
 			Dst: &net.IPNet{IP: net.IPv4(10, byte(64+a>>16), byte(a>>8), byte(a)).To4(), Mask: net.CIDRMask(26, 32)},
 			Gw:  net.IPv4(192, 0, 2, byte(100+i%100)).To4(), Type: unix.RTN_UNICAST,
 			LinkIndex: link, Table: unix.RT_TABLE_MAIN, Protocol: DefaultRouteProtocol, Flags: int(netlink.FLAG_ONLINK),
-		}
+		}}
 	}
 	return rs
 }
@@ -140,7 +140,7 @@ func BenchmarkRouteWrite(b *testing.B) {
 			}
 		}
 	})
-	shuffled := append([]*netlink.Route(nil), rs...)
+	shuffled := append([]*Route(nil), rs...)
 	rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
 	b.Run("packed-shuffled", func(b *testing.B) {
 		for range b.N {
@@ -187,7 +187,7 @@ func BenchmarkRouteWrite(b *testing.B) {
 		for range b.N {
 			flush()
 			for _, r := range rs {
-				if err := h.RouteReplace(r); err != nil {
+				if err := h.RouteReplace(&r.Route); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -228,10 +228,10 @@ func TestRouteSubscriptionFilter(t *testing.T) {
 	foreign := batchRoutes(4, eth0, nil)[3]
 	foreign.Protocol = unix.RTPROT_STATIC
 	foreign.Priority = 7
-	if err := n.h.RouteAdd(foreign); err != nil {
+	if err := n.h.RouteAdd(&foreign.Route); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.h.RouteDel(ours[1]); err != nil {
+	if err := n.h.RouteDel(&ours[1].Route); err != nil {
 		t.Fatal(err)
 	}
 	var got []string

@@ -48,11 +48,14 @@ type Config struct {
 // Stats are the dataplane's counters.
 type Stats struct {
 	Applies, Failures, Resyncs, Writes int
-	// Repairs counts drift put back: routes and neighbour or FDB entries deleted by someone.
-	RouteRepairs, NeighRepairs int
-	// DesiredRoutes and ProgrammedRoutes compare what calc wants with what the kernel holds.
-	DesiredRoutes, ProgrammedRoutes int
-	LastErr                         error
+	// Repairs counts drift put back: routes, nexthop objects (with their routes) and
+	// neighbour or FDB entries deleted by someone.
+	RouteRepairs, NexthopRepairs, NeighRepairs int
+	// DesiredRoutes and ProgrammedRoutes compare what calc wants with what the kernel holds;
+	// DesiredNexthops and ProgrammedNexthops the same for nexthop objects.
+	DesiredRoutes, ProgrammedRoutes     int
+	DesiredNexthops, ProgrammedNexthops int
+	LastErr                             error
 }
 
 // Dataplane takes calc's updates and keeps the kernel matching them. Updates only change the
@@ -291,6 +294,7 @@ func (d *Dataplane) Stats() Stats {
 	s.Writes = d.routes.Writes() + d.vxlan.Writes() + d.vxlan6.Writes()
 	s.DesiredRoutes = len(d.routes.routes)
 	s.ProgrammedRoutes = d.routes.tracker.ActualLen()
+	s.DesiredNexthops, s.ProgrammedNexthops = d.routes.Nexthops()
 	return s
 }
 

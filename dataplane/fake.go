@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -18,9 +19,11 @@ import (
 type FakeKernel struct {
 	mu sync.Mutex
 	// routes by table, then by "dst metric".
-	routes map[int]map[string]netlink.Route
-	links  map[string]int
-	addrs  map[netip.Addr]int
+	routes map[int]map[string]Route
+	// nexthop objects by ID
+	nexthops map[uint32]Nexthop
+	links    map[string]int
+	addrs    map[netip.Addr]int
 	// attrs of links made through LinkAdd (or given by SetLink), by name
 	linkObj map[string]netlink.Link
 	mtu     map[string]int
@@ -34,7 +37,7 @@ type FakeKernel struct {
 
 // NewFakeKernel returns an empty fake kernel.
 func NewFakeKernel() *FakeKernel {
-	return &FakeKernel{routes: map[int]map[string]netlink.Route{}, links: map[string]int{}, addrs: map[netip.Addr]int{},
+	return &FakeKernel{routes: map[int]map[string]Route{}, nexthops: map[uint32]Nexthop{}, links: map[string]int{}, addrs: map[netip.Addr]int{},
 		linkObj: map[string]netlink.Link{}, mtu: map[string]int{}, up: map[string]bool{}, neighs: map[int]map[int]map[string]netlink.Neigh{}}
 }
 
@@ -87,6 +90,11 @@ func (f *FakeKernel) DelLink(name string) {
 			delete(f.addrs, a)
 		}
 	}
+	for id, n := range f.nexthops {
+		if n.Link == idx && idx != 0 {
+			f.delNexthopLocked(id)
+		}
+	}
 	for _, t := range f.routes {
 		for k, r := range t {
 			if r.LinkIndex == idx && idx != 0 {
@@ -96,6 +104,99 @@ func (f *FakeKernel) DelLink(name string) {
 	}
 }
 
+// delNexthopLocked removes a nexthop object and, as the kernel does, every route through it.
+func (f *FakeKernel) delNexthopLocked(id uint32) {
+	delete(f.nexthops, id)
+	for _, t := range f.routes {
+		for k, r := range t {
+			if r.NH == id {
+				delete(t, k)
+			}
+		}
+	}
+}
+
+// PutNexthop installs a nexthop object as another program (or a person) would, without
+// counting it as a write.
+func (f *FakeKernel) PutNexthop(n Nexthop) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nexthops[n.ID] = n
+}
+
+// DeleteNexthop removes a nexthop object (and its routes) as a person would, without counting
+// it as a write.
+func (f *FakeKernel) DeleteNexthop(id uint32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.delNexthopLocked(id)
+}
+
+func (f *FakeKernel) NexthopList() ([]Nexthop, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("nexthop-list", ""); err != nil {
+		return nil, err
+	}
+	out := make([]Nexthop, 0, len(f.nexthops))
+	for _, n := range f.nexthops {
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (f *FakeKernel) NexthopSetMany(ns []Nexthop, replace bool) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	errs := make([]error, len(ns))
+	for i, n := range ns {
+		if errs[i] = f.check("nexthop-set", fmt.Sprint(n.ID)); errs[i] != nil {
+			continue
+		}
+		if _, taken := f.nexthops[n.ID]; taken && !replace {
+			errs[i] = unix.EEXIST
+			continue
+		}
+		if n.Link == 0 || !slices.Contains(slices.Collect(maps.Values(f.links)), n.Link) {
+			errs[i] = unix.ENODEV
+			continue
+		}
+		f.Writes++
+		f.nexthops[n.ID] = n
+	}
+	return errs
+}
+
+func (f *FakeKernel) NexthopDelMany(ids []uint32) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	errs := make([]error, len(ids))
+	for i, id := range ids {
+		if errs[i] = f.check("nexthop-del", fmt.Sprint(id)); errs[i] != nil {
+			continue
+		}
+		f.Writes++
+		f.delNexthopLocked(id)
+	}
+	return errs
+}
+
+// RenderNexthops prints the nexthop objects like `ip nexthop` does, sorted by ID.
+func (f *FakeKernel) RenderNexthops() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	names := map[int]string{}
+	for n, i := range f.links {
+		names[i] = n
+	}
+	ids := slices.Sorted(maps.Keys(f.nexthops))
+	lines := make([]string, len(ids))
+	for i, id := range ids {
+		lines[i] = RenderNexthop(f.nexthops[id], names)
+	}
+	return strings.Join(lines, "\n")
+}
+
 // AddAddr puts addr on link.
 func (f *FakeKernel) AddAddr(link string, addr netip.Addr) {
 	f.mu.Lock()
@@ -103,7 +204,7 @@ func (f *FakeKernel) AddAddr(link string, addr netip.Addr) {
 	f.addrs[addr] = f.links[link]
 }
 
-func routeID(r *netlink.Route) string {
+func routeID(r *Route) string {
 	return fmt.Sprintf("%s %d", r.Dst, r.Priority)
 }
 
@@ -112,38 +213,52 @@ func routeID(r *netlink.Route) string {
 func (f *FakeKernel) PutRoute(r netlink.Route) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.put(&r)
+	f.put(&Route{Route: r})
 }
 
-func (f *FakeKernel) put(r *netlink.Route) {
+func (f *FakeKernel) put(r *Route) {
 	t := f.routes[r.Table]
 	if t == nil {
-		t = map[string]netlink.Route{}
+		t = map[string]Route{}
 		f.routes[r.Table] = t
 	}
 	t[routeID(r)] = *r
 }
 
-func (f *FakeKernel) RouteList(table int) ([]netlink.Route, error) {
+// RouteList lists the table's routes; one through a nexthop object carries that object's
+// gateway, device and onlink flag too, as the kernel reports it (nexthop_compat_mode).
+func (f *FakeKernel) RouteList(table int) ([]Route, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("route-list", ""); err != nil {
 		return nil, err
 	}
-	var out []netlink.Route
+	var out []Route
 	for _, r := range f.routes[table] {
+		if n, ok := f.nexthops[r.NH]; ok && r.NH != 0 {
+			r.Gw, r.LinkIndex, r.Flags = n.Gw.AsSlice(), n.Link, 0
+			if n.OnLink {
+				r.Flags = unix.RTNH_F_ONLINK
+			}
+		}
 		out = append(out, r)
 	}
 	return out, nil
 }
 
 func (f *FakeKernel) RouteReplace(r *netlink.Route) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	return f.RouteReplaceMany([]*Route{{Route: *r}})[0]
+}
+
+func (f *FakeKernel) routeReplaceLocked(r *Route) error {
 	if err := f.check("route-replace", r.Dst.String()); err != nil {
 		return err
 	}
-	if r.Type == unix.RTN_UNICAST && r.LinkIndex == 0 {
+	if r.NH != 0 {
+		if _, ok := f.nexthops[r.NH]; !ok {
+			return unix.EINVAL // "Nexthop id does not exist"
+		}
+	} else if r.Type == unix.RTN_UNICAST && r.LinkIndex == 0 {
 		return unix.ENODEV
 	}
 	f.Writes++
@@ -151,29 +266,30 @@ func (f *FakeKernel) RouteReplace(r *netlink.Route) error {
 	return nil
 }
 
-func (f *FakeKernel) RouteReplaceMany(rs []*netlink.Route) []error {
+func (f *FakeKernel) RouteReplaceMany(rs []*Route) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	errs := make([]error, len(rs))
 	for i, r := range rs {
-		errs[i] = f.RouteReplace(r)
+		errs[i] = f.routeReplaceLocked(r)
 	}
 	return errs
 }
 
 func (f *FakeKernel) RouteDel(r *netlink.Route) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("route-del", r.Dst.String()); err != nil {
-		return err
-	}
-	f.Writes++
-	delete(f.routes[r.Table], routeID(r))
-	return nil
+	return f.RouteDelMany([]*Route{{Route: *r}})[0]
 }
 
-func (f *FakeKernel) RouteDelMany(rs []*netlink.Route) []error {
+func (f *FakeKernel) RouteDelMany(rs []*Route) []error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	errs := make([]error, len(rs))
 	for i, r := range rs {
-		errs[i] = f.RouteDel(r)
+		if errs[i] = f.check("route-del", r.Dst.String()); errs[i] != nil {
+			continue
+		}
+		f.Writes++
+		delete(f.routes[r.Table], routeID(r))
 	}
 	return errs
 }
@@ -246,14 +362,36 @@ func (f *FakeKernel) Render(table int) string {
 	}
 	var lines []string
 	for _, r := range f.routes[table] {
+		if n, ok := f.nexthops[r.NH]; ok && r.NH != 0 { // shown as the kernel reports it
+			r.Gw, r.LinkIndex = n.Gw.AsSlice(), n.Link
+			if n.OnLink {
+				r.Flags |= unix.RTNH_F_ONLINK
+			}
+		}
 		lines = append(lines, RenderRoute(r, names))
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
 }
 
+// RenderNexthop prints a nexthop object like `ip nexthop` does, with the device by name.
+func RenderNexthop(n Nexthop, names map[int]string) string {
+	if n.Other {
+		return fmt.Sprintf("id %d (a group, blackhole or FDB nexthop) proto %d", n.ID, n.Protocol)
+	}
+	dev := names[n.Link]
+	if dev == "" {
+		dev = fmt.Sprintf("if%d", n.Link)
+	}
+	line := fmt.Sprintf("id %d via %s dev %s proto %d", n.ID, n.Gw, dev, n.Protocol)
+	if n.OnLink {
+		line += " onlink"
+	}
+	return line
+}
+
 // RenderRoute prints a route like `ip route` does, with the device by name.
-func RenderRoute(r netlink.Route, names map[int]string) string {
+func RenderRoute(r Route, names map[int]string) string {
 	var b strings.Builder
 	switch r.Type {
 	case unix.RTN_BLACKHOLE:
@@ -264,6 +402,9 @@ func RenderRoute(r netlink.Route, names map[int]string) string {
 		b.WriteString("prohibit ")
 	}
 	b.WriteString(r.Dst.String())
+	if r.NH != 0 {
+		fmt.Fprintf(&b, " nhid %d", r.NH)
+	}
 	if r.Gw != nil {
 		b.WriteString(" via " + r.Gw.String())
 	}

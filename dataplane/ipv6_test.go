@@ -147,5 +147,5 @@ func TestIPv6VXLANRealKernel(t *testing.T) {
 // routes6 renders the main table's IPv6 routes of sluice's protocol like `ip -6 route`.
 func (n *testNode) routes6() string {
 	n.t.Helper()
-	return n.render(netlink.FAMILY_V6, func(r netlink.Route) bool { return int(r.Protocol) == DefaultRouteProtocol })
+	return n.render(netlink.FAMILY_V6, func(r Route) bool { return int(r.Protocol) == DefaultRouteProtocol })
 }

@@ -26,14 +26,23 @@ const DefaultRouteProtocol = 83
 // kernel, the fake (fake.go) keeps state in memory and can be told to fail any operation.
 type Kernel interface {
 	// RouteList lists every route of one table, both families.
-	RouteList(table int) ([]netlink.Route, error)
+	RouteList(table int) ([]Route, error)
 	RouteReplace(r *netlink.Route) error
 	// RouteReplaceMany replaces many routes at once and returns one error per route.
-	RouteReplaceMany(rs []*netlink.Route) []error
+	RouteReplaceMany(rs []*Route) []error
 	RouteDel(r *netlink.Route) error
 	// RouteDelMany deletes many routes at once and returns one error per route; a route
 	// already gone is not an error.
-	RouteDelMany(rs []*netlink.Route) []error
+	RouteDelMany(rs []*Route) []error
+	// NexthopList lists every nexthop object (an error on kernels without them, before 5.3).
+	NexthopList() ([]Nexthop, error)
+	// NexthopSetMany writes nexthop objects and returns one error each: with replace it
+	// replaces objects of those IDs; without it, it only creates, and an ID already taken
+	// fails with EEXIST.
+	NexthopSetMany(ns []Nexthop, replace bool) []error
+	// NexthopDelMany deletes nexthop objects, and with them the routes through them, and
+	// returns one error each; one already gone is not an error.
+	NexthopDelMany(ids []uint32) []error
 	// LinkIndexes maps every link's name to its index.
 	LinkIndexes() (map[string]int, error)
 	// Links lists every link with its attributes and type.
@@ -99,19 +108,21 @@ func (k *NetlinkKernel) Close() {
 	k.batch.close()
 }
 
-func (k *netlinkKernel) RouteReplaceMany(rs []*netlink.Route) []error { return k.batch.replace(rs) }
+func (k *netlinkKernel) RouteReplaceMany(rs []*Route) []error { return k.batch.replace(rs) }
 
-func (k *netlinkKernel) RouteDelMany(rs []*netlink.Route) []error { return k.batch.remove(rs) }
+func (k *netlinkKernel) RouteDelMany(rs []*Route) []error { return k.batch.remove(rs) }
+
+func (k *netlinkKernel) NexthopList() ([]Nexthop, error) { return k.batch.nexthops() }
+
+func (k *netlinkKernel) NexthopSetMany(ns []Nexthop, replace bool) []error {
+	return k.batch.setNexthops(ns, replace)
+}
+
+func (k *netlinkKernel) NexthopDelMany(ids []uint32) []error { return k.batch.delNexthops(ids) }
 
 func (k *netlinkKernel) NeighSetMany(ns []*netlink.Neigh) []error { return k.batch.setNeighs(ns) }
 
-func (k *netlinkKernel) RouteList(table int) ([]netlink.Route, error) {
-	rs, err := k.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("listing routes of table %d: %w", table, err)
-	}
-	return rs, nil
-}
+func (k *netlinkKernel) RouteList(table int) ([]Route, error) { return k.batch.routes(table) }
 
 func (k *netlinkKernel) RouteReplace(r *netlink.Route) error { return k.h.RouteReplace(r) }
 

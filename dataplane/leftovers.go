@@ -24,7 +24,7 @@ type Leftover struct {
 	// Err is set when removing it failed.
 	Err error
 
-	route *netlink.Route
+	route *Route
 	link  string
 }
 
@@ -117,7 +117,7 @@ func (d *Dataplane) handleLeftovers() bool {
 		if d.cfg.CleanConflicts && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
-				l.Err = d.routes.k.RouteDel(l.route)
+				l.Err = d.routes.k.RouteDelMany([]*Route{l.route})[0]
 			} else {
 				l.Err = d.routes.k.LinkDel(l.link)
 			}

@@ -97,18 +97,21 @@ func (n *testNode) iface(name, addr string) {
 // when proto is 0, every route when it is -1) like `ip route`.
 func (n *testNode) routes(proto int) string {
 	n.t.Helper()
-	return n.render(netlink.FAMILY_V4, func(r netlink.Route) bool {
+	return n.render(netlink.FAMILY_V4, func(r Route) bool {
 		return !(proto > 0 && int(r.Protocol) != proto) && !(proto == 0 && r.Protocol == unix.RTPROT_KERNEL)
 	})
 }
 
 // render lists the main table's routes of one family that keep accepts, sorted, like `ip route`.
-func (n *testNode) render(family int, keep func(netlink.Route) bool) string {
+// Routes through a nexthop object show its ID and, as the kernel reports them, its gateway and
+// device.
+func (n *testNode) render(family int, keep func(Route) bool) string {
 	n.t.Helper()
-	rs, err := n.h.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	rs, err := n.kernel().RouteList(unix.RT_TABLE_MAIN)
 	if err != nil {
 		n.t.Fatal(err)
 	}
+	rs = slices.DeleteFunc(rs, func(r Route) bool { return (r.Family == unix.AF_INET6) != (family == netlink.FAMILY_V6) })
 	links, _ := n.h.LinkList()
 	names := map[int]string{}
 	for _, l := range links {

@@ -28,6 +28,9 @@ type kernelRoute struct {
 	onlink   bool
 	scope    netlink.Scope
 	protocol netlink.RouteProtocol
+	// nh is the nexthop object the route goes through (link, gw and onlink are then unset:
+	// they are the object's).
+	nh uint32
 }
 
 // RouteReporter hears what the route table does beyond its own routes.
@@ -46,17 +49,23 @@ type RouteTableConfig struct {
 	// family's link when this one is not known: one NIC carries both on most nodes).
 	ParentAddr, ParentAddr6 netip.Addr
 	Reporter                RouteReporter
+	// Nexthops sends every route with a gateway through a kernel nexthop object, one per
+	// remote node and gateway (nexthops.go); off, each route carries its own gateway and
+	// device (`via <gw> dev <dev> onlink`, as Felix lays them out).
+	Nexthops bool
 }
 
 // RouteTable owns the routes in one table that carry sluice's protocol number.
 //
 // Ownership rule: a route is sluice's when its protocol is sluice's. Other routes are never
 // removed or changed, except one sitting at exactly the destination and metric of a desired
-// route, which is replaced (and reported).
+// route, which is replaced (and reported). The table owns sluice's nexthop objects too (same
+// rule, by the object's protocol; nexthops.go).
 type RouteTable struct {
 	k       Kernel
 	cfg     RouteTableConfig
 	tracker *Tracker[routeKey, kernelRoute]
+	nh      *nexthops
 	// byDst remembers each desired route's key so a new metric replaces the old key.
 	byDst map[netip.Prefix]routeKey
 	// desired as calc gave them, for resolving devices at Apply time.
@@ -69,7 +78,7 @@ type RouteTable struct {
 	changed map[routeKey]bool
 	unres   map[routeKey]bool
 	// foreign holds the other programs' routes as of the last read, for the leftover scan.
-	foreign    []netlink.Route
+	foreign    []Route
 	needRead   bool
 	parent     int // index of the link holding ParentAddr, as of the last Apply
 	parent6    int // and of the link holding ParentAddr6
@@ -86,7 +95,7 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 	if cfg.Protocol == 0 {
 		cfg.Protocol = DefaultRouteProtocol
 	}
-	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }),
+	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
 		byDst: map[netip.Prefix]routeKey{}, routes: map[routeKey]calc.Route{}, needRead: true, reported: map[routeKey]bool{},
 		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
 }
@@ -141,6 +150,7 @@ func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	delete(t.changed, k)
 	delete(t.unres, k)
 	t.tracker.DeleteDesired(k)
+	t.nh.release(k)
 }
 
 // QueueResync makes the next Apply read the kernel again (drift, link changes, failures).
@@ -160,6 +170,25 @@ func (t *RouteTable) RouteGone(dst netip.Prefix, metric int) bool {
 		return true
 	}
 	return false
+}
+
+// NexthopGone records that the kernel lost nexthop object id, and with it every route
+// through it (the kernel tells of the object only). It reports whether sluice wants the object
+// (a repair is due); the next Apply then reads the kernel again. (Not a repair from the event
+// alone, as for a route: the event may be older than a read that already saw the object gone
+// and put it back, and an object is only ever created where none is, so a stale event would
+// make the next write fail.)
+func (t *RouteTable) NexthopGone(id uint32) bool {
+	if _, wanted := t.nh.tracker.Desired(id); !wanted {
+		return false
+	}
+	t.needRead = true
+	return true
+}
+
+// Nexthops is how many nexthop objects sluice wants and how many it holds in the kernel.
+func (t *RouteTable) Nexthops() (desired, programmed int) {
+	return t.nh.tracker.DesiredLen(), t.nh.tracker.ActualLen()
 }
 
 // Writes is how many routes Apply has written or deleted since the table was made.
@@ -213,7 +242,7 @@ func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent, parent6
 	return kr, true
 }
 
-func fromKernel(r netlink.Route) (routeKey, kernelRoute, bool) {
+func fromKernel(r Route) (routeKey, kernelRoute, bool) {
 	if r.Dst == nil {
 		return routeKey{}, kernelRoute{}, false // a default route is never sluice's
 	}
@@ -231,10 +260,15 @@ func fromKernel(r netlink.Route) (routeKey, kernelRoute, bool) {
 	if kr.typ != unix.RTN_UNICAST {
 		kr.link, kr.scope = 0, netlink.SCOPE_UNIVERSE // the kernel reports the loopback device for these
 	}
+	if r.NH != 0 {
+		// The kernel adds the object's gateway and device (nexthop_compat_mode): the object
+		// is compared on its own.
+		kr.nh, kr.link, kr.gw, kr.onlink = r.NH, 0, netip.Addr{}, false
+	}
 	return routeKey{dst: dst, metric: r.Priority}, kr, true
 }
 
-func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *netlink.Route {
+func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *Route {
 	bits := k.dst.Addr().BitLen()
 	r := &netlink.Route{
 		Dst:      &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), bits)},
@@ -253,7 +287,7 @@ func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *netlink.Route {
 	if kr.onlink {
 		r.Flags |= unix.RTNH_F_ONLINK
 	}
-	return r
+	return &Route{Route: *r, NH: kr.nh}
 }
 
 // Apply makes the table match: after a read of the kernel (first Apply, QueueResync, or a
@@ -288,20 +322,37 @@ func (t *RouteTable) prepare() error {
 		t.links, t.parent, t.parent6, t.linksStale = links, parents[0], parents[1], false
 	}
 	if t.needRead {
-		if err := t.read(); err != nil {
+		collided, err := t.read()
+		if err != nil {
 			return err
 		}
+		all = all || collided // a nexthop object changed its ID: its routes must follow
 	}
 	// Resolve desired routes against the links: all of them when links or the kernel may
 	// have changed, else only the changed ones and those still waiting for their device.
+	// Routes through nexthop objects are set once every object has its ID.
+	type viaObject struct {
+		k   routeKey
+		kr  kernelRoute
+		rec *nexthopRec
+	}
+	var via []viaObject
 	resolve := func(k routeKey) {
-		kr, ok := t.resolve(t.routes[k], t.links, t.parent, t.parent6)
+		r := t.routes[k]
+		kr, ok := t.resolve(r, t.links, t.parent, t.parent6)
 		if !ok {
 			t.unres[k] = true
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears
+			t.nh.release(k)
 			return
 		}
 		delete(t.unres, k)
+		if t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid() {
+			rec := t.nh.use(k, nexthopKey{node: r.Node, link: kr.link, gw: kr.gw, onlink: kr.onlink})
+			via = append(via, viaObject{k, kernelRoute{typ: kr.typ, protocol: kr.protocol}, rec})
+			return
+		}
+		t.nh.release(k)
 		t.tracker.SetDesired(k, kr)
 	}
 	if all {
@@ -315,6 +366,11 @@ func (t *RouteTable) prepare() error {
 		for k := range t.unres {
 			resolve(k)
 		}
+	}
+	t.nh.assign()
+	for _, v := range via {
+		v.kr.nh = v.rec.id
+		t.tracker.SetDesired(v.k, v.kr)
 	}
 	clear(t.changed)
 	t.unresolved = len(t.unres)
@@ -332,16 +388,42 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 	for n, i := range t.links {
 		names[i] = n
 	}
+	renderNH := func(id uint32, v nexthopValue) string {
+		return "nexthop " + RenderNexthop(Nexthop{ID: id, Gw: v.gw, Link: v.link, OnLink: v.onlink, Protocol: t.cfg.Protocol, Other: v.link == 0}, names)
+	}
+	t.nh.tracker.Pending(func(id uint32, want nexthopValue) bool {
+		line := renderNH(id, want)
+		if have, ok := t.nh.tracker.Actual(id); ok {
+			line += "  (the kernel has: " + renderNH(id, have) + ")"
+		}
+		missing = append(missing, line)
+		return false
+	}, func(id uint32, have nexthopValue) bool {
+		extra = append(extra, renderNH(id, have))
+		return false
+	})
+	// A route through a nexthop object is shown with the object's gateway and device, as
+	// `ip route` shows it: the one wanted, or the one the kernel has.
+	render := func(k routeKey, kr kernelRoute, object func(uint32) (nexthopValue, bool)) string {
+		r := t.toKernel(k, kr)
+		if v, ok := object(kr.nh); ok && kr.nh != 0 {
+			r.Gw, r.LinkIndex = v.gw.AsSlice(), v.link
+			if v.onlink {
+				r.Flags |= unix.RTNH_F_ONLINK
+			}
+		}
+		return RenderRoute(*r, names)
+	}
 	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
-		line := RenderRoute(*t.toKernel(k, want), names)
+		line := render(k, want, t.nh.tracker.Desired)
 		if have, ok := t.tracker.actual[k]; ok {
-			line += "  (the kernel has: " + RenderRoute(*t.toKernel(k, have), names) + ")"
+			line += "  (the kernel has: " + render(k, have, t.nh.tracker.Actual) + ")"
 		}
 		missing = append(missing, line)
 		return false
 	}, func(k routeKey, have kernelRoute) bool {
 		if int(have.protocol) == t.cfg.Protocol {
-			extra = append(extra, RenderRoute(*t.toKernel(k, have), names))
+			extra = append(extra, render(k, have, t.nh.tracker.Actual))
 		}
 		return false
 	})
@@ -379,12 +461,19 @@ func (t *RouteTable) write() error {
 	}
 	slices.SortFunc(sets, byDst)
 	slices.SortFunc(dels, byDst)
-	kernelRoutes := func(cs []change) []*netlink.Route {
-		out := make([]*netlink.Route, len(cs))
+	kernelRoutes := func(cs []change) []*Route {
+		out := make([]*Route, len(cs))
 		for i, c := range cs {
 			out[i] = t.toKernel(c.k, c.v)
 		}
 		return out
+	}
+	// Nexthop objects before the routes through them. A route whose object failed waits
+	// with it: the ID may be another program's object now.
+	if refused, err := t.writeNexthops(); err != nil {
+		errs = append(errs, err)
+		failed = true
+		sets = slices.DeleteFunc(sets, func(c change) bool { return refused[c.v.nh] })
 	}
 	for i, err := range t.k.RouteReplaceMany(kernelRoutes(sets)) {
 		c := sets[i]
@@ -408,18 +497,91 @@ func (t *RouteTable) write() error {
 		t.tracker.DeleteActual(c.k)
 		t.tracker.Clean(c.k)
 	}
+	// Nexthop objects no route needs, once the routes moved off them: deleting an object the
+	// kernel still has routes through would take those with it.
+	if !failed {
+		if err := t.deleteNexthops(); err != nil {
+			errs = append(errs, err)
+			failed = true
+		}
+	}
 	if failed {
 		t.needRead = true
 	}
 	return joinErrors(errs)
 }
 
+// writeNexthops creates or replaces the nexthop objects that differ; it returns the IDs the
+// kernel refused.
+func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
+	var fresh, changed []Nexthop
+	t.nh.tracker.Pending(func(id uint32, want nexthopValue) bool {
+		n := Nexthop{ID: id, Gw: want.gw, Link: want.link, OnLink: want.onlink, Protocol: t.cfg.Protocol}
+		if _, held := t.nh.tracker.Actual(id); held {
+			changed = append(changed, n)
+		} else {
+			fresh = append(fresh, n)
+		}
+		return false
+	}, func(uint32, nexthopValue) bool { return false }) // deleted after the routes
+	var errs []error
+	refused := map[uint32]bool{}
+	for _, batch := range []struct {
+		ns      []Nexthop
+		replace bool
+	}{{fresh, false}, {changed, true}} {
+		slices.SortFunc(batch.ns, func(a, b Nexthop) int { return cmp.Compare(a.ID, b.ID) })
+		for i, err := range t.k.NexthopSetMany(batch.ns, batch.replace) {
+			n := batch.ns[i]
+			if err != nil {
+				// EEXIST: another program took the ID since the last read; the read that
+				// follows a failure gives sluice's object another.
+				errs = append(errs, fmt.Errorf("writing nexthop object %d via %s: %w", n.ID, n.Gw, err))
+				refused[n.ID] = true
+				continue
+			}
+			t.writes++
+			t.nh.tracker.SetActual(n.ID, nexthopValue{gw: n.Gw, link: n.Link, onlink: n.OnLink})
+			t.nh.tracker.Clean(n.ID)
+		}
+	}
+	return refused, joinErrors(errs)
+}
+
+// deleteNexthops deletes sluice's nexthop objects that nothing wants.
+func (t *RouteTable) deleteNexthops() error {
+	var ids []uint32
+	t.nh.tracker.Pending(func(uint32, nexthopValue) bool { return false }, func(id uint32, _ nexthopValue) bool {
+		ids = append(ids, id)
+		return false
+	})
+	slices.Sort(ids)
+	var errs []error
+	for i, err := range t.k.NexthopDelMany(ids) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("deleting nexthop object %d: %w", ids[i], err))
+			continue
+		}
+		t.writes++
+		t.nh.tracker.DeleteActual(ids[i])
+		t.nh.tracker.Clean(ids[i])
+	}
+	return joinErrors(errs)
+}
+
 // read loads the table: sluice's routes, and foreign routes sitting exactly where a desired
 // route goes (those are replaced, and reported once).
-func (t *RouteTable) read() error {
+func (t *RouteTable) read() (collided bool, err error) {
+	nhs, err := t.k.NexthopList()
+	if err != nil && t.cfg.Nexthops {
+		return false, err
+	}
+	// Without the nexthop layout a kernel without nexthop objects (before 5.3) is fine: none
+	// of sluice's can be there. With it, sluice's objects from an earlier run are deleted.
+	collided = t.nh.replaceActual(nhs, t.cfg.Protocol)
 	rs, err := t.k.RouteList(t.cfg.Table)
 	if err != nil {
-		return err
+		return false, err
 	}
 	actual := make(map[routeKey]kernelRoute, max(len(rs), len(t.routes))) // room for what is wanted too: it will be written
 	t.foreign = t.foreign[:0]
@@ -445,7 +607,7 @@ func (t *RouteTable) read() error {
 	}
 	t.tracker.ReplaceActual(actual)
 	t.needRead = false
-	return nil
+	return collided, nil
 }
 
 // Routes returns the desired routes, sorted, for diagnostics.

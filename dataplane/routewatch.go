@@ -102,6 +102,78 @@ func attachOwnRouteFilter(fd, proto int) error {
 	return nil
 }
 
+// subscribeNexthopDeletions delivers the IDs of sluice's nexthop objects (protocol proto) that
+// the kernel deleted, in namespace ns (this one when ns is nil), to ch. The kernel tells of an
+// object deleted by a request (`ip nexthop del`, or sluice itself) but not of the routes that
+// went with it, so this is how such a repair starts. (Objects dropped with their device going
+// down are not told of at all; the link event's resync finds them.) A socket filter passes
+// RTM_DELNEXTHOP only. ch is closed when done is closed or the socket fails; errors go to
+// onErr.
+func subscribeNexthopDeletions(ns *netns.NsHandle, proto int, ch chan<- uint32, done <-chan struct{}, onErr func(error)) error {
+	target := netns.None()
+	if ns != nil {
+		target = *ns
+	}
+	s, err := nl.SubscribeAt(target, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_NEXTHOP)
+	if err != nil {
+		return fmt.Errorf("subscribing to nexthop changes: %w", err)
+	}
+	if err := s.SetReceiveBufferSize(subscriptionBuffer, true); err != nil {
+		s.Close()
+		return fmt.Errorf("sizing the nexthop subscription's buffer: %w", err)
+	}
+	typeLow := uint32(4)
+	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
+		typeLow = 5
+	}
+	prog := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: typeLow},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, Jf: 0, K: unix.RTM_DELNEXTHOP},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},
+	}
+	fp := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	if err := unix.SetsockoptSockFprog(s.GetFd(), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fp); err != nil {
+		s.Close()
+		return fmt.Errorf("attaching the nexthop subscription's filter: %w", err)
+	}
+	go func() {
+		<-done
+		s.Close()
+	}()
+	go func() {
+		defer close(ch)
+		for {
+			msgs, from, err := s.Receive()
+			if err != nil {
+				select {
+				case <-done:
+				default:
+					onErr(fmt.Errorf("nexthop subscription: %w", err))
+				}
+				return
+			}
+			if from.Pid != nl.PidKernel {
+				continue
+			}
+			for _, m := range msgs {
+				if m.Header.Type != unix.RTM_DELNEXTHOP {
+					continue
+				}
+				n, err := parseNexthop(m.Data)
+				if err != nil {
+					onErr(err)
+					continue
+				}
+				if n.Protocol == proto {
+					ch <- n.ID
+				}
+			}
+		}
+	}()
+	return nil
+}
+
 // parseRouteEvent reads what the watch needs of a route message.
 func parseRouteEvent(b []byte) (netlink.Route, error) {
 	if len(b) < unix.SizeofRtMsg {

@@ -19,6 +19,8 @@ const subscriptionBuffer = 16 << 20
 // ns (the current one when ns is not open) and reacts to those that may have undone sluice's
 // work:
 //   - one of sluice's routes deleted: put back from the event alone;
+//   - one of sluice's nexthop objects deleted: put back, with every route through it, from
+//     the event alone;
 //   - a neighbour or FDB entry on the VXLAN device deleted: put back from the event alone;
 //   - another program's route added: read the table again (at most once a second), since it
 //     may sit where a sluice route goes or be a leftover;
@@ -35,6 +37,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	links := make(chan netlink.LinkUpdate, 256)
 	addrs := make(chan netlink.AddrUpdate, 256)
 	neighs := make(chan netlink.NeighUpdate, 1024)
+	nexthops := make(chan uint32, 1024)
 	defer func() {
 		close(done)
 		// netlink's readers close their channels once done; drain until then so none is
@@ -55,6 +58,10 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			for range neighs {
 			}
 		}()
+		go func() {
+			for range nexthops {
+			}
+		}()
 	}()
 	lost := make(chan error, 4)
 	onErr := func(err error) {
@@ -68,6 +75,9 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 		nsp = &ns
 	}
 	if err := subscribeRoutes(nsp, d.protocol, routes, done, subscriptionBuffer, onErr); err != nil {
+		return err
+	}
+	if err := subscribeNexthopDeletions(nsp, d.protocol, nexthops, done, onErr); err != nil {
 		return err
 	}
 	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
@@ -109,6 +119,16 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			foreignTimer = nil
 			lastForeign = time.Now()
 			d.QueueResync()
+		case id := <-nexthops:
+			d.mu.Lock()
+			repair := d.routes.NexthopGone(id)
+			if repair {
+				d.stats.NexthopRepairs++
+			}
+			d.mu.Unlock()
+			if repair { // not one sluice deleted itself
+				d.Kick()
+			}
 		case u := <-links:
 			d.onLink(u, flags)
 		case u := <-addrs:

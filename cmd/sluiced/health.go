@@ -180,9 +180,12 @@ func (a *agentState) registry() *prometheus.Registry {
 		counter("sluice_dataplane_resyncs_total", "Full reads of the kernel asked for (kernel changes, periodic, failures).", func() float64 { return float64(ds().Resyncs) })
 		counter("sluice_dataplane_writes_total", "Kernel changes made.", func() float64 { return float64(ds().Writes) })
 		counter("sluice_drift_repairs_route_total", "Routes someone deleted that sluice put back.", func() float64 { return float64(ds().RouteRepairs) })
+		counter("sluice_drift_repairs_nexthop_total", "Nexthop objects someone deleted (taking their routes) that sluice put back.", func() float64 { return float64(ds().NexthopRepairs) })
 		counter("sluice_drift_repairs_neighbour_total", "Neighbour and FDB entries someone deleted that sluice put back.", func() float64 { return float64(ds().NeighRepairs) })
 		gauge("sluice_routes_desired", "Routes calc wants.", func() float64 { return float64(ds().DesiredRoutes) })
 		gauge("sluice_routes_programmed", "Routes sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedRoutes) })
+		gauge("sluice_nexthops_desired", "Nexthop objects sluice wants (one per remote node and gateway, in the nexthop route layout).", func() float64 { return float64(ds().DesiredNexthops) })
+		gauge("sluice_nexthops_programmed", "Nexthop objects sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedNexthops) })
 	}
 	if a.svc != nil {
 		a.registerServices(r)

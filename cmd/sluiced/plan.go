@@ -94,6 +94,13 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		return nil, nil, err
 	}
 	cfg := c.DP
+	if cfg.Routes.Nexthops {
+		if _, err := k.NexthopList(); err != nil {
+			// Before Linux 5.3 there are no nexthop objects: Felix's layout works everywhere.
+			log.Warn().Err(err).Msg("this kernel has no nexthop objects (Linux 5.3 or later); routes to other nodes carry their own gateways (route-layout gateways)")
+			cfg.Routes.Nexthops = false
+		}
+	}
 	var mu sync.Mutex
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {

@@ -170,6 +170,11 @@ func optionTable() []option {
 			}},
 		{name: "route-protocol", env: "SLUICE_ROUTE_PROTOCOL", key: "routeProtocol", def: strconv.Itoa(dataplane.DefaultRouteProtocol), accepts: "3 to 255, one no other program uses", help: "route protocol number that marks sluice's routes",
 			set: func(c *Config, v string) (err error) { c.DP.Routes.Protocol, err = parseIntRange(v, 3, 255); return }},
+		{name: "route-layout", env: "SLUICE_ROUTE_LAYOUT", key: "routeLayout", def: "nexthops", accepts: "nexthops or gateways", help: "how routes to other nodes are laid out: through one kernel nexthop object per node (Linux 5.3 or later; fast at thousands of nodes), or each with its own gateway and device as Felix lays them out",
+			set: func(c *Config, v string) error {
+				c.DP.Routes.Nexthops = v == "nexthops"
+				return oneOf(v, "nexthops", "gateways")
+			}},
 		{name: "resync-interval", env: "SLUICE_RESYNC_INTERVAL", key: "resyncInterval", def: "90s", accepts: "a duration of at least 1s", help: "period of the full dataplane resync, routes and service maps alike (a safety net behind the kernel watch: service map entries, programs detached and map pins removed by someone are found by it)",
 			set: func(c *Config, v string) error {
 				if err := atLeastOneSecond(func(c *Config) *time.Duration { return &c.DP.ResyncInterval })(c, v); err != nil {

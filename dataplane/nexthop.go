@@ -1,0 +1,283 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+)
+
+// Route is a kernel route as the drivers read and write it: netlink's route, and the ID of
+// the nexthop object it goes through (0: none; its gateway and device are its own). The
+// kernel reports a route through a nexthop object with that object's gateway and device too
+// (net.ipv4.nexthop_compat_mode, on by default); the drivers compare the ID alone.
+type Route struct {
+	netlink.Route
+	NH uint32
+}
+
+// Nexthop is a kernel nexthop object (`ip nexthop`): one gateway on one device, shared by
+// every route that names its ID. Changing it moves all of them in one write; deleting it
+// deletes them.
+type Nexthop struct {
+	ID       uint32
+	Gw       netip.Addr
+	Link     int
+	OnLink   bool
+	Protocol int
+	// Other is set for a kind sluice never makes (a group, a blackhole, an encapsulation):
+	// only its ID and protocol matter to sluice.
+	Other bool
+}
+
+const (
+	// rtaNHID is RTA_NH_ID: a route's nexthop object.
+	rtaNHID = 30
+	// nhaFDB is NHA_FDB: a nexthop for VXLAN FDB entries, not routes.
+	nhaFDB = 11
+)
+
+// nhmsg is struct nhmsg.
+type nhmsg struct {
+	family, scope, protocol, resvd uint8
+	flags                          uint32
+}
+
+const sizeofNhmsg = 8
+
+func (m *nhmsg) Len() int { return sizeofNhmsg }
+
+func (m *nhmsg) Serialize() []byte {
+	b := make([]byte, sizeofNhmsg)
+	b[0], b[1], b[2], b[3] = m.family, m.scope, m.protocol, m.resvd
+	binary.NativeEndian.PutUint32(b[4:], m.flags)
+	return b
+}
+
+// nexthopRequest builds an RTM_NEWNEXTHOP for n: with replace it replaces the object of that
+// ID (sluice's own), without it it fails with EEXIST when the ID is taken (a new object must
+// never overwrite another program's).
+func nexthopRequest(n Nexthop, replace bool) *nl.NetlinkRequest {
+	flags := unix.NLM_F_CREATE | unix.NLM_F_EXCL
+	if replace {
+		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
+	}
+	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, flags)
+	m := &nhmsg{family: unix.AF_INET, protocol: uint8(n.Protocol)}
+	gw := n.Gw.AsSlice()
+	if n.Gw.Is6() {
+		m.family = unix.AF_INET6
+	}
+	if n.OnLink {
+		m.flags |= unix.RTNH_F_ONLINK
+	}
+	req.AddData(m)
+	req.AddData(nl.NewRtAttr(unix.NHA_ID, nl.Uint32Attr(n.ID)))
+	req.AddData(nl.NewRtAttr(unix.NHA_OIF, nl.Uint32Attr(uint32(n.Link))))
+	req.AddData(nl.NewRtAttr(unix.NHA_GATEWAY, gw))
+	return req
+}
+
+// nexthopDelRequest builds an RTM_DELNEXTHOP for the object id.
+func nexthopDelRequest(id uint32) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, 0)
+	req.AddData(&nhmsg{})
+	req.AddData(nl.NewRtAttr(unix.NHA_ID, nl.Uint32Attr(id)))
+	return req
+}
+
+// parseNexthop reads an RTM_NEWNEXTHOP message (a dump's or an event's).
+func parseNexthop(b []byte) (Nexthop, error) {
+	if len(b) < sizeofNhmsg {
+		return Nexthop{}, fmt.Errorf("nexthop message: short (%d bytes)", len(b))
+	}
+	n := Nexthop{Protocol: int(b[2]), OnLink: binary.NativeEndian.Uint32(b[4:8])&unix.RTNH_F_ONLINK != 0}
+	attrs, err := nl.ParseRouteAttr(b[sizeofNhmsg:])
+	if err != nil {
+		return Nexthop{}, fmt.Errorf("nexthop message: %w", err)
+	}
+	for _, a := range attrs {
+		switch a.Attr.Type {
+		case unix.NHA_ID:
+			if len(a.Value) == 4 {
+				n.ID = binary.NativeEndian.Uint32(a.Value)
+			}
+		case unix.NHA_OIF:
+			if len(a.Value) == 4 {
+				n.Link = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		case unix.NHA_GATEWAY:
+			if ip, ok := netip.AddrFromSlice(a.Value); ok {
+				n.Gw = ip.Unmap()
+			}
+		case unix.NHA_GROUP, unix.NHA_BLACKHOLE, unix.NHA_ENCAP, nhaFDB:
+			n.Other = true
+		}
+	}
+	if n.ID == 0 {
+		return Nexthop{}, fmt.Errorf("nexthop message: no ID")
+	}
+	return n, nil
+}
+
+// parseRoute reads an RTM_NEWROUTE message of a dump: what the drivers and the leftover scan
+// use (destination, gateway, device, metric, table, type, scope, protocol, flags, nexthop ID).
+func parseRoute(b []byte) (Route, error) {
+	if len(b) < unix.SizeofRtMsg {
+		return Route{}, fmt.Errorf("route message: short (%d bytes)", len(b))
+	}
+	msg := nl.DeserializeRtMsg(b)
+	r := Route{Route: netlink.Route{Family: int(msg.Family), Table: int(msg.Table), Protocol: netlink.RouteProtocol(msg.Protocol),
+		Type: int(msg.Type), Scope: netlink.Scope(msg.Scope), Flags: int(msg.Flags)}}
+	attrs, err := nl.ParseRouteAttr(b[unix.SizeofRtMsg:])
+	if err != nil {
+		return Route{}, fmt.Errorf("route message: %w", err)
+	}
+	bits := 32
+	if msg.Family == unix.AF_INET6 {
+		bits = 128
+	}
+	for _, a := range attrs {
+		switch a.Attr.Type {
+		case unix.RTA_DST:
+			r.Dst = &net.IPNet{IP: net.IP(append([]byte(nil), a.Value...)), Mask: net.CIDRMask(int(msg.Dst_len), bits)}
+		case unix.RTA_GATEWAY:
+			r.Gw = net.IP(append([]byte(nil), a.Value...))
+		case unix.RTA_OIF:
+			if len(a.Value) == 4 {
+				r.LinkIndex = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		case unix.RTA_PRIORITY:
+			if len(a.Value) == 4 {
+				r.Priority = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		case unix.RTA_TABLE:
+			if len(a.Value) == 4 {
+				r.Table = int(binary.NativeEndian.Uint32(a.Value))
+			}
+		case rtaNHID:
+			if len(a.Value) == 4 {
+				r.NH = binary.NativeEndian.Uint32(a.Value)
+			}
+		}
+	}
+	if r.Dst == nil { // no RTA_DST: a default route
+		r.Dst = &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
+	}
+	return r, nil
+}
+
+// dump sends a dump request and returns the data of every answer of type want.
+func (b *batcher) dump(req *nl.NetlinkRequest, want uint16) ([][]byte, error) {
+	for attempt := 0; ; attempt++ {
+		b.seq++
+		req.Seq = b.seq
+		if err := unix.Sendto(b.sock.GetFd(), req.Serialize(), 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return nil, fmt.Errorf("sending to netlink: %w", err)
+		}
+		var out [][]byte
+		interrupted := false
+	read:
+		for {
+			msgs, _, err := b.sock.Receive()
+			if err != nil {
+				b.drain()
+				return nil, fmt.Errorf("reading a netlink dump: %w", err)
+			}
+			for _, m := range msgs {
+				if m.Header.Seq != b.seq {
+					continue // an answer to an earlier, abandoned request
+				}
+				if m.Header.Flags&unix.NLM_F_DUMP_INTR != 0 {
+					interrupted = true
+				}
+				switch m.Header.Type {
+				case unix.NLMSG_DONE:
+					break read
+				case unix.NLMSG_ERROR:
+					if len(m.Data) >= 4 {
+						if code := int32(binary.NativeEndian.Uint32(m.Data[:4])); code != 0 {
+							return nil, unix.Errno(-code)
+						}
+					}
+					break read
+				case want:
+					out = append(out, m.Data)
+				}
+			}
+		}
+		// The table changed during the dump: its answers may be inconsistent. Ask again (a
+		// table under constant change is taken as it came after a few tries).
+		if !interrupted || attempt == 4 {
+			return out, nil
+		}
+	}
+}
+
+// routes dumps every route of table, both families.
+func (b *batcher) routes(table int) ([]Route, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
+	req.AddData(nl.NewRtMsg())
+	msgs, err := b.dump(req, unix.RTM_NEWROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("listing routes of table %d: %w", table, err)
+	}
+	out := make([]Route, 0, len(msgs))
+	for _, m := range msgs {
+		r, err := parseRoute(m)
+		if err != nil {
+			return nil, fmt.Errorf("listing routes of table %d: %w", table, err)
+		}
+		if r.Table == table {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// nexthops dumps every nexthop object.
+func (b *batcher) nexthops() ([]Nexthop, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
+	req.AddData(&nhmsg{})
+	msgs, err := b.dump(req, unix.RTM_NEWNEXTHOP)
+	if err != nil {
+		return nil, fmt.Errorf("listing nexthop objects: %w", err)
+	}
+	out := make([]Nexthop, 0, len(msgs))
+	for _, m := range msgs {
+		n, err := parseNexthop(m)
+		if err != nil {
+			return nil, fmt.Errorf("listing nexthop objects: %w", err)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// setNexthops writes nexthop objects (replacing, or creating only) and returns one error each.
+func (b *batcher) setNexthops(ns []Nexthop, replace bool) []error {
+	reqs := make([]*nl.NetlinkRequest, len(ns))
+	for i, n := range ns {
+		reqs[i] = nexthopRequest(n, replace)
+	}
+	return b.send(reqs)
+}
+
+// delNexthops deletes nexthop objects; one already gone is not an error.
+func (b *batcher) delNexthops(ids []uint32) []error {
+	reqs := make([]*nl.NetlinkRequest, len(ids))
+	for i, id := range ids {
+		reqs[i] = nexthopDelRequest(id)
+	}
+	errs := b.send(reqs)
+	for i, err := range errs {
+		if gone(err) {
+			errs[i] = nil
+		}
+	}
+	return errs
+}
