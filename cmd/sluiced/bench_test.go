@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 )
@@ -46,7 +49,8 @@ type benchShape struct {
 
 // The shapes measured: 1,000 nodes of 20 blocks, and a fleet as Calico lays it out, where
 // most nodes hold one block, so 20,000 blocks are 20,000 nodes and 20,000 VTEPs (issue #11).
-var benchShapes = []benchShape{{"nodes=1000,blocks=20000", 1000, 20_000}, {"nodes=20000,blocks=20000", 20_000, 20_000}}
+// 5,000 nodes of one block sit between, so the cost of a change can be seen to be flat in N.
+var benchShapes = []benchShape{{"nodes=1000,blocks=20000", 1000, 20_000}, {"nodes=5000,blocks=5000", 5000, 5000}, {"nodes=20000,blocks=20000", 20_000, 20_000}}
 
 // block is remote block i: a /26 in 10.64.0.0/10, and its node.
 func (sh benchShape) block(i int) (netip.Prefix, string) {
@@ -87,11 +91,11 @@ func benchWriter(b testing.TB, cli *clientv3.Client) (add func(k, v string), flu
 // with their affinities, in Calico's format.
 func loadBench(b testing.TB, cli *clientv3.Client, sh benchShape) {
 	add, flush := benchWriter(b, cli)
+	defer flush()
 	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.64.0.0/10","vxlanMode":"Always","ipipMode":"Never","blockSize":26}}`)
 	add(store.NodePrefix+"node-00000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-00000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"172.31.0.1"}}`) // this node's blocks are not part of the run
 	for n := 1; n <= sh.nodes; n++ {
-		name := fmt.Sprintf("node-%05d", n)
-		add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"198.%d.%d.%d/8"},"ipv4VXLANTunnelAddr":%q}}`, name, 18+n/62500, n/250%250, n%250+1, sh.tunnel(n)))
+		add(store.NodePrefix+fmt.Sprintf("node-%05d", n), benchNodeJSON(n, sh.tunnel(n)))
 	}
 	for i := range sh.blocks {
 		cidr, node := sh.block(i)
@@ -99,6 +103,12 @@ func loadBench(b testing.TB, cli *clientv3.Client, sh benchShape) {
 		add(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)
 	}
 	flush()
+}
+
+// benchNodeJSON is remote node n (node-NNNNN) with its underlay address and tunnel address.
+func benchNodeJSON(n int, tunnel string) string {
+	name := fmt.Sprintf("node-%05d", n)
+	return fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"198.%d.%d.%d/8"},"ipv4VXLANTunnelAddr":%q}}`, name, 18+n/62500, n/250%250, n%250+1, tunnel)
 }
 
 func blockJSON(cidr netip.Prefix, node string) string {
@@ -153,15 +163,74 @@ func (r *routeEvents) drain() int {
 	}
 }
 
+// objectEvents counts the kernel's events about nexthop objects of sluice's protocol and about
+// neighbour and FDB entries on sluice's VXLAN device in this namespace.
+type objectEvents struct {
+	sock            *nl.NetlinkSocket
+	nexthops, neigh atomic.Int64
+	stop            atomic.Bool
+	done            chan struct{}
+}
+
+func subscribeObjects(b *testing.B) *objectEvents {
+	vx, err := netlink.LinkByName("vxlan.sluice")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_NEXTHOP, unix.RTNLGRP_NEIGH)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.SetReceiveBufferSize(64<<20, true); err != nil {
+		b.Fatal(err)
+	}
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond)) // to see close() without a blocked read
+	if err := s.SetReceiveTimeout(&tv); err != nil {
+		b.Fatal(err)
+	}
+	o := &objectEvents{sock: s, done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		for !o.stop.Load() {
+			msgs, _, err := s.Receive()
+			if err != nil {
+				continue // a timeout
+			}
+			for _, m := range msgs {
+				switch m.Header.Type {
+				case unix.RTM_NEWNEXTHOP, unix.RTM_DELNEXTHOP:
+					if len(m.Data) > 2 && int(m.Data[2]) == dataplane.DefaultRouteProtocol {
+						o.nexthops.Add(1)
+					}
+				case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
+					if len(m.Data) >= 8 && int(int32(binary.NativeEndian.Uint32(m.Data[4:8]))) == vx.Attrs().Index {
+						o.neigh.Add(1)
+					}
+				}
+			}
+		}
+	}()
+	return o
+}
+
+func (o *objectEvents) counts() (nexthops, neigh int) { return int(o.nexthops.Load()), int(o.neigh.Load()) }
+
+func (o *objectEvents) close() {
+	if !o.stop.Swap(true) {
+		<-o.done
+		o.sock.Close()
+	}
+}
+
 type agentProc struct {
 	cmd   *exec.Cmd
 	lines chan string
 }
 
-func startAgent(b *testing.B, bin, endpoint string) *agentProc {
+func startAgent(b *testing.B, bin, endpoint string, args ...string) *agentProc {
 	// --profiling serves Go's profiles on the health address (127.0.0.1:9097 in the
 	// benchmark's namespace): SLUICE_BENCH_HEAP saves a heap profile of the settled agent.
-	cmd := exec.Command(bin, "--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false", "--profiling")
+	cmd := exec.Command(bin, append([]string{"--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false", "--profiling"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -305,45 +374,55 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		return len(rs)
 	}
 	var agent *agentProc
-	var colds []time.Duration
-	for run := range coldRuns {
-		if agent != nil {
-			agent.stop()
-			for _, c := range [][]string{{"ip", "link", "del", "vxlan.sluice"}, {"ip", "route", "flush", "proto", "83"}} {
-				if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
-					b.Fatalf("%v: %v %s", c, err, out)
+	// coldStarts starts sluiced from a bare kernel coldRuns times with args and returns the
+	// median time to all routes; the last agent is left running.
+	coldStarts := func(layout string, args ...string) time.Duration {
+		var colds []time.Duration
+		for run := range coldRuns {
+			if agent != nil {
+				agent.stop()
+				for _, c := range [][]string{{"ip", "link", "del", "vxlan.sluice"}, {"ip", "route", "flush", "proto", "83"}, {"ip", "nexthop", "flush"}} {
+					if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+						b.Fatalf("%v: %v %s", c, err, out)
+					}
+				}
+				if n := count(); n != 0 {
+					b.Fatalf("%d routes left before cold start %d", n, run+1)
 				}
 			}
-			if n := count(); n != 0 {
-				b.Fatalf("%d routes left before cold start %d", n, run+1)
-			}
-		}
-		coldStart := time.Now()
-		agent = startAgent(b, bin, etcd.Endpoint())
-		var phases []string
-		for {
-			l, ok := agent.next(2 * time.Minute)
-			if !ok {
-				b.Fatalf("cold start: sluiced ended or said nothing for 2 minutes; %d of %d routes in the kernel", count(), benchBlocks)
-			}
-			for _, m := range []string{"desired state computed", "dataplane updated"} {
-				if strings.Contains(l, m) {
-					var at struct{ Time time.Time }
-					_ = json.Unmarshal([]byte(l), &at)
-					phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(coldStart).Round(time.Millisecond), m))
+			coldStart := time.Now()
+			agent = startAgent(b, bin, etcd.Endpoint(), args...)
+			var phases []string
+			for {
+				l, ok := agent.next(2 * time.Minute)
+				if !ok {
+					b.Fatalf("cold start: sluiced ended or said nothing for 2 minutes; %d of %d routes in the kernel", count(), benchBlocks)
+				}
+				for _, m := range []string{"desired state computed", "dataplane updated"} {
+					if strings.Contains(l, m) {
+						var at struct{ Time time.Time }
+						_ = json.Unmarshal([]byte(l), &at)
+						phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(coldStart).Round(time.Millisecond), m))
+					}
+				}
+				if strings.Contains(l, "dataplane updated") {
+					break
 				}
 			}
-			if strings.Contains(l, "dataplane updated") {
-				break
+			colds = append(colds, time.Since(coldStart))
+			if n := count(); n != benchBlocks {
+				b.Fatalf("cold start: sluiced said the dataplane was updated with %d of %d routes in the kernel", n, benchBlocks)
 			}
+			b.Logf("cold start %d (%s): %v (%s)", run+1, layout, colds[run].Round(time.Millisecond), strings.Join(phases, ", "))
 		}
-		colds = append(colds, time.Since(coldStart))
-		if n := count(); n != benchBlocks {
-			b.Fatalf("cold start: sluiced said the dataplane was updated with %d of %d routes in the kernel", n, benchBlocks)
-		}
-		b.Logf("cold start %d: %v (%s)", run+1, colds[run].Round(time.Millisecond), strings.Join(phases, ", "))
+		return percentile(colds, 0.5)
 	}
-	cold := percentile(colds, 0.5)
+	// Felix's layout first, then the default (nexthop objects), whose agent the rest measures.
+	coldGateways := coldStarts("gateways", "--route-layout", "gateways")
+	cold := coldStarts("nexthops")
+	if out, err := exec.Command("ip", "nexthop", "show", "proto", "83").CombinedOutput(); err != nil || strings.Count(string(out), "\n") != sh.nodes {
+		b.Fatalf("nexthop objects after the cold start: %d lines, want one per node (%d): %v", strings.Count(string(out), "\n"), sh.nodes, err)
+	}
 	events := subscribeRoutes(b)
 	defer events.close()
 	time.Sleep(2 * time.Second)
@@ -357,7 +436,8 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	time.Sleep(3 * time.Second)
 	idleRate := float64(cpuTicks(b, agent.cmd.Process.Pid)-idleTicks) / time.Since(idleStart).Seconds()
 
-	// One new block at a time.
+	// One new node with its block at a time: a new VTEP (neighbour, FDB entry, nexthop
+	// object) and a route.
 	changeStart, changeTicks := time.Now(), cpuTicks(b, agent.cmd.Process.Pid)
 	var perBlock []time.Duration
 	nChanges := 200
@@ -373,10 +453,13 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		}()
 	}
 	for i := range nChanges {
-		cidr, node := sh.block(benchBlocks + i)
+		cidr, _ := sh.block(benchBlocks + i)
+		n := sh.nodes + 1 + i
+		node := fmt.Sprintf("node-%05d", n)
 		events.drain()
 		start := time.Now()
-		if _, err := cli.Txn(context.Background()).Then(clientv3.OpPut(store.BlockKey(cidr), blockJSON(cidr, node)),
+		if _, err := cli.Txn(context.Background()).Then(clientv3.OpPut(store.NodePrefix+node, benchNodeJSON(n, cidr.Addr().String())),
+			clientv3.OpPut(store.BlockKey(cidr), blockJSON(cidr, node)),
 			clientv3.OpPut(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)).Commit(); err != nil {
 			b.Fatal(err)
 		}
@@ -384,7 +467,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		if _, ok := events.until(10*time.Second, func(u netlink.RouteUpdate) bool {
 			return u.Type == unix.RTM_NEWROUTE && u.Dst != nil && u.Dst.String() == want
 		}); !ok {
-			b.Fatalf("no route for the new block %s", cidr)
+			b.Fatalf("no route for the new node's block %s", cidr)
 		}
 		perBlock = append(perBlock, time.Since(start))
 	}
@@ -423,8 +506,10 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		repair = append(repair, time.Since(start))
 	}
 
-	// Restart with nothing changed.
+	// Restart with nothing changed: no route, nexthop object, neighbour or FDB entry moves.
 	agent.stop()
+	objects := subscribeObjects(b)
+	defer objects.close()
 	events.drain()
 	start := time.Now()
 	agent = startAgent(b, bin, etcd.Endpoint())
@@ -434,6 +519,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	ready := time.Since(start)
 	time.Sleep(2 * time.Second)
 	changes := events.drain()
+	nhChanges, neighChanges := objects.counts()
 	agent.stop()
 
 	// Reference: ip -batch adding the same routes, after sluice's are flushed, with nothing
@@ -454,8 +540,12 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	}
 	var ipTimes []time.Duration
 	for range coldRuns {
-		if out, err := exec.Command("ip", "route", "flush", "proto", "83").CombinedOutput(); err != nil {
-			b.Fatalf("flush: %v %s", err, out)
+		// (The nexthop objects first, taking their routes: iproute2 cannot flush a route
+		// through one, its dump carries both the object and its gateway.)
+		for _, c := range [][]string{{"ip", "nexthop", "flush"}, {"ip", "route", "flush", "proto", "83"}} {
+			if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
+				b.Fatalf("%v: %v %s", c, err, out)
+			}
 		}
 		ipb := exec.Command("ip", "-batch", "-")
 		ipb.Stdin = strings.NewReader(batch.String())
@@ -520,6 +610,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	b.StopTimer()
 
 	b.ReportMetric(cold.Seconds(), "cold-start-s")
+	b.ReportMetric(coldGateways.Seconds(), "cold-start-gw-s")
 	b.ReportMetric(ipTime.Seconds(), "ip-batch-s")
 	b.ReportMetric(nhTime.Seconds(), "ip-batch-nhid-s")
 	b.ReportMetric(rawRead.Seconds(), "raw-read-s")
@@ -528,6 +619,8 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	b.ReportMetric(float64(percentile(etcdLat, 0.5).Microseconds())/1000, "etcd-watch-p50-ms")
 	b.ReportMetric(float64(percentile(etcdLat, 0.99).Microseconds())/1000, "etcd-watch-p99-ms")
 	b.ReportMetric(float64(changes), "restart-route-changes")
+	b.ReportMetric(float64(nhChanges), "restart-nexthop-changes")
+	b.ReportMetric(float64(neighChanges), "restart-neigh-changes")
 	b.ReportMetric(ready.Seconds(), "restart-ready-s")
 	b.ReportMetric(float64(percentile(repair, 0.5).Microseconds())/1000, "repair-p50-ms")
 	b.ReportMetric(float64(percentile(repair, 0.99).Microseconds())/1000, "repair-p99-ms")
