@@ -213,7 +213,9 @@ func subscribeObjects(b *testing.B) *objectEvents {
 	return o
 }
 
-func (o *objectEvents) counts() (nexthops, neigh int) { return int(o.nexthops.Load()), int(o.neigh.Load()) }
+func (o *objectEvents) counts() (nexthops, neigh int) {
+	return int(o.nexthops.Load()), int(o.neigh.Load())
+}
 
 func (o *objectEvents) close() {
 	if !o.stop.Swap(true) {
