@@ -152,14 +152,14 @@ func (n *nexthops) assign() {
 		}
 		n.tracker.SetDesired(rec.id, v)
 	}
-	clear(n.needID)
+	n.needID = emptied(n.needID)
 	for rec := range n.freed {
 		if rec.id != 0 {
 			n.tracker.DeleteDesired(rec.id)
 		}
 		delete(n.byKey, rec.key)
 	}
-	clear(n.freed)
+	n.freed = emptied(n.freed)
 }
 
 // newID returns an ID no object holds or is wanted at.
@@ -180,14 +180,16 @@ func (n *nexthops) newID() uint32 {
 // replaceActual records a fresh read of the kernel's objects: sluice's by ID (protocol),
 // the others' IDs as foreign. It returns whether a desired object's ID turned out to be
 // another program's (it then gets a new ID, and every route must be resolved again).
-func (n *nexthops) replaceActual(all []Nexthop, protocol int) bool {
+func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id uint32, protocol int)) bool {
 	actual := make(map[uint32]nexthopValue, len(n.byKey))
 	clear(n.foreign)
 	clear(n.unclaimed)
+	foreignProto := map[uint32]int{}
 	for _, nh := range all {
 		switch {
 		case nh.Protocol != protocol:
 			n.foreign[nh.ID] = true
+			foreignProto[nh.ID] = nh.Protocol
 		case nh.Other:
 			// One of sluice's IDs holding a kind sluice never makes: replaced or deleted like
 			// any of its objects that differs.
@@ -204,6 +206,7 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int) bool {
 			continue
 		}
 		if n.foreign[rec.id] {
+			conflict(rec.id, foreignProto[rec.id])
 			n.tracker.DeleteDesired(rec.id)
 			rec.id = 0
 			n.needID[rec] = true

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -146,7 +147,8 @@ id %d via 192.0.2.12 dev eth0 proto 83 onlink`, id(1), id(2), id(3))
 // apply gives sluice's object another ID.
 func TestNexthopIDTakenMeanwhile(t *testing.T) {
 	f := fakeNode()
-	rt := nexthopTable(f)
+	c := &conflicts{}
+	rt := NewRouteTable(f, RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true, Reporter: c})
 	rt.SetRoute(nbBlock1)
 	if err := rt.prepare(); err != nil {
 		t.Fatal(err)
@@ -167,6 +169,9 @@ func TestNexthopIDTakenMeanwhile(t *testing.T) {
 	}
 	if got := f.Render(main); got != fmt.Sprintf("10.65.0.64/26 nhid %d via 10.65.0.64 dev vxlan.sluice proto 83 onlink", id(2)) {
 		t.Fatalf("route: %s", got)
+	}
+	if want := fmt.Sprintf("nexthop %d proto 4", id(1)); strings.Join(c.got, ",") != want {
+		t.Fatalf("conflicts reported: %v, want %s", c.got, want)
 	}
 }
 
@@ -370,3 +375,43 @@ blackhole 10.65.0.0/26 proto 83 metric 1024`, id(1), id(2))
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestNexthopDiff: the diff lists a missing object and the routes it took, shown with the
+// object's gateway and device, and an object of sluice's nothing needs as extra; it writes
+// nothing.
+func TestNexthopDiff(t *testing.T) {
+	f := fakeNode()
+	cfg := Config{ParentAddr: nodeAddr, Routes: RouteTableConfig{Nexthops: true}}
+	all := []calc.Route{rBlackhole, nbBlock1, nbBlock2, ncBlock}
+	apply(t, NewRouteTable(f, RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true}), all...)
+	u := fullUpdate(all, nil)
+	// The route table's lines only: the fake's vxlan.sluice is a bare link, not a device
+	// this test programs.
+	Diff := func(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err error) {
+		missing, extra, err = Diff(k, cfg, u)
+		isDevice := func(l string) bool { return strings.HasPrefix(l, "device ") }
+		return slices.DeleteFunc(missing, isDevice), slices.DeleteFunc(extra, isDevice), err
+	}
+	if missing, extra, err := Diff(f, cfg, u); err != nil || len(missing)+len(extra) != 0 {
+		t.Fatalf("diff of a matching kernel: %v %v %v", missing, extra, err)
+	}
+	f.DeleteNexthop(id(1))
+	f.PutNexthop(Nexthop{ID: id(9), Gw: ip("10.65.9.9"), Link: f.links["vxlan.sluice"], OnLink: true, Protocol: DefaultRouteProtocol})
+	before := f.Writes
+	missing, extra, err := Diff(f, cfg, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMissing := []string{
+		fmt.Sprintf("10.65.0.64/26 nhid %d via 10.65.0.64 dev vxlan.sluice proto 83 onlink", id(1)),
+		fmt.Sprintf("10.65.1.0/26 nhid %d via 10.65.0.64 dev vxlan.sluice proto 83 onlink", id(1)),
+		fmt.Sprintf("nexthop id %d via 10.65.0.64 dev vxlan.sluice proto 83 onlink", id(1)),
+	}
+	wantExtra := []string{fmt.Sprintf("nexthop id %d via 10.65.9.9 dev vxlan.sluice proto 83 onlink", id(9))}
+	if strings.Join(missing, "\n") != strings.Join(wantMissing, "\n") || strings.Join(extra, "\n") != strings.Join(wantExtra, "\n") {
+		t.Fatalf("diff:\nmissing %q\nextra %q\nwant\nmissing %q\nextra %q", missing, extra, wantMissing, wantExtra)
+	}
+	if f.Writes != before {
+		t.Fatal("the diff wrote")
+	}
+}

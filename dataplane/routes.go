@@ -38,6 +38,9 @@ type RouteReporter interface {
 	// Conflict is called once for each foreign route that sat exactly where a sluice route
 	// must go and was replaced.
 	Conflict(dst netip.Prefix, metric int, protocol int)
+	// NexthopConflict is called once for each nexthop object ID sluice held or picked that
+	// another program's object turned out to hold; sluice's object moves to another ID.
+	NexthopConflict(id uint32, protocol int)
 }
 
 // RouteTableConfig configures a RouteTable.
@@ -372,7 +375,7 @@ func (t *RouteTable) prepare() error {
 		v.kr.nh = v.rec.id
 		t.tracker.SetDesired(v.k, v.kr)
 	}
-	clear(t.changed)
+	t.changed = emptied(t.changed)
 	t.unresolved = len(t.unres)
 	return nil
 }
@@ -578,7 +581,11 @@ func (t *RouteTable) read() (collided bool, err error) {
 	}
 	// Without the nexthop layout a kernel without nexthop objects (before 5.3) is fine: none
 	// of sluice's can be there. With it, sluice's objects from an earlier run are deleted.
-	collided = t.nh.replaceActual(nhs, t.cfg.Protocol)
+	collided = t.nh.replaceActual(nhs, t.cfg.Protocol, func(id uint32, protocol int) {
+		if t.cfg.Reporter != nil {
+			t.cfg.Reporter.NexthopConflict(id, protocol)
+		}
+	})
 	rs, err := t.k.RouteList(t.cfg.Table)
 	if err != nil {
 		return false, err

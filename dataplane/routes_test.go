@@ -35,6 +35,10 @@ func (c *conflicts) Conflict(dst netip.Prefix, metric, proto int) {
 	c.got = append(c.got, dst.String())
 }
 
+func (c *conflicts) NexthopConflict(id uint32, proto int) {
+	c.got = append(c.got, fmt.Sprintf("nexthop %d proto %d", id, proto))
+}
+
 func fakeNode() *FakeKernel {
 	f := NewFakeKernel()
 	f.AddLink("eth0")

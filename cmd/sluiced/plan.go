@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/bpf/healthcheck"
@@ -129,6 +131,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 			log.Warn().Str("leftover", l.What).Str("fix", l.Fix).Msg("leftover of other networking software breaks sluice's routes")
 		}
 	}
+	cfg.Routes.Reporter = routeConflicts{log: log, count: state.leftovers}
 	dp := dataplane.New(k, cfg)
 	var loops sync.WaitGroup
 	loops.Add(2)
@@ -228,4 +231,22 @@ func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logge
 		}
 	}
 	return stage, func() { loops.Wait(); stage.Close() }, nil
+}
+
+// routeConflicts logs and counts what the route table found of other programs where sluice's
+// objects go: a route at exactly a desired route's destination and metric (replaced), and a
+// nexthop object at an ID sluice held or picked (sluice's moves to another ID).
+type routeConflicts struct {
+	log   zerolog.Logger
+	count prometheus.Counter
+}
+
+func (r routeConflicts) Conflict(dst netip.Prefix, metric, protocol int) {
+	r.count.Inc()
+	r.log.Warn().Str("route", dst.String()).Int("metric", metric).Int("protocol", protocol).Msg("replaced another program's route where sluice's goes")
+}
+
+func (r routeConflicts) NexthopConflict(id uint32, protocol int) {
+	r.count.Inc()
+	r.log.Warn().Uint32("nexthop", id).Int("protocol", protocol).Msg("another program's nexthop object holds an ID sluice used; sluice's object moves to another ID")
 }
