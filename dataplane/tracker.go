@@ -247,4 +247,3 @@ func emptied[K comparable, V any](m map[K]V) map[K]V {
 	clear(m)
 	return m
 }
-
