@@ -268,11 +268,24 @@ func (l *lab) faultKernelDamage() error {
 	// Each repair is also seen in the agent's counters (the damage was there, however fast
 	// it went): metric is the counter that must grow, "" for the device (its recreation is
 	// logged, not counted).
+	// node-c's nexthop object on node-a: deleting it takes node-c's route along, and the
+	// kernel tells only of the object.
+	objects, _ := sh("ip", "-n", ns, "nexthop", "show", "proto", "83")
+	m := regexp.MustCompile(`(?m)^id (\d+) via 10\.65\.0\.128 dev vxlan\.sluice`).FindStringSubmatch(objects)
+	if m == nil {
+		return fmt.Errorf("node-a has no nexthop object for node-c's VTEP:\n%s", objects)
+	}
+	nodeC := m[1]
 	cases := []struct {
 		what, metric string
 		damage       []string
 		ok           func() bool
 	}{
+		{"node-c's nexthop object deleted (its route goes with it, unannounced)", "sluice_drift_repairs_nexthop_total", []string{"ip", "-n", ns, "nexthop", "del", "id", nodeC},
+			func() bool {
+				out, _ := sh("ip", "-n", ns, "route", "show", "10.65.0.128/26")
+				return strings.Contains(out, "nhid "+nodeC+" via 10.65.0.128 dev vxlan.sluice")
+			}},
 		{"a route to a remote block deleted", "sluice_drift_repairs_route_total", []string{"ip", "-n", ns, "route", "del", "10.65.0.128/26"},
 			func() bool { return hasRoute("node-a", "10.65.0.128/26") }},
 		{"a neighbour entry of node-c's VTEP deleted", "sluice_drift_repairs_neighbour_total", []string{"ip", "-n", ns, "neigh", "del", "10.65.0.128", "dev", "vxlan.sluice"},

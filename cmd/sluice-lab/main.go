@@ -175,6 +175,15 @@ func (p *proc) stop() error {
 	return p.err
 }
 
+// routeLayout is the node's route layout: node-c lays its routes out as Felix does (each its
+// own gateway), the others through nexthop objects, so the lab's traffic crosses both.
+func routeLayout(node string) string {
+	if node == "node-c" {
+		return "gateways"
+	}
+	return "nexthops"
+}
+
 func (l *lab) startAgent(node string) (*proc, error) {
 	// One bpffs for the lab, mounted here in the host's mount namespace: `ip netns exec` gives
 	// each agent a mount namespace of its own, and a bpffs mounted there would vanish with
@@ -201,7 +210,7 @@ func (l *lab) startAgent(node string) (*proc, error) {
 	p, err := l.start(nodeNS(node), "sluiced "+node, true, filepath.Join(l.bin, "sluiced"), "--node-name", node,
 		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
 		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s",
-		"--cgroup-path", filepath.Join(l.dir, "cgroup"))
+		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node))
 	if err == nil {
 		l.agents[node] = p
 	}

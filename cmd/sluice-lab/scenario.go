@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -86,16 +87,27 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	l.step("node-a's kernel, against what Calico's Felix programs for the same data")
 	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
 	fmt.Fprint(l.out, routes)
+	// node-a lays routes to other nodes out through nexthop objects (`nhid N`), node-c as
+	// Felix does; either way the gateway, device and flag are Felix's.
 	for _, want := range []string{
 		"blackhole 10.65.0.0/26 metric 1024",
 		"blackhole 10.66.0.0/26 metric 1024",
-		"10.65.0.64/26 via 10.65.0.64 dev vxlan.sluice onlink",
-		"10.65.0.128/26 via 10.65.0.128 dev vxlan.sluice onlink",
-		"10.66.0.64/26 via 192.168.10.12 dev eth0 onlink",
+		"10.65.0.64/26 nhid * via 10.65.0.64 dev vxlan.sluice onlink",
+		"10.65.0.128/26 nhid * via 10.65.0.128 dev vxlan.sluice onlink",
+		"10.66.0.64/26 nhid * via 192.168.10.12 dev eth0 onlink",
 		"10.65.0.1 dev cali-web-a scope link",
 	} {
-		l.check(strings.Contains(routes, want), "node-a has route %q", want)
+		l.check(routeLine(routes, want), "node-a has route %q", want)
 	}
+	objects, _ := sh("ip", "-n", nodeNS("node-a"), "nexthop", "show", "proto", "83")
+	fmt.Fprint(l.out, objects)
+	l.check(strings.Contains(objects, "via 10.65.0.128 dev vxlan.sluice scope link proto 83 onlink") &&
+		strings.Contains(objects, "via 10.65.0.64 dev vxlan.sluice scope link proto 83 onlink") &&
+		strings.Contains(objects, "via 192.168.10.12 dev eth0 scope link proto 83 onlink"),
+		"node-a's nexthop objects: one per remote node and gateway, sluice's protocol")
+	routesC, _ := sh("ip", "-n", nodeNS("node-c"), "route", "show", "proto", "83")
+	l.check(strings.Contains(routesC, "10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink") && !strings.Contains(routesC, "nhid"),
+		"node-c (--route-layout gateways) lays its routes out as Felix does: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink")
 	link, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan.sluice")
 	l.check(strings.Contains(link, "vxlan id 4096") && strings.Contains(link, "dstport 4789") && strings.Contains(link, "nolearning") &&
 		strings.Contains(link, "66:c1:a0:00:00:0a") && strings.Contains(link, "mtu 1450"),
@@ -109,11 +121,11 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	fmt.Fprint(l.out, routes6)
 	for _, want := range []string{
 		"blackhole fd00:65::/122",
-		"fd00:65::40/122 via fd00:65::40 dev vxlan-v6.sluice metric 1024 onlink",
-		"fd00:65::80/122 via fd00:65::80 dev vxlan-v6.sluice metric 1024 onlink",
+		"fd00:65::40/122 nhid * via fd00:65::40 dev vxlan-v6.sluice metric 1024 onlink",
+		"fd00:65::80/122 nhid * via fd00:65::80 dev vxlan-v6.sluice metric 1024 onlink",
 		"fd00:65::1 dev cali-web-a metric 1024",
 	} {
-		l.check(strings.Contains(routes6, want), "node-a has IPv6 route %q", want)
+		l.check(routeLine(routes6, want), "node-a has IPv6 route %q", want)
 	}
 	link6, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan-v6.sluice")
 	l.check(strings.Contains(link6, "vxlan id 4096") && strings.Contains(link6, "dstport 4789") && strings.Contains(link6, "nolearning") &&
@@ -212,7 +224,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		return fmt.Errorf("injecting drift: %v %v", err1, err2)
 	}
 	out, err = diff("node-b")
-	l.check(err != nil && strings.Contains(out, "missing: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
+	l.check(err != nil && routeLine(out, "missing: 10.65.0.0/26 nhid * via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
 		"diff reports the missing route and the extra one, and exits 1")
 	status, _ := l.ctl("status")
 	line := func(node string) string {
@@ -251,10 +263,18 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 
 // diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
 // freshly started agent would program from the same data (calc run afresh on etcd's state).
+// routeLine reports whether a line of out reads like want, where "nhid *" in want stands for
+// any nexthop object's ID.
+func routeLine(out, want string) bool {
+	re := regexp.MustCompile(strings.ReplaceAll(regexp.QuoteMeta(want), `nhid \*`, `nhid \d+`))
+	return re.MatchString(out)
+}
+
 func (l *lab) diff(node string) (string, error) {
 	cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
 	// The same configuration as the node's sluiced: its etcd and its pin directory.
-	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node))
+	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node),
+		"SLUICE_ROUTE_LAYOUT="+routeLayout(node))
 	out, err := cmd.CombinedOutput()
 	fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
 	return string(out), err
