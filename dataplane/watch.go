@@ -36,7 +36,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	routes := make(chan netlink.RouteUpdate, 4096)
 	links := make(chan netlink.LinkUpdate, 256)
 	addrs := make(chan netlink.AddrUpdate, 256)
-	neighs := make(chan netlink.NeighUpdate, 1024)
+	neighs := make(chan neighGone, 1024)
 	nexthops := make(chan uint32, 1024)
 	defer func() {
 		close(done)
@@ -88,8 +88,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
 		return err
 	}
-	if err := netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
-		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
+	if err := subscribeNeighDeletions(nsp, neighs, done, onErr); err != nil {
 		return err
 	}
 	// Whatever happened before this subscription is unseen: read everything once.
@@ -147,15 +146,11 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			d.mu.Unlock()
 			d.Kick()
 		case u := <-neighs:
-			if u.Type != unix.RTM_DELNEIGH {
-				continue
-			}
 			d.mu.Lock()
 			repair := false
 			for _, x := range d.devices() {
-				if x.index != 0 && u.LinkIndex == x.index {
-					ip, _ := netip.AddrFromSlice(u.IP)
-					if x.NeighGone(ip.Unmap(), u.HardwareAddr.String(), u.Family == unix.AF_BRIDGE) {
+				if x.index != 0 && u.linkIndex == x.index {
+					if x.NeighGone(u.ip, u.mac, u.family == unix.AF_BRIDGE) {
 						d.stats.NeighRepairs++
 						repair = true
 					}
