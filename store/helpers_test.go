@@ -22,14 +22,32 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// sink records every event the intake delivers and feeds an index.
+// sink records every event the intake delivers and feeds an index and a tally.
 type sink struct {
 	mu     sync.Mutex
 	events []store.Event
 	index  *store.Index
+	tally  *store.Tally
 }
 
-func newSink() *sink { return &sink{index: store.NewIndex()} }
+func newSink() *sink { return &sink{index: store.NewIndex(), tally: store.NewTally()} }
+
+// checkTally fails unless the tally counts what the index holds, kind by kind, at the same
+// revision.
+func (s *sink) checkTally(t *testing.T) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := s.index.Snapshot()
+	for _, k := range store.Kinds {
+		if got, want := s.tally.Count(k), snap.Count(k); got != want {
+			t.Errorf("tally counts %d %s, the index holds %d", got, k.Plural(), want)
+		}
+	}
+	if s.tally.Revision() != snap.Revision() {
+		t.Errorf("tally at revision %d, the index at %d", s.tally.Revision(), snap.Revision())
+	}
+}
 
 func (s *sink) OnEvents(b []store.Event) {
 	s.mu.Lock()
@@ -39,6 +57,7 @@ func (s *sink) OnEvents(b []store.Event) {
 		s.events = append(s.events, ev)
 	}
 	s.index.OnEvents(b)
+	s.tally.OnEvents(b)
 }
 
 func (s *sink) count() int {

@@ -65,6 +65,7 @@ func TestIntakeInitialReadThenWatch(t *testing.T) {
 	if last := first[len(first)-1]; last.Type != store.EventInSync || last.Revision < rev {
 		t.Fatalf("last event = %+v, want in-sync at revision >= %d", last, rev)
 	}
+	s.checkTally(t)
 	snap := s.index.Snapshot()
 	if !snap.InSync() || snap.Revision() < rev {
 		t.Fatalf("index in sync %v at %d, want in sync at >= %d", snap.InSync(), snap.Revision(), rev)
@@ -164,6 +165,7 @@ func TestIntakeCompactedWhileDisconnected(t *testing.T) {
 	if got := snap.Count(store.KindNode); got != 4 {
 		t.Fatalf("index holds %d nodes, want 4", got)
 	}
+	s.checkTally(t) // deletes of what vanished under the compaction counted too
 	if nd := snap.Get(store.KindNode, "changes").(*store.Node); nd.IPv4Address.String() != "192.0.2.2/24" {
 		t.Fatalf("node changes has %s, want 192.0.2.2/24", nd.IPv4Address)
 	}

@@ -661,8 +661,11 @@ func cpuSplit(b *testing.B, pid int) (user, sys int64) {
 }
 
 // saveHeap writes the settled agent's heap profile (after a GC) to path.
+// Beside it, path.txt: the same in text, ending with the runtime's memory statistics (heap in
+// use, idle, released; stacks; what RSS holds besides the live heap).
 func saveHeap(b *testing.B, path string) {
 	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?gc=1", path)
+	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?debug=1", strings.TrimSuffix(path, ".pb.gz")+".txt")
 }
 
 // saveProfile writes the profile served at url to path.

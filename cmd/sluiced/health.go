@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,14 +18,14 @@ import (
 	"github.com/sluice-net/sluice/store"
 )
 
-// agentState is what the health endpoints and metrics read: the intake, the index and the
-// dataplane (nil when --dataplane=false).
+// agentState is what the health endpoints and metrics read: the intake, the tally of objects
+// and the dataplane (nil when --dataplane=false).
 type agentState struct {
 	intake *store.Intake
-	index  *store.Index
-	// indexing feeds the index on its own goroutine; with the dataplane on, it is held until
-	// the first apply, so that a cold start programs the kernel first.
-	indexing *store.Async
+	tally  *store.Tally
+	// freeOnce hands the cold start's garbage back to the system once: after the first apply
+	// with a dataplane (the kernel has had its turn), else at the first in-sync.
+	freeOnce sync.Once
 	dp       *dataplane.Dataplane
 	svc      *bpf.Stage
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
@@ -157,7 +158,7 @@ func (a *agentState) registry() *prometheus.Registry {
 			func() float64 { return float64(st().ResyncsBy[i].Load()) }))
 	}
 	for _, k := range store.Kinds {
-		gauge("sluice_index_"+k.Plural(), "Objects of this kind in the index.", func() float64 { return float64(a.index.Snapshot().Count(k)) })
+		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.tally.Count(k)) })
 	}
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
 	errorKinds := map[string]func() float64{

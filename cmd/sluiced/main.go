@@ -66,19 +66,15 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		defer f.Close()
 		rec = store.NewRecorder(f)
 	}
-	index := store.NewIndex()
 	graph, err := calc.New(c.Calc)
 	if err != nil {
 		return err
 	}
 	state := newAgentState()
-	state.index = index
+	// The agent keeps no queryable copy of what it read (calc holds what it computes from):
+	// a tally of object IDs gives the counts it reports.
+	state.tally = store.NewTally()
 	state.profiling = c.Profiling
-	// calc and the dataplane come first: they are the path from etcd to the kernel. The index
-	// (and the in-sync log line, which counts what it holds) follows on a goroutine of its
-	// own, held until the first apply when there is a dataplane to program.
-	state.indexing = store.NewAsync(store.Fanout{index, &eventLogger{log: log, index: index}}, 256, c.Dataplane)
-	defer state.indexing.Close()
 	plan := &planner{graph: graph, log: log}
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
@@ -104,7 +100,8 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 			log.Warn().Err(err).Str("pin_dir", c.BPF.PinDir).Msg("could not remove the service stage's programs and pins")
 		}
 	}
-	handlers := store.Fanout{plan, state, state.indexing}
+	// calc and the dataplane come first: they are the path from etcd to the kernel.
+	handlers := store.Fanout{plan, state, state.tally, &eventLogger{log: log, tally: state.tally, state: state, dataplane: c.Dataplane}}
 	if rec != nil {
 		handlers = append(handlers, rec)
 	}
@@ -138,7 +135,6 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	log.Info().Strs("etcd", c.Etcd.Endpoints).Msg("starting")
 	err = intake.Run(ctx)
-	state.indexing.Close()
 	if rec != nil {
 		if ferr := rec.Flush(); ferr != nil {
 			log.Error().Err(ferr).Msg("event log incomplete")

@@ -107,7 +107,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
 		state.applySeconds.Observe(took.Seconds())
-		state.indexing.Release() // the kernel has had its turn: the index may catch up
+		state.freeOnce.Do(freeColdStart) // the kernel has had its turn
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")
 			return
