@@ -35,6 +35,32 @@ func (m multi[K, V]) remove(k K, v V) {
 	}
 }
 
+// prefixLists maps a key to a small sorted list of prefixes (a node's blocks: most nodes have
+// one or two, and a map per node took 10 MB of 93 at 20,000 nodes).
+type prefixLists map[string][]netip.Prefix
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
+}
+
+func (m prefixLists) add(k string, p netip.Prefix) {
+	ps := m[k]
+	if i, found := slices.BinarySearchFunc(ps, p, comparePrefix); !found {
+		m[k] = slices.Insert(ps, i, p)
+	}
+}
+
+func (m prefixLists) remove(k string, p netip.Prefix) {
+	ps := m[k]
+	if i, found := slices.BinarySearchFunc(ps, p, comparePrefix); found {
+		if len(ps) == 1 {
+			delete(m, k)
+			return
+		}
+		m[k] = slices.Delete(ps, i, i+1)
+	}
+}
+
 // reset empties a dirty set; a set that grew large (the first full computation) is replaced,
 // since clearing a map costs its capacity, not its length.
 func reset[K comparable](s *set[K], n int) {
@@ -85,7 +111,7 @@ type Graph struct {
 	slices     map[string]*store.EndpointSlice
 
 	// Indexes from an input to what it touches.
-	blocksByNode  map[string]set[netip.Prefix]
+	blocksByNode  prefixLists
 	wepsByNet     multi[netip.Prefix, string]
 	wepsByNode    map[string]set[string]
 	tunnelsByAddr multi[netip.Addr, string]
@@ -138,7 +164,7 @@ func New(cfg Config) (*Graph, error) {
 		weps:            map[string]*store.WorkloadEndpoint{},
 		services:        map[string]*store.Service{},
 		slices:          map[string]*store.EndpointSlice{},
-		blocksByNode:    map[string]set[netip.Prefix]{},
+		blocksByNode:    prefixLists{},
 		wepsByNet:       multi[netip.Prefix, string]{},
 		wepsByNode:      map[string]set[string]{},
 		tunnelsByAddr:   multi[netip.Addr, string]{},
@@ -375,7 +401,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		}
 		return
 	}
-	for cidr := range g.blocksByNode[id] {
+	for _, cidr := range g.blocksByNode[id] {
 		g.dirtyDst.add(cidr)
 	}
 	for wid := range g.wepsByNode[id] {
@@ -399,7 +425,7 @@ func hostNets(n *store.Node) []netip.Prefix {
 func (g *Graph) onBlock(cidr netip.Prefix, b *store.Block) {
 	old := g.blocks[cidr]
 	if old != nil {
-		removeFrom(g.blocksByNode, old.AffinityNode, cidr)
+		g.blocksByNode.remove(old.AffinityNode, cidr)
 		if g.blockBits[cidr.Bits()]--; g.blockBits[cidr.Bits()] == 0 {
 			delete(g.blockBits, cidr.Bits())
 		}
@@ -408,7 +434,7 @@ func (g *Graph) onBlock(cidr netip.Prefix, b *store.Block) {
 		delete(g.blocks, cidr)
 	} else {
 		g.blocks[cidr] = b
-		addTo(g.blocksByNode, b.AffinityNode, cidr)
+		g.blocksByNode.add(b.AffinityNode, cidr)
 		g.blockBits[cidr.Bits()]++
 	}
 	g.dirtyDst.add(cidr)

@@ -168,7 +168,7 @@ func subscribeNexthopDeletions(ns *netns.NsHandle, proto int, ch chan<- uint32, 
 type neighGone struct {
 	family, linkIndex int
 	ip                netip.Addr
-	mac               string
+	mac               macAddr
 }
 
 // subscribeNeighDeletions delivers the kernel's deleted neighbour and FDB entries in namespace
@@ -229,7 +229,7 @@ func subscribeNeighDeletions(ns *netns.NsHandle, ch chan<- neighGone, done <-cha
 							g.ip = ip.Unmap()
 						}
 					case unix.NDA_LLADDR:
-						g.mac = net.HardwareAddr(a.Value).String()
+						g.mac = macOf(a.Value)
 					}
 				}
 				ch <- g

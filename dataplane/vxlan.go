@@ -50,8 +50,8 @@ type VXLAN struct {
 	// remotes are the remote VTEPs by node; neigh: remote tunnel address → MAC; fdb: remote
 	// MAC → underlay address.
 	remotes  map[string]calc.VTEP
-	neigh    *Tracker[netip.Addr, string]
-	fdb      *Tracker[string, netip.Addr]
+	neigh    *Tracker[netip.Addr, macAddr]
+	fdb      *Tracker[macAddr, netip.Addr]
 	needRead bool
 	writes   int
 	// index is the device's index as of the last Apply (0: none).
@@ -79,9 +79,9 @@ func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 	if cfg.Port == 0 {
 		cfg.Port = DefaultVXLANPort
 	}
-	eq := func(a, b string) bool { return a == b }
-	return &VXLAN{k: k, cfg: cfg, remotes: map[string]calc.VTEP{}, neigh: NewTracker[netip.Addr, string](eq),
-		fdb: NewTracker[string, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
+	eq := func(a, b macAddr) bool { return a == b }
+	return &VXLAN{k: k, cfg: cfg, remotes: map[string]calc.VTEP{}, neigh: NewTracker[netip.Addr, macAddr](eq),
+		fdb: NewTracker[macAddr, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
 }
 
 // family is the address family of the device's tunnel addresses and underlay.
@@ -108,8 +108,8 @@ func (x *VXLAN) SetVTEP(v calc.VTEP) {
 		x.DeleteVTEP(old) // its MAC or addresses changed: the old entries are not wanted
 	}
 	x.remotes[v.Node] = v
-	x.neigh.SetDesired(v.TunnelAddr, v.MAC.String())
-	x.fdb.SetDesired(v.MAC.String(), v.Underlay)
+	x.neigh.SetDesired(v.TunnelAddr, macOf(v.MAC))
+	x.fdb.SetDesired(macOf(v.MAC), v.Underlay)
 }
 
 func sameVTEP(a, b calc.VTEP) bool {
@@ -129,18 +129,18 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 	if old, ok := x.remotes[v.Node]; ok && sameVTEP(old, v) {
 		delete(x.remotes, v.Node)
 	}
-	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == v.MAC.String() {
+	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == macOf(v.MAC) {
 		x.neigh.DeleteDesired(v.TunnelAddr)
 	}
-	if u, ok := x.fdb.Desired(v.MAC.String()); ok && u == v.Underlay {
-		x.fdb.DeleteDesired(v.MAC.String())
+	if u, ok := x.fdb.Desired(macOf(v.MAC)); ok && u == v.Underlay {
+		x.fdb.DeleteDesired(macOf(v.MAC))
 	}
 }
 
 // NeighGone records that a neighbour (by IP) or FDB entry (AF_BRIDGE, by MAC)
 // on the device was deleted by someone: the next Apply puts it back without a full read.
 // It reports whether the entry is one sluice wants (a repair is due).
-func (x *VXLAN) NeighGone(ip netip.Addr, mac string, fdb bool) bool {
+func (x *VXLAN) NeighGone(ip netip.Addr, mac macAddr, fdb bool) bool {
 	if fdb {
 		if _, ok := x.fdb.Desired(mac); ok {
 			x.fdb.DeleteActual(mac)
@@ -214,13 +214,13 @@ func (x *VXLAN) Apply() error {
 	}
 	var sets []entry
 	var dels []func()
-	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
-		hw, _ := net.ParseMAC(mac)
+	x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
+		hw := mac.hw()
 		sets = append(sets, entry{"setting neighbour " + ip.String(),
 			&netlink.Neigh{LinkIndex: idx, Family: x.family(), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw},
 			func() { x.neigh.SetActual(ip, mac); x.neigh.Clean(ip) }})
 		return false // cleaned once the kernel acknowledged it
-	}, func(ip netip.Addr, mac string) bool {
+	}, func(ip netip.Addr, mac macAddr) bool {
 		dels = append(dels, func() {
 			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: x.family(), IP: ip.AsSlice()})
 			x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip); x.neigh.Clean(ip) })
@@ -229,17 +229,17 @@ func (x *VXLAN) Apply() error {
 	})
 	slices.SortFunc(sets, func(a, b entry) int { return slices.Compare(a.n.IP, b.n.IP) })
 	neighs := len(sets)
-	x.fdb.Pending(func(mac string, dst netip.Addr) bool {
-		hw, _ := net.ParseMAC(mac)
-		sets = append(sets, entry{"setting FDB entry " + mac,
+	x.fdb.Pending(func(mac macAddr, dst netip.Addr) bool {
+		hw := mac.hw()
+		sets = append(sets, entry{"setting FDB entry " + mac.String(),
 			&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: dst.AsSlice(), HardwareAddr: hw},
 			func() { x.fdb.SetActual(mac, dst); x.fdb.Clean(mac) }})
 		return false
-	}, func(mac string, dst netip.Addr) bool {
-		hw, _ := net.ParseMAC(mac)
+	}, func(mac macAddr, dst netip.Addr) bool {
+		hw := mac.hw()
 		dels = append(dels, func() {
 			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
-			x.done(err, &errs, "deleting FDB entry "+mac, func() { x.fdb.DeleteActual(mac); x.fdb.Clean(mac) })
+			x.done(err, &errs, "deleting FDB entry "+mac.String(), func() { x.fdb.DeleteActual(mac); x.fdb.Clean(mac) })
 		})
 		return false
 	})
@@ -378,21 +378,21 @@ func (x *VXLAN) read(idx int) error {
 	if err != nil {
 		return fmt.Errorf("listing neighbours of %s: %w", x.cfg.Name, err)
 	}
-	neigh := map[netip.Addr]string{}
+	neigh := map[netip.Addr]macAddr{}
 	for _, n := range ns {
 		if ip, ok := netip.AddrFromSlice(n.IP); ok && n.HardwareAddr != nil && n.State&netlink.NUD_PERMANENT != 0 {
-			neigh[ip.Unmap()] = n.HardwareAddr.String()
+			neigh[ip.Unmap()] = macOf(n.HardwareAddr)
 		}
 	}
 	fs, err := x.k.Neighs(idx, unix.AF_BRIDGE)
 	if err != nil {
 		return fmt.Errorf("listing FDB entries of %s: %w", x.cfg.Name, err)
 	}
-	fdb := map[string]netip.Addr{}
+	fdb := map[macAddr]netip.Addr{}
 	for _, n := range fs {
 		ip, ok := netip.AddrFromSlice(n.IP)
 		if ok && n.HardwareAddr != nil && !bytes.Equal(n.HardwareAddr, make(net.HardwareAddr, 6)) {
-			fdb[n.HardwareAddr.String()] = ip.Unmap()
+			fdb[macOf(n.HardwareAddr)] = ip.Unmap()
 		}
 	}
 	x.neigh.ReplaceActual(neigh)
@@ -416,10 +416,10 @@ func (x *VXLAN) Diff() (missing, extra []string, err error) {
 	}
 	if l == nil {
 		missing = append(missing, fmt.Sprintf("device %s (VNI %d, port %d, address %s, MAC %s)", x.cfg.Name, x.cfg.VNI, x.cfg.Port, x.local.TunnelAddr, x.local.MAC))
-		x.neigh.Pending(func(ip netip.Addr, mac string) bool {
+		x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
 			missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s", ip, mac))
 			return false
-		}, func(netip.Addr, string) bool { return false })
+		}, func(netip.Addr, macAddr) bool { return false })
 		return missing, nil, nil
 	}
 	parent, _ := x.k.LinkHoldingAddr(x.cfg.ParentAddr.AsSlice())
@@ -432,19 +432,36 @@ func (x *VXLAN) Diff() (missing, extra []string, err error) {
 	if err := x.read(l.Attrs().Index); err != nil {
 		return nil, nil, err
 	}
-	x.neigh.Pending(func(ip netip.Addr, mac string) bool {
+	x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
 		missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
 		return false
-	}, func(ip netip.Addr, mac string) bool {
+	}, func(ip netip.Addr, mac macAddr) bool {
 		extra = append(extra, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
 		return false
 	})
-	x.fdb.Pending(func(mac string, dst netip.Addr) bool {
+	x.fdb.Pending(func(mac macAddr, dst netip.Addr) bool {
 		missing = append(missing, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
 		return false
-	}, func(mac string, dst netip.Addr) bool {
+	}, func(mac macAddr, dst netip.Addr) bool {
 		extra = append(extra, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
 		return false
 	})
 	return missing, extra, nil
 }
+
+// macAddr is an Ethernet address held by value: a VTEP's neighbour and FDB entries are keyed
+// by it, and 20,000 of them as strings were 20,000 small allocations twice over.
+type macAddr [6]byte
+
+// macOf is hw as a macAddr (an address of another length is kept as far as it fits: it
+// matches no VTEP's, so the entry holding it is replaced).
+func macOf(hw net.HardwareAddr) macAddr {
+	var m macAddr
+	copy(m[:], hw)
+	return m
+}
+
+func (m macAddr) hw() net.HardwareAddr { return net.HardwareAddr(m[:]) }
+
+func (m macAddr) String() string { return m.hw().String() }
+

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -71,10 +72,21 @@ type eventLogger struct {
 	dataplane bool // with a dataplane, the first apply frees the cold start's garbage
 }
 
+// settledGCPercent is the collector's target once the cold start is over: a settled agent's
+// heap changes little, and at the default (100) the runtime would keep as much again as the
+// live heap in reserve (at 20,000 nodes: 83 MB live, 182 MiB resident). GOGC in the
+// environment overrides it.
+const settledGCPercent = 25
+
 // freeColdStart hands the cold start's garbage (pages read, values decoded, the first full
 // update) back to the system once it is dead, rather than hold it for minutes (at 20,000
-// nodes RSS settled at 264 MiB instead of 190 MiB).
-func freeColdStart() { debug.FreeOSMemory() }
+// nodes RSS settled at 264 MiB instead of 190 MiB), and lowers the collector's target.
+func freeColdStart() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(settledGCPercent)
+	}
+	debug.FreeOSMemory()
+}
 
 func (e *eventLogger) OnEvents(batch []store.Event) {
 	for i := range batch {
