@@ -464,4 +464,3 @@ func macOf(hw net.HardwareAddr) macAddr {
 func (m macAddr) hw() net.HardwareAddr { return net.HardwareAddr(m[:]) }
 
 func (m macAddr) String() string { return m.hw().String() }
-
