@@ -39,24 +39,3 @@ func TestSnapshotIsolation(t *testing.T) {
 		t.Fatal("deleting an absent node changed the index")
 	}
 }
-
-// TestTallyCounts: an update counts once, a delete of something absent changes nothing, a
-// delete and a re-creation count as they happen; the revision is the newest seen.
-func TestTallyCounts(t *testing.T) {
-	tl := store.NewTally()
-	ev := func(typ store.EventType, kind store.Kind, id string, rev int64) store.Event {
-		return store.Event{Type: typ, Kind: kind, ID: id, Revision: rev}
-	}
-	tl.OnEvents([]store.Event{
-		ev(store.EventUpsert, store.KindNode, "a", 2), ev(store.EventUpsert, store.KindNode, "b", 3),
-		ev(store.EventUpsert, store.KindNode, "a", 4), ev(store.EventUpsert, store.KindBlock, "10.65.0.0/26", 5),
-		ev(store.EventDelete, store.KindNode, "nobody", 6), ev(store.EventInSync, 0, "", 6),
-	})
-	if tl.Count(store.KindNode) != 2 || tl.Count(store.KindBlock) != 1 || tl.Count(store.KindIPPool) != 0 || tl.Revision() != 6 {
-		t.Fatalf("nodes %d blocks %d pools %d revision %d, want 2 1 0 6", tl.Count(store.KindNode), tl.Count(store.KindBlock), tl.Count(store.KindIPPool), tl.Revision())
-	}
-	tl.OnEvents([]store.Event{ev(store.EventDelete, store.KindNode, "a", 7), ev(store.EventDelete, store.KindNode, "a", 8), ev(store.EventUpsert, store.KindNode, "c", 9)})
-	if tl.Count(store.KindNode) != 2 || tl.Revision() != 9 {
-		t.Fatalf("nodes %d revision %d, want 2 9", tl.Count(store.KindNode), tl.Revision())
-	}
-}

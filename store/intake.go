@@ -67,6 +67,17 @@ type IntakeStats struct {
 	// PageShrinks counts pages asked for again with half the keys because the answer was
 	// larger than the client takes in one message.
 	PageShrinks atomic.Int64
+	// objects counts, by kind, the objects delivered and not deleted since: what an agent
+	// reports of its view without holding a copy of it (the intake knows every key anyway).
+	objects [KindEndpointSlice + 1]atomic.Int64
+}
+
+// Objects is how many objects of kind k the consumers hold, as delivered so far.
+func (s *IntakeStats) Objects(k Kind) int {
+	if int(k) >= len(s.objects) {
+		return 0
+	}
+	return int(s.objects[k].Load())
 }
 
 // DefaultPageSize is how many keys a range request of the intake asks for unless told.
@@ -384,6 +395,9 @@ func (in *Intake) observe(key string, value []byte, modRev int64, d *decoded) {
 		return
 	}
 	in.known[key] = keyState{modRev: modRev, gen: in.gen, valid: true}
+	if !had || !st.valid {
+		in.stats.objects[obj.Kind()].Add(1)
+	}
 	in.batch = append(in.batch, Event{Type: EventUpsert, Kind: obj.Kind(), ID: obj.ID(), Key: key, Revision: modRev, Object: obj, Value: value})
 }
 
@@ -392,6 +406,7 @@ func (in *Intake) emitDelete(key string, rev int64) {
 	if err != nil {
 		return // never valid, so never emitted
 	}
+	in.stats.objects[kind].Add(-1)
 	in.batch = append(in.batch, Event{Type: EventDelete, Kind: kind, ID: id, Key: key, Revision: rev})
 }
 

@@ -65,7 +65,7 @@ func TestIntakeInitialReadThenWatch(t *testing.T) {
 	if last := first[len(first)-1]; last.Type != store.EventInSync || last.Revision < rev {
 		t.Fatalf("last event = %+v, want in-sync at revision >= %d", last, rev)
 	}
-	s.checkTally(t)
+	s.checkCounts(t, in)
 	snap := s.index.Snapshot()
 	if !snap.InSync() || snap.Revision() < rev {
 		t.Fatalf("index in sync %v at %d, want in sync at >= %d", snap.InSync(), snap.Revision(), rev)
@@ -165,7 +165,7 @@ func TestIntakeCompactedWhileDisconnected(t *testing.T) {
 	if got := snap.Count(store.KindNode); got != 4 {
 		t.Fatalf("index holds %d nodes, want 4", got)
 	}
-	s.checkTally(t) // deletes of what vanished under the compaction counted too
+	s.checkCounts(t, in) // deletes of what vanished under the compaction counted too
 	if nd := snap.Get(store.KindNode, "changes").(*store.Node); nd.IPv4Address.String() != "192.0.2.2/24" {
 		t.Fatalf("node changes has %s, want 192.0.2.2/24", nd.IPv4Address)
 	}
@@ -270,6 +270,7 @@ func TestIntakeBadValues(t *testing.T) {
 	if got := eventSummary(s.since(n)); strings.Join(got, "|") != "upsert IPPool/marker" {
 		t.Fatalf("events %q", got)
 	}
+	s.checkCounts(t, in) // values turned bad and back counted as they went
 }
 
 func TestIntakeTLSAndAuth(t *testing.T) {

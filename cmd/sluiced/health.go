@@ -18,11 +18,10 @@ import (
 	"github.com/sluice-net/sluice/store"
 )
 
-// agentState is what the health endpoints and metrics read: the intake, the tally of objects
-// and the dataplane (nil when --dataplane=false).
+// agentState is what the health endpoints and metrics read: the intake (with its counts of
+// objects) and the dataplane (nil when --dataplane=false).
 type agentState struct {
 	intake *store.Intake
-	tally  *store.Tally
 	// freeOnce hands the cold start's garbage back to the system once: after the first apply
 	// with a dataplane (the kernel has had its turn), else at the first in-sync.
 	freeOnce sync.Once
@@ -158,7 +157,7 @@ func (a *agentState) registry() *prometheus.Registry {
 			func() float64 { return float64(st().ResyncsBy[i].Load()) }))
 	}
 	for _, k := range store.Kinds {
-		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.tally.Count(k)) })
+		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.intake.Stats().Objects(k)) })
 	}
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
 	errorKinds := map[string]func() float64{

@@ -16,7 +16,6 @@ import (
 // HTTP endpoints answering 200 once in sync and applied are TestRun's checkHealth.)
 func TestHealthStates(t *testing.T) {
 	state := newAgentState()
-	state.tally = store.NewTally()
 	state.dp = dataplane.New(dataplane.NewFakeKernel(), dataplane.Config{})
 	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
 	if err != nil {

@@ -72,8 +72,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	state := newAgentState()
 	// The agent keeps no queryable copy of what it read (calc holds what it computes from):
-	// a tally of object IDs gives the counts it reports.
-	state.tally = store.NewTally()
+	// the intake's counts are what it reports.
 	state.profiling = c.Profiling
 	plan := &planner{graph: graph, log: log}
 	var background sync.WaitGroup
@@ -101,7 +100,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		}
 	}
 	// calc and the dataplane come first: they are the path from etcd to the kernel.
-	handlers := store.Fanout{plan, state, state.tally, &eventLogger{log: log, tally: state.tally, state: state, dataplane: c.Dataplane}}
+	handlers := store.Fanout{plan, state, &eventLogger{log: log, state: state, dataplane: c.Dataplane}}
 	if rec != nil {
 		handlers = append(handlers, rec)
 	}

@@ -64,10 +64,9 @@ func (r *reporter) Heard(outage time.Duration) {
 	r.log.Warn().Dur("outage", outage).Msg("etcd answers again; catching up from the last revision")
 }
 
-// eventLogger logs in-syncs with the tally's counts, and each event at debug level.
+// eventLogger logs in-syncs with the intake's counts, and each event at debug level.
 type eventLogger struct {
 	log       zerolog.Logger
-	tally     *store.Tally
 	state     *agentState
 	dataplane bool // with a dataplane, the first apply frees the cold start's garbage
 }
@@ -97,7 +96,7 @@ func (e *eventLogger) OnEvents(batch []store.Event) {
 		}
 		d := zerolog.Dict()
 		for _, k := range store.Kinds {
-			d = d.Int(k.Plural(), e.tally.Count(k))
+			d = d.Int(k.Plural(), e.state.intake.Stats().Objects(k))
 		}
 		e.log.Info().Int64("revision", ev.Revision).Dict("objects", d).Msg("in sync with etcd")
 		if !e.dataplane {
