@@ -70,9 +70,7 @@ type Dataplane struct {
 	vxlan   *VXLAN
 	vxlan6  *VXLAN // the IPv6 device
 	synced  bool   // a full update has arrived: writing is allowed
-	dsts    map[netip.Prefix]bool
-	v6dsts  int // how many of dsts are IPv6
-	vteps   map[calc.VTEPKey]calc.VTEP
+	v6dsts  int    // how many of the desired routes are IPv6
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
 	stats   Stats
@@ -123,7 +121,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	rt := NewRouteTable(k, cfg.Routes)
 	return &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
-		dsts: map[netip.Prefix]bool{}, vteps: map[calc.VTEPKey]calc.VTEP{}, locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
+		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
 }
 
@@ -145,10 +143,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		seen := make(map[netip.Prefix]bool, nRoutes)
 		seenV := map[calc.VTEPKey]bool{}
-		if len(d.dsts) == 0 {
-			d.dsts = make(map[netip.Prefix]bool, nRoutes)
-			d.routes.Expect(nRoutes)
-		}
+		d.routes.Expect(nRoutes)
 		for _, op := range u.Ops {
 			if op.Route != nil {
 				seen[op.Route.Dst] = true
@@ -157,19 +152,20 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 				seenV[op.VTEP.Key()] = true
 			}
 		}
-		for dst := range d.dsts {
+		for dst := range d.routes.byDst {
 			if !seen[dst] {
-				d.dropLocalLocked(dst)
-				d.routes.DeleteRoute(dst)
-				d.forgetDst(dst)
+				d.deleteRouteLocked(dst)
 			}
 		}
-		for k, v := range d.vteps {
-			if !seenV[k] {
-				for _, x := range d.devices() {
+		// The VTEPs the devices hold that the update lacks (each device holds its family's).
+		for _, x := range d.devices() {
+			for _, v := range x.remotes {
+				if !seenV[v.Key()] {
 					x.DeleteVTEP(v)
 				}
-				delete(d.vteps, k)
+			}
+			if x.local != nil && !seenV[x.local.Key()] {
+				x.DeleteVTEP(*x.local)
 			}
 		}
 		d.synced = true
@@ -184,26 +180,21 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			for _, x := range d.devices() { // each device takes its own family's VTEPs
 				x.DeleteVTEP(*op.VTEP)
 			}
-			delete(d.vteps, op.VTEP.Key())
 		case op.VTEP != nil:
 			for _, x := range d.devices() {
 				x.SetVTEP(*op.VTEP)
 			}
-			d.vteps[op.VTEP.Key()] = *op.VTEP
 			if op.VTEP.Local && op.VTEP.Underlay.IsValid() {
 				d.setParentLocked(op.VTEP.Underlay)
 			}
 		case op.Route != nil && op.Remove:
-			d.dropLocalLocked(op.Route.Dst)
-			d.routes.DeleteRoute(op.Route.Dst)
-			d.forgetDst(op.Route.Dst)
+			d.deleteRouteLocked(op.Route.Dst)
 		case op.Route != nil:
 			d.dropLocalLocked(op.Route.Dst)
-			d.routes.SetRoute(*op.Route)
-			if !d.dsts[op.Route.Dst] && op.Route.Dst.Addr().Is6() {
+			if _, had := d.routes.byDst[op.Route.Dst]; !had && op.Route.Dst.Addr().Is6() {
 				d.v6dsts++
 			}
-			d.dsts[op.Route.Dst] = true
+			d.routes.SetRoute(*op.Route)
 			if op.Route.Reason == calc.ReasonLocalWorkload && op.Route.Device != "" {
 				d.locals[op.Route.Device]++
 			}
@@ -216,12 +207,13 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	}
 }
 
-// forgetDst forgets a destination calc no longer wants a route to.
-func (d *Dataplane) forgetDst(dst netip.Prefix) {
-	if d.dsts[dst] && dst.Addr().Is6() {
+// deleteRouteLocked wants no route to dst any more.
+func (d *Dataplane) deleteRouteLocked(dst netip.Prefix) {
+	d.dropLocalLocked(dst)
+	if _, had := d.routes.byDst[dst]; had && dst.Addr().Is6() {
 		d.v6dsts--
 	}
-	delete(d.dsts, dst)
+	d.routes.DeleteRoute(dst)
 }
 
 // dropLocalLocked forgets the workload interface of the route now desired at dst, if any.

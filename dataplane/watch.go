@@ -33,7 +33,7 @@ const subscriptionBuffer = 16 << 20
 // dropped); the caller subscribes again, and every new subscription starts with a resync.
 func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	done := make(chan struct{})
-	routes := make(chan netlink.RouteUpdate, 4096)
+	routes := make(chan netlink.RouteUpdate, 256) // the socket's 16 MiB buffer holds the rest of a burst
 	links := make(chan netlink.LinkUpdate, 256)
 	addrs := make(chan netlink.AddrUpdate, 256)
 	neighs := make(chan neighGone, 1024)
