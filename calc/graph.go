@@ -39,20 +39,16 @@ func (m multi[K, V]) remove(k K, v V) {
 // one or two, and a map per node took 10 MB of 93 at 20,000 nodes).
 type prefixLists map[string][]netip.Prefix
 
-func comparePrefix(a, b netip.Prefix) int {
-	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
-}
-
 func (m prefixLists) add(k string, p netip.Prefix) {
 	ps := m[k]
-	if i, found := slices.BinarySearchFunc(ps, p, comparePrefix); !found {
+	if i, found := slices.BinarySearchFunc(ps, p, cmpPrefix); !found {
 		m[k] = slices.Insert(ps, i, p)
 	}
 }
 
 func (m prefixLists) remove(k string, p netip.Prefix) {
 	ps := m[k]
-	if i, found := slices.BinarySearchFunc(ps, p, comparePrefix); found {
+	if i, found := slices.BinarySearchFunc(ps, p, cmpPrefix); found {
 		if len(ps) == 1 {
 			delete(m, k)
 			return
