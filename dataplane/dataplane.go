@@ -68,9 +68,9 @@ type Dataplane struct {
 	mu      sync.Mutex
 	routes  *RouteTable
 	vxlan   *VXLAN
-	vxlan6  *VXLAN // the IPv6 device
-	synced  bool   // a full update has arrived: writing is allowed
-	v6dsts  int    // how many of the desired routes are IPv6
+	vxlan6  *VXLAN         // the IPv6 device
+	synced  bool           // a full update has arrived: writing is allowed
+	v6dsts  int            // how many of the desired routes are IPv6
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
 	stats   Stats
