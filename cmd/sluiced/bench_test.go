@@ -35,7 +35,70 @@ func TestMain(m *testing.M) {
 	if etcdtest.ServeChild() {
 		return
 	}
+	if ep := os.Getenv(bareWatcherEnv); ep != "" {
+		serveBareWatcher(ep)
+		return
+	}
 	os.Exit(m.Run())
+}
+
+// bareWatcherEnv makes this test binary a bare etcd watcher (serveBareWatcher) at the endpoint
+// it names: the dataplane benchmark's reference for what etcd's Go client alone costs.
+const bareWatcherEnv = "SLUICE_BENCH_BARE_WATCHER"
+
+// serveBareWatcher watches /calico/ as the intake does (one watch over the span of its
+// prefixes), counting events and doing nothing else, until killed.
+func serveBareWatcher(endpoint string) {
+	cli, err := store.ClientConfig{Endpoints: []string{endpoint}}.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	n := 0
+	for resp := range cli.Watch(context.Background(), "/calico/", clientv3.WithPrefix()) {
+		n += len(resp.Events)
+	}
+	os.Exit(0)
+}
+
+// newNodeOps is the transaction that adds remote node n with its block: node, block, affinity.
+func newNodeOps(sh benchShape, n int, cidr netip.Prefix) []clientv3.Op {
+	node := fmt.Sprintf("node-%05d", n)
+	return []clientv3.Op{clientv3.OpPut(store.NodePrefix+node, benchNodeJSON(n, cidr.Addr().String())),
+		clientv3.OpPut(store.BlockKey(cidr), blockJSON(cidr, node)),
+		clientv3.OpPut(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)}
+}
+
+// clientFloor is the CPU per change of a bare etcd watcher (serveBareWatcher, a child
+// process) over changes new nodes with their blocks, numbered from first, written at the pace
+// given: the part of sluiced's CPU per change that is etcd's Go client receiving the change.
+func clientFloor(b *testing.B, cli *clientv3.Client, endpoint string, sh benchShape, first, changes int, pace time.Duration) time.Duration {
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), bareWatcherEnv+"="+endpoint)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pid := cmd.Process.Pid
+	time.Sleep(time.Second) // connected and watching
+	idleStart, idleTicks := time.Now(), cpuTicks(b, pid)
+	time.Sleep(2 * time.Second)
+	idleRate := float64(cpuTicks(b, pid)-idleTicks) / time.Since(idleStart).Seconds()
+	start, ticks := time.Now(), cpuTicks(b, pid)
+	for i := range changes {
+		cidr, _ := sh.block(sh.blocks + first + i)
+		if _, err := cli.Txn(context.Background()).Then(newNodeOps(sh, sh.nodes+1+first+i, cidr)...).Commit(); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(pace)
+	}
+	time.Sleep(500 * time.Millisecond) // the last ones received
+	busy := float64(cpuTicks(b, pid)-ticks) - idleRate*time.Since(start).Seconds()
+	return time.Duration(busy / clockTicks * float64(time.Second) / float64(changes))
 }
 
 const coldRuns = 3 // cold starts and ip -batch runs; the median of each is reported
@@ -457,13 +520,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	}
 	for i := range nChanges {
 		cidr, _ := sh.block(benchBlocks + i)
-		n := sh.nodes + 1 + i
-		node := fmt.Sprintf("node-%05d", n)
 		events.drain()
 		start := time.Now()
-		if _, err := cli.Txn(context.Background()).Then(clientv3.OpPut(store.NodePrefix+node, benchNodeJSON(n, cidr.Addr().String())),
-			clientv3.OpPut(store.BlockKey(cidr), blockJSON(cidr, node)),
-			clientv3.OpPut(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)).Commit(); err != nil {
+		if _, err := cli.Txn(context.Background()).Then(newNodeOps(sh, sh.nodes+1+i, cidr)...).Commit(); err != nil {
 			b.Fatal(err)
 		}
 		want := cidr.String()
@@ -483,6 +542,8 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	// writes, wake-ups. (Idle time is nearly all user time: not subtracted here.)
 	_, sysNow := cpuSplit(b, agent.cmd.Process.Pid)
 	sysPerChange := time.Duration(float64(sysNow-changeSys) / clockTicks * float64(time.Second) / float64(len(perBlock)))
+	// Reference: etcd's Go client alone, receiving the same kind of change at the same pace.
+	floor := clientFloor(b, cli, etcd.Endpoint(), sh, nChanges, 200, percentile(perBlock, 0.5))
 	// Reference: etcd's own put-to-watch-event latency, in the same run.
 	var etcdLat []time.Duration
 	wch := cli.Watch(context.Background(), "/bench/ref/", clientv3.WithPrefix())
@@ -633,6 +694,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	b.ReportMetric(float64(percentile(repair, 0.99).Microseconds())/1000, "repair-p99-ms")
 	b.ReportMetric(float64(cpuPerChange.Microseconds())/1000, "cpu-per-change-ms")
 	b.ReportMetric(float64(sysPerChange.Microseconds())/1000, "cpu-sys-per-change-ms")
+	b.ReportMetric(float64(floor.Microseconds())/1000, "cpu-etcd-client-ms")
 	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
 	b.ReportMetric(float64(settled)/1024, "settled-rss-MiB")
 }
