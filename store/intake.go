@@ -462,8 +462,17 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	closed := make(chan struct{}, len(roots))
 	done := make(chan struct{})
 	defer close(done)
-	for _, root := range roots {
+	// The first two watches (sluice reads two roots, /calico/ and /sluice/) are read directly
+	// by the loop below; any further one through a goroutine into merged. A goroutine between
+	// each watch and the loop would be one more hand-off, and one more thread woken, per
+	// change (measured: a tenth of the CPU per change at 20,000 nodes).
+	var direct [2]clientv3.WatchChan
+	for i, root := range roots {
 		wch := in.cfg.Client.Watch(wctx, spans[root].start, clientv3.WithRange(spans[root].end), clientv3.WithRev(rev))
+		if i < len(direct) {
+			direct[i] = wch
+			continue
+		}
 		go func() {
 			for resp := range wch {
 				select {
@@ -539,6 +548,16 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			}
 			continue
 		case resp = <-merged:
+		case r, ok := <-direct[0]:
+			if !ok {
+				return errors.New("watch lost: the watch channel closed")
+			}
+			resp = r
+		case r, ok := <-direct[1]: // nil (never ready) when there is one root
+			if !ok {
+				return errors.New("watch lost: the watch channel closed")
+			}
+			resp = r
 		}
 		last := heard
 		heard = time.Now()
