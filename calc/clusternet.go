@@ -24,6 +24,7 @@ func (g *Graph) computeClusterNet(p netip.Prefix) (ClusterNet, []string, bool) {
 // recomputeClusterNets recomputes every dirty cluster net and records what changed.
 func (g *Graph) recomputeClusterNets() {
 	n := len(g.dirtyNet)
+	g.nets = sized(g.nets, n)
 	for p := range g.dirtyNet {
 		c, names, ok := g.computeClusterNet(p)
 		key := "node-address/" + p.String()

@@ -180,6 +180,7 @@ func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
 // recomputeRoutes recomputes every dirty destination and records what changed.
 func (g *Graph) recomputeRoutes() {
 	n := len(g.dirtyDst)
+	g.routes = sized(g.routes, n)
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
 		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)

@@ -46,6 +46,7 @@ func vtepEqual(a, b VTEP) bool {
 
 func (g *Graph) recomputeVTEPs() {
 	n := len(g.dirtyVTEP)
+	g.vteps = sized(g.vteps, n)
 	for node := range g.dirtyVTEP {
 		for _, v6 := range []bool{false, true} {
 			v, ok := g.computeVTEP(node, v6)
