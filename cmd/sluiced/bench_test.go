@@ -492,6 +492,13 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	defer events.close()
 	time.Sleep(2 * time.Second)
 	peak, settled := memKiB(agent.cmd.Process.Pid)
+	if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", agent.cmd.Process.Pid)); err == nil {
+		for _, l := range strings.Split(string(raw), "\n") {
+			if strings.HasPrefix(l, "Rss") {
+				b.Logf("settled %s", strings.Join(strings.Fields(l), " "))
+			}
+		}
+	}
 	if path := os.Getenv("SLUICE_BENCH_HEAP"); path != "" {
 		saveHeap(b, fmt.Sprintf("%s-%d-nodes.pb.gz", path, sh.nodes))
 	}
