@@ -153,6 +153,9 @@ func (n *nexthops) assign() {
 		n.tracker.SetDesired(rec.id, v)
 	}
 	n.needID = emptied(n.needID)
+	if len(n.unclaimed) == 0 {
+		n.unclaimed = emptied(n.unclaimed) // a restart adopted them all: give back the room
+	}
 	for rec := range n.freed {
 		if rec.id != 0 {
 			n.tracker.DeleteDesired(rec.id)
@@ -183,7 +186,7 @@ func (n *nexthops) newID() uint32 {
 func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id uint32, protocol int)) bool {
 	actual := make(map[uint32]nexthopValue, len(n.byKey))
 	clear(n.foreign)
-	clear(n.unclaimed)
+	n.unclaimed = emptied(n.unclaimed)
 	foreignProto := map[uint32]int{}
 	for _, nh := range all {
 		switch {
