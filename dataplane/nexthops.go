@@ -154,7 +154,7 @@ func (n *nexthops) assign() {
 	}
 	n.needID = emptied(n.needID)
 	if len(n.unclaimed) == 0 {
-		n.unclaimed = emptied(n.unclaimed) // a restart adopted them all: give back the room
+		n.unclaimed = map[nexthopValue]uint32{} // a restart adopted them all: give back the room
 	}
 	for rec := range n.freed {
 		if rec.id != 0 {

@@ -26,11 +26,15 @@ const ChildStartTimeout = ReadyTimeout + 30*time.Second
 // set: it starts a server with the options encoded there, prints
 // "READY <endpoint>\n" on stdout, serves until stdin closes or SIGTERM
 // (or SIGINT) arrives, then closes the server and exits the process.
-// Without ChildEnv it returns false at once.
+// With GRPCProxyChildEnv set it does the same with a gRPC proxy. Without
+// either it returns false at once.
 //
 // Call it first in a TestMain (or in main, for a plain program) so that
-// StartChild can re-execute the binary as a server.
+// StartChild and StartGRPCProxyChild can re-execute the binary.
 func ServeChild() bool {
+	if upstream := os.Getenv(GRPCProxyChildEnv); upstream != "" {
+		os.Exit(serveGRPCProxyChild(upstream))
+	}
 	spec, ok := os.LookupEnv(ChildEnv)
 	if !ok || spec == "" {
 		return false
@@ -68,13 +72,18 @@ func serveChild(raw string) int {
 			os.RemoveAll(spec.Dir)
 		}
 	}()
+	return announceAndWait(s.Endpoint(), sigs)
+}
 
+// announceAndWait prints "READY <endpoint>" for the parent and waits until
+// stdin closes or a signal arrives.
+func announceAndWait(endpoint string, sigs <-chan os.Signal) int {
 	stdinClosed := make(chan struct{})
 	go func() {
 		io.Copy(io.Discard, os.Stdin)
 		close(stdinClosed)
 	}()
-	if _, err := fmt.Fprintf(os.Stdout, "READY %s\n", s.Endpoint()); err != nil {
+	if _, err := fmt.Fprintf(os.Stdout, "READY %s\n", endpoint); err != nil {
 		return 1
 	}
 	select {
@@ -84,8 +93,9 @@ func serveChild(raw string) int {
 	return 0
 }
 
-// Child is an etcd server running in a child process (see ServeChild),
-// so that a benchmark's heap holds only the client.
+// Child is an etcd server (or a gRPC proxy, see StartGRPCProxyChild)
+// running in a child process (see ServeChild), so that a benchmark's heap
+// holds only the client.
 type Child struct {
 	cmd      *exec.Cmd
 	endpoint string
@@ -117,7 +127,15 @@ func StartChild(opts Options) (*Child, error) {
 		c.removeDir()
 		return nil, err
 	}
+	if err := c.start(ChildEnv + "=" + string(spec)); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
 
+// start runs the child with env added to this process's environment and
+// waits for READY; on failure nothing of the child is left.
+func (c *Child) start(env string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		exe = os.Args[0]
@@ -127,20 +145,20 @@ func StartChild(opts Options) (*Child, error) {
 		args = append(args, "-test.run=^$", "-test.bench=^$")
 	}
 	c.cmd = exec.Command(exe, args...)
-	c.cmd.Env = append(os.Environ(), ChildEnv+"="+string(spec))
+	c.cmd.Env = append(os.Environ(), env)
 	c.cmd.Stderr = c.stderr
 
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
 		c.removeDir()
-		return nil, err
+		return err
 	}
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
 		stdinR.Close()
 		stdinW.Close()
 		c.removeDir()
-		return nil, err
+		return err
 	}
 	c.cmd.Stdin, c.cmd.Stdout = stdinR, stdoutW
 	err = c.cmd.Start()
@@ -150,7 +168,7 @@ func StartChild(opts Options) (*Child, error) {
 		stdinW.Close()
 		stdoutR.Close()
 		c.removeDir()
-		return nil, fmt.Errorf("etcdtest: start child: %w", err)
+		return fmt.Errorf("etcdtest: start child: %w", err)
 	}
 	c.stdin = stdinW
 	go func() {
@@ -175,19 +193,19 @@ func StartChild(opts Options) (*Child, error) {
 	defer timer.Stop()
 	select {
 	case c.endpoint = <-ready:
-		return c, nil
+		return nil
 	case <-c.exited:
 		select { // READY may have raced the exit
 		case c.endpoint = <-ready:
-			return c, nil
+			return nil
 		default:
 		}
 		c.Close()
-		return nil, fmt.Errorf("etcdtest: child exited before READY (%v; does TestMain/main call ServeChild first?): %s",
+		return fmt.Errorf("etcdtest: child exited before READY (%v; does TestMain/main call ServeChild first?): %s",
 			c.cmd.ProcessState, c.stderr.String())
 	case <-timer.C:
 		c.Close()
-		return nil, fmt.Errorf("etcdtest: child not READY after %v: %s", ChildStartTimeout, c.stderr.String())
+		return fmt.Errorf("etcdtest: child not READY after %v: %s", ChildStartTimeout, c.stderr.String())
 	}
 }
 
