@@ -541,6 +541,9 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.dirtySvc.add(e.ServiceID())
 }
 
+// ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).
+func (g *Graph) ProblemCount() int { return len(g.problems) }
+
 // problem records something calc cannot act on; it is reported once, in the next update.
 func (g *Graph) problem(key, reason string) {
 	if g.problems[key] == reason {

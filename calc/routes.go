@@ -1,6 +1,7 @@
 package calc
 
 import (
+	"fmt"
 	"net/netip"
 
 	"github.com/sluice-net/sluice/store"
@@ -54,14 +55,26 @@ func tunnelAddr(n *store.Node, a netip.Addr) netip.Addr {
 // encapsulation): through VXLAN when the pool says so, else directly to the node's underlay
 // address over the parent interface.
 func (g *Graph) remoteRoute(dst netip.Prefix, node string, pool *store.IPPool, reason RouteReason) (Route, bool) {
+	r, why := g.remoteRouteWhy(dst, node, pool, reason)
+	return r, why == ""
+}
+
+// remoteRouteWhy is remoteRoute, saying why there is no route: the node is unknown, or lacks
+// the address or tunnel address the route needs, or the route needs VXLAN and it is off ("":
+// there is one; "-": none, and none is due, as for an IPIP pool, reported per pool).
+func (g *Graph) remoteRouteWhy(dst netip.Prefix, node string, pool *store.IPPool, reason RouteReason) (Route, string) {
 	n := g.nodes[node]
 	if n == nil {
-		return Route{}, false
+		return Route{}, fmt.Sprintf("node %s is not in etcd (no %s%s)", node, store.NodePrefix, node)
+	}
+	family, addrField, tunnelField := "IPv4", "spec.bgp.ipv4Address or spec.addresses", "spec.ipv4VXLANTunnelAddr"
+	if dst.Addr().Is6() {
+		family, addrField, tunnelField = "IPv6", "spec.bgp.ipv6Address or spec.addresses", "spec.ipv6VXLANTunnelAddr"
 	}
 	mode := store.EncapNever
 	if pool != nil {
 		if pool.IPIPMode != store.EncapNever {
-			return Route{}, false // unsupported; reported once per pool
+			return Route{}, "-" // unsupported; reported once per pool
 		}
 		mode = pool.VXLANMode
 	}
@@ -74,17 +87,48 @@ func (g *Graph) remoteRoute(dst netip.Prefix, node string, pool *store.IPPool, r
 		}
 		vxlan = !us.IsValid() || !them.IsValid() || !us.Masked().Contains(them.Addr())
 	}
+	noAddr := fmt.Sprintf("node %s has no %s address (%s)", node, family, addrField)
 	if vxlan {
 		t := tunnelAddr(n, dst.Addr())
-		if !g.cfg.VXLAN || !t.IsValid() || !them.IsValid() {
-			return Route{}, false
+		switch {
+		case !g.cfg.VXLAN:
+			return Route{}, fmt.Sprintf("it needs VXLAN (pool %s) and VXLAN is off (option vxlan)", poolName(pool))
+		case !t.IsValid():
+			return Route{}, fmt.Sprintf("node %s has no %s VXLAN tunnel address (%s)", node, family, tunnelField)
+		case !them.IsValid():
+			return Route{}, noAddr
 		}
-		return Route{Dst: dst, Type: RouteUnicast, Device: g.vxlanDevice(t), Gateway: t, OnLink: true, Reason: reason, Node: node}, true
+		return Route{Dst: dst, Type: RouteUnicast, Device: g.vxlanDevice(t), Gateway: t, OnLink: true, Reason: reason, Node: node}, ""
 	}
 	if !them.IsValid() {
-		return Route{}, false
+		return Route{}, noAddr
 	}
-	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: them.Addr(), OnLink: true, Reason: reason, Node: node}, true
+	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: them.Addr(), OnLink: true, Reason: reason, Node: node}, ""
+}
+
+func poolName(p *store.IPPool) string {
+	if p == nil {
+		return "none"
+	}
+	return p.Name
+}
+
+// whyNoRoute says why a remote block gets no route though it is a live block affine to another
+// node, or "" when no route is due (no such block, a local or deleted one, routes from
+// workloads, an IPIP pool: that is reported per pool).
+func (g *Graph) whyNoRoute(dst netip.Prefix) string {
+	b := g.blocks[dst]
+	if b == nil || b.AffinityNode == "" || b.Deleted || g.isLocal(b.AffinityNode) || g.cfg.RouteSource != SourceCalicoIPAM {
+		return ""
+	}
+	pool := g.poolFor(b.CIDR)
+	if pool == nil {
+		return "it is in no IP pool"
+	}
+	if _, why := g.remoteRouteWhy(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock); why != "-" {
+		return why
+	}
+	return ""
 }
 
 // computeRoute decides the route for one destination from scratch, from current inputs only.
@@ -184,6 +228,16 @@ func (g *Graph) recomputeRoutes() {
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
 		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)
+		// A remote block that gets no route is said, with why (and forgotten once it has
+		// one or is gone): otherwise traffic to it only follows the default route.
+		key := "block/" + dst.String()
+		if !ok {
+			if why := g.whyNoRoute(dst); why != "" {
+				g.problem(key, fmt.Sprintf("block of node %s gets no route: %s", g.blocks[dst].AffinityNode, why))
+				continue
+			}
+		}
+		delete(g.problems, key)
 	}
 	reset(&g.dirtyDst, n)
 }

@@ -11,13 +11,16 @@ type NodeStatus struct {
 	Node string `json:"node"`
 	// Revision is the newest etcd revision the agent has read; AppliedRevision the newest one
 	// whose desired state it had programmed when it last reported ready.
-	Revision         int64     `json:"revision"`
-	AppliedRevision  int64     `json:"appliedRevision"`
-	InSync           bool      `json:"inSync"`
-	Ready            bool      `json:"ready"`
-	RoutesDesired    int       `json:"routesDesired"`
-	RoutesProgrammed int       `json:"routesProgrammed"`
-	BadValues        int64     `json:"badValues"`
-	LastError        string    `json:"lastError,omitempty"`
-	Updated          time.Time `json:"updated"`
+	Revision         int64 `json:"revision"`
+	AppliedRevision  int64 `json:"appliedRevision"`
+	InSync           bool  `json:"inSync"`
+	Ready            bool  `json:"ready"`
+	RoutesDesired    int   `json:"routesDesired"`
+	RoutesProgrammed int   `json:"routesProgrammed"`
+	BadValues        int64 `json:"badValues"`
+	// Problems is how many inputs the agent cannot act on (a block whose node has no tunnel
+	// address, say); its log and `sluicectl plan` name them.
+	Problems  int       `json:"problems"`
+	LastError string    `json:"lastError,omitempty"`
+	Updated   time.Time `json:"updated"`
 }

@@ -20,12 +20,13 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
-	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true})
+	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, BadValues: 1, Problems: 2})
 	put(store.NodeStatus{Node: "node-x", Revision: latest, AppliedRevision: latest, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
 	out := table(c.mustCtl("status", "--settle", "0"))
 	for _, want := range []string{
+		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LAST-ERROR",
 		"node-a in sync", "7/7",
-		"node-b lagging by 3",
+		"node-b lagging by 3", "0/0 1 2 -", // one bad value, two inputs it cannot act on
 		"node-c gone",
 		"node-x failing", "no such device",
 	} {

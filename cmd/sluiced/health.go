@@ -10,6 +10,7 @@ import (
 	"net/http/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,8 @@ type agentState struct {
 	// with a dataplane (the kernel has had its turn), else at the first in-sync.
 	freeOnce sync.Once
 	dp       *dataplane.Dataplane
+	// problems counts the inputs calc cannot act on (set by the planner).
+	problems atomic.Int64
 	svc      *bpf.Stage
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
@@ -159,6 +162,7 @@ func (a *agentState) registry() *prometheus.Registry {
 	for _, k := range store.Kinds {
 		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.intake.Stats().Objects(k)) })
 	}
+	gauge("sluice_problems", "Inputs sluice cannot act on: each is logged once with its key and shown by sluicectl plan under PROBLEMS.", func() float64 { return float64(a.problems.Load()) })
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
 	errorKinds := map[string]func() float64{
 		"bad-value": func() float64 { return float64(st().BadValues.Load()) },

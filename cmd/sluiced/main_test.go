@@ -404,6 +404,24 @@ func TestRun(t *testing.T) {
 	if w := warns[0]; w["level"] != "warn" || w["key"] != badKey || w["field"] != "spec.vxlanMode" || !strings.Contains(fmt.Sprint(w["reason"]), `"Sometimes"`) {
 		t.Errorf("warning %v; want level warn, key %s, field spec.vxlanMode and the bad mode", w, badKey)
 	}
+	// node-d has no VXLAN tunnel address: a block it claims in the VXLAN pool cannot be
+	// routed, and the agent says so once, with the key and why, and counts it.
+	if metric(t, healthAddr, "sluice_problems") != "0" {
+		t.Fatalf("sluice_problems %s before any problem", metric(t, healthAddr, "sluice_problems"))
+	}
+	// (The block alone, as calico-ipam writes it first: node-a does not watch node-d's
+	// affinities.)
+	if _, err := cli.Put(context.Background(), store.BlockKey(netip.MustParsePrefix("10.65.1.0/26")),
+		`{"cidr":"10.65.1.0/26","affinity":"host:node-d","allocations":[`+strings.TrimSuffix(strings.Repeat("null,", 64), ",")+`],"unallocated":[],"attributes":[],"deleted":false}`); err != nil {
+		t.Fatal(err)
+	}
+	problem := logs.waitFor(t, "cannot act on input", map[string]string{"key": "block/10.65.1.0/26"})
+	if r := fmt.Sprint(problem["reason"]); problem["level"] != "warn" || !strings.Contains(r, "node node-d has no IPv4 VXLAN tunnel address (spec.ipv4VXLANTunnelAddr)") {
+		t.Errorf("problem line %v; want a warning saying node-d has no tunnel address", problem)
+	}
+	if got := metric(t, healthAddr, "sluice_problems"); got != "1" {
+		t.Errorf("sluice_problems %s, want 1", got)
+	}
 	final, err := cli.Get(context.Background(), "/")
 	if err != nil {
 		t.Fatal(err)
@@ -419,8 +437,8 @@ func TestRun(t *testing.T) {
 		t.Fatal("run did not return 10 s after cancel")
 	}
 	stopped := logs.waitFor(t, "stopped", nil)
-	if stopped["revision"] != float64(final.Header.Revision) || stopped["events"] != 17.0 || stopped["bad_values"] != 1.0 {
-		t.Errorf("stopped line %v; want revision %d, 17 events (15 upserts, in-sync, node-d), 1 bad value", stopped, final.Header.Revision)
+	if stopped["revision"] != float64(final.Header.Revision) || stopped["events"] != 18.0 || stopped["bad_values"] != 1.0 {
+		t.Errorf("stopped line %v; want revision %d, 18 events (15 upserts, in-sync, node-d and its block), 1 bad value", stopped, final.Header.Revision)
 	}
 
 	// The recording rebuilds the same index, the event after the last in-sync included.

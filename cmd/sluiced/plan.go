@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,10 +27,13 @@ type planner struct {
 	log   zerolog.Logger
 	dp    *dataplane.Dataplane // nil with --dataplane=false
 	svc   *bpf.Stage           // nil with --services=false
+	// problems is how many inputs calc cannot act on, for metrics and the status key.
+	problems *atomic.Int64
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
 	u := p.graph.OnEvents(batch)
+	p.problems.Store(int64(p.graph.ProblemCount()))
 	if u == nil {
 		return
 	}

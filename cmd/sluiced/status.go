@@ -125,6 +125,7 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 		*applied = s.Revision
 	}
 	s.AppliedRevision = *applied
+	s.Problems = int(a.problems.Load())
 	if a.dp != nil {
 		ds := a.dp.Stats()
 		s.RoutesDesired, s.RoutesProgrammed = ds.DesiredRoutes, ds.ProgrammedRoutes
