@@ -2,6 +2,7 @@ package calc
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -201,6 +202,7 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	// work overlaps the reading of etcd (which reads pools and nodes before blocks); nothing is
 	// emitted before it.
 	g.recompute()
+	g.checkSelf()
 	if !g.inSync {
 		g.pending = pendingOps{}
 		return nil
@@ -539,6 +541,21 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 		}
 	}
 	g.dirtySvc.add(e.ServiceID())
+}
+
+// SelfMissing reports whether, in sync with etcd, this agent's own Node is not there: an agent
+// started with the wrong node name programs nothing for it.
+func (g *Graph) SelfMissing() bool { return g.inSync && g.nodes[g.cfg.NodeName] == nil }
+
+// checkSelf makes this agent's own Node missing a problem (and forgets it once it is there).
+func (g *Graph) checkSelf() {
+	key := "node/" + g.cfg.NodeName
+	if g.SelfMissing() {
+		g.problem(key, fmt.Sprintf("this agent's node %s is not in etcd (no %s%s): it programs no route, VTEP or blackhole for it; check the node name (option node-name; Calico names nodes by the lower-cased hostname)",
+			g.cfg.NodeName, store.NodePrefix, g.cfg.NodeName))
+		return
+	}
+	delete(g.problems, key)
 }
 
 // ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).

@@ -47,6 +47,10 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	dp := agent.DP
+	if *node == "" {
+		// Said, not assumed silently: a diff of another node's state would look believable.
+		fmt.Fprintf(a.stderr, "node %s (the name this node's sluiced would use: its configuration, else the hostname; --node NAME to choose)\n", agent.NodeName)
+	}
 	*node = agent.NodeName
 	var full *calc.Update
 	if err := a.readUntilInSync(ctx, store.HandlerFunc(func(b []store.Event) {
@@ -55,6 +59,9 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 		}
 	})); err != nil {
 		return err
+	}
+	if g.SelfMissing() {
+		return fmt.Errorf("no node named %q in etcd (no %s%s); sluicectl get nodes lists them", *node, store.NodePrefix, *node)
 	}
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {

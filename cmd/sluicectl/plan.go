@@ -53,6 +53,9 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	} else if err := a.readUntilInSync(ctx, feed); err != nil {
 		return err
 	}
+	if g.SelfMissing() {
+		return fmt.Errorf("no node named %q in etcd (no %s%s); sluicectl get nodes lists them", *node, store.NodePrefix, *node)
+	}
 	st := g.State()
 	if *output == "json" {
 		b, err := json.MarshalIndent(st, "", "  ")

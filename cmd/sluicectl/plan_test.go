@@ -62,3 +62,22 @@ func TestPlanLive(t *testing.T) {
 		t.Fatalf("plan without --node exited %d, want 2", r.code)
 	}
 }
+
+// TestPlanAndDiffUnknownNode: a node name etcd does not know is an error naming it, not a
+// believable empty plan; diff without --node says which node it compares.
+func TestPlanAndDiffUnknownNode(t *testing.T) {
+	c := newCluster(t)
+	c.loadSample()
+	r := c.ctl("", "plan", "--node", "node-typo")
+	if r.code == 0 || r.stdout != "" || !strings.Contains(r.stderr, `no node named "node-typo" in etcd (no /calico/resources/v3/projectcalico.org/nodes/node-typo)`) {
+		t.Fatalf("plan --node node-typo: exit %d\nstdout %q\nstderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := c.ctl("", "diff", "--node", "node-typo"); r.code != 2 || !strings.Contains(r.stderr, `no node named "node-typo" in etcd`) {
+		t.Fatalf("diff --node node-typo: exit %d, stderr %q", r.code, r.stderr)
+	}
+	c.env["SLUICE_NODE_NAME"] = "node-typo" // as this node's sluiced is configured
+	r = c.ctl("", "diff")
+	if r.code != 2 || !strings.Contains(r.stderr, "node node-typo (the name this node's sluiced would use") || !strings.Contains(r.stderr, `no node named "node-typo"`) {
+		t.Fatalf("diff without --node: exit %d, stderr %q", r.code, r.stderr)
+	}
+}

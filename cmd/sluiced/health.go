@@ -27,9 +27,12 @@ type agentState struct {
 	// with a dataplane (the kernel has had its turn), else at the first in-sync.
 	freeOnce sync.Once
 	dp       *dataplane.Dataplane
-	// problems counts the inputs calc cannot act on (set by the planner).
-	problems atomic.Int64
-	svc      *bpf.Stage
+	// problems counts the inputs calc cannot act on (set by the planner); selfMissing is set
+	// while this agent's own Node (nodeName) is not in etcd.
+	problems    atomic.Int64
+	selfMissing atomic.Bool
+	nodeName    string
+	svc         *bpf.Stage
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
 	// metrics fed by the agent as things happen
@@ -75,6 +78,8 @@ func (a *agentState) readiness() (bool, string) {
 		return false, fmt.Sprintf("lost etcd: no connection for %s (the dataplane is kept as it was)", quiet.Round(time.Second))
 	case !a.intake.Stats().InSync.Load():
 		return false, "not in sync with etcd (reading it, or waiting for it)"
+	case a.selfMissing.Load():
+		return false, fmt.Sprintf("node %s is not in etcd: nothing to program for it (check the node name, option node-name)", a.nodeName)
 	case a.dp != nil && !a.dp.Synced():
 		return false, "the dataplane is not programmed yet"
 	}

@@ -74,7 +74,8 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	// The agent keeps no queryable copy of what it read (calc holds what it computes from):
 	// the intake's counts are what it reports.
 	state.profiling = c.Profiling
-	plan := &planner{graph: graph, log: log, problems: &state.problems}
+	plan := &planner{graph: graph, log: log, problems: &state.problems, selfMissing: &state.selfMissing}
+	state.nodeName = c.NodeName
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
 	if c.Dataplane {

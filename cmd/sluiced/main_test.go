@@ -615,3 +615,57 @@ func TestRunEtcdSilence(t *testing.T) {
 		t.Errorf("the recovery was logged %d times; want once", n)
 	}
 }
+
+// TestRunUnknownNode: an agent whose node is not in etcd (a typo, a hostname unlike the Node's
+// name) is not ready, says why on /readyz, logs it once as a problem and counts it; it gets
+// ready as soon as the Node appears.
+func TestRunUnknownNode(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	loadCluster(t, cli)
+	healthAddr := freeAddr(t)
+	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-typo", "--dataplane=false", "--services=false",
+		"--health-listen", healthAddr}, envOf(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs logBuffer
+	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c, log) }()
+	defer func() { cancel(); <-done }()
+	logs.waitFor(t, "in sync with etcd", nil)
+	problem := logs.waitFor(t, "cannot act on input", map[string]string{"key": "node/node-typo"})
+	if r := fmt.Sprint(problem["reason"]); !strings.Contains(r, "node node-typo is not in etcd") || !strings.Contains(r, "option node-name") {
+		t.Errorf("problem line %v", problem)
+	}
+	if code, body := get(t, "http://"+healthAddr+"/readyz"); code != 503 || !strings.Contains(body, "node node-typo is not in etcd") {
+		t.Fatalf("/readyz = %d %q, want 503 naming the missing node", code, body)
+	}
+	if got := metric(t, healthAddr, "sluice_problems"); got != "1" {
+		t.Errorf("sluice_problems %s, want 1", got)
+	}
+	if _, err := cli.Put(context.Background(), store.NodePrefix+"node-typo",
+		`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-typo"},"spec":{"bgp":{"ipv4Address":"192.168.20.15/24"}}}`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := get(t, "http://"+healthAddr+"/readyz")
+		if code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %q after the node appeared", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := metric(t, healthAddr, "sluice_problems"); got != "0" {
+		t.Errorf("sluice_problems %s once the node is there, want 0", got)
+	}
+}

@@ -29,11 +29,14 @@ type planner struct {
 	svc   *bpf.Stage           // nil with --services=false
 	// problems is how many inputs calc cannot act on, for metrics and the status key.
 	problems *atomic.Int64
+	// selfMissing is set while, in sync, this agent's own Node is not in etcd.
+	selfMissing *atomic.Bool
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
 	u := p.graph.OnEvents(batch)
 	p.problems.Store(int64(p.graph.ProblemCount()))
+	p.selfMissing.Store(p.graph.SelfMissing())
 	if u == nil {
 		return
 	}
