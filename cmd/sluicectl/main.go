@@ -10,9 +10,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -62,9 +66,52 @@ func (a *app) globalFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&a.timeout, "timeout", a.timeout, "how long one command may take talking to etcd")
 }
 
-// client connects with flags first, then the environment.
+// client connects with flags first, then the environment. An etcd that no endpoint reaches is
+// an error at once, naming the endpoints and why (connection refused, no route, a timeout),
+// rather than a "context deadline exceeded" when --timeout runs out.
 func (a *app) client() (*clientv3.Client, error) {
-	return a.etcd.WithEnv(a.getenv).New()
+	cfg := a.etcd.WithEnv(a.getenv)
+	if err := reachable(cfg.Endpoints, min(a.timeout, 5*time.Second)); err != nil {
+		return nil, err
+	}
+	return cfg.New()
+}
+
+// reachable checks that at least one endpoint accepts a TCP connection within wait.
+func reachable(endpoints []string, wait time.Duration) error {
+	if len(endpoints) == 0 {
+		endpoints = []string{store.DefaultEndpoint}
+	}
+	errs := make([]error, len(endpoints))
+	var wg sync.WaitGroup
+	for i, ep := range endpoints {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			host := ep
+			if u, err := url.Parse(ep); err == nil && u.Host != "" {
+				host = u.Host
+			}
+			if _, _, err := net.SplitHostPort(host); err != nil {
+				host = net.JoinHostPort(host, "2379")
+			}
+			c, err := net.DialTimeout("tcp", host, wait)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s: %w", ep, err)
+				return
+			}
+			c.Close()
+		}()
+	}
+	wg.Wait()
+	var failed []string
+	for _, err := range errs {
+		if err == nil {
+			return nil // one member answers: the client finds it
+		}
+		failed = append(failed, err.Error())
+	}
+	return fmt.Errorf("cannot reach etcd (--etcd-endpoints or SLUICE_ETCD_ENDPOINTS): %s", strings.Join(failed, "; "))
 }
 
 // connect returns a client and a context bounded by --timeout; done releases both.

@@ -48,3 +48,17 @@ func TestDiffTroubleExitsTwo(t *testing.T) {
 		t.Fatalf("diff without etcd exited %d, want 2: %s", r.code, r.stderr)
 	}
 }
+
+// TestUnreachableEtcdSaysWhy: with no etcd at the endpoint, a command fails naming the endpoint
+// and the cause (as etcdctl does), not with "context deadline exceeded" once --timeout is over.
+func TestUnreachableEtcdSaysWhy(t *testing.T) {
+	c := newCluster(t)
+	c.env["SLUICE_ETCD_ENDPOINTS"] = "http://127.0.0.1:1"
+	for _, args := range [][]string{{"get", "nodes"}, {"status"}, {"plan", "--node", "node-a"}} {
+		r := c.ctl("", args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "cannot reach etcd") || !strings.Contains(r.stderr, "http://127.0.0.1:1") ||
+			!strings.Contains(r.stderr, "connection refused") || strings.Contains(r.stderr, "deadline exceeded") {
+			t.Errorf("sluicectl %v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+	}
+}
