@@ -212,7 +212,7 @@ func (c *Child) start(env string) error {
 // Endpoint returns the child server's client URL.
 func (c *Child) Endpoint() string { return c.endpoint }
 
-// Dir returns the child server's data dir.
+// Dir returns the child server's data dir ("" for a proxy).
 func (c *Child) Dir() string { return c.dir }
 
 // Pid returns the child's process id.
