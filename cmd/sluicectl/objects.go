@@ -43,6 +43,9 @@ func runApply(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer done()
+	if err := checkPools(ctx, cli, docs); err != nil {
+		return err
+	}
 	now := time.Now()
 	for _, d := range docs {
 		act, err := manifest.Apply(ctx, cli, d, now)
@@ -141,6 +144,7 @@ func runGet(ctx context.Context, a *app, args []string) error {
 func runDelete(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("delete")
 	namespace := fs.String("n", "", "namespace (namespaced kinds; default \"default\")")
+	force := fs.Bool("force", false, "delete an IP pool or a node that still holds blocks, affinities or workload endpoints (they are left orphaned)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -161,6 +165,15 @@ func runDelete(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	defer done()
+	if !*force {
+		what, err := orphans(ctx, cli, kind, objectID(kind, pos[1], *namespace))
+		if err != nil {
+			return err
+		}
+		if len(what) > 0 {
+			return orphanError(kind, objectID(kind, pos[1], *namespace), what)
+		}
+	}
 	if err := manifest.Delete(ctx, cli, key); err != nil {
 		return err
 	}
