@@ -11,8 +11,10 @@ ROUTE_PROTOCOL ?= 83
 
 all: build
 
+# -buildvcs=auto: the commit goes into the binaries (`sluiced --version`, sluice_build_info)
+# where git can say it, whatever GOFLAGS says.
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
 
 vet:
 	$(GO) vet $(PKGS)

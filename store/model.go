@@ -56,6 +56,9 @@ func (k Kind) Namespaced() bool {
 // "ippool", "wep" is not accepted: sluicectl spells kinds out).
 func ParseKind(s string) (Kind, error) {
 	l := strings.ToLower(s)
+	if k, ok := shortNames[l]; ok {
+		return k, nil
+	}
 	for _, k := range Kinds {
 		if l == k.Plural() || l == strings.ToLower(k.String()) || l+"s" == k.Plural() || l+"es" == k.Plural() {
 			return k, nil
@@ -66,6 +69,29 @@ func ParseKind(s string) (Kind, error) {
 		plurals[i] = k.Plural()
 	}
 	return 0, fmt.Errorf("unknown kind %q: expected one of %s", s, strings.Join(plurals, ", "))
+}
+
+// shortNames are the short forms kubectl and calicoctl users type (`get svc`, `get wep`).
+var shortNames = map[string]Kind{
+	"ipp": KindIPPool, "pool": KindIPPool, "pools": KindIPPool,
+	"no":  KindNode,
+	"wep": KindWorkloadEndpoint, "weps": KindWorkloadEndpoint,
+	"svc":      KindService,
+	"affinity": KindBlockAffinity, "affinities": KindBlockAffinity,
+}
+
+// KindNamed is the kind a manifest's `kind:` names: IPPool, Node, Block, BlockAffinity,
+// WorkloadEndpoint, Service or EndpointSlice (any case; not a plural or a short name, as in
+// kubectl's manifests).
+func KindNamed(s string) (Kind, error) {
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		if strings.EqualFold(s, k.String()) {
+			return k, nil
+		}
+		names[i] = k.String()
+	}
+	return 0, fmt.Errorf("unknown kind %q: expected one of %s", s, strings.Join(names, ", "))
 }
 
 // Object is one parsed, validated object of the model.

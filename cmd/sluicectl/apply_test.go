@@ -293,7 +293,7 @@ spec:
 		{"no kind", "nokind.yaml", strings.Replace(threePools, "kind: IPPool\nmetadata:\n  name: pool-two", "metadata:\n  name: pool-two", 1),
 			[]string{"nokind.yaml, document 2 (line 7)", "field kind: missing"}},
 		{"unknown kind", "kind.yaml", strings.Replace(threePools, "kind: IPPool\nmetadata:\n  name: pool-two", "kind: IPPoool\nmetadata:\n  name: pool-two", 1),
-			[]string{"kind.yaml, document 2 (line 7)", `unknown kind "IPPoool"`, "ippools, nodes"}},
+			[]string{"kind.yaml, document 2 (line 7)", `unknown kind "IPPoool": expected one of IPPool, Node, Block, BlockAffinity, WorkloadEndpoint, Service, EndpointSlice`}},
 		{"invalid YAML", "broken.yaml", strings.Replace(threePools, "  cidr: 10.2.0.0/16", "  cidr: [10.2.0.0/16", 1),
 			[]string{"broken.yaml, document 2", "not valid YAML or JSON"}},
 	} {

@@ -215,3 +215,25 @@ func TestDelete(t *testing.T) {
 		t.Errorf("delete without a name: exit %d, stderr %q; want a usage error", r.code, r.stderr)
 	}
 }
+
+// TestKubectlHabits: --output is -o's long form, short kind names work (get svc, get wep),
+// and version / --version print the build.
+func TestKubectlHabits(t *testing.T) {
+	c := newCluster(t)
+	c.loadSample()
+	long, short := c.mustCtl("get", "ippools", "--output", "yaml"), c.mustCtl("get", "ippools", "-o", "yaml")
+	if long != short || !strings.Contains(long, "kind: IPPool") {
+		t.Fatalf("--output yaml:\n%s\n-o yaml:\n%s", long, short)
+	}
+	if svc, services := c.mustCtl("get", "svc"), c.mustCtl("get", "services"); svc != services || !strings.Contains(svc, "web") {
+		t.Fatalf("get svc:\n%s\nget services:\n%s", svc, services)
+	}
+	if wep, weps := c.mustCtl("get", "wep"), c.mustCtl("get", "workloadendpoints"); wep != weps {
+		t.Fatalf("get wep:\n%s\nget workloadendpoints:\n%s", wep, weps)
+	}
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if out := c.mustCtl(args...); !strings.HasPrefix(out, "sluicectl version ") || !strings.Contains(out, "commit ") {
+			t.Errorf("sluicectl %v: %q", args, out)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"io"
 	"net"
 	"net/url"
@@ -58,6 +59,7 @@ var commands = map[string]command{
 	"plan":     {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
 	"diff":     {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
 	"status":   {"list every node's agent: in sync, lagging (by how many revisions), starting or gone", runStatus},
+	"version":  {"print sluicectl's version (also --version)", runVersion},
 	"services": {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
 }
 
@@ -132,6 +134,13 @@ func (a *app) flagSet(name string) *flag.FlagSet {
 	return fs
 }
 
+// outputFlag registers -o and its long form --output (kubectl's) on one value.
+func outputFlag(fs *flag.FlagSet, formats string) *string {
+	out := fs.String("o", "table", "output format: "+formats)
+	fs.StringVar(out, "output", "table", "output format: "+formats+" (same as -o)")
+	return out
+}
+
 // parseInterspersed parses flags that may come before or after positional arguments.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
@@ -183,6 +192,7 @@ func runEnv(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr) }
 	a.globalFlags(fs)
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -190,6 +200,9 @@ func runEnv(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 2
 	}
 	rest := fs.Args()
+	if *version {
+		rest = []string{"version"}
+	}
 	if len(rest) == 0 {
 		usage(stderr)
 		return 2
@@ -233,4 +246,12 @@ func main() {
 	code := runEnv(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.LookupEnv)
 	stop()
 	os.Exit(code)
+}
+
+func runVersion(_ context.Context, a *app, args []string) error {
+	if len(args) > 0 {
+		return usagef("version takes no arguments")
+	}
+	_, err := fmt.Fprintln(a.stdout, "sluicectl", buildinfo.Read())
+	return err
 }

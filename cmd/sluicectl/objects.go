@@ -70,7 +70,7 @@ func objectID(k store.Kind, name, namespace string) string {
 
 func runGet(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("get")
-	output := fs.String("o", "table", "output format: table, yaml or json")
+	output := outputFlag(fs, "table, yaml or json")
 	namespace := fs.String("n", "", "namespace (namespaced kinds; default: every namespace)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {

@@ -17,7 +17,7 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("plan")
 	node := fs.String("node", "", "the node to plan for (required)")
 	fromLog := fs.String("from-log", "", "read a recorded event log instead of etcd")
-	output := fs.String("o", "table", "output format: table or json")
+	output := outputFlag(fs, "table or json")
 	config := agentconfig.CalcFlags(fs)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {

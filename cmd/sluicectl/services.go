@@ -40,7 +40,7 @@ func runServices(_ context.Context, a *app, args []string) error {
 	fs := a.flagSet("services")
 	pinDir := fs.String("pin-dir", "", "sluiced's pin directory (default: its option bpf-pin-dir, from its configuration file and SLUICE_* variables)")
 	configFile := fs.String("config", "", "sluiced's configuration file (default: SLUICE_CONFIG, or "+agentconfig.DefaultConfigFile+" when present)")
-	output := fs.String("o", "table", "output format: table or json")
+	output := outputFlag(fs, "table or json")
 	forwarded := fs.Bool("forwarded", false, "conntrack: only the flows forwarded between nodes")
 	fs.Usage = func() {
 		fmt.Fprint(a.stderr, servicesUsage)

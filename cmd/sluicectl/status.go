@@ -23,7 +23,7 @@ type statusRow struct {
 
 func runStatus(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("status")
-	output := fs.String("o", "table", "output format: table or json")
+	output := outputFlag(fs, "table or json")
 	settle := fs.Duration("settle", 6*time.Second, "how long to wait for nodes behind the newest revision to report before calling them lagging (agents pace revision-only reports to every 5 s)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {

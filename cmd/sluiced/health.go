@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -167,6 +168,9 @@ func (a *agentState) registry() *prometheus.Registry {
 	for _, k := range store.Kinds {
 		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.intake.Stats().Objects(k)) })
 	}
+	bi := buildinfo.Read()
+	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_build_info", Help: "Always 1: the build, in its labels.",
+		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}}, func() float64 { return 1 }))
 	gauge("sluice_problems", "Inputs sluice cannot act on: each is logged once with its key and shown by sluicectl plan under PROBLEMS.", func() float64 { return float64(a.problems.Load()) })
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
 	errorKinds := map[string]func() float64{

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"io"
 	"net"
 	"os"
@@ -150,6 +151,10 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 }
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
+		fmt.Println("sluiced", buildinfo.Read())
+		return
+	}
 	c, err := agentconfig.ParseEnv(os.Args[1:], os.LookupEnv, os.Stderr)
 	if err == flag.ErrHelp {
 		os.Exit(0)

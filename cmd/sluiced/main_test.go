@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -516,7 +517,7 @@ func checkHealth(t *testing.T, addr string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_, body := get(t, "http://"+addr+"/metrics")
-	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, "sluice_index_nodes ", "sluice_ready 1", "sluice_etcd_revision "} {
+	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, "sluice_index_nodes ", "sluice_ready 1", "sluice_etcd_revision ", "sluice_build_info{goversion=\"go"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
@@ -667,5 +668,20 @@ func TestRunUnknownNode(t *testing.T) {
 	}
 	if got := metric(t, healthAddr, "sluice_problems"); got != "0" {
 		t.Errorf("sluice_problems %s once the node is there, want 0", got)
+	}
+}
+
+// TestVersionFlag: sluiced --version (and version) prints its build and exits 0, without
+// reading any configuration.
+func TestVersionFlag(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "sluiced")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building sluiced: %v\n%s", err, out)
+	}
+	for _, arg := range []string{"--version", "version"} {
+		out, err := exec.Command(bin, arg).CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), "sluiced version ") || !strings.Contains(string(out), "commit ") {
+			t.Errorf("sluiced %s: %v %q", arg, err, out)
+		}
 	}
 }

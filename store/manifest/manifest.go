@@ -271,7 +271,7 @@ func fromMap(src string, generic any) (Document, error) {
 	if kindName == "" {
 		return Document{}, &Error{Source: src, Field: "kind", Reason: "missing"}
 	}
-	kind, err := store.ParseKind(kindName)
+	kind, err := store.KindNamed(kindName)
 	if err != nil {
 		return Document{}, &Error{Source: src, Field: "kind", Reason: err.Error()}
 	}
