@@ -21,15 +21,33 @@ func runIPAM(ctx context.Context, a *app, args []string) error {
 		return usagef("want a subcommand:\n%s", ipamUsage)
 	}
 	sub, args := args[0], args[1:]
+	switch sub {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintf(a.stdout, "usage:\n%s\n\nsluicectl ipam SUBCOMMAND --help lists a subcommand's flags.\n", ipamUsage)
+		return nil
+	case "claim", "assign", "release", "show":
+	default:
+		return usagef("unknown ipam subcommand %q:\n%s", sub, ipamUsage)
+	}
+	// Each subcommand has its own flags, so that its --help lists only those.
 	fs := a.flagSet("ipam " + sub)
-	node := fs.String("node", "", "node name")
-	pool := fs.String("pool", "", "IP pool name")
-	cidr := fs.String("cidr", "", "the block to claim (default: the pool's first free block)")
-	handle := fs.String("handle", "", "IPAM handle the addresses are held under")
-	ip := fs.String("ip", "", "one exact address")
-	count := fs.Int("count", 1, "how many addresses to assign")
+	var node, pool, cidr, handle, ip *string
+	count := new(int)
 	var attrs stringList
-	fs.Var(&attrs, "attr", "KEY=VALUE attribute stored with the allocation (repeatable)")
+	str := func(name, help string) *string { return fs.String(name, "", help) }
+	switch sub {
+	case "claim":
+		node, pool = str("node", "node name"), str("pool", "IP pool name")
+		cidr = str("cidr", "the block to claim (default: the pool's first free block)")
+	case "assign":
+		node, handle = str("node", "node name"), str("handle", "IPAM handle the addresses are held under")
+		pool = str("pool", "IP pool name (default: any pool that may serve the node)")
+		ip = str("ip", "one exact address")
+		count = fs.Int("count", 1, "how many addresses to assign")
+		fs.Var(&attrs, "attr", "KEY=VALUE attribute stored with the allocation (repeatable)")
+	case "release":
+		handle, ip = str("handle", "IPAM handle whose addresses to release"), str("ip", "one exact address to release")
+	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err

@@ -189,3 +189,25 @@ func TestGlobalFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestIPAMHelp: ipam --help lists the subcommands; a subcommand's --help lists its own flags
+// only; an unknown subcommand is a usage error before etcd is asked anything.
+func TestIPAMHelp(t *testing.T) {
+	c := newCluster(t)
+	c.env["SLUICE_ETCD_ENDPOINTS"] = "http://127.0.0.1:1" // never asked
+	r := c.ctl("", "ipam", "--help")
+	if r.code != 0 || !strings.Contains(r.stdout, "ipam claim") || !strings.Contains(r.stdout, "ipam release") {
+		t.Fatalf("ipam --help: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = c.ctl("", "ipam", "claim", "--help")
+	if r.code != 0 || !strings.Contains(r.stderr, "-cidr") || strings.Contains(r.stderr, "-count") || strings.Contains(r.stderr, "-attr") {
+		t.Fatalf("ipam claim --help: exit %d\n%s", r.code, r.stderr)
+	}
+	r = c.ctl("", "ipam", "assign", "--help")
+	if r.code != 0 || !strings.Contains(r.stderr, "-count") || strings.Contains(r.stderr, "-cidr") {
+		t.Fatalf("ipam assign --help: exit %d\n%s", r.code, r.stderr)
+	}
+	if r = c.ctl("", "ipam", "clam"); r.code != 2 || !strings.Contains(r.stderr, `unknown ipam subcommand "clam"`) || strings.Contains(r.stderr, "cannot reach etcd") {
+		t.Fatalf("ipam clam: exit %d\n%s", r.code, r.stderr)
+	}
+}

@@ -145,38 +145,73 @@ func runDelete(ctx context.Context, a *app, args []string) error {
 	fs := a.flagSet("delete")
 	namespace := fs.String("n", "", "namespace (namespaced kinds; default \"default\")")
 	force := fs.Bool("force", false, "delete an IP pool or a node that still holds blocks, affinities or workload endpoints (they are left orphaned)")
+	var files stringList
+	fs.Var(&files, "f", "delete the objects the documents of a file, directory or - name (repeatable), as kubectl delete -f")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 2 {
-		return usagef("want KIND NAME")
+	type target struct {
+		kind     store.Kind
+		id, key  string
+		fromFile string
 	}
-	kind, err := store.ParseKind(pos[0])
-	if err != nil {
-		return usagef("%v", err)
-	}
-	key, err := store.KeyFor(kind, objectID(kind, pos[1], *namespace))
-	if err != nil {
-		return usagef("%v", err)
+	var targets []target
+	switch {
+	case len(files) > 0 && len(pos) > 0:
+		return usagef("want KIND NAME or -f FILE, not both")
+	case len(files) > 0:
+		docs, err := manifest.ParsePaths(files, a.stdin)
+		if err != nil {
+			return fmt.Errorf("nothing was deleted:\n%w", err)
+		}
+		for _, d := range docs {
+			targets = append(targets, target{d.Kind, d.ID, d.Key, d.Source})
+		}
+	case len(pos) == 2:
+		kind, err := store.ParseKind(pos[0])
+		if err != nil {
+			return usagef("%v", err)
+		}
+		id := objectID(kind, pos[1], *namespace)
+		key, err := store.KeyFor(kind, id)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		targets = append(targets, target{kind: kind, id: id, key: key})
+	default:
+		return usagef("want KIND NAME or -f FILE")
 	}
 	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
+	// What would be orphaned is checked for every object before any is deleted.
 	if !*force {
-		what, err := orphans(ctx, cli, kind, objectID(kind, pos[1], *namespace))
-		if err != nil {
+		for _, t := range targets {
+			what, err := orphans(ctx, cli, t.kind, t.id)
+			if err != nil {
+				return err
+			}
+			if len(what) > 0 {
+				return fmt.Errorf("nothing was deleted: %w", orphanError(t.kind, t.id, what))
+			}
+		}
+	}
+	var missing []string
+	for _, t := range targets {
+		if err := manifest.Delete(ctx, cli, t.key); err != nil {
+			if errors.Is(err, manifest.ErrNotFound) && len(files) > 0 {
+				missing = append(missing, fmt.Sprintf("%s/%s (%s)", t.kind.Plural(), t.id, t.fromFile))
+				continue
+			}
 			return err
 		}
-		if len(what) > 0 {
-			return orphanError(kind, objectID(kind, pos[1], *namespace), what)
-		}
+		fmt.Fprintf(a.stdout, "%s/%s deleted\n", t.kind.Plural(), t.id)
 	}
-	if err := manifest.Delete(ctx, cli, key); err != nil {
-		return err
+	if len(missing) > 0 {
+		return fmt.Errorf("not found, so not deleted: %s", strings.Join(missing, ", "))
 	}
-	fmt.Fprintf(a.stdout, "%s/%s deleted\n", kind.Plural(), objectID(kind, pos[1], *namespace))
 	return nil
 }

@@ -70,3 +70,31 @@ func TestDeleteRefusesToOrphan(t *testing.T) {
 	c.mustCtl("apply", "-f", writeFile(t, "e.yaml", poolYAML("pool-empty", "10.99.0.0/16")))
 	c.mustCtl("delete", "ippool", "pool-empty")
 }
+
+// TestDeleteFromFile: delete -f deletes what the file's documents name; objects already gone
+// are reported, the others still deleted; the orphan check covers every document first.
+func TestDeleteFromFile(t *testing.T) {
+	c := newCluster(t)
+	two := poolYAML("pool-x", "10.90.0.0/16") + "---\n" + poolYAML("pool-y", "10.91.0.0/16")
+	path := writeFile(t, "two.yaml", two)
+	c.mustCtl("apply", "-f", path)
+	if out := c.mustCtl("delete", "-f", path); !strings.Contains(out, "ippools/pool-x deleted") || !strings.Contains(out, "ippools/pool-y deleted") {
+		t.Fatalf("delete -f: %q", out)
+	}
+	if keys := c.keys(store.IPPoolPrefix); len(keys) != 0 {
+		t.Fatalf("left %v", keys)
+	}
+	c.mustCtl("apply", "-f", writeFile(t, "x.yaml", poolYAML("pool-x", "10.90.0.0/16")))
+	r := c.ctl("", "delete", "-f", path)
+	if r.code != 1 || !strings.Contains(r.stdout, "ippools/pool-x deleted") || !strings.Contains(r.stderr, "not found, so not deleted: ippools/pool-y") {
+		t.Fatalf("delete -f with one gone: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// A pool in the file that still holds a block: nothing in the file is deleted.
+	c.mustCtl("apply", "-f", path)
+	c.loadSample()
+	c.mustCtl("ipam", "claim", "--node", "node-a", "--pool", "pool-vxlan", "--cidr", "10.65.0.0/26")
+	mixed := writeFile(t, "mixed.yaml", poolYAML("pool-x", "10.90.0.0/16")+"---\n"+poolYAML("pool-vxlan", "10.65.0.0/16"))
+	if r := c.ctl("", "delete", "-f", mixed); r.code != 1 || !strings.Contains(r.stderr, "nothing was deleted") || len(c.keys(store.IPPoolPrefix+"pool-x")) != 1 {
+		t.Fatalf("delete -f with a pool in use: exit %d\n%s", r.code, r.stderr)
+	}
+}
