@@ -52,7 +52,7 @@ type command struct {
 var commands = map[string]command{
 	"apply":    {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
 	"get":      {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
-	"delete":   {"delete one object: delete KIND NAME [-n NS]", runDelete},
+	"delete":   {"delete objects: delete KIND NAME [-n NS], or delete -f FILE|DIR|- (--force: even if in use)", runDelete},
 	"ipam":     {"claim blocks, assign and release addresses, show usage", runIPAM},
 	"record":   {"record the event stream to a file: record FILE", runRecord},
 	"replay":   {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
