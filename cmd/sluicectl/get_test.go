@@ -237,3 +237,19 @@ func TestKubectlHabits(t *testing.T) {
 		}
 	}
 }
+
+// TestGetBlocksInAddressOrder: blocks list by address, not as their keys sort as text.
+func TestGetBlocksInAddressOrder(t *testing.T) {
+	c := newCluster(t)
+	c.loadSample()
+	for _, cidr := range []string{"10.65.0.128/26", "10.65.0.64/26", "10.65.1.0/26", "10.65.0.0/26"} {
+		c.mustCtl("ipam", "claim", "--node", "node-a", "--pool", "pool-vxlan", "--cidr", cidr)
+	}
+	for _, kind := range []string{"blocks", "blockaffinities"} {
+		out := c.mustCtl("get", kind)
+		i0, i64, i128, i256 := strings.Index(out, "10.65.0.0/26"), strings.Index(out, "10.65.0.64/26"), strings.Index(out, "10.65.0.128/26"), strings.Index(out, "10.65.1.0/26")
+		if i0 < 0 || !(i0 < i64 && i64 < i128 && i128 < i256) {
+			t.Errorf("get %s not in address order:\n%s", kind, out)
+		}
+	}
+}

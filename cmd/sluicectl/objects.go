@@ -1,9 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -115,6 +119,11 @@ func runGet(ctx context.Context, a *app, args []string) error {
 			return fmt.Errorf("reading %s: %w", prefix, err)
 		}
 	}
+	// Blocks and affinities in address order, not their keys' text order (10.65.0.64/26
+	// before 10.65.0.128/26).
+	slices.SortStableFunc(resp.Kvs, func(a, b *mvccpb.KeyValue) int {
+		return cmp.Compare(sortKey(string(a.Key)), sortKey(string(b.Key)))
+	})
 	var objs []store.Object
 	var docs []map[string]any
 	for _, kv := range resp.Kvs {
@@ -214,4 +223,23 @@ func runDelete(ctx context.Context, a *app, args []string) error {
 		return fmt.Errorf("not found, so not deleted: %s", strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+// sortKey orders keys for listing: a block's or an affinity's CIDR compares by address (the
+// address bytes, zero-padded, replace its text); other keys compare as they are.
+func sortKey(key string) string {
+	kind, id, err := store.ParseKey(key)
+	if err != nil || (kind != store.KindBlock && kind != store.KindBlockAffinity) {
+		return key
+	}
+	node, cidr := "", id
+	if kind == store.KindBlockAffinity {
+		node, cidr, _ = strings.Cut(id, "/")
+	}
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return key
+	}
+	a := p.Addr().As16()
+	return node + "/" + string(a[:]) + string(rune(p.Bits()))
 }
