@@ -6,6 +6,10 @@ import "time"
 // when its agent dies and the lease expires.
 const StatusPrefix = "/sluice/v1/status/"
 
+// SeenPrefix holds one key per node whose sluiced ever ran, without a lease: the time it last
+// started. It tells a node whose agent stopped (gone) from one that never ran one.
+const SeenPrefix = "/sluice/v1/seen/"
+
 // NodeStatus is what a sluiced reports about itself.
 type NodeStatus struct {
 	Node string `json:"node"`

@@ -103,9 +103,21 @@ func nodeStatuses(ctx context.Context, cli *clientv3.Client, latest int64) ([]st
 	if err != nil {
 		return nil, fmt.Errorf("reading nodes: %w", err)
 	}
+	seen, err := cli.Get(ctx, store.SeenPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("reading which nodes ran an agent: %w", err)
+	}
+	started := map[string]string{}
+	for _, kv := range seen.Kvs {
+		started[string(kv.Key)[len(store.SeenPrefix):]] = string(kv.Value)
+	}
 	for _, kv := range nodes.Kvs {
 		name := string(kv.Key)[len(store.NodePrefix):]
-		rows[name] = &statusRow{Node: name, State: "gone"}
+		state := "no agent (none ever reported)"
+		if at, ok := started[name]; ok {
+			state = "gone (its agent last started " + at + ")"
+		}
+		rows[name] = &statusRow{Node: name, State: state}
 	}
 	st, err := cli.Get(ctx, store.StatusPrefix, clientv3.WithPrefix())
 	if err != nil {

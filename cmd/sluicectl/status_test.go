@@ -11,6 +11,15 @@ import (
 
 func TestStatus(t *testing.T) {
 	c := newCluster(t)
+	// node-z ran an agent once (and stopped); node-c never did.
+	for k, v := range map[string]string{
+		store.NodePrefix + "node-z": `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-z"},"spec":{"bgp":{"ipv4Address":"192.0.2.99/24"}}}`,
+		store.SeenPrefix + "node-z": "2026-12-04T05:00:00Z",
+	} {
+		if _, err := c.raw.Put(context.Background(), k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
 	c.loadSample() // node-a, node-b, node-c
 	latest := c.revision()
 	put := func(s store.NodeStatus) {
@@ -27,7 +36,8 @@ func TestStatus(t *testing.T) {
 		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LAST-ERROR",
 		"node-a in sync", "7/7",
 		"node-b lagging by 3", "0/0 1 2 -", // one bad value, two inputs it cannot act on
-		"node-c gone",
+		"node-c no agent (none ever reported)",
+		"node-z gone (its agent last started 2026-12-04T05:00:00Z)",
 		"node-x failing", "no such device",
 	} {
 		if !strings.Contains(out, want) {
@@ -35,7 +45,7 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	var rows []statusRow
-	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json", "--settle", "0")), &rows); err != nil || len(rows) != 4 || rows[1].Lag != 3 {
+	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json", "--settle", "0")), &rows); err != nil || len(rows) != 5 || rows[1].Lag != 3 {
 		t.Fatalf("json: %v %+v", err, rows)
 	}
 }

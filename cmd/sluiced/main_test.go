@@ -374,6 +374,16 @@ func TestRun(t *testing.T) {
 	}
 	inSync := logs.waitFor(t, "in sync with etcd", nil)
 	checkHealth(t, healthAddr)
+	// The agent says, once per start and without a lease, that this node runs one.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := cli.Get(context.Background(), store.SeenPrefix+"node-a")
+		if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].Lease == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %snode-a without a lease: %v %v", store.SeenPrefix, resp, err)
+		}
+	}
 	// The agent's own status key may be written before its first read: the revision is at
 	// least the one the cluster was loaded at.
 	if rev, _ := inSync["revision"].(float64); !reflect.DeepEqual(inSync["objects"], counts) || rev < float64(rev0.Header.Revision) || rev > float64(rev0.Header.Revision)+1 {

@@ -59,6 +59,11 @@ func (l *statusLease) drop(cli *clientv3.Client) {
 // sync or error are written at once; revisions and counts at most every paceEvery.
 func reportStatus(ctx context.Context, cli *clientv3.Client, node string, ttl time.Duration, state *agentState, log zerolog.Logger) {
 	key := store.StatusPrefix + node
+	// Once per start, without a lease: this node runs an agent (sluicectl status tells a
+	// stopped agent from none). Best effort: etcd may be unreachable now; the next start says it.
+	if _, err := cli.Put(ctx, store.SeenPrefix+node, time.Now().UTC().Format(time.RFC3339)); err != nil {
+		log.Debug().Err(err).Msg("could not record that this node runs an agent")
+	}
 	var lease *statusLease
 	var lastState, lastFull []byte
 	var lastWrite time.Time
