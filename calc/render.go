@@ -47,8 +47,13 @@ func (s *State) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "\nROUTES (%d)\n", len(s.Routes))
 	fmt.Fprintln(tw, "DESTINATION\tTYPE\tVIA\tDEVICE\tONLINK\tMETRIC\tREASON\tNODE")
+	uplink := false
 	for _, r := range s.Routes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", r.Dst, r.Type, addrOrDash(r.Gateway), orDash(r.Device), r.OnLink, r.Metric, r.Reason, orDash(r.Node))
+		uplink = uplink || r.Device == ParentDevice
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", r.Dst, r.Type, addrOrDash(r.Gateway), orDash(DeviceName(r.Device)), r.OnLink, r.Metric, r.Reason, orDash(r.Node))
+	}
+	if uplink {
+		fmt.Fprintln(tw, "(uplink: the node's interface holding its own address, found on the node)")
 	}
 	fmt.Fprintf(tw, "\nFRONTENDS (%d)\n", len(s.Frontends))
 	fmt.Fprintln(tw, "FRONTEND\tKIND\tSERVICE\tFLAGS\tLOCAL\tBACKENDS")

@@ -35,6 +35,16 @@ const (
 // dataplane resolves it.
 const ParentDevice = "@parent"
 
+// DeviceName is how a route's device reads in text meant for people: ParentDevice, which no
+// interface is named, as "uplink" (the interface holding the node's own address, found on the
+// node).
+func DeviceName(d string) string {
+	if d == ParentDevice {
+		return "uplink"
+	}
+	return d
+}
+
 // Config is the agent's configuration as far as calc is concerned.
 type Config struct {
 	NodeName    string
@@ -140,7 +150,7 @@ func (r Route) String() string {
 		b.WriteString(" via " + r.Gateway.String())
 	}
 	if r.Device != "" {
-		b.WriteString(" dev " + r.Device)
+		b.WriteString(" dev " + DeviceName(r.Device))
 	}
 	if r.OnLink {
 		b.WriteString(" onlink")

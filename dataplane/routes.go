@@ -431,7 +431,11 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		return false
 	})
 	for k := range t.unres {
-		missing = append(missing, fmt.Sprintf("%s (its device %s does not exist)", t.routes[k].String(), t.routes[k].Device))
+		why := fmt.Sprintf("its device %s does not exist", t.routes[k].Device)
+		if t.routes[k].Device == calc.ParentDevice {
+			why = "no interface holds this node's address"
+		}
+		missing = append(missing, fmt.Sprintf("%s (%s)", t.routes[k].String(), why))
 	}
 	slices.Sort(missing)
 	slices.Sort(extra)
