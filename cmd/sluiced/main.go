@@ -1,7 +1,9 @@
-// Command sluiced is the sluice node agent. It watches etcd for the network's intent and keeps
-// this node's kernel matching it. Today it runs the first two stages: it reads and follows every
-// key sluice acts on into its index, computes this node's desired dataplane with calc, and
-// reports both; the dataplane stage plugs in behind the same updates.
+// Command sluiced is the sluice node agent. It watches etcd for the network's intent (the keys
+// Calico's tools write, and sluice's services), computes this node's desired dataplane with
+// calc, and keeps the kernel matching it: routes, nexthop objects, the VXLAN devices and their
+// neighbours and FDB entries (dataplane), and service NAT in eBPF (bpf). It reports what it
+// does through its log, /metrics, /readyz and /livez, a status key in etcd and systemd's
+// notify protocol.
 package main
 
 import (
