@@ -315,7 +315,10 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 	table := optionTable()
 	fromFlags := map[string]string{}
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package would print the whole help under a mistyped flag's error; the error
+	// alone is returned, with a pointer to --help, and --help prints the help.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	configFile := fs.String("config", "", "configuration file (env SLUICE_CONFIG; default "+DefaultConfigFile+" when present)")
 	for _, o := range table {
 		o := o
@@ -326,12 +329,12 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 		}
 		fs.Func(o.name, usage, func(v string) error { fromFlags[o.name] = v; return nil })
 	}
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: sluiced [flags]\n\nEvery option is also an environment variable and a key of the configuration file;\nprecedence: flags, then environment, then file, then defaults. A variable set but empty\ncounts, as an empty flag does.")
-		WriteOptionTable(stderr)
-	}
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			WriteHelp(stderr)
+			return nil, err
+		}
+		return nil, fmt.Errorf("%v (sluiced --help lists the options)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -456,6 +459,57 @@ func WriteOptionTable(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| `--%s` | `%s` | `%s` | %s | %s | %s |\n", o.name, o.env, o.key, def, o.accepts, o.help)
 	}
+}
+
+// WriteHelp writes `sluiced --help`: every option with what it does, its default, what it
+// accepts, its environment variable and file key, in 80 columns. (docs/configuration.md has
+// the same as a table.)
+func WriteHelp(w io.Writer) {
+	fmt.Fprint(w, `usage: sluiced [flags]
+
+Every option is also an environment variable and a key of the configuration
+file; precedence: flags, then environment, then file, then defaults. A variable
+set but empty counts, as an empty flag does. docs/configuration.md has the same
+as a table.
+
+  --config FILE
+      configuration file (env SLUICE_CONFIG; default `+DefaultConfigFile+`
+      when present)
+`)
+	for _, o := range optionTable() {
+		arg := " VALUE"
+		if o.boolean {
+			arg = "[=true|false]"
+		}
+		fmt.Fprintf(w, "  --%s%s\n", o.name, arg)
+		def := o.def
+		if def == "" {
+			def = "none"
+		}
+		for _, l := range wrap(fmt.Sprintf("%s. Default %s; accepts %s; env %s; file key %s.", o.help, def, o.accepts, o.env, o.key), 80-6) {
+			fmt.Fprintf(w, "      %s\n", l)
+		}
+	}
+}
+
+// wrap breaks text into lines of at most width columns, at spaces (a longer word stands alone).
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		if line != "" && len(line)+1+len(word) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // Doc writes docs/configuration.md, generated from the table.
