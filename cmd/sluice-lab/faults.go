@@ -281,19 +281,19 @@ func (l *lab) faultKernelDamage() error {
 		damage       []string
 		ok           func() bool
 	}{
-		{"node-c's nexthop object deleted (its route goes with it, unannounced)", "sluice_drift_repairs_nexthop_total", []string{"ip", "-n", ns, "nexthop", "del", "id", nodeC},
+		{"node-c's nexthop object deleted (its route goes with it, unannounced)", `sluice_drift_repairs_total{kind="nexthop"}`, []string{"ip", "-n", ns, "nexthop", "del", "id", nodeC},
 			func() bool {
 				out, _ := sh("ip", "-n", ns, "route", "show", "10.65.0.128/26")
 				return strings.Contains(out, "nhid "+nodeC+" via 10.65.0.128 dev vxlan.sluice")
 			}},
-		{"a route to a remote block deleted", "sluice_drift_repairs_route_total", []string{"ip", "-n", ns, "route", "del", "10.65.0.128/26"},
+		{"a route to a remote block deleted", `sluice_drift_repairs_total{kind="route"}`, []string{"ip", "-n", ns, "route", "del", "10.65.0.128/26"},
 			func() bool { return hasRoute("node-a", "10.65.0.128/26") }},
-		{"a neighbour entry of node-c's VTEP deleted", "sluice_drift_repairs_neighbour_total", []string{"ip", "-n", ns, "neigh", "del", "10.65.0.128", "dev", "vxlan.sluice"},
+		{"a neighbour entry of node-c's VTEP deleted", `sluice_drift_repairs_total{kind="neighbour"}`, []string{"ip", "-n", ns, "neigh", "del", "10.65.0.128", "dev", "vxlan.sluice"},
 			func() bool {
 				out, _ := sh("ip", "-n", ns, "neigh", "show", "10.65.0.128", "dev", "vxlan.sluice")
 				return strings.Contains(out, "PERMANENT")
 			}},
-		{"the FDB entry of node-c's VTEP deleted", "sluice_drift_repairs_neighbour_total", []string{"bridge", "-n", ns, "fdb", "del", "66:c1:a0:00:00:0c", "dev", "vxlan.sluice", "dst", "192.168.20.13"},
+		{"the FDB entry of node-c's VTEP deleted", `sluice_drift_repairs_total{kind="neighbour"}`, []string{"bridge", "-n", ns, "fdb", "del", "66:c1:a0:00:00:0c", "dev", "vxlan.sluice", "dst", "192.168.20.13"},
 			func() bool {
 				out, _ := sh("bridge", "-n", ns, "fdb", "show", "dev", "vxlan.sluice")
 				return strings.Contains(out, "66:c1:a0:00:00:0c dst 192.168.20.13")

@@ -114,7 +114,8 @@ func newAgentState() *agentState {
 }
 
 // OnEvents counts events by kind and type (a store.Handler): summed over the batch first, so
-// the labelled counter is looked up once per kind and type, not once per event.
+// the labelled counter is looked up once per kind and type, not once per event. In-syncs have
+// no kind and are not counted here (sluice_etcd_resyncs_total counts the reads they end).
 func (a *agentState) OnEvents(batch []store.Event) {
 	type kindType struct {
 		kind store.Kind
@@ -125,13 +126,15 @@ func (a *agentState) OnEvents(batch []store.Event) {
 		counts[kindType{batch[i].Kind, batch[i].Type}]++
 	}
 	for kt, n := range counts {
-		kind := kt.kind.String()
 		if kt.typ == store.EventInSync {
-			kind = "-"
+			continue
 		}
-		a.events.WithLabelValues(kind, kt.typ.String()).Add(float64(n))
+		a.events.WithLabelValues(kt.kind.String(), kt.typ.String()).Add(float64(n))
 	}
 }
+
+// driftHelp is sluice_drift_repairs_total's help, one for every kind.
+const driftHelp = "Drift someone made that sluice put back, by kind: route, nexthop (an object deleted, with its routes), neighbour (and FDB entries), bpf-map-entry, bpf-link, bpf-pin."
 
 // registry builds the Prometheus registry: counters fed by the agent, and gauges read from
 // the intake, index and dataplane when scraped.
@@ -166,16 +169,16 @@ func (a *agentState) registry() *prometheus.Registry {
 			func() float64 { return float64(st().ResyncsBy[i].Load()) }))
 	}
 	for _, k := range store.Kinds {
-		gauge("sluice_index_"+k.Plural(), "Objects of this kind read from etcd (counted by ID; the agent keeps no second copy of them).", func() float64 { return float64(a.intake.Stats().Objects(k)) })
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_objects", Help: "Objects read from etcd, by kind.",
+			ConstLabels: prometheus.Labels{"kind": k.String()}}, func() float64 { return float64(a.intake.Stats().Objects(k)) }))
 	}
 	bi := buildinfo.Read()
 	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_build_info", Help: "Always 1: the build, in its labels.",
 		ConstLabels: prometheus.Labels{"version": bi.Version, "revision": bi.Revision, "goversion": bi.GoVersion}}, func() float64 { return 1 }))
 	gauge("sluice_problems", "Inputs sluice cannot act on: each is logged once with its key and shown by sluicectl plan under PROBLEMS.", func() float64 { return float64(a.problems.Load()) })
 	gauge("sluice_ready", "1 when /readyz answers 200.", func() float64 { return b2f(a.ready()) })
-	errorKinds := map[string]func() float64{
-		"bad-value": func() float64 { return float64(st().BadValues.Load()) },
-		"etcd":      func() float64 { return float64(st().Retries.Load() + st().Silences.Load()) },
+	errorKinds := map[string]func() float64{ // rejected values: sluice_etcd_bad_values_total
+		"etcd": func() float64 { return float64(st().Retries.Load() + st().Silences.Load()) },
 		"apply": func() float64 {
 			if a.dp == nil {
 				return 0
@@ -185,16 +188,21 @@ func (a *agentState) registry() *prometheus.Registry {
 	}
 	for kind, f := range errorKinds {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_errors_total",
-			Help: "Errors by kind: rejected values, failed etcd reads or watches, failed dataplane applies.", ConstLabels: prometheus.Labels{"kind": kind}}, f))
+			Help: "Errors by kind: failed etcd reads or watches and silences, failed dataplane applies.", ConstLabels: prometheus.Labels{"kind": kind}}, f))
 	}
 	if a.dp != nil {
 		ds := func() dataplane.Stats { return a.dp.Stats() }
 		counter("sluice_dataplane_applies_total", "Dataplane applies.", func() float64 { return float64(ds().Applies) })
 		counter("sluice_dataplane_resyncs_total", "Full reads of the kernel asked for (kernel changes, periodic, failures).", func() float64 { return float64(ds().Resyncs) })
 		counter("sluice_dataplane_writes_total", "Kernel changes made.", func() float64 { return float64(ds().Writes) })
-		counter("sluice_drift_repairs_route_total", "Routes someone deleted that sluice put back.", func() float64 { return float64(ds().RouteRepairs) })
-		counter("sluice_drift_repairs_nexthop_total", "Nexthop objects someone deleted (taking their routes) that sluice put back.", func() float64 { return float64(ds().NexthopRepairs) })
-		counter("sluice_drift_repairs_neighbour_total", "Neighbour and FDB entries someone deleted that sluice put back.", func() float64 { return float64(ds().NeighRepairs) })
+		for kind, f := range map[string]func() int{
+			"route":     func() int { return ds().RouteRepairs },
+			"nexthop":   func() int { return ds().NexthopRepairs },
+			"neighbour": func() int { return ds().NeighRepairs },
+		} {
+			r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_total", Help: driftHelp,
+				ConstLabels: prometheus.Labels{"kind": kind}}, func() float64 { return float64(f()) }))
+		}
 		gauge("sluice_routes_desired", "Routes calc wants.", func() float64 { return float64(ds().DesiredRoutes) })
 		gauge("sluice_routes_programmed", "Routes sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedRoutes) })
 		gauge("sluice_nexthops_desired", "Nexthop objects sluice wants (one per remote node and gateway, in the nexthop route layout).", func() float64 { return float64(ds().DesiredNexthops) })
@@ -229,8 +237,8 @@ func (a *agentState) registerServices(r *prometheus.Registry) {
 		"bpf-link":      func(r bpf.Repairs) int { return r.Links },
 		"bpf-pin":       func(r bpf.Repairs) int { return r.Pins },
 	} {
-		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_bpf_total",
-			Help: "Drift of the service stage found and repaired, by kind.", ConstLabels: prometheus.Labels{"kind": kind}},
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_total",
+			Help: driftHelp, ConstLabels: prometheus.Labels{"kind": kind}},
 			func() float64 { return float64(f(svc.Repairs())) }))
 	}
 	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_bpf_map_full_total",

@@ -374,6 +374,9 @@ func TestRun(t *testing.T) {
 	}
 	inSync := logs.waitFor(t, "in sync with etcd", nil)
 	checkHealth(t, healthAddr)
+	if v := metric(t, healthAddr, `sluice_objects{kind="Node"}`); v != "3" {
+		t.Errorf(`sluice_objects{kind="Node"} %s, want 3`, v)
+	}
 	// The agent says, once per start and without a lease, that this node runs one.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		resp, err := cli.Get(context.Background(), store.SeenPrefix+"node-a")
@@ -527,7 +530,7 @@ func checkHealth(t *testing.T, addr string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	_, body := get(t, "http://"+addr+"/metrics")
-	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, "sluice_index_nodes ", "sluice_ready 1", "sluice_etcd_revision ", "sluice_build_info{goversion=\"go"} {
+	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, `sluice_objects{kind="Node"} `, "sluice_ready 1", "sluice_etcd_revision ", "sluice_build_info{goversion=\"go"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
