@@ -98,12 +98,12 @@ func loadServicesBench(b *testing.B, cli *clientv3.Client) {
 }
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
-// svcBenchLogLine is what the benchmark reads of sluiced's JSON log: zerolog writes "took"
-// in milliseconds.
+// svcBenchLogLine is what the benchmark reads of sluiced's JSON log: "took" is a duration
+// with its unit ("1.2ms").
 type svcBenchLogLine struct {
 	Time    time.Time `json:"time"`
 	Message string    `json:"message"`
-	Took    float64   `json:"took"`
+	Took    string    `json:"took"`
 }
 
 func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
@@ -317,7 +317,8 @@ func BenchmarkServiceEndpointChange(b *testing.B) {
 				calcAt = e.Time
 			}
 			if e.Message == "service maps updated" && !calcAt.IsZero() && appliedAt.IsZero() {
-				appliedAt, took = e.Time, time.Duration(e.Took*float64(time.Millisecond))
+				d, _ := time.ParseDuration(e.Took)
+				appliedAt, took = e.Time, d
 			}
 		}
 		if !appliedAt.IsZero() {

@@ -39,6 +39,9 @@ func newLogger(c *agentconfig.Config, w *os.File) zerolog.Logger {
 		out = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
 	zerolog.TimeFieldFormat = time.RFC3339Nano
+	// Durations with their unit ("took":"19.1ms"), not a bare number whose unit the reader
+	// must guess.
+	zerolog.DurationFieldFormat = zerolog.DurationFormatString
 	lvl, _ := zerolog.ParseLevel(c.LogLevel)
 	return zerolog.New(out).Level(lvl).With().Timestamp().Str("node", c.NodeName).Logger()
 }
