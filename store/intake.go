@@ -484,10 +484,15 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			closed <- struct{}{} // the watch is over, whatever the reason
 		}()
 	}
-	// Liveness: a response or the connection seen ready is etcd heard; the connection not
-	// ready for a quarter of the liveness time is silence: not in sync until etcd answers
-	// again. The watch stays open: the client resumes it from its revision as soon as it
-	// reconnects.
+	// Liveness: a response, or the connection seen ready while the last probe succeeded, is
+	// etcd heard; otherwise, a quarter of the liveness time later, silence: not in sync until
+	// etcd answers again. The watch stays open: the client resumes it from its revision as
+	// soon as it reconnects. The probe, written when the watch is quiet for half the liveness
+	// time, is a linearizable read of one absent key: it is a write on the connection (a link
+	// cut without a word then ends it through TCP_USER_TIMEOUT), and it needs a leader with a
+	// quorum, so it fails when etcd is lost behind a gRPC proxy (whose own connection stays
+	// ready) or has lost its quorum. (A watch progress request would do the first only, and a
+	// proxy refuses it, logging an error each time: etcd-io/etcd#19710.)
 	var tick <-chan time.Time
 	live := in.cfg.Liveness
 	if live > 0 {
@@ -499,7 +504,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	in.stats.LastHeard.Store(heard.UnixNano())
 	lastData, probed := heard, heard // the watch's last response, the last progress request
 	silent := false
-	var probing atomic.Bool
+	var probing, probeFailed atomic.Bool
 	heardAgain := func(last time.Time, ok bool) {
 		silent = false
 		in.stats.Silent.Store(false)
@@ -522,12 +527,13 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 				probed = now
 				go func() {
 					defer probing.Store(false)
-					pctx, cancel := context.WithTimeout(wctx, live/2)
+					pctx, cancel := context.WithTimeout(wctx, live/4)
 					defer cancel()
-					_ = in.cfg.Client.RequestProgress(pctx) // its failure shows as the connection's
+					_, err := in.cfg.Client.Get(pctx, in.cfg.Prefixes[0], clientv3.WithCountOnly())
+					probeFailed.Store(err != nil && ctx.Err() == nil)
 				}()
 			}
-			if in.connected() {
+			if in.connected() && !probeFailed.Load() {
 				last := heard
 				heard = now
 				in.stats.LastHeard.Store(heard.UnixNano())
