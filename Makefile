@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-services fuzz install clean generate generate-check
+.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -58,7 +58,14 @@ bench:
 	   $(GO) test -run '^$$' -bench Full -benchtime $(BENCHTIME) -benchmem ./calc/ && \
 	   $(GO) test -run '^$$' -bench OneChange -benchtime 20000x -benchmem ./calc/ && \
 	   $(MAKE) -s bench-dataplane && \
+	   $(MAKE) -s bench-fanout && \
 	   $(MAKE) -s bench-services ; } | tee /dev/stderr | awk -f testdata/benchtable.awk
+
+# Fan-out (issue #11): 1,000 watchers of sluice's prefixes straight to etcd, then through one
+# etcd gRPC proxy, while a writer makes 200 changes: etcd's CPU and memory both ways, the
+# proxy's, and delivery latency, from the same run.
+bench-fanout:
+	@$(GO) test -run '^$$' -bench WatchFanout -benchtime 1x ./store/
 
 # The dataplane benchmark programs a kernel, so it runs in a network namespace of its own
 # (as root): sluiced with 20,000 remote blocks on 1,000 nodes and on 20,000 nodes (each its
