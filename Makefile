@@ -114,6 +114,14 @@ install: build
 	sed 's|/usr/local/bin/sluiced|$(PREFIX)/bin/sluiced|' deploy/systemd/sluiced.service > $(DESTDIR)$(UNITDIR)/sluiced.service
 	install -m 0644 deploy/sluiced.yaml.example $(DESTDIR)/etc/sluice/sluiced.yaml.example
 	printf '%s\tsluice\n' $(ROUTE_PROTOCOL) > $(DESTDIR)/etc/iproute2/rt_protos.d/sluice.conf
+	install -d $(DESTDIR)$(PREFIX)/share/doc/sluice
+	install -m 0644 docs/*.md $(DESTDIR)$(PREFIX)/share/doc/sluice/
+	@echo
+	@echo "Installed. Next (docs/operator-guide.md, also in $(PREFIX)/share/doc/sluice/):"
+	@echo "  cp /etc/sluice/sluiced.yaml.example /etc/sluice/sluiced.yaml   # set etcdEndpoints (and TLS)"
+	@echo "  sluicectl plan --node \$$(hostname | tr A-Z a-z)                  # this node's Node must be in etcd"
+	@echo "  systemctl daemon-reload && systemctl enable --now sluiced"
+	@echo "  curl -s 127.0.0.1:9097/readyz; sluicectl status"
 
 clean:
 	rm -rf $(BIN)
