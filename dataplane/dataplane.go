@@ -39,6 +39,11 @@ type Config struct {
 	// OnKernelLatency, when set, hears, after each successful apply, how long the oldest
 	// update it carried waited between arriving and being in the kernel.
 	OnKernelLatency func(time.Duration)
+	// OnRepair, when set, hears each object someone deleted that sluice puts back (kind:
+	// route, nexthop, neighbour; what: the object, as `ip` would name it), from the kernel's
+	// event, before the apply that repairs it. It is called with the dataplane's lock held:
+	// it must not call back into the dataplane.
+	OnRepair func(kind, what string)
 	// OnApply, when set, hears the outcome of every apply that did something or failed,
 	// and of the first apply after the first full update even when it wrote nothing (the
 	// agent logs, rate-limited); writes is how many kernel changes it made.

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -63,7 +64,13 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 	defer ns.Close()
 	sys := &sysctlLog{writes: map[string]string{}}
-	d := New(n.kernel(), Config{Sysctl: sys.write})
+	var repairsMu sync.Mutex
+	var repairs []string
+	d := New(n.kernel(), Config{Sysctl: sys.write, OnRepair: func(kind, what string) {
+		repairsMu.Lock()
+		repairs = append(repairs, kind+": "+what)
+		repairsMu.Unlock()
+	}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -94,6 +101,11 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 	took := waitFor(t, "the route to come back", func() bool { return n.routes(DefaultRouteProtocol) == allFour })
 	t.Logf("route repaired in %v", took)
+	repairsMu.Lock()
+	if !slices.Contains(repairs, "route: route to 10.65.0.64/26 metric 0") {
+		t.Errorf("repairs told: %q", repairs)
+	}
+	repairsMu.Unlock()
 
 	// The VXLAN device deleted by hand: device, neighbours and the routes through it return.
 	wantVX := n.renderVXLAN("vxlan.sluice")

@@ -285,8 +285,15 @@ func TestNexthopsRealKernel(t *testing.T) {
 	n.iface("cali-web-1", "")
 	ns := n.handle()
 	var writes atomic.Int64
+	var repairsMu sync.Mutex
+	var repairs []string
 	run := func() (*Dataplane, func()) {
 		d := New(n.kernel(), Config{Sysctl: func(string, string) error { return nil }, Routes: RouteTableConfig{Nexthops: true},
+			OnRepair: func(kind, what string) {
+				repairsMu.Lock()
+				repairs = append(repairs, kind+": "+what)
+				repairsMu.Unlock()
+			},
 			OnApply: func(err error, w int, _ time.Duration) {
 				if err != nil {
 					t.Errorf("apply: %v", err)
@@ -340,6 +347,11 @@ blackhole 10.65.0.0/26 proto 83 metric 1024`, id(1), id(2))
 	if s := d.Stats(); s.NexthopRepairs != 1 {
 		t.Fatalf("nexthop repairs: %d", s.NexthopRepairs)
 	}
+	repairsMu.Lock()
+	if want := fmt.Sprintf("nexthop: nexthop object %d (and the routes through it)", id(1)); len(repairs) != 1 || repairs[0] != want {
+		t.Errorf("repairs told: %q, want %q", repairs, want)
+	}
+	repairsMu.Unlock()
 
 	// node-b's tunnel address changes: one write moves both its routes.
 	waitFor(t, "quiet", func() bool { return d.Synced() })

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"time"
@@ -123,6 +124,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			repair := d.routes.NexthopGone(id)
 			if repair {
 				d.stats.NexthopRepairs++
+				d.repairing("nexthop", fmt.Sprintf("nexthop object %d (and the routes through it)", id))
 			}
 			d.mu.Unlock()
 			if repair { // not one sluice deleted itself
@@ -152,6 +154,11 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 				if x.index != 0 && u.linkIndex == x.index {
 					if x.NeighGone(u.ip, u.mac, u.family == unix.AF_BRIDGE) {
 						d.stats.NeighRepairs++
+						what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.ip, u.mac, x.cfg.Name)
+						if u.family == unix.AF_BRIDGE {
+							what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.mac, u.ip, x.cfg.Name)
+						}
+						d.repairing("neighbour", what)
 						repair = true
 					}
 				}
@@ -177,9 +184,11 @@ func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
 		ip, _ := netip.AddrFromSlice(u.Dst.IP)
 		ones, _ := u.Dst.Mask.Size()
 		d.mu.Lock()
-		repair := d.routes.RouteGone(netip.PrefixFrom(ip.Unmap(), ones), u.Priority)
+		dst := netip.PrefixFrom(ip.Unmap(), ones)
+		repair := d.routes.RouteGone(dst, u.Priority)
 		if repair {
 			d.stats.RouteRepairs++
+			d.repairing("route", fmt.Sprintf("route to %s metric %d", dst, u.Priority))
 		}
 		d.mu.Unlock()
 		if repair { // not sluice's own delete of a route it no longer wants
@@ -216,5 +225,12 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 		}
 		d.mu.Unlock()
 		d.Kick()
+	}
+}
+
+// repairing tells the agent (Config.OnRepair) what someone deleted that sluice puts back.
+func (d *Dataplane) repairing(kind, what string) {
+	if f := d.cfg.OnRepair; f != nil {
+		f(kind, what)
 	}
 }

@@ -127,6 +127,25 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		}
 	}
 	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
+	var repairMu sync.Mutex
+	var repairWindow time.Time
+	repairsLogged, repairsHeld := 0, 0
+	cfg.OnRepair = func(kind, what string) {
+		// One line per object, at most 10 a second: a flushed table says how many more.
+		repairMu.Lock()
+		defer repairMu.Unlock()
+		if time.Since(repairWindow) >= time.Second {
+			if repairsHeld > 0 {
+				log.Info().Int("count", repairsHeld).Msg("and more deleted by someone, put back (not each logged)")
+			}
+			repairWindow, repairsLogged, repairsHeld = time.Now(), 0, 0
+		}
+		if repairsLogged++; repairsLogged > 10 {
+			repairsHeld++
+			return
+		}
+		log.Info().Str("kind", kind).Str("object", what).Msg("someone deleted this; putting it back")
+	}
 	cfg.OnLeftover = func(l dataplane.Leftover) {
 		state.leftovers.Inc()
 		switch {
