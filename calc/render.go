@@ -14,7 +14,7 @@ func (v VTEP) MarshalJSON() ([]byte, error) {
 	type plain VTEP
 	return json.Marshal(struct {
 		plain
-		MAC string
+		MAC string `json:"mac"`
 	}{plain(v), v.MAC.String()})
 }
 

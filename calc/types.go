@@ -129,15 +129,15 @@ const (
 
 // Route is one desired route in sluice's table.
 type Route struct {
-	Dst     netip.Prefix
-	Type    RouteType
-	Device  string
-	Gateway netip.Addr
-	OnLink  bool
-	Metric  int
-	Reason  RouteReason
+	Dst     netip.Prefix `json:"dst"`
+	Type    RouteType    `json:"type"`
+	Device  string       `json:"device"`
+	Gateway netip.Addr   `json:"gateway"`
+	OnLink  bool         `json:"onLink"`
+	Metric  int          `json:"metric"`
+	Reason  RouteReason  `json:"reason"`
 	// Node is the node the route leads to ("" for local routes and blackholes).
-	Node string
+	Node string `json:"node"`
 }
 
 func (r Route) String() string {
@@ -164,11 +164,11 @@ func (r Route) String() string {
 // VTEP is a VXLAN tunnel endpoint: a node's tunnel address and MAC, reached at its underlay
 // address. Local is true for this node's own VTEP (the device's address and MAC).
 type VTEP struct {
-	Node       string
-	TunnelAddr netip.Addr
-	MAC        net.HardwareAddr
-	Underlay   netip.Addr
-	Local      bool
+	Node       string           `json:"node"`
+	TunnelAddr netip.Addr       `json:"tunnelAddr"`
+	MAC        net.HardwareAddr `json:"mac"`
+	Underlay   netip.Addr       `json:"underlay"`
+	Local      bool             `json:"local"`
 }
 
 // VTEPKey identifies a VTEP: a node and an address family.
@@ -202,9 +202,9 @@ const (
 // FrontendKey identifies a frontend: address, port and protocol. A node port's wildcard
 // entry has the unspecified address (0.0.0.0 or ::).
 type FrontendKey struct {
-	Addr     netip.Addr
-	Port     uint16
-	Protocol store.Protocol
+	Addr     netip.Addr     `json:"addr"`
+	Port     uint16         `json:"port"`
+	Protocol store.Protocol `json:"protocol"`
 }
 
 func (k FrontendKey) String() string {
@@ -213,9 +213,9 @@ func (k FrontendKey) String() string {
 
 // Backend is one endpoint a frontend forwards to.
 type Backend struct {
-	Addr netip.Addr
-	Port uint16
-	Node string
+	Addr netip.Addr `json:"addr"`
+	Port uint16     `json:"port"`
+	Node string     `json:"node"`
 	// NodeAddr is the underlay address of Node in the backend's family (where node-port
 	// traffic is tunnelled to reach the backend); invalid when the node is unknown or has no
 	// address of that family.
@@ -223,9 +223,9 @@ type Backend struct {
 	// Hazard: it is an input of the frontend like any other, so a node's underlay address
 	// changing must recompute every service with an endpoint on that node, or the frontend
 	// keeps tunnelling to the old address.
-	NodeAddr netip.Addr
+	NodeAddr netip.Addr `json:"nodeAddr"`
 	// Terminating is set when the backend is used only because no endpoint is ready.
-	Terminating bool
+	Terminating bool `json:"terminating"`
 }
 
 // Frontend is one address:port:protocol a service answers on, with its backends.
@@ -239,35 +239,35 @@ type Backend struct {
 // Hazard: forwarding cluster-policy traffic to Backends[:] instead of Backends[ClusterStart:]
 // would send connections to terminating endpoints while ready ones exist.
 type Frontend struct {
-	Key       FrontendKey
-	Kind      FrontendKind
-	Service   string // "namespace/name"
-	ServiceID uint64
-	PortName  string
+	Key       FrontendKey  `json:"key"`
+	Kind      FrontendKind `json:"kind"`
+	Service   string       `json:"service"` // "namespace/name"
+	ServiceID uint64       `json:"serviceID"`
+	PortName  string       `json:"portName"`
 	// ExternalLocal: traffic from outside the cluster goes only to local backends
 	// (externalTrafficPolicy Local on node-port, load-balancer and external-IP frontends).
-	ExternalLocal bool
+	ExternalLocal bool `json:"externalLocal"`
 	// InternalLocal: traffic from inside the cluster to the cluster IP goes only to local
 	// backends (internalTrafficPolicy Local).
-	InternalLocal bool
+	InternalLocal bool `json:"internalLocal"`
 	// AffinityTimeout is the client-IP affinity timeout in seconds; 0 means none.
-	AffinityTimeout int
+	AffinityTimeout int `json:"affinityTimeout"`
 	// SourceRanges limits clients of load-balancer frontends; empty means any.
-	SourceRanges  []netip.Prefix
-	Backends      []Backend
-	LocalBackends int
-	ClusterStart  int
+	SourceRanges  []netip.Prefix `json:"sourceRanges"`
+	Backends      []Backend      `json:"backends"`
+	LocalBackends int            `json:"localBackends"`
+	ClusterStart  int            `json:"clusterStart"`
 	// Present lists every endpoint of the port the slices still name (of the frontend's
 	// family), used or not: established flows to one of them are kept (a terminating
 	// endpoint drains); flows to an endpoint no longer present are stale.
-	Present []netip.AddrPort
+	Present []netip.AddrPort `json:"present"`
 }
 
 // HealthCheck is a health-check node port and what it should answer.
 type HealthCheck struct {
-	Port           uint16
-	Service        string
-	LocalEndpoints int
+	Port           uint16 `json:"port"`
+	Service        string `json:"service"`
+	LocalEndpoints int    `json:"localEndpoints"`
 }
 
 // ClusterNet is a range of addresses inside the cluster: an IP pool's CIDR (Host false, Node
@@ -280,9 +280,9 @@ type HealthCheck struct {
 // claim one address the node whose name sorts first wins (the clash is a Problem), so the
 // result does not depend on which node was written last.
 type ClusterNet struct {
-	Prefix netip.Prefix
-	Host   bool
-	Node   string
+	Prefix netip.Prefix `json:"prefix"`
+	Host   bool         `json:"host"`
+	Node   string       `json:"node"`
 }
 
 func (c ClusterNet) String() string {
@@ -294,6 +294,6 @@ func (c ClusterNet) String() string {
 
 // Problem is something in the input that calc cannot act on, keyed so each is reported once.
 type Problem struct {
-	Key    string
-	Reason string
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
 }

@@ -127,12 +127,12 @@ func (g *Graph) recompute() {
 
 // State is the whole desired state, sorted.
 type State struct {
-	VTEPs        []VTEP
-	ClusterNets  []ClusterNet
-	Routes       []Route
-	Frontends    []Frontend
-	HealthChecks []HealthCheck
-	Problems     []Problem
+	VTEPs        []VTEP        `json:"vteps"`
+	ClusterNets  []ClusterNet  `json:"clusterNets"`
+	Routes       []Route       `json:"routes"`
+	Frontends    []Frontend    `json:"frontends"`
+	HealthChecks []HealthCheck `json:"healthChecks"`
+	Problems     []Problem     `json:"problems"`
 }
 
 // State returns the desired state as it stands (computed up to the last batch).

@@ -33,6 +33,10 @@ func TestPlanLive(t *testing.T) {
 		c.mustCtl("ipam", "claim", "--node", node, "--pool", "pool-vxlan", "--cidr", cidr)
 	}
 	out := c.mustCtl("plan", "--node", "node-a", "-o", "json")
+	// camelCase keys, as status -o json has them.
+	if !strings.Contains(out, `"routes": [`) || !strings.Contains(out, `"dst": "10.65.0.0/26"`) || strings.Contains(out, `"Routes"`) {
+		t.Errorf("plan -o json keys are not camelCase:\n%.400s", out)
+	}
 	var st struct {
 		Routes []struct {
 			Dst, Type, Device, Gateway, Reason string
