@@ -36,13 +36,74 @@ type Error struct {
 	Source string
 	Field  string
 	Reason string
+	// path is the document path of an unknown field ("spec.ports[0].nme"), and Line the
+	// line it is on in its file (0: not known).
+	path string
+	Line int
 }
 
 func (e *Error) Error() string {
-	if e.Field != "" {
-		return fmt.Sprintf("%s: field %s: %s", e.Source, e.Field, e.Reason)
+	at := ""
+	if e.Line > 0 {
+		at = fmt.Sprintf(" (line %d)", e.Line)
 	}
-	return fmt.Sprintf("%s: %s", e.Source, e.Reason)
+	if e.Field != "" {
+		return fmt.Sprintf("%s: field %s%s: %s", e.Source, e.Field, at, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s%s", e.Source, e.Reason, at)
+}
+
+// unknownField is a key of a document that is no field of its kind, spelled exactly.
+type unknownField struct {
+	path, msg string
+}
+
+func (e *unknownField) Error() string { return e.msg }
+
+// asError is a decoding error as an Error, keeping an unknown field's path.
+func asError(err error) *Error {
+	e := &Error{Reason: err.Error()}
+	var uf *unknownField
+	if errors.As(err, &uf) {
+		e.path = uf.path
+	}
+	return e
+}
+
+// lineOf finds the line of the key at path ("spec.ports[0].name") in a YAML document, or 0.
+func lineOf(doc *yaml.Node, path string) int {
+	n := doc
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, seg := range strings.Split(path, ".") {
+		name, idx, _ := strings.Cut(seg, "[")
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		found := false
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == name {
+				line, n, found = n.Content[i].Line, n.Content[i+1], true
+				break
+			}
+		}
+		if !found {
+			return line
+		}
+		for idx != "" { // "0]" or "0][1]"
+			var k int
+			var rest string
+			if _, err := fmt.Sscanf(idx, "%d]", &k); err != nil || n.Kind != yaml.SequenceNode || k >= len(n.Content) {
+				return line
+			}
+			n, line = n.Content[k], n.Content[k].Line
+			_, rest, _ = strings.Cut(idx, "]")
+			idx = strings.TrimPrefix(rest, "[")
+		}
+	}
+	return line
 }
 
 // Parse reads every document of a YAML or JSON stream (YAML "---" separators, a JSON object,
@@ -90,6 +151,9 @@ func Parse(name string, r io.Reader) ([]Document, error) {
 		}
 		d, err := fromMap(src, m)
 		if err != nil {
+			if e, ok := err.(*Error); ok && e.path != "" {
+				e.Line = lineOf(&node, e.path) // point at the field, not only at the document
+			}
 			errs = append(errs, err)
 			continue
 		}
@@ -163,8 +227,9 @@ func ParsePaths(paths []string, stdin io.Reader) ([]Document, error) {
 // Hazard: encoding/json matches names regardless of case, so DisallowUnknownFields alone
 // lets "vxlanmode" through as vxlanMode; exactNames refuses it.
 func strictUnmarshal(b []byte, v any) error {
+	// Unknown fields are exactNames' to find, with their path (encoding/json's own check
+	// names the key alone).
 	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
 		return err
 	}
@@ -208,10 +273,10 @@ func exactNames(doc any, t reflect.Type, path string) error {
 				if !ok {
 					for name := range fields {
 						if strings.EqualFold(name, k) {
-							return fmt.Errorf("unknown field %q (did you mean %q?)", join(k), name)
+							return &unknownField{join(k), fmt.Sprintf("unknown field %q (did you mean %q?)", join(k), name)}
 						}
 					}
-					return fmt.Errorf("unknown field %q", join(k))
+					return &unknownField{join(k), fmt.Sprintf("unknown field %q", join(k))}
 				}
 				if err := exactNames(doc[k], ft, join(k)); err != nil {
 					return err
@@ -286,6 +351,10 @@ func fromMap(src string, generic any) (Document, error) {
 			e.Source = src
 			return Document{}, e
 		}
+		var uf *unknownField
+		if errors.As(err, &uf) {
+			return Document{}, &Error{Source: src, Reason: err.Error(), path: uf.path}
+		}
 		return Document{}, &Error{Source: src, Reason: err.Error()}
 	}
 	if _, err := store.Decode(key, value); err != nil {
@@ -335,7 +404,7 @@ func nameCheck(field, v string) error {
 // the kind and apiVersion as calicoctl and kubectl store them.
 func resource[T any](raw []byte, r *T, meta func(*T) (*store.TypeMeta, *store.ObjectMeta), kind, apiVersion string, namespaced bool, prefix string) (string, []byte, error) {
 	if err := strictUnmarshal(raw, r); err != nil {
-		return "", nil, &Error{Reason: err.Error()}
+		return "", nil, asError(err)
 	}
 	tm, m := meta(r)
 	if err := nameCheck("metadata.name", m.Name); err != nil {
@@ -360,7 +429,6 @@ func resource[T any](raw []byte, r *T, meta func(*T) (*store.TypeMeta, *store.Ob
 
 // build turns a document's JSON into the key and value to store.
 func build(kind store.Kind, raw []byte) (string, []byte, error) {
-	fieldErr := func(err error) error { return &Error{Reason: err.Error()} }
 	switch kind {
 	case store.KindIPPool:
 		return resource(raw, &store.IPPoolResource{}, func(r *store.IPPoolResource) (*store.TypeMeta, *store.ObjectMeta) { return &r.TypeMeta, &r.Metadata },
@@ -384,7 +452,7 @@ func build(kind store.Kind, raw []byte) (string, []byte, error) {
 	case store.KindBlock:
 		var d blockDoc
 		if err := strictUnmarshal(raw, &d); err != nil {
-			return "", nil, fieldErr(err)
+			return "", nil, asError(err)
 		}
 		b := d.AllocationBlock
 		cidr, err := netip.ParsePrefix(b.CIDR)
@@ -400,7 +468,7 @@ func build(kind store.Kind, raw []byte) (string, []byte, error) {
 	case store.KindBlockAffinity:
 		var d affinityDoc
 		if err := strictUnmarshal(raw, &d); err != nil {
-			return "", nil, fieldErr(err)
+			return "", nil, asError(err)
 		}
 		if err := nameCheck("node", d.Node); err != nil {
 			return "", nil, err

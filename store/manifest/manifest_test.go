@@ -75,3 +75,25 @@ func TestParseExactFieldNames(t *testing.T) {
 		t.Fatalf("Parse: %d documents, %v; want 4 and no error", len(docs), err)
 	}
 }
+
+// TestUnknownFieldLine: an unknown field's error gives the field's own line, inside lists too.
+func TestUnknownFieldLine(t *testing.T) {
+	doc := `apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: default
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.10]
+  ports:
+  - name: http
+    port: 80
+  - name: https
+    prot: 443
+`
+	_, err := manifest.Parse("svc.yaml", strings.NewReader(doc))
+	if err == nil || !strings.Contains(err.Error(), `svc.yaml, document 1 (line 1): unknown field "spec.ports[1].prot" (line 13)`) {
+		t.Fatalf("error: %v", err)
+	}
+}
