@@ -58,7 +58,7 @@ var commands = map[string]command{
 	"replay":   {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
 	"plan":     {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
 	"diff":     {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
-	"status":   {"list every node's agent: in sync, lagging (by how many revisions), starting or gone", runStatus},
+	"status":   {"list every node's agent: in sync, lagging by N revisions, failing, starting, gone or none", runStatus},
 	"version":  {"print sluicectl's version (also --version)", runVersion},
 	"services": {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
 }
@@ -168,7 +168,7 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nkinds: ippools, nodes, blocks, blockaffinities, workloadendpoints, services, endpointslices")
+	fmt.Fprintln(w, "\nkinds: ippools (ipp, pool), nodes (no), blocks, blockaffinities (affinity),\n  workloadendpoints (wep), services (svc), endpointslices")
 	fmt.Fprintln(w, "\nglobal flags (also accepted after the command):")
 	a := &app{}
 	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)

@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite docs/configuration.md")
+var update = flag.Bool("update", false, "rewrite docs/configuration.md and testdata/cli/sluiced-help.txt")
 
 func TestConfigPrecedence(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "sluiced.yaml")
@@ -106,6 +106,15 @@ func TestHelpReadsIn80Columns(t *testing.T) {
 		if len(l) > 80 {
 			t.Errorf("line %d is %d columns: %q", i+1, len(l), l)
 		}
+	}
+	path := "../../testdata/cli/sluiced-help.txt"
+	if *update {
+		if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want, err := os.ReadFile(path); err != nil || string(want) != out.String() {
+		t.Errorf("sluiced --help differs from %s (go test ./cmd/sluiced -run HelpReads -update rewrites it): %v\n%s", path, err, out.String())
 	}
 	flags, envs := agentconfig.OptionNames()
 	for i := range flags {
