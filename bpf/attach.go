@@ -112,6 +112,11 @@ func isHookPin(name string) bool {
 // It returns the conflicts found on the hooks it holds.
 func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 	links, err := netlink.LinkList()
+	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 5; try++ {
+		// Interfaces came or went during the dump (a workload starting): ask again rather
+		// than fail the apply over a list that is merely out of date.
+		links, err = netlink.LinkList()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
