@@ -87,30 +87,12 @@ func BenchmarkRouteWrite(b *testing.B) {
 		b.Skip("programs a kernel: needs root")
 	}
 	const total = 20_000
-	name := "sluice-bench-rw-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("%v %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", name).Run()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ns.Close()
+	name, ns, ip := benchNamespace(b, "rw")
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer h.Close()
-	ip := func(args ...string) {
-		if out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput(); err != nil {
-			b.Fatalf("ip %v: %v %s", args, err, out)
-		}
-	}
-	ip("link", "add", "eth0", "type", "veth", "peer", "name", "peth0")
-	ip("addr", "add", "192.0.2.11/24", "dev", "eth0")
-	ip("link", "set", "eth0", "up")
-	ip("link", "set", "peth0", "up")
 	eth0, err := h.LinkByName("eth0")
 	if err != nil {
 		b.Fatal(err)
@@ -319,4 +301,30 @@ func TestRouteBatcherSurvivesLostAnswers(t *testing.T) {
 			t.Fatalf("next batch, route %d: %v", i, err)
 		}
 	}
+}
+
+// benchNamespace makes a network namespace for a benchmark, removed when it ends, with eth0
+// (192.0.2.11/24, a veth whose peer is up) in it; it returns the name, a handle (closed at
+// the end) and a function running `ip -n <name> ARGS`.
+func benchNamespace(b *testing.B, tag string) (string, netns.NsHandle, func(args ...string)) {
+	name := "sluice-bench-" + tag + "-" + strconv.Itoa(os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		b.Fatalf("%v %s", err, out)
+	}
+	b.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
+	ns, err := netns.GetFromName(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ns.Close() })
+	ip := func(args ...string) {
+		if out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput(); err != nil {
+			b.Fatalf("ip %v: %v %s", args, err, out)
+		}
+	}
+	ip("link", "add", "eth0", "type", "veth", "peer", "name", "peth0")
+	ip("addr", "add", "192.0.2.11/24", "dev", "eth0")
+	ip("link", "set", "eth0", "up")
+	ip("link", "set", "peth0", "up")
+	return name, ns, ip
 }

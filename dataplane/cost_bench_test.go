@@ -5,13 +5,10 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -32,25 +29,7 @@ func BenchmarkNewNodeKernelCost(b *testing.B) {
 }
 
 func benchNewNodeCost(b *testing.B, nodes int) {
-	name := "sluice-bench-nn-" + strconv.Itoa(os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("%v %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", name).Run()
-	ns, err := netns.GetFromName(name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ns.Close()
-	ip := func(args ...string) {
-		if out, err := exec.Command("ip", append([]string{"-n", name}, args...)...).CombinedOutput(); err != nil {
-			b.Fatalf("ip %v: %v %s", args, err, out)
-		}
-	}
-	ip("link", "add", "eth0", "type", "veth", "peer", "name", "peth0")
-	ip("addr", "add", "192.0.2.11/24", "dev", "eth0")
-	ip("link", "set", "eth0", "up")
-	ip("link", "set", "peth0", "up")
+	_, ns, ip := benchNamespace(b, "nn")
 	ip("link", "add", "vxlan.sluice", "type", "vxlan", "id", "4096", "dstport", "4789", "dev", "eth0", "local", "192.0.2.11", "nolearning")
 	ip("addr", "add", "10.64.0.0/32", "dev", "vxlan.sluice")
 	ip("link", "set", "vxlan.sluice", "up")

@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/binary"
 	"fmt"
-	"net"
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
@@ -107,61 +106,16 @@ func attachOwnRouteFilter(fd, proto int) error {
 // the kernel deleted, in namespace ns (this one when ns is nil), to ch. The kernel tells of an
 // object deleted by a request (`ip nexthop del`, or sluice itself) but not of the routes that
 // went with it, so this is how such a repair starts. (Objects dropped with their device going
-// down are not told of at all; the link event's resync finds them.) A socket filter passes
-// RTM_DELNEXTHOP only. ch is closed when done is closed or the socket fails; errors go to
-// onErr.
+// down are not told of at all; the link event's resync finds them.) ch is closed when done is
+// closed or the socket fails; errors go to onErr.
 func subscribeNexthopDeletions(ns *netns.NsHandle, proto int, ch chan<- uint32, done <-chan struct{}, onErr func(error)) error {
-	target := netns.None()
-	if ns != nil {
-		target = *ns
-	}
-	s, err := nl.SubscribeAt(target, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_NEXTHOP)
-	if err != nil {
-		return fmt.Errorf("subscribing to nexthop changes: %w", err)
-	}
-	if err := s.SetReceiveBufferSize(subscriptionBuffer, true); err != nil {
-		s.Close()
-		return fmt.Errorf("sizing the nexthop subscription's buffer: %w", err)
-	}
-	if err := attachTypeFilter(s.GetFd(), unix.RTM_DELNEXTHOP); err != nil {
-		s.Close()
-		return fmt.Errorf("attaching the nexthop subscription's filter: %w", err)
-	}
-	go func() {
-		<-done
-		s.Close()
-	}()
-	go func() {
-		defer close(ch)
-		for {
-			msgs, from, err := s.Receive()
-			if err != nil {
-				select {
-				case <-done:
-				default:
-					onErr(fmt.Errorf("nexthop subscription: %w", err))
-				}
-				return
-			}
-			if from.Pid != nl.PidKernel {
-				continue
-			}
-			for _, m := range msgs {
-				if m.Header.Type != unix.RTM_DELNEXTHOP {
-					continue
-				}
-				n, err := parseNexthop(m.Data)
-				if err != nil {
-					onErr(err)
-					continue
-				}
-				if n.Protocol == proto {
-					ch <- n.ID
-				}
-			}
+	return subscribeDeletions(ns, unix.RTNLGRP_NEXTHOP, unix.RTM_DELNEXTHOP, "nexthop", func(b []byte) error {
+		n, err := parseNexthop(b)
+		if err == nil && n.Protocol == proto {
+			ch <- n.ID
 		}
-	}()
-	return nil
+		return err
+	}, done, onErr, func() { close(ch) })
 }
 
 // neighGone is a deleted neighbour or FDB entry, as the watch needs it.
@@ -172,40 +126,70 @@ type neighGone struct {
 }
 
 // subscribeNeighDeletions delivers the kernel's deleted neighbour and FDB entries in namespace
-// ns (this one when ns is nil) to ch. A socket filter passes RTM_DELNEIGH only: sluice's own
-// writes (two entries per remote node, 40,000 at a 20,000-node cold start) and the kernel's
-// state changes of every other neighbour are dropped in the kernel, not parsed and thrown away
-// here. ch is closed when done is closed or the socket fails; errors go to onErr.
+// ns (this one when ns is nil) to ch. sluice's own writes (two entries per remote node, 40,000
+// at a 20,000-node cold start) and the kernel's state changes of every other neighbour are
+// dropped in the kernel, not parsed and thrown away here. ch is closed when done is closed or
+// the socket fails; errors go to onErr.
 func subscribeNeighDeletions(ns *netns.NsHandle, ch chan<- neighGone, done <-chan struct{}, onErr func(error)) error {
+	return subscribeDeletions(ns, unix.RTNLGRP_NEIGH, unix.RTM_DELNEIGH, "neighbour", func(b []byte) error {
+		if len(b) < unix.SizeofNdMsg {
+			return fmt.Errorf("neighbour event: short message (%d bytes)", len(b))
+		}
+		g := neighGone{family: int(b[0]), linkIndex: int(int32(binary.NativeEndian.Uint32(b[4:8])))}
+		attrs, err := nl.ParseRouteAttr(b[unix.SizeofNdMsg:])
+		if err != nil {
+			return fmt.Errorf("neighbour event: %w", err)
+		}
+		for _, a := range attrs {
+			switch a.Attr.Type {
+			case unix.NDA_DST:
+				if ip, ok := netip.AddrFromSlice(a.Value); ok {
+					g.ip = ip.Unmap()
+				}
+			case unix.NDA_LLADDR:
+				g.mac = macOf(a.Value)
+			}
+		}
+		ch <- g
+		return nil
+	}, done, onErr, func() { close(ch) })
+}
+
+// subscribeDeletions subscribes to one rtnetlink group in namespace ns (this one when nil),
+// with a socket filter that passes messages of type typ only, and hands each message's data
+// to deliver, on a goroutine of its own; deliver's errors, and the socket's, go to onErr
+// (what names the subscription in them). ended runs when the reader stops: done closed, or
+// the socket failed.
+func subscribeDeletions(ns *netns.NsHandle, group uint, typ uint16, what string, deliver func([]byte) error, done <-chan struct{}, onErr func(error), ended func()) error {
 	target := netns.None()
 	if ns != nil {
 		target = *ns
 	}
-	s, err := nl.SubscribeAt(target, netns.None(), unix.NETLINK_ROUTE, unix.RTNLGRP_NEIGH)
+	s, err := nl.SubscribeAt(target, netns.None(), unix.NETLINK_ROUTE, group)
 	if err != nil {
-		return fmt.Errorf("subscribing to neighbour changes: %w", err)
+		return fmt.Errorf("subscribing to %s changes: %w", what, err)
 	}
 	if err := s.SetReceiveBufferSize(subscriptionBuffer, true); err != nil {
 		s.Close()
-		return fmt.Errorf("sizing the neighbour subscription's buffer: %w", err)
+		return fmt.Errorf("sizing the %s subscription's buffer: %w", what, err)
 	}
-	if err := attachTypeFilter(s.GetFd(), unix.RTM_DELNEIGH); err != nil {
+	if err := attachTypeFilter(s.GetFd(), uint32(typ)); err != nil {
 		s.Close()
-		return fmt.Errorf("attaching the neighbour subscription's filter: %w", err)
+		return fmt.Errorf("attaching the %s subscription's filter: %w", what, err)
 	}
 	go func() {
 		<-done
 		s.Close()
 	}()
 	go func() {
-		defer close(ch)
+		defer ended()
 		for {
 			msgs, from, err := s.Receive()
 			if err != nil {
 				select {
 				case <-done:
 				default:
-					onErr(fmt.Errorf("neighbour subscription: %w", err))
+					onErr(fmt.Errorf("%s subscription: %w", what, err))
 				}
 				return
 			}
@@ -213,26 +197,12 @@ func subscribeNeighDeletions(ns *netns.NsHandle, ch chan<- neighGone, done <-cha
 				continue
 			}
 			for _, m := range msgs {
-				if m.Header.Type != unix.RTM_DELNEIGH || len(m.Data) < unix.SizeofNdMsg {
+				if m.Header.Type != typ {
 					continue
 				}
-				g := neighGone{family: int(m.Data[0]), linkIndex: int(int32(binary.NativeEndian.Uint32(m.Data[4:8])))}
-				attrs, err := nl.ParseRouteAttr(m.Data[unix.SizeofNdMsg:])
-				if err != nil {
-					onErr(fmt.Errorf("neighbour event: %w", err))
-					continue
+				if err := deliver(m.Data); err != nil {
+					onErr(err)
 				}
-				for _, a := range attrs {
-					switch a.Attr.Type {
-					case unix.NDA_DST:
-						if ip, ok := netip.AddrFromSlice(a.Value); ok {
-							g.ip = ip.Unmap()
-						}
-					case unix.NDA_LLADDR:
-						g.mac = macOf(a.Value)
-					}
-				}
-				ch <- g
 			}
 		}
 	}()
@@ -258,35 +228,9 @@ func attachTypeFilter(fd int, typ uint32) error {
 
 // parseRouteEvent reads what the watch needs of a route message.
 func parseRouteEvent(b []byte) (netlink.Route, error) {
-	if len(b) < unix.SizeofRtMsg {
-		return netlink.Route{}, fmt.Errorf("route event: short message (%d bytes)", len(b))
-	}
-	msg := nl.DeserializeRtMsg(b)
-	r := netlink.Route{Table: int(msg.Table), Protocol: netlink.RouteProtocol(msg.Protocol), Type: int(msg.Type)}
-	attrs, err := nl.ParseRouteAttr(b[unix.SizeofRtMsg:])
+	r, err := parseRoute(b)
 	if err != nil {
 		return netlink.Route{}, fmt.Errorf("route event: %w", err)
 	}
-	bits := 32
-	if msg.Family == unix.AF_INET6 {
-		bits = 128
-	}
-	for _, a := range attrs {
-		switch a.Attr.Type {
-		case unix.RTA_DST:
-			r.Dst = &net.IPNet{IP: net.IP(append([]byte(nil), a.Value...)), Mask: net.CIDRMask(int(msg.Dst_len), bits)}
-		case unix.RTA_TABLE:
-			if len(a.Value) == 4 {
-				r.Table = int(binary.NativeEndian.Uint32(a.Value))
-			}
-		case unix.RTA_PRIORITY:
-			if len(a.Value) == 4 {
-				r.Priority = int(binary.NativeEndian.Uint32(a.Value))
-			}
-		}
-	}
-	if r.Dst == nil { // a default route: no RTA_DST
-		r.Dst = &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
-	}
-	return r, nil
+	return r.Route, nil
 }
