@@ -115,3 +115,36 @@ func mustPrefix(t *testing.T, s string) netip.Prefix {
 	}
 	return p
 }
+
+// TestUnroutableWorkloadsAreProblems: a remote workload's address that needs a route of its own
+// (borrowed from another node's block, or with routes from workloads as in OpenStack) and
+// cannot get one is a problem naming the workload and why; it goes once the node is fixed.
+func TestUnroutableWorkloadsAreProblems(t *testing.T) {
+	wep := func(name, node, addr string) store.Event {
+		return upsert(t, store.WorkloadEndpointPrefix+"openstack/"+name, fmt.Sprintf(`{"kind":"WorkloadEndpoint","apiVersion":"projectcalico.org/v3","metadata":{"name":%q,"namespace":"openstack"},"spec":{"orchestrator":"openstack","node":%q,"interfaceName":"tap%s","ipNetworks":[%q]}}`, name, node, name, addr+"/32"))
+	}
+	nodeEv := func(name, spec string) store.Event {
+		return upsert(t, store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":%s}`, name, spec))
+	}
+	cfg := calc.DefaultConfig("compute-1")
+	cfg.RouteSource = calc.SourceWorkloadIPs
+	g, err := calc.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.OnEvents([]store.Event{
+		upsert(t, store.IPPoolPrefix+"os", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"os"},"spec":{"cidr":"10.70.0.0/16","vxlanMode":"Always","ipipMode":"Never"}}`),
+		nodeEv("compute-1", `{"bgp":{"ipv4Address":"192.0.2.21/24"},"ipv4VXLANTunnelAddr":"10.70.0.1"}`),
+		nodeEv("compute-2", `{"bgp":{"ipv4Address":"192.0.2.22/24"}}`),
+		wep("vm1", "compute-2", "10.70.0.5"),
+		{Type: store.EventInSync},
+	})
+	want := calc.Problem{Key: "workload/10.70.0.5/32", Reason: "workload openstack/vm1 (address 10.70.0.5) on node compute-2 gets no route: node compute-2 has no IPv4 VXLAN tunnel address (spec.ipv4VXLANTunnelAddr)"}
+	if ps := g.State().Problems; !slices.Contains(ps, want) {
+		t.Fatalf("problems %v, want %v", ps, want)
+	}
+	g.OnEvents([]store.Event{nodeEv("compute-2", `{"bgp":{"ipv4Address":"192.0.2.22/24"},"ipv4VXLANTunnelAddr":"10.70.0.2"}`)})
+	if ps := g.State().Problems; len(ps) != 0 {
+		t.Fatalf("problems once compute-2 has its tunnel address: %v", ps)
+	}
+}

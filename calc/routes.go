@@ -113,10 +113,51 @@ func poolName(p *store.IPPool) string {
 	return p.Name
 }
 
+// unroutedWhat names what dst is, for a problem: a workload's address, or a node's block.
+func (g *Graph) unroutedWhat(dst netip.Prefix) string {
+	if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
+		w := g.weps[ids[0]]
+		return fmt.Sprintf("workload %s (address %s) on node %s", ids[0], dst.Addr(), w.Node)
+	}
+	return "block of node " + g.blocks[dst].AffinityNode
+}
+
+// whyNoWorkloadRoute says why a remote workload's address gets no route of its own though it
+// needs one (routes from workloads, or an address borrowed from another node's block), or "".
+func (g *Graph) whyNoWorkloadRoute(dst netip.Prefix) string {
+	if !dst.IsSingleIP() {
+		return ""
+	}
+	ids := g.wepsByNet[dst]
+	if len(ids) == 0 {
+		return ""
+	}
+	w := g.weps[ids[0]]
+	for _, id := range ids {
+		if g.isLocal(g.weps[id].Node) {
+			return ""
+		}
+	}
+	borrowed := false
+	if b := g.blockFor(dst.Addr()); b == nil || b.AffinityNode != w.Node {
+		borrowed = true
+	}
+	if g.cfg.RouteSource != SourceWorkloadIPs && !borrowed {
+		return "" // its block's route covers it
+	}
+	if _, why := g.remoteRouteWhy(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload); why != "-" {
+		return why
+	}
+	return ""
+}
+
 // whyNoRoute says why a remote block gets no route though it is a live block affine to another
 // node, or "" when no route is due (no such block, a local or deleted one, routes from
 // workloads, an IPIP pool: that is reported per pool).
 func (g *Graph) whyNoRoute(dst netip.Prefix) string {
+	if why := g.whyNoWorkloadRoute(dst); why != "" {
+		return why
+	}
 	b := g.blocks[dst]
 	if b == nil || b.AffinityNode == "" || b.Deleted || g.isLocal(b.AffinityNode) || g.cfg.RouteSource != SourceCalicoIPAM {
 		return ""
@@ -231,13 +272,17 @@ func (g *Graph) recomputeRoutes() {
 		// A remote block that gets no route is said, with why (and forgotten once it has
 		// one or is gone): otherwise traffic to it only follows the default route.
 		key := "block/" + dst.String()
+		if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
+			key = "workload/" + dst.String()
+		}
 		if !ok {
 			if why := g.whyNoRoute(dst); why != "" {
-				g.problem(key, fmt.Sprintf("block of node %s gets no route: %s", g.blocks[dst].AffinityNode, why))
+				g.problem(key, g.unroutedWhat(dst)+" gets no route: "+why)
 				continue
 			}
 		}
-		delete(g.problems, key)
+		delete(g.problems, "block/"+dst.String())
+		delete(g.problems, "workload/"+dst.String())
 	}
 	reset(&g.dirtyDst, n)
 }
