@@ -141,6 +141,8 @@ type Graph struct {
 	hcClaims  map[uint16]map[string]HealthCheck
 	health    map[uint16]HealthCheck
 	problems  map[string]string
+	// routeProblems holds the problem key of each destination that gets no route though due.
+	routeProblems map[netip.Prefix]string
 
 	inSync  bool
 	emitted bool
@@ -184,6 +186,7 @@ func New(cfg Config) (*Graph, error) {
 		hcClaims:        map[uint16]map[string]HealthCheck{},
 		health:          map[uint16]HealthCheck{},
 		problems:        map[string]string{},
+		routeProblems:   map[netip.Prefix]string{},
 	}, nil
 }
 
@@ -194,7 +197,7 @@ func (g *Graph) Config() Config { return g.cfg }
 // before the first in-sync and whenever nothing changed, a full state at the first in-sync,
 // deltas after.
 func (g *Graph) OnEvents(batch []store.Event) *Update {
-	g.expect(len(batch))
+	sized := g.expect(len(batch))
 	for i := range batch {
 		g.apply(&batch[i])
 	}
@@ -202,6 +205,11 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	// work overlaps the reading of etcd (which reads pools and nodes before blocks); nothing is
 	// emitted before it.
 	g.recompute()
+	if sized {
+		// Emptied by recompute but still the size of the batch (a page that dirtied few
+		// destinations keeps a set cleared, not replaced): give the room back.
+		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, set[netip.Prefix]{}, set[string]{}
+	}
 	g.checkSelf()
 	if !g.inSync {
 		g.pending = pendingOps{}
@@ -218,9 +226,9 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 // expect sizes the empty dirty sets for a large batch (a page of a cold start): grown one key
 // at a time, a set of 20,000 copies itself a dozen times, and at a 20,000-node start the maps
 // growing took a sixth of the CPU.
-func (g *Graph) expect(n int) {
+func (g *Graph) expect(n int) (sized bool) {
 	if n < 1024 {
-		return
+		return false
 	}
 	if len(g.dirtyDst) == 0 {
 		g.dirtyDst = make(set[netip.Prefix], n)
@@ -231,6 +239,7 @@ func (g *Graph) expect(n int) {
 	if len(g.dirtyVTEP) == 0 {
 		g.dirtyVTEP = make(set[string], n)
 	}
+	return true
 }
 
 // sized returns m, or an empty map with room for n when m is empty and n is large: the

@@ -87,7 +87,8 @@ func (g *Graph) remoteRouteWhy(dst netip.Prefix, node string, pool *store.IPPool
 		}
 		vxlan = !us.IsValid() || !them.IsValid() || !us.Masked().Contains(them.Addr())
 	}
-	noAddr := fmt.Sprintf("node %s has no %s address (%s)", node, family, addrField)
+	// (The reasons are built only when there is no route: this runs for every remote block.)
+	noAddr := func() string { return fmt.Sprintf("node %s has no %s address (%s)", node, family, addrField) }
 	if vxlan {
 		t := tunnelAddr(n, dst.Addr())
 		switch {
@@ -96,12 +97,12 @@ func (g *Graph) remoteRouteWhy(dst netip.Prefix, node string, pool *store.IPPool
 		case !t.IsValid():
 			return Route{}, fmt.Sprintf("node %s has no %s VXLAN tunnel address (%s)", node, family, tunnelField)
 		case !them.IsValid():
-			return Route{}, noAddr
+			return Route{}, noAddr()
 		}
 		return Route{Dst: dst, Type: RouteUnicast, Device: g.vxlanDevice(t), Gateway: t, OnLink: true, Reason: reason, Node: node}, ""
 	}
 	if !them.IsValid() {
-		return Route{}, noAddr
+		return Route{}, noAddr()
 	}
 	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: them.Addr(), OnLink: true, Reason: reason, Node: node}, ""
 }
@@ -271,18 +272,26 @@ func (g *Graph) recomputeRoutes() {
 		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)
 		// A remote block that gets no route is said, with why (and forgotten once it has
 		// one or is gone): otherwise traffic to it only follows the default route.
-		key := "block/" + dst.String()
-		if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
-			key = "workload/" + dst.String()
-		}
 		if !ok {
 			if why := g.whyNoRoute(dst); why != "" {
+				key := "block/" + dst.String()
+				if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
+					key = "workload/" + dst.String()
+				}
+				if old, had := g.routeProblems[dst]; had && old != key {
+					delete(g.problems, old)
+				}
+				g.routeProblems[dst] = key
 				g.problem(key, g.unroutedWhat(dst)+" gets no route: "+why)
 				continue
 			}
 		}
-		delete(g.problems, "block/"+dst.String())
-		delete(g.problems, "workload/"+dst.String())
+		// (Looked up by destination: building the problem's key for every destination
+		// recomputed cost a cold start of 100,000 workloads half a million allocations.)
+		if key, had := g.routeProblems[dst]; had {
+			delete(g.problems, key)
+			delete(g.routeProblems, dst)
+		}
 	}
 	reset(&g.dirtyDst, n)
 }
