@@ -164,8 +164,8 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		// The VTEPs the devices hold that the update lacks (each device holds its family's).
 		for _, x := range d.devices() {
-			for _, v := range x.remotes {
-				if !seenV[v.Key()] {
+			for node, r := range x.remotes {
+				if v := r.vtep(node); !seenV[v.Key()] {
 					x.DeleteVTEP(v)
 				}
 			}

@@ -49,7 +49,7 @@ type VXLAN struct {
 	local *calc.VTEP
 	// remotes are the remote VTEPs by node; neigh: remote tunnel address → MAC; fdb: remote
 	// MAC → underlay address.
-	remotes  map[string]calc.VTEP
+	remotes  map[string]remoteVTEP
 	neigh    *Tracker[netip.Addr, macAddr]
 	fdb      *Tracker[macAddr, netip.Addr]
 	needRead bool
@@ -80,7 +80,7 @@ func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 		cfg.Port = DefaultVXLANPort
 	}
 	eq := func(a, b macAddr) bool { return a == b }
-	return &VXLAN{k: k, cfg: cfg, remotes: map[string]calc.VTEP{}, neigh: NewTracker[netip.Addr, macAddr](eq),
+	return &VXLAN{k: k, cfg: cfg, remotes: map[string]remoteVTEP{}, neigh: NewTracker[netip.Addr, macAddr](eq),
 		fdb: NewTracker[macAddr, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
 }
 
@@ -104,16 +104,27 @@ func (x *VXLAN) SetVTEP(v calc.VTEP) {
 		x.deviceChecked = false
 		return
 	}
-	if old, ok := x.remotes[v.Node]; ok && !sameVTEP(old, v) {
-		x.DeleteVTEP(old) // its MAC or addresses changed: the old entries are not wanted
+	if old, ok := x.remotes[v.Node]; ok && !old.is(v) {
+		x.DeleteVTEP(old.vtep(v.Node)) // its MAC or addresses changed: the old entries are not wanted
 	}
-	x.remotes[v.Node] = v
+	x.remotes[v.Node] = remoteVTEP{tunnel: v.TunnelAddr, underlay: v.Underlay, mac: macOf(v.MAC)}
 	x.neigh.SetDesired(v.TunnelAddr, macOf(v.MAC))
 	x.fdb.SetDesired(macOf(v.MAC), v.Underlay)
 }
 
-func sameVTEP(a, b calc.VTEP) bool {
-	return a.TunnelAddr == b.TunnelAddr && a.Underlay == b.Underlay && bytes.Equal(a.MAC, b.MAC)
+// remoteVTEP is what the device needs of a remote VTEP: its addresses and MAC by value, not
+// calc's VTEP (a copy of every node's, with its MAC as a slice, at 20,000 nodes).
+type remoteVTEP struct {
+	tunnel, underlay netip.Addr
+	mac              macAddr
+}
+
+func (r remoteVTEP) is(v calc.VTEP) bool {
+	return r.tunnel == v.TunnelAddr && r.underlay == v.Underlay && r.mac == macOf(v.MAC)
+}
+
+func (r remoteVTEP) vtep(node string) calc.VTEP {
+	return calc.VTEP{Node: node, TunnelAddr: r.tunnel, Underlay: r.underlay, MAC: r.mac.hw()}
 }
 
 // DeleteVTEP withdraws a VTEP.
@@ -126,7 +137,7 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 		x.deviceChecked = false // the device goes at the next Apply
 		return
 	}
-	if old, ok := x.remotes[v.Node]; ok && sameVTEP(old, v) {
+	if old, ok := x.remotes[v.Node]; ok && old.is(v) {
 		delete(x.remotes, v.Node)
 	}
 	if mac, ok := x.neigh.Desired(v.TunnelAddr); ok && mac == macOf(v.MAC) {
