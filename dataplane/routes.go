@@ -21,16 +21,20 @@ type routeKey struct {
 }
 
 // kernelRoute is the part of a kernel route sluice decides.
+//
+// Its fields are as narrow as the kernel's (a type, a scope and a protocol are bytes, an
+// interface index 32 bits): the route table holds two of these per route (desired and
+// actual), 20,000 of each at 20,000 nodes.
 type kernelRoute struct {
-	typ      int
-	link     int
-	gw       netip.Addr
-	onlink   bool
-	scope    netlink.Scope
-	protocol netlink.RouteProtocol
+	gw   netip.Addr
+	link int32
 	// nh is the nexthop object the route goes through (link, gw and onlink are then unset:
 	// they are the object's).
-	nh uint32
+	nh       uint32
+	typ      uint8
+	scope    netlink.Scope
+	protocol uint8
+	onlink   bool
 }
 
 // RouteReporter hears what the route table does beyond its own routes.
@@ -215,7 +219,7 @@ func routeType(t calc.RouteType) int {
 
 // resolve turns a calc route into its kernel form, or false when its device is missing.
 func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent, parent6 int) (kernelRoute, bool) {
-	kr := kernelRoute{typ: routeType(r.Type), gw: r.Gateway, onlink: r.OnLink, protocol: netlink.RouteProtocol(t.cfg.Protocol)}
+	kr := kernelRoute{typ: uint8(routeType(r.Type)), gw: r.Gateway, onlink: r.OnLink, protocol: uint8(t.cfg.Protocol)}
 	if kr.typ != unix.RTN_UNICAST {
 		return kr, true
 	}
@@ -225,9 +229,9 @@ func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent, parent6
 		if r.Dst.Addr().Is6() {
 			parent, parent6 = parent6, parent
 		}
-		kr.link = parent
+		kr.link = int32(parent)
 		if kr.link == 0 {
-			kr.link = parent6
+			kr.link = int32(parent6)
 		}
 		if kr.link == 0 {
 			return kr, false
@@ -237,7 +241,7 @@ func (t *RouteTable) resolve(r calc.Route, links map[string]int, parent, parent6
 		if !ok {
 			return kr, false
 		}
-		kr.link = idx
+		kr.link = int32(idx)
 	}
 	if !r.Gateway.IsValid() && r.Dst.Addr().Is4() {
 		kr.scope = netlink.SCOPE_LINK // IPv6 routes are always reported as scope universe
@@ -255,7 +259,7 @@ func fromKernel(r Route) (routeKey, kernelRoute, bool) {
 	}
 	ones, _ := r.Dst.Mask.Size()
 	dst := netip.PrefixFrom(ip.Unmap(), ones)
-	kr := kernelRoute{typ: r.Type, link: r.LinkIndex, onlink: r.Flags&unix.RTNH_F_ONLINK != 0, scope: r.Scope, protocol: r.Protocol}
+	kr := kernelRoute{typ: uint8(r.Type), link: int32(r.LinkIndex), onlink: r.Flags&unix.RTNH_F_ONLINK != 0, scope: r.Scope, protocol: uint8(r.Protocol)}
 	if r.Gw != nil {
 		gw, _ := netip.AddrFromSlice(r.Gw)
 		kr.gw = gw.Unmap()
@@ -276,13 +280,13 @@ func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *Route {
 	r := &netlink.Route{
 		Dst:      &net.IPNet{IP: k.dst.Addr().AsSlice(), Mask: net.CIDRMask(k.dst.Bits(), bits)},
 		Table:    t.cfg.Table,
-		Protocol: kr.protocol,
+		Protocol: netlink.RouteProtocol(kr.protocol),
 		Priority: k.metric,
-		Type:     kr.typ,
+		Type:     int(kr.typ),
 		Scope:    kr.scope,
 	}
 	if kr.typ == unix.RTN_UNICAST {
-		r.LinkIndex = kr.link
+		r.LinkIndex = int(kr.link)
 	}
 	if kr.gw.IsValid() {
 		r.Gw = kr.gw.AsSlice()
@@ -351,7 +355,7 @@ func (t *RouteTable) prepare() error {
 		}
 		delete(t.unres, k)
 		if t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid() {
-			rec := t.nh.use(k, nexthopKey{node: r.Node, link: kr.link, gw: kr.gw, onlink: kr.onlink})
+			rec := t.nh.use(k, nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink})
 			via = append(via, viaObject{k, kernelRoute{typ: kr.typ, protocol: kr.protocol}, rec})
 			return
 		}
