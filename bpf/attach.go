@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
 )
 
@@ -111,12 +112,7 @@ func isHookPin(name string) bool {
 // Sync attaches to every wanted interface present now and detaches from every other one.
 // It returns the conflicts found on the hooks it holds.
 func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
-	links, err := netlink.LinkList()
-	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 5; try++ {
-		// Interfaces came or went during the dump (a workload starting): ask again rather
-		// than fail the apply over a list that is merely out of date.
-		links, err = netlink.LinkList()
-	}
+	links, err := dataplane.DumpAgain(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}

@@ -143,6 +143,7 @@ type Graph struct {
 	problems  map[string]string
 	// routeProblems holds the problem key of each destination that gets no route though due.
 	routeProblems map[netip.Prefix]string
+	selfKey       string // this agent's own Node's problem key, made once
 
 	inSync  bool
 	emitted bool
@@ -156,6 +157,7 @@ func New(cfg Config) (*Graph, error) {
 	}
 	return &Graph{
 		cfg:             cfg,
+		selfKey:         "node/" + cfg.NodeName,
 		pools:           map[string]*store.IPPool{},
 		nodes:           map[string]*store.Node{},
 		blocks:          map[netip.Prefix]*store.Block{},
@@ -558,13 +560,12 @@ func (g *Graph) SelfMissing() bool { return g.inSync && g.nodes[g.cfg.NodeName] 
 
 // checkSelf makes this agent's own Node missing a problem (and forgets it once it is there).
 func (g *Graph) checkSelf() {
-	key := "node/" + g.cfg.NodeName
 	if g.SelfMissing() {
-		g.problem(key, fmt.Sprintf("this agent's node %s is not in etcd (no %s%s): it programs no route, VTEP or blackhole for it; check the node name (option node-name; Calico names nodes by the lower-cased hostname)",
+		g.problem(g.selfKey, fmt.Sprintf("this agent's node %s is not in etcd (no %s%s): it programs no route, VTEP or blackhole for it; check the node name (option node-name; Calico names nodes by the lower-cased hostname)",
 			g.cfg.NodeName, store.NodePrefix, g.cfg.NodeName))
 		return
 	}
-	delete(g.problems, key)
+	delete(g.problems, g.selfKey)
 }
 
 // ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).

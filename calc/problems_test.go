@@ -22,7 +22,7 @@ func TestUnroutableBlocksAreProblems(t *testing.T) {
 		return upsert(t, store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":%s}`, name, spec))
 	}
 	block := func(cidr, node string) store.Event {
-		key := store.BlockKey(mustPrefix(t, cidr))
+		key := store.BlockKey(netip.MustParsePrefix(cidr))
 		return upsert(t, key, fmt.Sprintf(`{"cidr":%q,"affinity":"host:%s","allocations":[%s],"unallocated":[],"attributes":[],"deleted":false}`,
 			cidr, node, strings.TrimSuffix(strings.Repeat("null,", 64), ",")))
 	}
@@ -105,15 +105,6 @@ func countBlockProblems(ps []calc.Problem) int {
 		}
 	}
 	return n
-}
-
-func mustPrefix(t *testing.T, s string) netip.Prefix {
-	t.Helper()
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // TestUnroutableWorkloadsAreProblems: a remote workload's address that needs a route of its own

@@ -114,13 +114,13 @@ func poolName(p *store.IPPool) string {
 	return p.Name
 }
 
-// unroutedWhat names what dst is, for a problem: a workload's address, or a node's block.
-func (g *Graph) unroutedWhat(dst netip.Prefix) string {
+// unrouted is the problem key of a destination that gets no route though due, and what it is:
+// a workload's address, or a node's block.
+func (g *Graph) unrouted(dst netip.Prefix) (key, what string) {
 	if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
-		w := g.weps[ids[0]]
-		return fmt.Sprintf("workload %s (address %s) on node %s", ids[0], dst.Addr(), w.Node)
+		return "workload/" + dst.String(), fmt.Sprintf("workload %s (address %s) on node %s", ids[0], dst.Addr(), g.weps[ids[0]].Node)
 	}
-	return "block of node " + g.blocks[dst].AffinityNode
+	return "block/" + dst.String(), "block of node " + g.blocks[dst].AffinityNode
 }
 
 // whyNoWorkloadRoute says why a remote workload's address gets no route of its own though it
@@ -274,15 +274,12 @@ func (g *Graph) recomputeRoutes() {
 		// one or is gone): otherwise traffic to it only follows the default route.
 		if !ok {
 			if why := g.whyNoRoute(dst); why != "" {
-				key := "block/" + dst.String()
-				if ids := g.wepsByNet[dst]; len(ids) > 0 && dst.IsSingleIP() {
-					key = "workload/" + dst.String()
-				}
+				key, what := g.unrouted(dst)
 				if old, had := g.routeProblems[dst]; had && old != key {
 					delete(g.problems, old)
 				}
 				g.routeProblems[dst] = key
-				g.problem(key, g.unroutedWhat(dst)+" gets no route: "+why)
+				g.problem(key, what+" gets no route: "+why)
 				continue
 			}
 		}

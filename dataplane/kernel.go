@@ -136,7 +136,7 @@ func (k *netlinkKernel) RouteDel(r *netlink.Route) error {
 }
 
 func (k *netlinkKernel) LinkIndexes() (map[string]int, error) {
-	links, err := dumpAgain(k.h.LinkList)
+	links, err := DumpAgain(k.h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -147,12 +147,12 @@ func (k *netlinkKernel) LinkIndexes() (map[string]int, error) {
 	return out, nil
 }
 
-func (k *netlinkKernel) Links() ([]netlink.Link, error) { return dumpAgain(k.h.LinkList) }
+func (k *netlinkKernel) Links() ([]netlink.Link, error) { return DumpAgain(k.h.LinkList) }
 
-// dumpAgain runs a netlink dump again when the kernel says its objects changed during it
+// DumpAgain runs a netlink dump again when the kernel says its objects changed during it
 // (ErrDumpInterrupted: a workload's interface appearing, say), up to five times: an apply must
 // not fail over a list that is merely out of date.
-func dumpAgain[T any](dump func() (T, error)) (T, error) {
+func DumpAgain[T any](dump func() (T, error)) (T, error) {
 	v, err := dump()
 	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 5; try++ {
 		v, err = dump()
@@ -161,7 +161,7 @@ func dumpAgain[T any](dump func() (T, error)) (T, error) {
 }
 
 func (k *netlinkKernel) LinkHoldingAddr(addr []byte) (int, error) {
-	addrs, err := dumpAgain(func() ([]netlink.Addr, error) { return k.h.AddrList(nil, netlink.FAMILY_ALL) })
+	addrs, err := DumpAgain(func() ([]netlink.Addr, error) { return k.h.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return 0, fmt.Errorf("listing addresses: %w", err)
 	}
@@ -255,7 +255,7 @@ func (k *netlinkKernel) AddrDel(name string, p netip.Prefix) error {
 }
 
 func (k *netlinkKernel) Neighs(linkIndex, family int) ([]netlink.Neigh, error) {
-	return dumpAgain(func() ([]netlink.Neigh, error) { return k.h.NeighList(linkIndex, family) })
+	return DumpAgain(func() ([]netlink.Neigh, error) { return k.h.NeighList(linkIndex, family) })
 }
 
 func (k *netlinkKernel) NeighSet(n *netlink.Neigh) error { return k.h.NeighSet(n) }

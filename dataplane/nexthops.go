@@ -62,8 +62,9 @@ type nexthops struct {
 	// whose IDs are given to a new object of the same node (a moved gateway) or deleted at
 	// the next assign.
 	needID, freed map[*nexthopRec]bool
-	// foreign holds the IDs of other programs' objects, as of the last read: never taken.
-	foreign map[uint32]bool
+	// foreign holds the IDs of other programs' objects, with their protocol, as of the last
+	// read: never taken.
+	foreign map[uint32]int
 	// unclaimed maps the value of each of sluice's objects found in the kernel that no
 	// desired object holds yet to its ID: adopted by the first desired object of that value.
 	unclaimed map[nexthopValue]uint32
@@ -74,7 +75,7 @@ type nexthops struct {
 func newNexthops(protocol int) *nexthops {
 	return &nexthops{tracker: NewTracker[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
 		byKey: map[nexthopKey]*nexthopRec{}, ofRoute: map[routeKey]*nexthopRec{}, needID: map[*nexthopRec]bool{},
-		freed: map[*nexthopRec]bool{}, foreign: map[uint32]bool{}, unclaimed: map[nexthopValue]uint32{},
+		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{},
 		base: uint32(protocol) << 24, next: 1}
 }
 
@@ -170,7 +171,8 @@ func (n *nexthops) newID() uint32 {
 	for {
 		id := n.base | n.next
 		n.next = n.next%(1<<24-1) + 1
-		if _, wanted := n.tracker.Desired(id); wanted || n.foreign[id] {
+		_, wanted := n.tracker.Desired(id)
+		if _, other := n.foreign[id]; wanted || other {
 			continue
 		}
 		if _, held := n.tracker.Actual(id); held {
@@ -187,12 +189,10 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 	actual := make(map[uint32]nexthopValue, len(n.byKey))
 	clear(n.foreign)
 	n.unclaimed = emptied(n.unclaimed)
-	foreignProto := map[uint32]int{}
 	for _, nh := range all {
 		switch {
 		case nh.Protocol != protocol:
-			n.foreign[nh.ID] = true
-			foreignProto[nh.ID] = nh.Protocol
+			n.foreign[nh.ID] = nh.Protocol
 		case nh.Other:
 			// One of sluice's IDs holding a kind sluice never makes: replaced or deleted like
 			// any of its objects that differs.
@@ -208,8 +208,8 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 		if rec.id == 0 {
 			continue
 		}
-		if n.foreign[rec.id] {
-			conflict(rec.id, foreignProto[rec.id])
+		if protocol, other := n.foreign[rec.id]; other {
+			conflict(rec.id, protocol)
 			n.tracker.DeleteDesired(rec.id)
 			rec.id = 0
 			n.needID[rec] = true

@@ -355,7 +355,8 @@ blackhole 10.65.0.0/26 proto 83 metric 1024`, id(1), id(2))
 
 	// node-b's tunnel address changes: one write moves both its routes.
 	waitFor(t, "quiet", func() bool { return d.Synced() })
-	writes.Store(0)
+	routeTableWrites := func() int { d.mu.Lock(); defer d.mu.Unlock(); return d.routes.Writes() }
+	before := routeTableWrites()
 	vB2 := vB
 	vB2.TunnelAddr = ip("10.65.0.99")
 	d.OnUpdate(&calc.Update{Ops: []calc.Op{{VTEP: &vB2}, {Route: ptr(moved(nbBlock1, "10.65.0.99"))}, {Route: ptr(moved(nbBlock2, "10.65.0.99"))}}})
@@ -367,9 +368,12 @@ blackhole 10.65.0.0/26 proto 83 metric 1024`, id(1), id(2))
 	}
 	time.Sleep(50 * time.Millisecond)
 	// The neighbour and FDB entry of the new address and the old ones' removal are the VXLAN
-	// device's; of the routes and objects, one write.
+	// device's; of the routes and objects, one write: the object replaced in place.
 	if s := d.Stats(); s.ProgrammedRoutes != 5 {
 		t.Fatalf("stats after the move: %+v", s)
+	}
+	if w := routeTableWrites() - before; w != 1 {
+		t.Errorf("the move took %d route and object writes, want 1", w)
 	}
 
 	// The VXLAN device down and up: the kernel flushed its objects and their routes.

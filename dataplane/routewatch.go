@@ -78,17 +78,13 @@ func subscribeRoutes(ns *netns.NsHandle, proto int, ch chan<- netlink.RouteUpdat
 // program reads the message from its start: nlmsg_type is a host-order u16 at offset 4, and
 // rtm_protocol the sixth byte of the rtmsg after the 16-byte header.
 func attachOwnRouteFilter(fd, proto int) error {
-	typeLow := uint32(4) // the low byte of nlmsg_type (every rtnetlink type is below 256)
-	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
-		typeLow = 5 // big-endian host
-	}
 	const (
 		ldb = unix.BPF_LD | unix.BPF_B | unix.BPF_ABS
 		jeq = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
 		ret = unix.BPF_RET | unix.BPF_K
 	)
 	prog := []unix.SockFilter{
-		{Code: ldb, K: typeLow},
+		{Code: ldb, K: typeLowByte()},
 		{Code: jeq, Jt: 0, Jf: 3, K: unix.RTM_NEWROUTE}, // not a new route: pass
 		{Code: ldb, K: unix.NLMSG_HDRLEN + 5},           // rtm_protocol
 		{Code: jeq, Jt: 0, Jf: 1, K: uint32(proto)},     // another program's: pass
@@ -209,15 +205,21 @@ func subscribeDeletions(ns *netns.NsHandle, group uint, typ uint16, what string,
 	return nil
 }
 
+// typeLowByte is the offset of nlmsg_type's low byte in a netlink message, where a classic BPF
+// program reads the type (every rtnetlink type is below 256): 4 on a little-endian host, 5 on
+// a big-endian one.
+func typeLowByte() uint32 {
+	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
+		return 5
+	}
+	return 4
+}
+
 // attachTypeFilter attaches a classic BPF program to a subscription's socket that passes
 // messages of type typ only.
 func attachTypeFilter(fd int, typ uint32) error {
-	typeLow := uint32(4) // the low byte of nlmsg_type (every rtnetlink type is below 256)
-	if binary.NativeEndian.Uint16([]byte{0, 1}) == 1 {
-		typeLow = 5 // big-endian host
-	}
 	prog := []unix.SockFilter{
-		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: typeLow},
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: typeLowByte()},
 		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, Jf: 0, K: typ},
 		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
 		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},

@@ -27,6 +27,9 @@ const (
 )
 
 // Kinds lists every kind in dump order.
+// lastKind is the highest Kind: arrays indexed by kind are sized by it (keep it the last).
+const lastKind = KindEndpointSlice
+
 var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice}
 
 var kindNames = [...]string{"", "IPPool", "Node", "Block", "BlockAffinity", "WorkloadEndpoint", "Service", "EndpointSlice"}

@@ -121,9 +121,11 @@ func runGet(ctx context.Context, a *app, args []string) error {
 	}
 	// Blocks and affinities in address order, not their keys' text order (10.65.0.64/26
 	// before 10.65.0.128/26).
-	slices.SortStableFunc(resp.Kvs, func(a, b *mvccpb.KeyValue) int {
-		return cmp.Compare(sortKey(string(a.Key)), sortKey(string(b.Key)))
-	})
+	order := make(map[*mvccpb.KeyValue]string, len(resp.Kvs)) // each key's sort key, once
+	for _, kv := range resp.Kvs {
+		order[kv] = sortKey(string(kv.Key))
+	}
+	slices.SortStableFunc(resp.Kvs, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(order[a], order[b]) })
 	var objs []store.Object
 	var docs []map[string]any
 	for _, kv := range resp.Kvs {

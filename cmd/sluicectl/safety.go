@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/ipam"
 	"github.com/sluice-net/sluice/store/manifest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -94,7 +95,7 @@ func orphans(ctx context.Context, cli *clientv3.Client, kind store.Kind, id stri
 			return nil, nil // an invalid pool holds nothing sluice can see
 		}
 		cidr := o.(*store.IPPool).CIDR
-		blocks, err := listBlocks(ctx, cli)
+		blocks, err := ipam.New(cli).Blocks(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -104,7 +105,7 @@ func orphans(ctx context.Context, cli *clientv3.Client, kind store.Kind, id stri
 			}
 		}
 	case store.KindNode:
-		blocks, err := listBlocks(ctx, cli)
+		blocks, err := ipam.New(cli).Blocks(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -132,20 +133,6 @@ func orphans(ctx context.Context, cli *clientv3.Client, kind store.Kind, id stri
 		}
 		if n > 0 {
 			out = append(out, fmt.Sprintf("%d workload endpoints", n))
-		}
-	}
-	return out, nil
-}
-
-func listBlocks(ctx context.Context, cli *clientv3.Client) ([]*store.Block, error) {
-	resp, err := cli.Get(ctx, store.BlockPrefix, clientv3.WithPrefix())
-	if err != nil {
-		return nil, err
-	}
-	var out []*store.Block
-	for _, kv := range resp.Kvs {
-		if o, err := store.Decode(string(kv.Key), kv.Value); err == nil {
-			out = append(out, o.(*store.Block))
 		}
 	}
 	return out, nil

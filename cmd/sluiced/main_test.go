@@ -518,22 +518,79 @@ func checkHealth(t *testing.T, addr string) {
 	if code, _ := get(t, "http://"+addr+"/livez"); code != 200 {
 		t.Errorf("/livez = %d", code)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		code, _ := get(t, "http://"+addr+"/readyz")
-		if code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz = %d after in-sync", code)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReadyz(t, addr, 200, "", 5*time.Second)
 	_, body := get(t, "http://"+addr+"/metrics")
 	for _, want := range []string{"sluice_etcd_in_sync 1", `sluice_events_total{kind="IPPool",type="upsert"}`, `sluice_objects{kind="Node"} `, "sluice_ready 1", "sluice_etcd_revision ", "sluice_build_info{goversion=\"go"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// testAgent is one agent a test runs in this process, with its log and health address.
+type testAgent struct {
+	logs       *logBuffer
+	healthAddr string
+	cancel     context.CancelFunc
+	done       chan error
+	stopOnce   sync.Once
+	err        error
+}
+
+// runAgent runs the agent for node-a with etcd at endpoint only, without dataplane
+// or services; args add to these (a later flag wins: --node-name names another node). The test's cleanup stops it if the test did not.
+func runAgent(t *testing.T, endpoint string, args ...string) *testAgent {
+	t.Helper()
+	a := &testAgent{logs: &logBuffer{}, healthAddr: freeAddr(t), done: make(chan error, 1)}
+	c, err := agentconfig.Parse(append([]string{"--etcd-endpoints", endpoint, "--node-name", "node-a", "--log-level", "debug",
+		"--dataplane=false", "--services=false", "--health-listen", a.healthAddr}, args...), envOf(nil), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(a.logs).Level(zerolog.DebugLevel).With().Str("node", c.NodeName).Logger()
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	go func() { a.done <- run(ctx, c, log) }()
+	t.Cleanup(func() { a.stop() })
+	return a
+}
+
+// stop cancels the agent and returns what run returned. It is idempotent.
+func (a *testAgent) stop() error {
+	a.stopOnce.Do(func() {
+		a.cancel()
+		a.err = <-a.done
+	})
+	return a.err
+}
+
+// loadedEtcd starts etcd with the sample cluster (loadCluster) and returns it, a client of
+// it (closed by the test's cleanup) and what every kind should count.
+func loadedEtcd(t *testing.T) (*etcdtest.Server, *clientv3.Client, map[string]any) {
+	t.Helper()
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return srv, cli, loadCluster(t, cli)
+}
+
+// waitReadyz polls addr's /readyz until it answers code with a body holding want, and
+// returns the body; the test fails after timeout.
+func waitReadyz(t *testing.T, addr string, code int, want string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got, body := get(t, "http://"+addr+"/readyz")
+		if got == code && strings.Contains(body, want) {
+			return body
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %q after %v, want %d with %q", got, body, timeout, code, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -555,46 +612,20 @@ func metric(t *testing.T, addr, name string) string {
 // metrics, logs it once, stays live, and once the link is back is ready again with what
 // changed meanwhile (issue #10: the outage used to be invisible on the node).
 func TestRunEtcdSilence(t *testing.T) {
-	srv := etcdtest.New(t)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	loadCluster(t, cli)
+	srv, cli, _ := loadedEtcd(t)
 	proxy, err := etcdtest.NewProxy(srv.Endpoint())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	healthAddr := freeAddr(t)
-	c, err := agentconfig.Parse([]string{"--etcd-endpoints", proxy.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--services=false",
-		"--health-listen", healthAddr, "--etcd-liveness", "2s", "--status-ttl", "60s"}, envOf(nil), &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs logBuffer
-	log := zerolog.New(&logs).Level(zerolog.DebugLevel)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c, log) }()
-	defer func() { cancel(); <-done }()
+	a := runAgent(t, proxy.Endpoint(), "--etcd-liveness", "2s", "--status-ttl", "60s")
+	healthAddr, logs := a.healthAddr, a.logs
 	logs.waitFor(t, "in sync with etcd", nil)
 	checkHealth(t, healthAddr)
 
 	proxy.Silence()
 	cut := time.Now()
-	var body string
-	for {
-		var code int
-		if code, body = get(t, "http://"+healthAddr+"/readyz"); code == 503 {
-			break
-		}
-		if time.Since(cut) > 30*time.Second {
-			t.Fatalf("/readyz still %d 30 s into the silence", code)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	body := waitReadyz(t, healthAddr, 503, "", 30*time.Second)
 	t.Logf("not ready %v into the silence: %s", time.Since(cut).Round(time.Millisecond), strings.TrimSpace(body))
 	if !strings.Contains(body, "lost etcd: no connection for") {
 		t.Errorf("/readyz says %q; want the reason", body)
@@ -634,40 +665,16 @@ func TestRunEtcdSilence(t *testing.T) {
 // name) is not ready, says why on /readyz, logs it once as a problem and counts it; it gets
 // ready as soon as the Node appears.
 func TestRunUnknownNode(t *testing.T) {
-	srv := etcdtest.New(t)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	loadCluster(t, cli)
-	healthAddr := freeAddr(t)
-	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-typo", "--dataplane=false", "--services=false",
-		"--health-listen", healthAddr}, envOf(nil), &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs logBuffer
-	log := zerolog.New(&logs).Level(zerolog.InfoLevel)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c, log) }()
-	defer func() { cancel(); <-done }()
+	srv, cli, _ := loadedEtcd(t)
+	a := runAgent(t, srv.Endpoint(), "--node-name", "node-typo")
+	healthAddr, logs := a.healthAddr, a.logs
 	logs.waitFor(t, "in sync with etcd", nil)
 	problem := logs.waitFor(t, "cannot act on input", map[string]string{"key": "node/node-typo"})
 	if r := fmt.Sprint(problem["reason"]); !strings.Contains(r, "node node-typo is not in etcd") || !strings.Contains(r, "option node-name") {
 		t.Errorf("problem line %v", problem)
 	}
 	// (The problem is logged while the in-sync is being delivered; readiness follows it.)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		code, body := get(t, "http://"+healthAddr+"/readyz")
-		if code == 503 && strings.Contains(body, "node node-typo is not in etcd") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz = %d %q, want 503 naming the missing node", code, body)
-		}
-	}
+	waitReadyz(t, healthAddr, 503, "node node-typo is not in etcd", 5*time.Second)
 	if got := metric(t, healthAddr, "sluice_problems"); got != "1" {
 		t.Errorf("sluice_problems %s, want 1", got)
 	}
@@ -675,17 +682,7 @@ func TestRunUnknownNode(t *testing.T) {
 		`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-typo"},"spec":{"bgp":{"ipv4Address":"192.168.20.15/24"}}}`); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, body := get(t, "http://"+healthAddr+"/readyz")
-		if code == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz = %d %q after the node appeared", code, body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReadyz(t, healthAddr, 200, "", 10*time.Second)
 	if got := metric(t, healthAddr, "sluice_problems"); got != "0" {
 		t.Errorf("sluice_problems %s once the node is there, want 0", got)
 	}

@@ -26,16 +26,12 @@ func (i *IPAM) Usage(ctx context.Context) ([]UsageRow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("summing IPAM usage: %w", err)
 	}
+	blocks, err := i.Blocks(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("summing IPAM usage: %w", err)
+	}
 	rows := map[[2]string]*UsageRow{}
-	err = i.list(ctx, store.BlockPrefix, false, func(kv *mvccpb.KeyValue) error {
-		obj, err := store.Decode(string(kv.Key), kv.Value)
-		if err != nil {
-			return nil
-		}
-		b, ok := obj.(*store.Block)
-		if !ok || b.Deleted {
-			return nil
-		}
+	for _, b := range blocks {
 		var pool string
 		if p := poolOfBlock(pools, b.CIDR); p != nil {
 			pool = p.Name
@@ -49,10 +45,6 @@ func (i *IPAM) Usage(ctx context.Context) ([]UsageRow, error) {
 		r.Blocks++
 		r.InUse += len(b.Allocations)
 		r.Total += store.BlockSlots(b.CIDR)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("summing IPAM usage: %w", err)
 	}
 	out := make([]UsageRow, 0, len(rows))
 	for _, r := range rows {
@@ -73,4 +65,19 @@ func poolOfBlock(pools []*store.IPPool, c netip.Prefix) *store.IPPool {
 		}
 	}
 	return best
+}
+
+// Blocks lists the blocks in etcd, read in pages at one revision; blocks whose values do not
+// decode, and blocks marked deleted, are left out.
+func (i *IPAM) Blocks(ctx context.Context) ([]*store.Block, error) {
+	var out []*store.Block
+	err := i.list(ctx, store.BlockPrefix, false, func(kv *mvccpb.KeyValue) error {
+		if obj, err := store.Decode(string(kv.Key), kv.Value); err == nil {
+			if b, ok := obj.(*store.Block); ok && !b.Deleted {
+				out = append(out, b)
+			}
+		}
+		return nil
+	})
+	return out, err
 }
