@@ -839,6 +839,11 @@ func (s *Services) Apply() error {
 		wrote(nil)
 	}
 	s.src.Pending(setSrc, delSrc)
+	s.fe.Settle()
+	s.be.Settle()
+	s.src.Settle()
+	s.cnet.Settle()
+	s.settings.Settle()
 	return errors.Join(errs...)
 }
 

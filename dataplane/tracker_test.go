@@ -3,6 +3,7 @@ package dataplane
 import (
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -206,5 +207,75 @@ func TestTrackerAdoptDesired(t *testing.T) {
 	kn.pass(tr)
 	if !slices.Equal(kn.sets, []int{6}) || !slices.Equal(kn.deletes, []int{5}) {
 		t.Fatalf("after adoption, a change set %v deleted %v; want [6] and [5]", kn.sets, kn.deletes)
+	}
+}
+
+// TestTrackerSettleChangesNothing drives two trackers through the same random history of
+// desired changes, refused writes, drift and reads, one settled after every pass and one
+// never: they must write the same keys and report the same kernel state at every step, and
+// a settled tracker whose kernel matches holds no copy of it.
+func TestTrackerSettleChangesNothing(t *testing.T) {
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		settled, whole := newIntTracker(), newIntTracker()
+		kns, knw := &trackerKernel{held: map[int]string{}}, &trackerKernel{held: map[int]string{}}
+		const keys = 40
+		for step := range 300 {
+			switch op := r.IntN(10); {
+			case op < 4:
+				k, v := r.IntN(keys), fmt.Sprint(r.IntN(3))
+				settled.SetDesired(k, v)
+				whole.SetDesired(k, v)
+			case op < 6:
+				k := r.IntN(keys)
+				settled.DeleteDesired(k)
+				whole.DeleteDesired(k)
+			case op == 6: // drift noticed: someone deleted a key
+				k := r.IntN(keys)
+				delete(kns.held, k)
+				delete(knw.held, k)
+				settled.DeleteActual(k)
+				settled.MarkDirty(k)
+				whole.DeleteActual(k)
+				whole.MarkDirty(k)
+			case op == 7: // drift found by a read: a changed value and a stale key
+				k, stale := r.IntN(keys), keys+r.IntN(5)
+				for _, kn := range []*trackerKernel{kns, knw} {
+					kn.held[k], kn.held[stale] = "drift", "stale"
+				}
+				settled.ReplaceActual(maps.Clone(kns.held))
+				whole.ReplaceActual(maps.Clone(knw.held))
+			default:
+				refused := r.IntN(keys + 5)
+				kns.refuse = func(k int) bool { return k == refused }
+				knw.refuse = kns.refuse
+				kns.pass(settled)
+				knw.pass(whole)
+				settled.Settle()
+				if !slices.Equal(kns.sets, knw.sets) || !slices.Equal(kns.deletes, knw.deletes) {
+					t.Fatalf("seed %d step %d: settled tracker set %v deleted %v; whole one set %v deleted %v",
+						seed, step, kns.sets, kns.deletes, knw.sets, knw.deletes)
+				}
+			}
+			for k := range keys + 5 {
+				vs, oks := settled.Actual(k)
+				vw, okw := whole.Actual(k)
+				if vs != vw || oks != okw {
+					t.Fatalf("seed %d step %d: key %d actual %q %v settled, %q %v whole", seed, step, k, vs, oks, vw, okw)
+				}
+			}
+			if settled.ActualLen() != whole.ActualLen() || settled.DirtyLen() > whole.DirtyLen() {
+				t.Fatalf("seed %d step %d: actual %d/%d, dirty %d/%d (settled/whole)", seed, step,
+					settled.ActualLen(), whole.ActualLen(), settled.DirtyLen(), whole.DirtyLen())
+			}
+		}
+		// Everything written: the settled tracker holds the desired state only.
+		kns.refuse, knw.refuse = nil, nil
+		kns.pass(settled)
+		settled.Settle()
+		if settled.actual != nil || len(settled.off) != 0 || !maps.Equal(kns.held, settled.desired) {
+			t.Fatalf("seed %d: in sync, the settled tracker keeps %d actual and %d off keys (kernel %v, desired %v)",
+				seed, len(settled.actual), len(settled.off), kns.held, settled.desired)
+		}
 	}
 }

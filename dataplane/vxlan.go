@@ -268,6 +268,8 @@ func (x *VXLAN) Apply() error {
 	if len(errs) > 0 {
 		x.needRead = true
 	}
+	x.neigh.Settle()
+	x.fdb.Settle()
 	return joinErrors(errs)
 }
 
