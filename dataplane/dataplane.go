@@ -157,7 +157,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 				seenV[op.VTEP.Key()] = true
 			}
 		}
-		for dst := range d.routes.byDst {
+		for dst := range d.routes.routes {
 			if !seen[dst] {
 				d.deleteRouteLocked(dst)
 			}
@@ -196,7 +196,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			d.deleteRouteLocked(op.Route.Dst)
 		case op.Route != nil:
 			d.dropLocalLocked(op.Route.Dst)
-			if _, had := d.routes.byDst[op.Route.Dst]; !had && op.Route.Dst.Addr().Is6() {
+			if _, had := d.routes.routes[op.Route.Dst]; !had && op.Route.Dst.Addr().Is6() {
 				d.v6dsts++
 			}
 			d.routes.SetRoute(*op.Route)
@@ -215,7 +215,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 // deleteRouteLocked wants no route to dst any more.
 func (d *Dataplane) deleteRouteLocked(dst netip.Prefix) {
 	d.dropLocalLocked(dst)
-	if _, had := d.routes.byDst[dst]; had && dst.Addr().Is6() {
+	if _, had := d.routes.routes[dst]; had && dst.Addr().Is6() {
 		d.v6dsts--
 	}
 	d.routes.DeleteRoute(dst)
@@ -223,11 +223,7 @@ func (d *Dataplane) deleteRouteLocked(dst netip.Prefix) {
 
 // dropLocalLocked forgets the workload interface of the route now desired at dst, if any.
 func (d *Dataplane) dropLocalLocked(dst netip.Prefix) {
-	k, ok := d.routes.byDst[dst]
-	if !ok {
-		return
-	}
-	if r := d.routes.routes[k]; r.Reason == calc.ReasonLocalWorkload {
+	if r, ok := d.routes.routes[dst]; ok && r.Reason == calc.ReasonLocalWorkload {
 		if d.locals[r.Device]--; d.locals[r.Device] <= 0 {
 			delete(d.locals, r.Device)
 		}

@@ -43,8 +43,8 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	for _, l := range links {
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
-	dsts := make([]netip.Prefix, 0, len(d.routes.byDst))
-	for dst := range d.routes.byDst {
+	dsts := make([]netip.Prefix, 0, len(d.routes.routes))
+	for dst := range d.routes.routes {
 		dsts = append(dsts, dst)
 	}
 	for _, r := range d.routes.foreign {

@@ -56,8 +56,6 @@ type nexthopRec struct {
 type nexthops struct {
 	tracker *Tracker[uint32, nexthopValue]
 	byKey   map[nexthopKey]*nexthopRec
-	// ofRoute is the object each desired route goes through.
-	ofRoute map[routeKey]*nexthopRec
 	// needID holds objects wanted but without an ID; freed those no route needs any more,
 	// whose IDs are given to a new object of the same node (a moved gateway) or deleted at
 	// the next assign.
@@ -74,18 +72,16 @@ type nexthops struct {
 
 func newNexthops(protocol int) *nexthops {
 	return &nexthops{tracker: NewTracker[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
-		byKey: map[nexthopKey]*nexthopRec{}, ofRoute: map[routeKey]*nexthopRec{}, needID: map[*nexthopRec]bool{},
+		byKey: map[nexthopKey]*nexthopRec{}, needID: map[*nexthopRec]bool{},
 		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{},
 		base: uint32(protocol) << 24, next: 1}
 }
 
-// use makes route k go through the object of key nk (and no other); it returns the object.
-func (n *nexthops) use(k routeKey, nk nexthopKey) *nexthopRec {
-	if rec := n.ofRoute[k]; rec != nil {
-		if rec.key == nk {
-			return rec
-		}
-		n.release(k)
+// use returns the object of key nk for a route that went through cur (nil: none), counting
+// the route on it; the caller releases cur when the two differ.
+func (n *nexthops) use(cur *nexthopRec, nk nexthopKey) *nexthopRec {
+	if cur != nil && cur.key == nk {
+		return cur
 	}
 	rec := n.byKey[nk]
 	if rec == nil {
@@ -95,17 +91,14 @@ func (n *nexthops) use(k routeKey, nk nexthopKey) *nexthopRec {
 	}
 	rec.refs++
 	delete(n.freed, rec) // wanted again before its ID was given away
-	n.ofRoute[k] = rec
 	return rec
 }
 
-// release makes route k go through no object.
-func (n *nexthops) release(k routeKey) {
-	rec := n.ofRoute[k]
+// release counts a route off rec (nil: none).
+func (n *nexthops) release(rec *nexthopRec) {
 	if rec == nil {
 		return
 	}
-	delete(n.ofRoute, k)
 	if rec.refs--; rec.refs == 0 {
 		n.freed[rec] = true
 	}

@@ -73,10 +73,10 @@ type RouteTable struct {
 	cfg     RouteTableConfig
 	tracker *Tracker[routeKey, kernelRoute]
 	nh      *nexthops
-	// byDst remembers each desired route's key so a new metric replaces the old key.
-	byDst map[netip.Prefix]routeKey
-	// desired as calc gave them, for resolving devices at Apply time.
-	routes map[routeKey]calc.Route
+	// routes holds the desired routes by destination, as calc gave them (resolved to their
+	// kernel form at Apply time), with the nexthop object each goes through. One entry per
+	// route: its key in the kernel (destination and metric) is its own.
+	routes map[netip.Prefix]desiredRoute
 	// links caches link names to indexes; refreshed when links may have changed.
 	links      map[string]int
 	linksStale bool
@@ -103,23 +103,31 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 		cfg.Protocol = DefaultRouteProtocol
 	}
 	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
-		byDst: map[netip.Prefix]routeKey{}, routes: map[routeKey]calc.Route{}, needRead: true, reported: map[routeKey]bool{},
+		routes: map[netip.Prefix]desiredRoute{}, needRead: true, reported: map[routeKey]bool{},
 		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
 }
+
+// desiredRoute is a desired route and the nexthop object it goes through (nil: none).
+type desiredRoute struct {
+	calc.Route
+	nh *nexthopRec
+}
+
+func (r *desiredRoute) key() routeKey { return routeKey{dst: r.Dst, metric: r.Metric} }
 
 // SetRoute wants r in the kernel (replacing any earlier desired route to r.Dst).
 func (t *RouteTable) SetRoute(r calc.Route) {
 	if r.Dst.Addr().Is6() && r.Metric == 0 {
 		r.Metric = 1024 // the kernel stores IPv6 metric 0 as 1024: key it as the kernel will
 	}
-	k := routeKey{dst: r.Dst, metric: r.Metric}
-	if old, ok := t.byDst[r.Dst]; ok && old != k {
-		t.DeleteRoute(r.Dst)
+	old, ok := t.routes[r.Dst]
+	if ok && old.Metric != r.Metric {
+		t.DeleteRoute(r.Dst) // another key in the kernel
+		old, ok = desiredRoute{}, false
 	}
-	t.byDst[r.Dst] = k
-	if old, ok := t.routes[k]; !ok || old != r {
-		t.routes[k] = r // resolved to its kernel form (device index) at Apply
-		t.changed[k] = true
+	if !ok || old.Route != r {
+		t.routes[r.Dst] = desiredRoute{Route: r, nh: old.nh} // resolved to its kernel form (device index) at Apply
+		t.changed[routeKey{dst: r.Dst, metric: r.Metric}] = true
 	}
 }
 
@@ -139,8 +147,7 @@ func joinErrors(errs []error) error {
 // instead of growing them route by route.
 func (t *RouteTable) Expect(n int) {
 	if len(t.routes) == 0 && len(t.changed) == 0 {
-		t.byDst = make(map[netip.Prefix]routeKey, n)
-		t.routes = make(map[routeKey]calc.Route, n)
+		t.routes = make(map[netip.Prefix]desiredRoute, n)
 		t.changed = make(map[routeKey]bool, n)
 		t.tracker.Expect(n)
 	}
@@ -148,16 +155,16 @@ func (t *RouteTable) Expect(n int) {
 
 // DeleteRoute wants no sluice route to dst.
 func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
-	k, ok := t.byDst[dst]
+	r, ok := t.routes[dst]
 	if !ok {
 		return
 	}
-	delete(t.byDst, dst)
-	delete(t.routes, k)
+	k := r.key()
+	delete(t.routes, dst)
 	delete(t.changed, k)
 	delete(t.unres, k)
 	t.tracker.DeleteDesired(k)
-	t.nh.release(k)
+	t.nh.release(r.nh)
 }
 
 // QueueResync makes the next Apply read the kernel again (drift, link changes, failures).
@@ -171,7 +178,7 @@ func (t *RouteTable) LinksChanged() { t.linksStale = true }
 // one sluice wants (a repair is due) rather than one it removed itself.
 func (t *RouteTable) RouteGone(dst netip.Prefix, metric int) bool {
 	k := routeKey{dst: dst, metric: metric}
-	if _, ok := t.routes[k]; ok {
+	if r, ok := t.routes[dst]; ok && r.Metric == metric {
 		t.tracker.DeleteActual(k)
 		t.tracker.MarkDirty(k)
 		return true
@@ -344,34 +351,42 @@ func (t *RouteTable) prepare() error {
 		rec *nexthopRec
 	}
 	var via []viaObject
-	resolve := func(k routeKey) {
-		r := t.routes[k]
-		kr, ok := t.resolve(r, t.links, t.parent, t.parent6)
+	resolve := func(dst netip.Prefix) {
+		r, ok := t.routes[dst]
 		if !ok {
+			return
+		}
+		k := r.key()
+		kr, ok := t.resolve(r.Route, t.links, t.parent, t.parent6)
+		var rec *nexthopRec
+		switch {
+		case !ok:
 			t.unres[k] = true
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears
-			t.nh.release(k)
-			return
-		}
-		delete(t.unres, k)
-		if t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid() {
-			rec := t.nh.use(k, nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink})
+		case t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid():
+			delete(t.unres, k)
+			rec = t.nh.use(r.nh, nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink})
 			via = append(via, viaObject{k, kernelRoute{typ: kr.typ, protocol: kr.protocol}, rec})
-			return
+		default:
+			delete(t.unres, k)
+			t.tracker.SetDesired(k, kr)
 		}
-		t.nh.release(k)
-		t.tracker.SetDesired(k, kr)
+		if rec != r.nh {
+			t.nh.release(r.nh)
+			r.nh = rec
+			t.routes[dst] = r
+		}
 	}
 	if all {
-		for k := range t.routes {
-			resolve(k)
+		for dst := range t.routes {
+			resolve(dst)
 		}
 	} else {
 		for k := range t.changed {
-			resolve(k)
+			resolve(k.dst)
 		}
 		for k := range t.unres {
-			resolve(k)
+			resolve(k.dst)
 		}
 	}
 	t.nh.assign()
@@ -423,7 +438,7 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 	}
 	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
 		line := render(k, want, t.nh.tracker.Desired)
-		if have, ok := t.tracker.actual[k]; ok {
+		if have, ok := t.tracker.Actual(k); ok {
 			line += "  (the kernel has: " + render(k, have, t.nh.tracker.Actual) + ")"
 		}
 		missing = append(missing, line)
@@ -435,11 +450,12 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		return false
 	})
 	for k := range t.unres {
-		why := fmt.Sprintf("its device %s does not exist", t.routes[k].Device)
-		if t.routes[k].Device == calc.ParentDevice {
+		r := t.routes[k.dst]
+		why := fmt.Sprintf("its device %s does not exist", r.Device)
+		if r.Device == calc.ParentDevice {
 			why = "no interface holds this node's address"
 		}
-		missing = append(missing, fmt.Sprintf("%s (%s)", t.routes[k].String(), why))
+		missing = append(missing, fmt.Sprintf("%s (%s)", r.Route.String(), why))
 	}
 	slices.Sort(missing)
 	slices.Sort(extra)
@@ -519,6 +535,8 @@ func (t *RouteTable) write() error {
 	if failed {
 		t.needRead = true
 	}
+	t.tracker.Settle()
+	t.nh.tracker.Settle()
 	return joinErrors(errs)
 }
 
@@ -609,10 +627,12 @@ func (t *RouteTable) read() (collided bool, err error) {
 			actual[k] = kr
 			continue
 		}
-		if _, wanted := t.routes[k]; !wanted {
+		want, wanted := t.routes[k.dst]
+		wanted = wanted && want.Metric == k.metric
+		if !wanted {
 			t.foreign = append(t.foreign, r)
 		}
-		if _, wanted := t.routes[k]; wanted && kr.protocol != unix.RTPROT_KERNEL {
+		if wanted && kr.protocol != unix.RTPROT_KERNEL {
 			actual[k] = kr
 			if !t.reported[k] && t.cfg.Reporter != nil {
 				t.cfg.Reporter.Conflict(k.dst, k.metric, int(kr.protocol))
@@ -629,7 +649,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 func (t *RouteTable) Routes() []calc.Route {
 	out := make([]calc.Route, 0, len(t.routes))
 	for _, r := range t.routes {
-		out = append(out, r)
+		out = append(out, r.Route)
 	}
 	slices.SortFunc(out, func(a, b calc.Route) int { return a.Dst.Addr().Compare(b.Dst.Addr()) })
 	return out
