@@ -734,7 +734,7 @@ func cpuSplit(b *testing.B, pid int) (user, sys int64) {
 // use, idle, released; stacks; what RSS holds besides the live heap).
 func saveHeap(b *testing.B, path string) {
 	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?gc=1", path)
-	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?debug=1", strings.TrimSuffix(path, ".pb.gz")+".txt")
+	saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?gc=1&debug=1", strings.TrimSuffix(path, ".pb.gz")+".txt")
 }
 
 // saveProfile writes the profile served at url to path.
