@@ -7,10 +7,14 @@ import (
 
 // computeClusterNet decides the cluster net at p from current inputs only: the nodes whose
 // underlay address it is (the first by name wins), else a pool of that CIDR. It returns the
-// nodes claiming p, for the clash report.
+// nodes claiming p when there are several, for the clash report.
 func (g *Graph) computeClusterNet(p netip.Prefix) (ClusterNet, []string, bool) {
-	if names := g.hostNets[p]; len(names) > 0 {
-		return ClusterNet{Prefix: p, Host: true, Node: names[0]}, names, true
+	if node, ok := g.hostNets.first(p); ok {
+		var clash []string
+		if g.hostNets.count(p) > 1 {
+			clash = g.hostNets.get(p)
+		}
+		return ClusterNet{Prefix: p, Host: true, Node: node}, clash, true
 	}
 	// Pools are few; a disabled pool is still inside the cluster.
 	for _, pool := range g.pools {

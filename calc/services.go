@@ -30,7 +30,7 @@ type endpointSets struct {
 
 // backendsFor picks the endpoints of one service port across all the service's slices.
 func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
-	ids := g.slicesByService[svcID]
+	ids := g.slicesByService.get(svcID)
 	type cand struct {
 		b     Backend
 		ready bool
@@ -296,7 +296,7 @@ func (g *Graph) recomputeServices() {
 	reset(&g.dirtySvc, n)
 	for k := range dirtyKeys {
 		f, ok := g.claimed(k)
-		if len(g.claims[k]) > 1 {
+		if g.claims.count(k) > 1 {
 			g.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
 		} else {
 			delete(g.problems, "frontend/"+k.String())
@@ -311,11 +311,11 @@ func (g *Graph) recomputeServices() {
 
 // claimed returns the frontend at k of the service whose "namespace/name" sorts first.
 func (g *Graph) claimed(k FrontendKey) (Frontend, bool) {
-	ids := g.claims[k]
-	if len(ids) == 0 {
+	id, ok := g.claims.first(k)
+	if !ok {
 		return Frontend{}, false
 	}
-	fes := g.svcFronts[ids[0]]
+	fes := g.svcFronts[id]
 	i, found := slices.BinarySearchFunc(fes, k, func(f Frontend, k FrontendKey) int { return cmpFrontendKey(f.Key, k) })
 	if !found {
 		return Frontend{}, false
