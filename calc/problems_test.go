@@ -139,3 +139,38 @@ func TestUnroutableWorkloadsAreProblems(t *testing.T) {
 		t.Fatalf("problems once compute-2 has its tunnel address: %v", ps)
 	}
 }
+
+// TestUnroutableBeforeInSync: a block read before its node (etcd's order) is not a problem
+// while the read goes on; at in-sync, the blocks still without a route are, and only those.
+func TestUnroutableBeforeInSync(t *testing.T) {
+	blockEv := func(cidr, node string) store.Event {
+		return upsert(t, store.BlockKey(netip.MustParsePrefix(cidr)), fmt.Sprintf(`{"cidr":%q,"affinity":"host:%s","allocations":[%s],"unallocated":[],"attributes":[],"deleted":false}`,
+			cidr, node, strings.TrimSuffix(strings.Repeat("null,", 64), ",")))
+	}
+	nodeEv := func(name, spec string) store.Event {
+		return upsert(t, store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":%s}`, name, spec))
+	}
+	g, err := calc.New(calc.DefaultConfig("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.OnEvents([]store.Event{
+		upsert(t, store.IPPoolPrefix+"vx", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"vx"},"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Always","ipipMode":"Never"}}`),
+		blockEv("10.65.0.64/26", "node-b"), blockEv("10.65.1.0/26", "node-gone"),
+	})
+	if n := g.ProblemCount(); n != 0 {
+		t.Fatalf("%d problems before in-sync, with the nodes not read yet; want none", n)
+	}
+	g.OnEvents([]store.Event{
+		nodeEv("node-a", `{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"10.65.0.1"}`),
+		nodeEv("node-b", `{"bgp":{"ipv4Address":"192.0.2.12/24"},"ipv4VXLANTunnelAddr":"10.65.0.64"}`),
+	})
+	u := g.OnEvents([]store.Event{{Type: store.EventInSync}})
+	var got []string
+	for _, p := range u.Problems {
+		got = append(got, p.Key)
+	}
+	if !slices.Equal(got, []string{"block/10.65.1.0/26"}) || g.ProblemCount() != 1 {
+		t.Fatalf("problems at in-sync %v (%d in all); want only block/10.65.1.0/26", got, g.ProblemCount())
+	}
+}
