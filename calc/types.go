@@ -20,52 +20,16 @@ const (
 	SourceWorkloadIPs RouteSource = "WorkloadIPs"
 )
 
-// RouteType is the kernel route type. It reads (String, JSON) as its name; it is a byte, not
-// a string, because calc and the route table each hold one per route (20,000 at 20,000 nodes).
-type RouteType uint8
+// RouteType is the kernel route type.
+type RouteType string
 
 // Route types.
 const (
-	RouteUnicast RouteType = iota + 1
-	RouteBlackhole
-	RouteUnreachable
-	RouteProhibit
+	RouteUnicast     RouteType = "unicast"
+	RouteBlackhole   RouteType = "blackhole"
+	RouteUnreachable RouteType = "unreachable"
+	RouteProhibit    RouteType = "prohibit"
 )
-
-var routeTypeNames = [...]string{"", "unicast", "blackhole", "unreachable", "prohibit"}
-
-func (t RouteType) String() string { return enumName(routeTypeNames[:], uint8(t)) }
-
-// ParseRouteType returns the route type named s.
-func ParseRouteType(s string) (RouteType, error) {
-	v, err := enumParse(routeTypeNames[:], s, "route type")
-	return RouteType(v), err
-}
-
-func (t RouteType) MarshalText() ([]byte, error) { return []byte(t.String()), nil }
-
-func (t *RouteType) UnmarshalText(b []byte) (err error) {
-	*t, err = ParseRouteType(string(b))
-	return err
-}
-
-// enumName is the name of value v of an enum named by names ("" for 0, the unset value).
-func enumName(names []string, v uint8) string {
-	if int(v) < len(names) {
-		return names[v]
-	}
-	return fmt.Sprintf("%d", v)
-}
-
-// enumParse returns the value named s among names ("" is 0, the unset value).
-func enumParse(names []string, s, what string) (uint8, error) {
-	for i, n := range names {
-		if n == s {
-			return uint8(i), nil
-		}
-	}
-	return 0, fmt.Errorf("unknown %s %q: want one of %s", what, s, strings.Join(names[1:], ", "))
-}
 
 // ParentDevice stands for the interface that holds this node's underlay address; the
 // dataplane resolves it.
@@ -125,7 +89,7 @@ func (c *Config) normalise() error {
 		return fmt.Errorf("calc: route source %q: want CalicoIPAM or WorkloadIPs", c.RouteSource)
 	}
 	switch c.BlackholeType {
-	case 0:
+	case "":
 		c.BlackholeType = RouteBlackhole
 	case RouteBlackhole, RouteUnreachable, RouteProhibit:
 	default:
@@ -149,50 +113,37 @@ func (c *Config) normalise() error {
 	return nil
 }
 
-// RouteReason says why a route is wanted; it is shown to people (as its name) and does not
-// reach the kernel.
-type RouteReason uint8
+// RouteReason says why a route is wanted; it is shown to people and does not reach the kernel.
+type RouteReason string
 
 // Route reasons.
 const (
-	ReasonLocalWorkload RouteReason = iota + 1
-	ReasonRemoteBlock
-	ReasonBorrowed
-	ReasonRemoteTunnel
-	ReasonRemoteWorkload
-	ReasonLocalBlock
-	ReasonPool
+	ReasonLocalWorkload  RouteReason = "local-workload"
+	ReasonRemoteBlock    RouteReason = "remote-block"
+	ReasonBorrowed       RouteReason = "borrowed"
+	ReasonRemoteTunnel   RouteReason = "remote-tunnel"
+	ReasonRemoteWorkload RouteReason = "remote-workload"
+	ReasonLocalBlock     RouteReason = "local-block"
+	ReasonPool           RouteReason = "pool"
 )
 
-var routeReasonNames = [...]string{"", "local-workload", "remote-block", "borrowed", "remote-tunnel", "remote-workload", "local-block", "pool"}
-
-func (r RouteReason) String() string { return enumName(routeReasonNames[:], uint8(r)) }
-
-func (r RouteReason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
-
-func (r *RouteReason) UnmarshalText(b []byte) error {
-	v, err := enumParse(routeReasonNames[:], string(b), "route reason")
-	*r = RouteReason(v)
-	return err
-}
-
-// Route is one desired route in sluice's table. (Fields ordered by size: 104 bytes, not 120.)
+// Route is one desired route in sluice's table.
 type Route struct {
 	Dst     netip.Prefix `json:"dst"`
-	Gateway netip.Addr   `json:"gateway"`
+	Type    RouteType    `json:"type"`
 	Device  string       `json:"device"`
+	Gateway netip.Addr   `json:"gateway"`
+	OnLink  bool         `json:"onLink"`
+	Metric  int          `json:"metric"`
+	Reason  RouteReason  `json:"reason"`
 	// Node is the node the route leads to ("" for local routes and blackholes).
-	Node   string      `json:"node"`
-	Metric int         `json:"metric"`
-	Type   RouteType   `json:"type"`
-	OnLink bool        `json:"onLink"`
-	Reason RouteReason `json:"reason"`
+	Node string `json:"node"`
 }
 
 func (r Route) String() string {
 	var b strings.Builder
 	if r.Type != RouteUnicast {
-		b.WriteString(r.Type.String() + " ")
+		b.WriteString(string(r.Type) + " ")
 	}
 	b.WriteString(r.Dst.String())
 	if r.Gateway.IsValid() {

@@ -147,11 +147,8 @@ func optionTable() []option {
 			set: zeroOr(1280, 65465, func(c *Config) *int { return &c.DP.VXLANv6.MTU })},
 		{name: "blackhole-type", env: "SLUICE_BLACKHOLE_TYPE", key: "blackholeType", def: "blackhole", accepts: "blackhole, unreachable or prohibit", help: "route type for local blocks: silent drop, or ICMP errors",
 			set: func(c *Config, v string) error {
-				if err := oneOf(v, "blackhole", "unreachable", "prohibit"); err != nil {
-					return err
-				}
-				c.Calc.BlackholeType, _ = calc.ParseRouteType(v) // one of the three
-				return nil
+				c.Calc.BlackholeType = calc.RouteType(v)
+				return oneOf(v, "blackhole", "unreachable", "prohibit")
 			}},
 		{name: "blackhole-metric", env: "SLUICE_BLACKHOLE_METRIC", key: "blackholeMetric", def: "1024", accepts: "1 to 4294967294", help: "metric of local-block blackholes (high, so an operator's route wins)",
 			set: func(c *Config, v string) (err error) {
