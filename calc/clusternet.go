@@ -14,15 +14,26 @@ func (g *Graph) computeClusterNet(p netip.Prefix) (ClusterNet, []string, bool) {
 		if g.hostNets.count(p) > 1 {
 			clash = g.hostNets.get(p)
 		}
-		return ClusterNet{Prefix: p, Host: true, Node: node}, clash, true
+		keep := g.cfg.NATOutgoingExclusions == NATExcludePoolsAndHosts
+		return ClusterNet{Prefix: p, Host: true, Node: node, KeepSource: keep}, clash, true
 	}
-	// Pools are few; a disabled pool is still inside the cluster.
-	for _, pool := range g.pools {
-		if pool.CIDR == p {
-			return ClusterNet{Prefix: p}, nil, true
-		}
+	// Pools are few; a disabled pool is still inside the cluster, and still a pool for
+	// outgoing NAT (its workloads keep their addresses, and keep being masqueraded).
+	if masq, ok := g.poolNAT(p); ok {
+		return ClusterNet{Prefix: p, Masquerade: masq, KeepSource: true}, nil, true
 	}
 	return ClusterNet{}, nil, false
+}
+
+// poolNAT reports whether a pool of CIDR p exists, and whether one such has natOutgoing.
+func (g *Graph) poolNAT(p netip.Prefix) (masquerade, ok bool) {
+	for _, pool := range g.pools {
+		if pool.CIDR == p {
+			ok = true
+			masquerade = masquerade || pool.NATOutgoing
+		}
+	}
+	return masquerade, ok
 }
 
 // recomputeClusterNets recomputes every dirty cluster net and records what changed.

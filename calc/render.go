@@ -41,9 +41,9 @@ func (s *State) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", v.Node, v.TunnelAddr, v.MAC, v.Underlay, v.Local)
 	}
 	fmt.Fprintf(tw, "\nCLUSTER NETS (%d)\n", len(s.ClusterNets))
-	fmt.Fprintln(tw, "PREFIX\tHOST\tNODE")
+	fmt.Fprintln(tw, "PREFIX\tHOST\tNODE\tMASQUERADE\tKEEP-SOURCE")
 	for _, c := range s.ClusterNets {
-		fmt.Fprintf(tw, "%s\t%t\t%s\n", c.Prefix, c.Host, orDash(c.Node))
+		fmt.Fprintf(tw, "%s\t%t\t%s\t%t\t%t\n", c.Prefix, c.Host, orDash(c.Node), c.Masquerade, c.KeepSource)
 	}
 	fmt.Fprintf(tw, "\nROUTES (%d)\n", len(s.Routes))
 	fmt.Fprintln(tw, "DESTINATION\tTYPE\tVIA\tDEVICE\tONLINK\tMETRIC\tREASON\tNODE")

@@ -63,7 +63,20 @@ type Config struct {
 	PoolBlackholes bool
 	// PoolBlackholeMetric is the metric of pool blackholes; default BlackholeMetric+1.
 	PoolBlackholeMetric int
+	// NATOutgoingExclusions says which destinations traffic from natOutgoing pools reaches
+	// with its workload address kept, as Calico's FelixConfiguration field of that name:
+	// IPPoolsOnly (default) or IPPoolsAndHostIPs (nodes' addresses too).
+	NATOutgoingExclusions NATExclusions
 }
+
+// NATExclusions is Calico's natOutgoingExclusions.
+type NATExclusions string
+
+// The values of NATExclusions.
+const (
+	NATExcludePools         NATExclusions = "IPPoolsOnly"
+	NATExcludePoolsAndHosts NATExclusions = "IPPoolsAndHostIPs"
+)
 
 // The default names of sluice's VXLAN devices (Calico's are vxlan.calico and vxlan-v6.calico).
 const (
@@ -87,6 +100,13 @@ func (c *Config) normalise() error {
 	case SourceCalicoIPAM, SourceWorkloadIPs:
 	default:
 		return fmt.Errorf("calc: route source %q: want CalicoIPAM or WorkloadIPs", c.RouteSource)
+	}
+	switch c.NATOutgoingExclusions {
+	case "":
+		c.NATOutgoingExclusions = NATExcludePools
+	case NATExcludePools, NATExcludePoolsAndHosts:
+	default:
+		return fmt.Errorf("calc: natOutgoingExclusions %q: want IPPoolsOnly or IPPoolsAndHostIPs", c.NATOutgoingExclusions)
 	}
 	switch c.BlackholeType {
 	case "":
@@ -279,17 +299,31 @@ type HealthCheck struct {
 // Keyed by prefix: a node's address wins over a pool of the same prefix, and when two nodes
 // claim one address the node whose name sorts first wins (the clash is a Problem), so the
 // result does not depend on which node was written last.
+//
+// The same list decides outgoing NAT (Calico's natOutgoing): traffic from a workload address
+// in a net with Masquerade (a pool with natOutgoing, disabled or not) to an address in no net
+// with KeepSource (every pool; nodes' addresses too when Config.NATOutgoingExclusions says
+// so) leaves with the node's address as its source.
 type ClusterNet struct {
-	Prefix netip.Prefix `json:"prefix"`
-	Host   bool         `json:"host"`
-	Node   string       `json:"node"`
+	Prefix     netip.Prefix `json:"prefix"`
+	Host       bool         `json:"host"`
+	Node       string       `json:"node"`
+	Masquerade bool         `json:"masquerade,omitempty"`
+	KeepSource bool         `json:"keepSource,omitempty"`
 }
 
 func (c ClusterNet) String() string {
+	s := c.Prefix.String() + " pool"
 	if c.Host {
-		return c.Prefix.String() + " node " + c.Node
+		s = c.Prefix.String() + " node " + c.Node
 	}
-	return c.Prefix.String() + " pool"
+	if c.Masquerade {
+		s += " masquerade"
+	}
+	if c.KeepSource {
+		s += " keep-source"
+	}
+	return s
 }
 
 // Problem is something in the input that calc cannot act on, keyed so each is reported once.

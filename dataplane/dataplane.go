@@ -18,6 +18,9 @@ import (
 type Config struct {
 	Routes RouteTableConfig
 	VXLAN  VXLANConfig
+	// NAT configures outgoing NAT (pools' natOutgoing; nat.go). It is programmed only
+	// through a kernel that has nftables (the real one, the fake).
+	NAT NATConfig
 	// VXLANv6 configures the IPv6 device (IPv6 is set on it); its VNI and port default to
 	// VXLAN's.
 	VXLANv6 VXLANConfig
@@ -60,7 +63,9 @@ type Stats struct {
 	// DesiredNexthops and ProgrammedNexthops the same for nexthop objects.
 	DesiredRoutes, ProgrammedRoutes     int
 	DesiredNexthops, ProgrammedNexthops int
-	LastErr                             error
+	// NAT is what sluice's outgoing-NAT table holds, as last read or written ("": none).
+	NAT     string
+	LastErr error
 }
 
 // Dataplane takes calc's updates and keeps the kernel matching them. Updates only change the
@@ -74,6 +79,7 @@ type Dataplane struct {
 	routes  *RouteTable
 	vxlan   *VXLAN
 	vxlan6  *VXLAN         // the IPv6 device
+	nat     *OutgoingNAT   // nil: the kernel has no nftables
 	synced  bool           // a full update has arrived: writing is allowed
 	v6dsts  int            // how many of the desired routes are IPv6
 	locals  map[string]int // workload interfaces with local routes, and how many
@@ -125,9 +131,13 @@ func New(k Kernel, cfg Config) *Dataplane {
 		cfg.VXLANv6.Port = cfg.VXLAN.Port
 	}
 	rt := NewRouteTable(k, cfg.Routes)
-	return &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
+	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
 		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
+	if nk, ok := k.(natKernel); ok {
+		d.nat = newOutgoingNAT(nk, cfg.NAT)
+	}
+	return d
 }
 
 // OnUpdate takes one calc update.
@@ -148,10 +158,14 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		seen := make(map[netip.Prefix]bool, nRoutes)
 		seenV := map[calc.VTEPKey]bool{}
+		seenN := map[netip.Prefix]bool{}
 		d.routes.Expect(nRoutes)
 		for _, op := range u.Ops {
 			if op.Route != nil {
 				seen[op.Route.Dst] = true
+			}
+			if op.ClusterNet != nil {
+				seenN[op.ClusterNet.Prefix] = true
 			}
 			if op.VTEP != nil {
 				seenV[op.VTEP.Key()] = true
@@ -160,6 +174,13 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		for dst := range d.routes.routes {
 			if !seen[dst] {
 				d.deleteRouteLocked(dst)
+			}
+		}
+		if d.nat != nil {
+			for p := range d.nat.nets {
+				if !seenN[p] {
+					d.nat.DeleteNet(p)
+				}
 			}
 		}
 		// The VTEPs the devices hold that the update lacks (each device holds its family's).
@@ -179,6 +200,14 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	for _, op := range u.Ops {
 		if op.VTEP != nil || op.Route != nil {
 			changed = true
+		}
+		if op.ClusterNet != nil && d.nat != nil {
+			if op.Remove {
+				d.nat.DeleteNet(op.ClusterNet.Prefix)
+			} else {
+				d.nat.SetNet(*op.ClusterNet)
+			}
+			changed = changed || d.nat.changed
 		}
 		switch {
 		case op.VTEP != nil && op.Remove:
@@ -256,6 +285,9 @@ func (d *Dataplane) devices() [2]*VXLAN { return [2]*VXLAN{d.vxlan, d.vxlan6} }
 // resyncAllLocked makes the next apply read everything again.
 func (d *Dataplane) resyncAllLocked() {
 	d.routes.QueueResync()
+	if d.nat != nil {
+		d.nat.QueueResync()
+	}
 	for _, x := range d.devices() {
 		x.QueueResync()
 	}
@@ -288,6 +320,10 @@ func (d *Dataplane) Stats() Stats {
 	s.DesiredRoutes = len(d.routes.routes)
 	s.ProgrammedRoutes = d.routes.tracker.ActualLen()
 	s.DesiredNexthops, s.ProgrammedNexthops = d.routes.Nexthops()
+	if d.nat != nil {
+		s.Writes += d.nat.writes
+		s.NAT = d.nat.Programmed()
+	}
 	return s
 }
 
@@ -332,6 +368,11 @@ func (d *Dataplane) Apply() error {
 	scan := d.routes.needRead
 	if err := d.routes.Apply(); err != nil {
 		errs = append(errs, err)
+	}
+	if d.nat != nil {
+		if err := d.nat.Apply(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if scan && d.handleLeftovers() {
 		d.resyncAllLocked()
@@ -487,6 +528,15 @@ func Diff(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err er
 	rm, re, err := d.routes.Diff()
 	if err != nil {
 		return nil, nil, err
+	}
+	if d.nat != nil {
+		nd, err := d.nat.Diff()
+		if err != nil {
+			return nil, nil, err
+		}
+		if nd != "" {
+			missing = append(missing, nd)
+		}
 	}
 	return append(missing, rm...), append(extra, re...), nil
 }

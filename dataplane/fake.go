@@ -33,6 +33,8 @@ type FakeKernel struct {
 	// fail decides, for an operation and its subject, whether it fails and with what.
 	fail   func(op, subject string) error
 	Writes int
+	// nat is sluice's outgoing-NAT table (nil: none).
+	nat *natRules
 }
 
 // NewFakeKernel returns an empty fake kernel.
@@ -659,4 +661,55 @@ func (f *FakeKernel) RenderLink(name string) string {
 	}
 	slices.Sort(lines)
 	return strings.Join(append([]string{head}, lines...), "\n")
+}
+
+// readNAT and writeNAT keep sluice's outgoing-NAT table in memory ("nat-read", "nat-write"
+// can be failed).
+func (f *FakeKernel) readNAT() (natRules, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		if err := f.fail("nat-read", ""); err != nil {
+			return natRules{}, false, err
+		}
+	}
+	if f.nat == nil {
+		return natRules{}, false, nil
+	}
+	return *f.nat, true, nil
+}
+
+func (f *FakeKernel) writeNAT(r *natRules) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail != nil {
+		if err := f.fail("nat-write", ""); err != nil {
+			return err
+		}
+	}
+	f.Writes++
+	if r == nil {
+		f.nat = nil
+		return nil
+	}
+	c := *r
+	f.nat = &c
+	return nil
+}
+
+// NAT renders sluice's outgoing-NAT table ("" when there is none).
+func (f *FakeKernel) NAT() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.nat == nil {
+		return ""
+	}
+	return f.nat.String()
+}
+
+// DeleteNAT removes the table, as someone else would.
+func (f *FakeKernel) DeleteNAT() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nat = nil
 }

@@ -97,11 +97,18 @@ func NewKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
 		h.Close()
 		return nil, err
 	}
-	return &NetlinkKernel{netlinkKernel{h: h, batch: b}}, nil
+	nat := nftNAT{}
+	if ns.IsOpen() {
+		nat.netnsFd = int(ns) // the caller keeps ns open while it uses the kernel
+	}
+	return &NetlinkKernel{netlinkKernel{h: h, batch: b}, nat}, nil
 }
 
-// NetlinkKernel is the real Kernel.
-type NetlinkKernel struct{ netlinkKernel }
+// NetlinkKernel is the real Kernel; it programs sluice's nftables table too (nat.go).
+type NetlinkKernel struct {
+	netlinkKernel
+	nftNAT
+}
 
 // Close releases the netlink sockets.
 func (k *NetlinkKernel) Close() {

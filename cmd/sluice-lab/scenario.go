@@ -152,6 +152,30 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		l.check(err == nil, "TCP over IPv6 %s -> %s through vxlan-v6.sluice", p[0], p[1])
 	}
 
+	l.step("natOutgoing: workloads reach the LAN gateway (in no pool) as their node; between pools they keep their addresses")
+	if p, err := l.start(nsGateway, "whoami gateway", false, l.tool(), "tcp-whoami", "192.168.10.254:8081"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami on the gateway: %v", err)
+	}
+	if p, err := l.start(nsGateway, "tcp gateway", false, l.tool(), "tcp-serve", "192.168.10.254:8080"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("echo server on the gateway: %v", err)
+	}
+	for _, w := range []struct{ wl, node string }{{"web-a", "node-a"}, {"web-b", "node-b"}, {"web-c", "node-c"}} {
+		var out string
+		_, err := retry(5*time.Second, func() (err error) {
+			out, err = nsRun(wlNS(l.workload(w.wl)), l.tool(), "tcp-ask", "192.168.10.254:8081", "5")
+			return err
+		})
+		l.check(err == nil && strings.Contains(out, "answer "+nodeIPs[w.node]+" 5"),
+			"%s (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs[w.node], strings.Join(strings.Fields(out), " "))
+	}
+	if p, err := l.start(wlNS(l.workload("web-c")), "whoami web-c", false, l.tool(), "tcp-whoami", "10.65.0.129:8089"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami on web-c: %v", err)
+	}
+	out, err := nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", "10.65.0.129:8089", "5")
+	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "web-a -> web-c (another node, same pool) keeps web-a's address: %s", strings.Join(strings.Fields(out), " "))
+	out, err = nsRun(wlNS(l.workload("db-a")), l.tool(), "tcp-ask", "10.65.0.129:8089", "5")
+	l.check(err == nil && strings.Contains(out, "answer "+l.workload("db-a").addr+" 5"), "db-a (another pool) -> web-c keeps db-a's address: %s", strings.Join(strings.Fields(out), " "))
+
 	l.step("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway")
 	sniff := func(dst string) int {
 		p, err := l.start(nsGateway, "sniff", false, l.tool(), "sniff", "eth0", dst, "1.5")
@@ -197,6 +221,11 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		return err
 	}
 	l.check(stream.waitFor(5*time.Second, "READY"), "a TCP stream web-a -> web-c is running")
+	natStream, err := l.start(wlNS(l.workload("web-a")), "stream to gateway", false, l.tool(), "stream", "192.168.10.254:8080")
+	if err != nil {
+		return err
+	}
+	l.check(natStream.waitFor(5*time.Second, "READY"), "a TCP stream web-a -> the gateway (masqueraded by node-a) is running")
 	time.Sleep(500 * time.Millisecond)
 	old := l.agents["node-a"]
 	l.check(old.stop() == nil, "sluiced on node-a stops cleanly on SIGTERM, leaving the dataplane in place")
@@ -212,10 +241,13 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	_ = stream.stdin.Close()
 	<-stream.done
 	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
+	_ = natStream.stdin.Close()
+	<-natStream.done
+	l.check(natStream.err == nil && natStream.count("round trips") == 1, "the masqueraded stream never broke either: %s %v", strings.Join(natStream.lines, " "), natStream.err)
 
 	l.step("sluicectl diff on a node, and sluicectl status")
 	diff := l.diff
-	out, err := diff("node-b")
+	out, err = diff("node-b")
 	l.check(err == nil && strings.Contains(out, "matches"), "node-b's kernel matches its desired state")
 	l.check(l.agents["node-b"].stop() == nil, "sluiced on node-b stopped, to let drift stand")
 	_, err1 := sh("ip", "-n", nodeNS("node-b"), "route", "del", "10.65.0.0/26")

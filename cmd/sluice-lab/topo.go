@@ -12,7 +12,8 @@ import (
 //	sl-router   bridges br-a 192.168.10.1/24, fd00:10::1/64 and br-b 192.168.20.1/24,
 //	            fd00:20::1/64; serves etcd on 192.168.10.1:2379; default route via the LAN
 //	            gateway
-//	sl-gw       the LAN gateway, 192.168.10.254: every node's default route leads here
+//	sl-gw       the LAN gateway, 192.168.10.254: every node's default route leads here; it
+//	            routes 192.168.20.0/24 through the router, and no pool
 //	sl-client   a host outside the cluster, 192.168.10.100, routing 10.65.0.0/16 to node-a
 //	sl-node-a   192.168.10.11/24 and fd00:10::11/64 (subnet A), sl-node-b 192.168.10.12/24
 //	            and fd00:10::12/64, sl-node-c 192.168.20.13/24 and fd00:20::13/64 (subnet B);
@@ -160,6 +161,11 @@ func buildTopology() error {
 		)
 	}
 	if err := attach(nsGateway, "a-gw", "br-a", "192.168.10.254/24"); err != nil {
+		return err
+	}
+	// The gateway knows the site's other subnet, behind the router (node-c's, whose
+	// masqueraded traffic it answers); not the pools.
+	if _, err := sh("ip", "-n", nsGateway, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"); err != nil {
 		return err
 	}
 	if err := attach(nsClient, "a-client", "br-a", "192.168.10.100/24"); err != nil {

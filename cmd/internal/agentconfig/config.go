@@ -157,6 +157,38 @@ func optionTable() []option {
 			}},
 		{name: "pool-blackholes", env: "SLUICE_POOL_BLACKHOLES", key: "poolBlackholes", def: "false", boolean: true, accepts: "true or false", help: "also blackhole whole pools at the lowest priority (a pool may share its range with other users)",
 			set: func(c *Config, v string) (err error) { c.Calc.PoolBlackholes, err = parseBool(v); return }},
+		{name: "nat-outgoing", env: "SLUICE_NAT_OUTGOING", key: "natOutgoing", def: "true", boolean: true, accepts: "true or false", help: "masquerade traffic from pools with natOutgoing leaving every pool (nftables table sluice-nat)",
+			set: func(c *Config, v string) (err error) {
+				var on bool
+				on, err = parseBool(v)
+				c.DP.NAT.Disabled = !on
+				return
+			}},
+		{name: "nat-outgoing-address", env: "SLUICE_NAT_OUTGOING_ADDRESS", key: "natOutgoingAddress", def: "", accepts: "an IPv4 or IPv6 address, or empty", help: "source address of natOutgoing traffic of its family instead of the outgoing interface's",
+			set: func(c *Config, v string) error {
+				c.DP.NAT.Address4, c.DP.NAT.Address6 = netip.Addr{}, netip.Addr{}
+				if v == "" {
+					return nil
+				}
+				a, err := netip.ParseAddr(v)
+				if err != nil || a.Zone() != "" {
+					return errors.New("not an IP address")
+				}
+				if a.Is4() || a.Is4In6() {
+					c.DP.NAT.Address4 = a.Unmap()
+				} else {
+					c.DP.NAT.Address6 = a
+				}
+				return nil
+			}},
+		{name: "nat-outgoing-exclusions", env: "SLUICE_NAT_OUTGOING_EXCLUSIONS", key: "natOutgoingExclusions", def: "IPPoolsOnly", accepts: "IPPoolsOnly or IPPoolsAndHostIPs", help: "destinations natOutgoing traffic reaches unchanged: pools, or nodes' addresses too",
+			set: func(c *Config, v string) error {
+				if err := oneOf(v, "IPPoolsOnly", "IPPoolsAndHostIPs"); err != nil {
+					return err
+				}
+				c.Calc.NATOutgoingExclusions = calc.NATExclusions(v)
+				return nil
+			}},
 		{name: "dataplane", env: "SLUICE_DATAPLANE", key: "dataplane", def: "true", boolean: true, accepts: "true or false", help: "program the kernel; false reads etcd and computes only",
 			set: func(c *Config, v string) (err error) { c.Dataplane, err = parseBool(v); return }},
 		{name: "route-table", env: "SLUICE_ROUTE_TABLE", key: "routeTable", def: "254", accepts: "1 to 4294967295, not 255 (local)", help: "routing table sluice's routes go in (254 is main)",

@@ -1,0 +1,333 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/vishvananda/netns"
+)
+
+// fakeNAT is an in-memory natKernel that counts writes and can refuse them.
+type fakeNAT struct {
+	table  *natRules
+	writes int
+	fail   error
+}
+
+func (f *fakeNAT) readNAT() (natRules, bool, error) {
+	if f.table == nil {
+		return natRules{}, false, nil
+	}
+	return *f.table, true, nil
+}
+
+func (f *fakeNAT) writeNAT(r *natRules) error {
+	if f.fail != nil {
+		return f.fail
+	}
+	f.writes++
+	if r == nil {
+		f.table = nil
+		return nil
+	}
+	c := *r
+	f.table = &c
+	return nil
+}
+
+func pool(cidr string, masq bool) calc.ClusterNet {
+	return calc.ClusterNet{Prefix: netip.MustParsePrefix(cidr), Masquerade: masq, KeepSource: true}
+}
+
+// TestOutgoingNATTransitions: the table appears with the first natOutgoing pool, is written
+// once per change and not again when nothing changed, goes with the last such pool, is
+// adopted as it is after a restart, repaired when someone changed it, and a refused write is
+// tried again.
+func TestOutgoingNATTransitions(t *testing.T) {
+	k := &fakeNAT{}
+	n := newOutgoingNAT(k, NATConfig{})
+	apply := func(wantWrites int, want string) {
+		t.Helper()
+		before := k.writes
+		if err := n.Apply(); err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if k.table != nil {
+			got = k.table.String()
+		}
+		if k.writes-before != wantWrites || got != want {
+			t.Fatalf("apply: %d writes, table %q; want %d and %q", k.writes-before, got, wantWrites, want)
+		}
+	}
+	// Pools without natOutgoing: no table.
+	n.SetNet(pool("10.66.0.0/16", false))
+	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
+	apply(0, "")
+	// One with: the table, pools kept, the node address not (IPPoolsOnly).
+	n.SetNet(pool("10.65.0.0/16", true))
+	apply(1, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
+	apply(0, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
+	// The same net again: nothing.
+	n.SetNet(pool("10.65.0.0/16", true))
+	apply(0, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
+	// IPv6 pool and a host address kept (IPPoolsAndHostIPs): one write.
+	n.SetNet(pool("fd00:65::/48", true))
+	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a", KeepSource: true})
+	full := "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16, 192.0.2.11/32} masq6 {fd00:65::/48} keep6 {fd00:65::/48} masquerade from port 32768"
+	apply(1, full)
+
+	// A restart: a new driver adopts the table with no write.
+	n = newOutgoingNAT(k, NATConfig{})
+	for _, c := range []calc.ClusterNet{pool("10.65.0.0/16", true), pool("10.66.0.0/16", false), pool("fd00:65::/48", true),
+		{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a", KeepSource: true}} {
+		n.SetNet(c)
+	}
+	apply(0, full)
+
+	// Drift: someone emptied a set; the resync puts it back.
+	k.table.masq4 = nil
+	n.QueueResync()
+	apply(1, full)
+
+	// A refused write fails the apply, and the next one writes.
+	n.DeleteNet(netip.MustParsePrefix("fd00:65::/48"))
+	k.fail = errors.New("no room")
+	if err := n.Apply(); err == nil || !strings.Contains(err.Error(), NATTable) {
+		t.Fatalf("refused write: %v; want an error naming the table", err)
+	}
+	k.fail = nil
+	apply(1, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16, 192.0.2.11/32} masq6 {} keep6 {} masquerade from port 32768")
+
+	// natOutgoing off on the last pool: the table goes.
+	n.SetNet(pool("10.65.0.0/16", false))
+	apply(1, "")
+	apply(0, "")
+}
+
+func TestMergePrefixesAndRanges(t *testing.T) {
+	got := mergePrefixes([]netip.Prefix{netip.MustParsePrefix("10.65.1.0/24"), netip.MustParsePrefix("10.0.0.0/8"),
+		netip.MustParsePrefix("192.0.2.1/32"), netip.MustParsePrefix("10.65.0.0/16")})
+	if fmt.Sprint(got) != "[10.0.0.0/8 192.0.2.1/32]" {
+		t.Fatalf("merged %v", got)
+	}
+	for _, c := range []struct{ p, first, after string }{
+		{"10.65.0.0/16", "10.65.0.0", "10.66.0.0"},
+		{"192.0.2.1/32", "192.0.2.1", "192.0.2.2"},
+		{"fd00:65::/48", "fd00:65::", "fd00:65:1::"},
+		{"255.255.255.0/24", "255.255.255.0", "invalid IP"},
+	} {
+		f, a := prefixRange(netip.MustParsePrefix(c.p))
+		if f.String() != c.first || a.String() != c.after {
+			t.Fatalf("range of %s: %v %v", c.p, f, a)
+		}
+		if p, ok := prefixOfRange(f, a); !ok || p.String() != c.p {
+			t.Fatalf("prefix of [%v, %v): %v %v", f, a, p, ok)
+		}
+	}
+}
+
+// TestOutgoingNATRealKernel: a workload in a natOutgoing pool reaches an address outside
+// every pool with the node's address as its source, while traffic to another pool's
+// workload keeps the workload's address; SNAT to a chosen address works the same; the table
+// reads back as written (a restart writes nothing), and deleting it is repaired at a resync.
+//
+//	work (10.65.0.5) ── node (10.65.0.1 side; 192.0.2.11 uplink) ── outside (192.0.2.1)
+//	peer (10.66.0.9) ──┘
+func TestOutgoingNATRealKernel(t *testing.T) {
+	node, work, peer, out := newTestNode(t), newTestNode(t), newTestNode(t), newTestNode(t)
+	ip := func(ns string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("ip", append([]string{"-n", ns}, args...)...)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("ip -n %s %v: %v: %s", ns, args, err, b)
+		}
+	}
+	wire := func(a *testNode, aName, aAddr string, b *testNode, bName, bAddr string) {
+		t.Helper()
+		ip(a.name, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", b.name)
+		ip(a.name, "addr", "add", aAddr, "dev", aName)
+		ip(b.name, "addr", "add", bAddr, "dev", bName)
+		ip(a.name, "link", "set", aName, "up")
+		ip(b.name, "link", "set", bName, "up")
+	}
+	wire(node, "w0", "10.65.0.1/32", work, "eth0", "10.65.0.5/32")
+	wire(node, "w1", "10.66.0.1/32", peer, "eth0", "10.66.0.9/32")
+	wire(node, "up0", "192.0.2.11/24", out, "eth0", "192.0.2.1/24")
+	ip(node.name, "route", "add", "10.65.0.5/32", "dev", "w0")
+	ip(node.name, "route", "add", "10.66.0.9/32", "dev", "w1")
+	for _, w := range []*testNode{work, peer} {
+		ip(w.name, "route", "add", "10.65.0.1/32", "dev", "eth0")
+		ip(w.name, "route", "add", "10.66.0.1/32", "dev", "eth0")
+		ip(w.name, "route", "add", "default", "via", "10.65.0.1", "dev", "eth0", "onlink")
+	}
+	if b, err := exec.Command("ip", "netns", "exec", node.name, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, b)
+	}
+	// The outside knows no pool: replies to a workload's own address go nowhere.
+	nodeNS, err := netns.GetFromName(node.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	k := nftNAT{netnsFd: int(nodeNS)}
+	t.Cleanup(func() { _ = k.writeNAT(nil) }) // the namespace goes anyway; the table first
+
+	// sourceSeen connects from workload w to addr:port and returns the source address the
+	// listener saw ("" when the connection failed).
+	listen := func(n *testNode, addr string) net.Listener {
+		t.Helper()
+		ns, err := netns.GetFromName(n.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		var l net.Listener
+		inNS(t, ns, func() { l, err = net.Listen("tcp4", addr+":0") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+				_, _ = io.WriteString(c, host)
+				c.Close()
+			}
+		}()
+		return l
+	}
+	sourceSeen := func(w *testNode, l net.Listener) string {
+		t.Helper()
+		ns, err := netns.GetFromName(w.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		var c net.Conn
+		inNS(t, ns, func() { c, err = net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second) })
+		if err != nil {
+			return ""
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	outside := listen(out, "192.0.2.1")
+	toPeer := listen(peer, "10.66.0.9")
+
+	// Without sluice's table the outside cannot answer a workload's own address.
+	if got := sourceSeen(work, outside); got != "" {
+		t.Fatalf("before NAT the outside answered %q; the test topology leaks", got)
+	}
+	n := newOutgoingNAT(k, NATConfig{})
+	n.SetNet(pool("10.65.0.0/16", true))
+	n.SetNet(pool("10.66.0.0/16", false))
+	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
+	if err := n.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sourceSeen(work, outside); got != "192.0.2.11" {
+		t.Fatalf("outside saw %q; want the node's address 192.0.2.11", got)
+	}
+	if got := sourceSeen(work, toPeer); got != "10.65.0.5" {
+		t.Fatalf("the other pool's workload saw %q; want the workload's own 10.65.0.5", got)
+	}
+	// The peer's pool has no natOutgoing: its traffic out is not translated (and so gets no
+	// answer here).
+	if got := sourceSeen(peer, outside); got != "" {
+		t.Fatalf("a workload of a pool without natOutgoing reached the outside as %q", got)
+	}
+
+	// Read back: what was written; a restarted driver writes nothing.
+	r, ok, err := k.readNAT()
+	if err != nil || !ok || !r.equal(n.desired()) {
+		t.Fatalf("read back %v %v %v; want %s", r, ok, err, n.desired())
+	}
+	// Deleted behind sluice's back: repaired at the next resync.
+	if err := k.writeNAT(nil); err != nil {
+		t.Fatal(err)
+	}
+	n.QueueResync()
+	if err := n.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sourceSeen(work, outside); got != "192.0.2.11" {
+		t.Fatalf("after repair the outside saw %q", got)
+	}
+
+	// SNAT to a chosen address (natOutgoingAddress) instead of masquerade.
+	ip(node.name, "addr", "add", "192.0.2.99/24", "dev", "up0")
+	n2 := newOutgoingNAT(k, NATConfig{Address4: netip.MustParseAddr("192.0.2.99")})
+	n2.SetNet(pool("10.65.0.0/16", true))
+	if err := n2.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := sourceSeen(work, outside); got != "192.0.2.99" {
+		t.Fatalf("with SNAT the outside saw %q; want 192.0.2.99", got)
+	}
+	if r, ok, err := k.readNAT(); err != nil || !ok || r.addr4 != netip.MustParseAddr("192.0.2.99") {
+		t.Fatalf("read back %v %v %v", r, ok, err)
+	}
+}
+
+// TestDataplaneOutgoingNAT: cluster nets from calc's updates reach the NAT table through the
+// dataplane: a full update, a delta, a full update that drops a net, and the table deleted
+// behind sluice's back put back by a resync.
+func TestDataplaneOutgoingNAT(t *testing.T) {
+	fk := NewFakeKernel()
+	fk.AddLink("eth0")
+	fk.AddAddr("eth0", netip.MustParseAddr("192.0.2.11"))
+	d := New(fk, Config{ParentAddr: netip.MustParseAddr("192.0.2.11")})
+	net := func(c calc.ClusterNet) calc.Op { return calc.Op{ClusterNet: &c} }
+	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{net(pool("10.65.0.0/16", true)), net(pool("10.66.0.0/16", false))}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	want := "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768"
+	if got := fk.NAT(); got != want || d.Stats().NAT != want {
+		t.Fatalf("after the full update: %q (stats %q); want %q", got, d.Stats().NAT, want)
+	}
+	c := pool("10.67.0.0/16", true)
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{ClusterNet: &c}}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fk.NAT(); !strings.Contains(got, "masq4 {10.65.0.0/16, 10.67.0.0/16}") {
+		t.Fatalf("after a delta: %q", got)
+	}
+	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{net(pool("10.66.0.0/16", false))}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fk.NAT(); got != "" {
+		t.Fatalf("no natOutgoing pool left, the table is %q; want none", got)
+	}
+	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{net(pool("10.65.0.0/16", true))}})
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	fk.DeleteNAT()
+	d.mu.Lock()
+	d.resyncAllLocked()
+	d.mu.Unlock()
+	if err := d.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fk.NAT(); !strings.Contains(got, "masq4 {10.65.0.0/16}") {
+		t.Fatalf("after a resync the table is %q", got)
+	}
+}
