@@ -267,4 +267,3 @@ func prefixRange(p netip.Prefix) (first, after netip.Addr) {
 	last, _ := netip.AddrFromSlice(b)
 	return first, last.Next()
 }
-
