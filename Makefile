@@ -58,6 +58,7 @@ bench:
 	   $(GO) test -run '^$$' -bench Full -benchtime $(BENCHTIME) -benchmem ./calc/ && \
 	   $(GO) test -run '^$$' -bench OneChange -benchtime 20000x -benchmem ./calc/ && \
 	   $(MAKE) -s bench-dataplane && \
+	   $(GO) test -run '^$$' -bench OutgoingNAT -benchtime 1x ./dataplane/ && \
 	   $(MAKE) -s bench-fanout && \
 	   $(MAKE) -s bench-services ; } | tee /dev/stderr | awk -f testdata/benchtable.awk
 

@@ -14,7 +14,7 @@ import (
 )
 
 // inNS runs f on a thread switched into ns (sockets it opens stay in ns).
-func inNS(t *testing.T, ns netns.NsHandle, f func()) {
+func inNS(t testing.TB, ns netns.NsHandle, f func()) {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()

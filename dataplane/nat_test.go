@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -143,89 +144,12 @@ func TestMergePrefixesAndRanges(t *testing.T) {
 //	work (10.65.0.5) ── node (10.65.0.1 side; 192.0.2.11 uplink) ── outside (192.0.2.1)
 //	peer (10.66.0.9) ──┘
 func TestOutgoingNATRealKernel(t *testing.T) {
-	node, work, peer, out := newTestNode(t), newTestNode(t), newTestNode(t), newTestNode(t)
-	ip := func(ns string, args ...string) {
-		t.Helper()
-		cmd := exec.Command("ip", append([]string{"-n", ns}, args...)...)
-		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("ip -n %s %v: %v: %s", ns, args, err, b)
-		}
-	}
-	wire := func(a *testNode, aName, aAddr string, b *testNode, bName, bAddr string) {
-		t.Helper()
-		ip(a.name, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", b.name)
-		ip(a.name, "addr", "add", aAddr, "dev", aName)
-		ip(b.name, "addr", "add", bAddr, "dev", bName)
-		ip(a.name, "link", "set", aName, "up")
-		ip(b.name, "link", "set", bName, "up")
-	}
-	wire(node, "w0", "10.65.0.1/32", work, "eth0", "10.65.0.5/32")
-	wire(node, "w1", "10.66.0.1/32", peer, "eth0", "10.66.0.9/32")
-	wire(node, "up0", "192.0.2.11/24", out, "eth0", "192.0.2.1/24")
-	ip(node.name, "route", "add", "10.65.0.5/32", "dev", "w0")
-	ip(node.name, "route", "add", "10.66.0.9/32", "dev", "w1")
-	for _, w := range []*testNode{work, peer} {
-		ip(w.name, "route", "add", "10.65.0.1/32", "dev", "eth0")
-		ip(w.name, "route", "add", "10.66.0.1/32", "dev", "eth0")
-		ip(w.name, "route", "add", "default", "via", "10.65.0.1", "dev", "eth0", "onlink")
-	}
-	if b, err := exec.Command("ip", "netns", "exec", node.name, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-		t.Fatalf("sysctl: %v %s", err, b)
-	}
-	// The outside knows no pool: replies to a workload's own address go nowhere.
-	nodeNS, err := netns.GetFromName(node.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nodeNS.Close()
-	k := nftNAT{netnsFd: int(nodeNS)}
-	t.Cleanup(func() { _ = k.writeNAT(nil) }) // the namespace goes anyway; the table first
-
-	// sourceSeen connects from workload w to addr:port and returns the source address the
-	// listener saw ("" when the connection failed).
-	listen := func(n *testNode, addr string) net.Listener {
-		t.Helper()
-		ns, err := netns.GetFromName(n.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ns.Close()
-		var l net.Listener
-		inNS(t, ns, func() { l, err = net.Listen("tcp4", addr+":0") })
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-				_, _ = io.WriteString(c, host)
-				c.Close()
-			}
-		}()
-		return l
-	}
-	sourceSeen := func(w *testNode, l net.Listener) string {
-		t.Helper()
-		ns, err := netns.GetFromName(w.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ns.Close()
-		var c net.Conn
-		inNS(t, ns, func() { c, err = net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second) })
-		if err != nil {
-			return ""
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-		b, _ := io.ReadAll(c)
-		return string(b)
-	}
+	tp := newNATTopology(t)
+	node, work, peer, k := tp.node, tp.work, tp.peer, tp.k
+	ip := tp.ip
+	listen := func(n *testNode, addr string) net.Listener { return tp.listen(n, addr) }
+	sourceSeen := func(w *testNode, l net.Listener) string { return tp.sourceSeen(w, l) }
+	out := tp.out
 	outside := listen(out, "192.0.2.1")
 	toPeer := listen(peer, "10.66.0.9")
 
@@ -330,4 +254,164 @@ func TestDataplaneOutgoingNAT(t *testing.T) {
 	if got := fk.NAT(); !strings.Contains(got, "masq4 {10.65.0.0/16}") {
 		t.Fatalf("after a resync the table is %q", got)
 	}
+}
+
+// natTopology is TestOutgoingNATRealKernel's network (and BenchmarkOutgoingNAT's): a node
+// namespace between two workloads (pools 10.65/16 and 10.66/16) and an outside host.
+type natTopology struct {
+	tb                    testing.TB
+	node, work, peer, out *testNode
+	k                     nftNAT
+}
+
+func newNATTopology(tb testing.TB) *natTopology {
+	tp := &natTopology{tb: tb, node: newTestNode(tb), work: newTestNode(tb), peer: newTestNode(tb), out: newTestNode(tb)}
+	wire := func(a *testNode, aName, aAddr string, b *testNode, bName, bAddr string) {
+		tb.Helper()
+		tp.ip(a.name, "link", "add", aName, "type", "veth", "peer", "name", bName, "netns", b.name)
+		tp.ip(a.name, "addr", "add", aAddr, "dev", aName)
+		tp.ip(b.name, "addr", "add", bAddr, "dev", bName)
+		tp.ip(a.name, "link", "set", aName, "up")
+		tp.ip(b.name, "link", "set", bName, "up")
+	}
+	wire(tp.node, "w0", "10.65.0.1/32", tp.work, "eth0", "10.65.0.5/32")
+	wire(tp.node, "w1", "10.66.0.1/32", tp.peer, "eth0", "10.66.0.9/32")
+	wire(tp.node, "up0", "192.0.2.11/24", tp.out, "eth0", "192.0.2.1/24")
+	tp.ip(tp.node.name, "route", "add", "10.65.0.5/32", "dev", "w0")
+	tp.ip(tp.node.name, "route", "add", "10.66.0.9/32", "dev", "w1")
+	for _, w := range []*testNode{tp.work, tp.peer} {
+		tp.ip(w.name, "route", "add", "10.65.0.1/32", "dev", "eth0")
+		tp.ip(w.name, "route", "add", "10.66.0.1/32", "dev", "eth0")
+		tp.ip(w.name, "route", "add", "default", "via", "10.65.0.1", "dev", "eth0", "onlink")
+	}
+	if b, err := exec.Command("ip", "netns", "exec", tp.node.name, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		tb.Fatalf("sysctl: %v %s", err, b)
+	}
+	nodeNS, err := netns.GetFromName(tp.node.name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { nodeNS.Close() })
+	tp.k = nftNAT{netnsFd: int(nodeNS)}
+	tb.Cleanup(func() { _ = tp.k.writeNAT(nil) }) // the namespace goes anyway; the table first
+	return tp
+}
+
+func (tp *natTopology) ip(ns string, args ...string) {
+	tp.tb.Helper()
+	if b, err := exec.Command("ip", append([]string{"-n", ns}, args...)...).CombinedOutput(); err != nil {
+		tp.tb.Fatalf("ip -n %s %v: %v: %s", ns, args, err, b)
+	}
+}
+
+// listen serves, in n, TCP on addr (any port): each connection is answered with the
+// client's address as seen, then closed.
+func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
+	tp.tb.Helper()
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		tp.tb.Fatal(err)
+	}
+	defer ns.Close()
+	var l net.Listener
+	inNS(tp.tb, ns, func() { l, err = net.Listen("tcp4", addr+":0") })
+	if err != nil {
+		tp.tb.Fatal(err)
+	}
+	tp.tb.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			_, _ = io.WriteString(c, host)
+			c.Close()
+		}
+	}()
+	return l
+}
+
+// sourceSeen connects from w to l and returns the source address l saw ("" when the
+// connection failed).
+func (tp *natTopology) sourceSeen(w *testNode, l net.Listener) string {
+	tp.tb.Helper()
+	ns, err := netns.GetFromName(w.name)
+	if err != nil {
+		tp.tb.Fatal(err)
+	}
+	defer ns.Close()
+	var c net.Conn
+	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second) })
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+// BenchmarkOutgoingNAT: connections per second from a workload to a host outside every pool,
+// masqueraded by sluice's table, beside the same connections routed back without NAT (the
+// outside then routes the pool to the node), in the same run; and the cost per connection.
+func BenchmarkOutgoingNAT(b *testing.B) {
+	tp := newNATTopology(b)
+	l := tp.listen(tp.out, "192.0.2.1")
+	ns, err := netns.GetFromName(tp.work.name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ns.Close()
+	const conns = 2000
+	rate := func() float64 {
+		var n int
+		var took time.Duration
+		inNS(b, ns, func() {
+			start := time.Now()
+			for range conns {
+				c, err := net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second)
+				if err != nil {
+					continue
+				}
+				buf := make([]byte, 16)
+				if _, err := c.Read(buf); err == nil {
+					n++
+				}
+				c.Close()
+			}
+			took = time.Since(start)
+		})
+		if n != conns {
+			b.Fatalf("%d of %d connections answered", n, conns)
+		}
+		return float64(conns) / took.Seconds()
+	}
+	nat := newOutgoingNAT(tp.k, NATConfig{})
+	nat.SetNet(pool("10.65.0.0/16", true))
+	var direct, masq []float64
+	for range 3 {
+		tp.ip(tp.out.name, "route", "add", "10.65.0.0/16", "via", "192.0.2.11")
+		direct = append(direct, rate())
+		tp.ip(tp.out.name, "route", "del", "10.65.0.0/16", "via", "192.0.2.11")
+		nat.QueueResync()
+		nat.changed = true
+		if err := nat.Apply(); err != nil {
+			b.Fatal(err)
+		}
+		if got := tp.sourceSeen(tp.work, l); got != "192.0.2.11" {
+			b.Fatalf("through NAT the outside saw %q", got)
+		}
+		masq = append(masq, rate())
+		if err := tp.k.writeNAT(nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	d, m := median(direct), median(masq)
+	b.ReportMetric(d, "direct-conn/s")
+	b.ReportMetric(m, "masq-conn/s")
+	b.ReportMetric(m/d, "ratio")
+	b.ReportMetric((1/m-1/d)*1e6, "us-per-conn")
 }

@@ -20,12 +20,12 @@ var nsCounter atomic.Int32
 // testNode is a fresh network namespace with a netlink handle into it; it is deleted when
 // the test ends, pass or fail.
 type testNode struct {
-	t    *testing.T
+	t    testing.TB
 	name string
 	h    *netlink.Handle
 }
 
-func newTestNode(t *testing.T) *testNode {
+func newTestNode(t testing.TB) *testNode {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("real-kernel test: needs root to create network namespaces")
