@@ -87,7 +87,7 @@ const (
 // DefaultConfig returns the defaults for node.
 func DefaultConfig(node string) Config {
 	return Config{NodeName: node, RouteSource: SourceCalicoIPAM, VXLAN: true, VXLANDevice: DefaultVXLANDevice,
-		VXLANDeviceV6: DefaultVXLANDeviceV6, BlackholeType: RouteBlackhole, BlackholeMetric: 1024}
+		VXLANDeviceV6: DefaultVXLANDeviceV6, BlackholeType: RouteBlackhole, BlackholeMetric: 1024, NATOutgoingExclusions: NATExcludePools}
 }
 
 func (c *Config) normalise() error {
