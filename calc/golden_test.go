@@ -25,11 +25,12 @@ type model struct {
 	routes    map[netip.Prefix]calc.Route
 	frontends map[calc.FrontendKey]calc.Frontend
 	health    map[uint16]calc.HealthCheck
+	fips      map[netip.Addr]calc.FloatingIP
 }
 
 func newModel() *model {
 	return &model{map[calc.VTEPKey]calc.VTEP{}, map[netip.Prefix]calc.ClusterNet{}, map[netip.Prefix]calc.Route{},
-		map[calc.FrontendKey]calc.Frontend{}, map[uint16]calc.HealthCheck{}}
+		map[calc.FrontendKey]calc.Frontend{}, map[uint16]calc.HealthCheck{}, map[netip.Addr]calc.FloatingIP{}}
 }
 
 func (m *model) apply(t *testing.T, u *calc.Update) {
@@ -76,6 +77,13 @@ func (m *model) apply(t *testing.T, u *calc.Update) {
 			m.health[op.HealthCheck.Port] = *op.HealthCheck
 		case op.HealthCheck != nil:
 			delete(m.health, op.HealthCheck.Port)
+		case op.FloatingIP != nil && !op.Remove:
+			if _, ok := m.routes[netip.PrefixFrom(op.FloatingIP.External, op.FloatingIP.External.BitLen())]; !ok {
+				t.Fatalf("floating IP %s set before its route", op.FloatingIP)
+			}
+			m.fips[op.FloatingIP.External] = *op.FloatingIP
+		case op.FloatingIP != nil:
+			delete(m.fips, op.FloatingIP.External)
 		default:
 			t.Fatalf("op %d sets nothing", i)
 		}
@@ -111,11 +119,15 @@ func (m *model) text() string {
 	for _, h := range m.health {
 		s.HealthChecks = append(s.HealthChecks, h)
 	}
+	for _, f := range m.fips {
+		s.FloatingIPs = append(s.FloatingIPs, f)
+	}
 	return stateText(calc.SortState(s))
 }
 
 func stateText(s *calc.State) string {
-	s = calc.SortState(&calc.State{VTEPs: s.VTEPs, ClusterNets: s.ClusterNets, Routes: s.Routes, Frontends: s.Frontends, HealthChecks: s.HealthChecks})
+	s = calc.SortState(&calc.State{VTEPs: s.VTEPs, ClusterNets: s.ClusterNets, Routes: s.Routes, Frontends: s.Frontends, HealthChecks: s.HealthChecks,
+		FloatingIPs: s.FloatingIPs})
 	var b bytes.Buffer
 	if err := s.WriteText(&b); err != nil {
 		panic(err)

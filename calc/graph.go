@@ -190,6 +190,11 @@ type Graph struct {
 	dirtyVTEP set[string]
 	dirtySvc  set[string]
 	dirtyNet  set[netip.Prefix]
+	// fipsByAddr holds the workloads naming each floating IP (ipNATs' externalIP); fips the
+	// floating IPs of this node's workloads as emitted; dirtyFIP those to recompute.
+	fipsByAddr multi[netip.Addr, string]
+	fips       map[netip.Addr]FloatingIP
+	dirtyFIP   set[netip.Addr]
 
 	// Desired state as last computed.
 	routes    map[netip.Prefix]Route
@@ -237,6 +242,9 @@ func New(cfg Config) (*Graph, error) {
 		slicesByService: newMulti[string, string](),
 		slicesByNode:    newMulti[string, string](),
 		hostNets:        newMulti[netip.Prefix, string](),
+		fipsByAddr:      newMulti[netip.Addr, string](),
+		fips:            map[netip.Addr]FloatingIP{},
+		dirtyFIP:        set[netip.Addr]{},
 		blockBits:       map[int]int{},
 		dirtyDst:        set[netip.Prefix]{},
 		dirtyVTEP:       set[string]{},
@@ -568,11 +576,21 @@ func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 				g.unindexSingle(net.Addr())
 			}
 		}
+		for _, n := range old.IPNATs {
+			g.fipsByAddr.remove(n.ExternalIP, id)
+			g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
+			g.dirtyFIP.add(n.ExternalIP)
+		}
 		removeFrom(g.wepsByNode, old.Node, id)
 	}
 	if w == nil {
 		delete(g.weps, id)
 		return
+	}
+	for _, n := range w.IPNATs {
+		g.fipsByAddr.add(n.ExternalIP, id)
+		g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
+		g.dirtyFIP.add(n.ExternalIP)
 	}
 	g.weps[id] = w
 	for _, net := range w.IPNetworks {

@@ -93,6 +93,13 @@ func (s *State) WriteText(w io.Writer) error {
 	for _, h := range s.HealthChecks {
 		fmt.Fprintf(tw, "%d\t%s\t%d\n", h.Port, h.Service, h.LocalEndpoints)
 	}
+	if len(s.FloatingIPs) > 0 {
+		fmt.Fprintf(tw, "\nFLOATING IPS (%d)\n", len(s.FloatingIPs))
+		fmt.Fprintln(tw, "EXTERNAL\tINTERNAL\tWORKLOAD")
+		for _, f := range s.FloatingIPs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", f.External, f.Internal, f.Workload)
+		}
+	}
 	if len(s.Problems) > 0 {
 		fmt.Fprintf(tw, "\nPROBLEMS (%d)\n", len(s.Problems))
 		for _, p := range s.Problems {

@@ -185,6 +185,9 @@ func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
 		if r, ok := g.tunnelRoute(dst); ok {
 			return r, true
 		}
+		if r, ok := g.floatingRoute(dst); ok {
+			return r, true
+		}
 	}
 	if b := g.blocks[dst]; b != nil && g.cfg.RouteSource == SourceCalicoIPAM {
 		if r, ok := g.blockRoute(b); ok {
@@ -217,6 +220,46 @@ func (g *Graph) workloadRoute(dst netip.Prefix, sorted []string) (Route, bool) {
 		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonBorrowed)
 	}
 	return Route{}, false
+}
+
+// floatingRoute: a floating IP goes where its workload's internal address goes: to the
+// workload's interface on its node, through the path to that node (VXLAN or direct, as the
+// internal address's pool says) from the others. The workload whose name sorts first wins
+// when several claim one floating IP.
+func (g *Graph) floatingRoute(dst netip.Prefix) (Route, bool) {
+	id, ok := g.fipsByAddr.first(dst.Addr())
+	if !ok {
+		return Route{}, false
+	}
+	w := g.weps[id]
+	if g.isLocal(w.Node) {
+		return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonFloatingIP}, true
+	}
+	for _, n := range w.IPNATs {
+		if n.ExternalIP == dst.Addr() {
+			return g.remoteRoute(dst, w.Node, g.poolFor(netip.PrefixFrom(n.InternalIP, n.InternalIP.BitLen())), ReasonFloatingIP)
+		}
+	}
+	return Route{}, false
+}
+
+// recomputeFIPs recomputes the dirty floating IPs of this node's workloads.
+func (g *Graph) recomputeFIPs() {
+	for ext := range g.dirtyFIP {
+		var f FloatingIP
+		id, ok := g.fipsByAddr.first(ext)
+		if ok {
+			w := g.weps[id]
+			ok = g.isLocal(w.Node)
+			for _, n := range w.IPNATs {
+				if n.ExternalIP == ext {
+					f = FloatingIP{External: ext, Internal: n.InternalIP, Workload: id}
+				}
+			}
+		}
+		settle(g.fips, ext, f, ok, same[FloatingIP], g.emitted, &g.pending.fipSets, &g.pending.fipDels)
+	}
+	clear(g.dirtyFIP)
 }
 
 // tunnelRoute: a remote node's tunnel address that is not inside its own block needs a

@@ -145,6 +145,9 @@ const (
 	ReasonRemoteWorkload RouteReason = "remote-workload"
 	ReasonLocalBlock     RouteReason = "local-block"
 	ReasonPool           RouteReason = "pool"
+	// ReasonFloatingIP: a workload's floating IP (ipNATs' externalIP), routed as the
+	// workload's own address: to its interface on its node, to its node from the others.
+	ReasonFloatingIP RouteReason = "floating-ip"
 )
 
 // Route is one desired route in sluice's table.
@@ -324,6 +327,19 @@ func (c ClusterNet) String() string {
 		s += " keep-source"
 	}
 	return s
+}
+
+// FloatingIP is an OpenStack floating IP (ipNATs on a workload endpoint) of a workload on this
+// node: traffic to External reaches the workload at Internal; traffic the workload sends
+// from Internal out of the cluster leaves from External. Keyed by External.
+type FloatingIP struct {
+	External netip.Addr `json:"external"`
+	Internal netip.Addr `json:"internal"`
+	Workload string     `json:"workload"`
+}
+
+func (f FloatingIP) String() string {
+	return f.External.String() + " -> " + f.Internal.String() + " (" + f.Workload + ")"
 }
 
 // Problem is something in the input that calc cannot act on, keyed so each is reported once.

@@ -16,6 +16,7 @@ type Op struct {
 	Route       *Route
 	Frontend    *Frontend
 	HealthCheck *HealthCheck
+	FloatingIP  *FloatingIP
 }
 
 // Update is what calc hands the dataplane after a batch. Full means Ops is the whole desired
@@ -37,6 +38,7 @@ type pendingOps struct {
 	routeSets, routeDels       []Route
 	frontendSets, frontendDels []Frontend
 	healthSets, healthDels     []HealthCheck
+	fipSets, fipDels           []FloatingIP
 	problems                   []Problem
 }
 
@@ -58,6 +60,10 @@ func sortFrontends(f []Frontend) {
 	slices.SortFunc(f, func(a, b Frontend) int { return cmpFrontendKey(a.Key, b.Key) })
 }
 
+func sortFIPs(f []FloatingIP) {
+	slices.SortFunc(f, func(a, b FloatingIP) int { return a.External.Compare(b.External) })
+}
+
 func sortHealth(h []HealthCheck) {
 	slices.SortFunc(h, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
 }
@@ -69,7 +75,7 @@ func cmpFrontendKey(a, b FrontendKey) int {
 // take turns the collected changes into an ordered update, or nil when there are none.
 func (p *pendingOps) take() *Update {
 	n := len(p.vtepSets) + len(p.vtepDels) + len(p.netSets) + len(p.netDels) + len(p.routeSets) + len(p.routeDels) + len(p.frontendSets) +
-		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels)
+		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels) + len(p.fipSets) + len(p.fipDels)
 	if n == 0 && len(p.problems) == 0 {
 		return nil
 	}
@@ -83,6 +89,8 @@ func (p *pendingOps) take() *Update {
 	sortFrontends(p.frontendDels)
 	sortHealth(p.healthSets)
 	sortHealth(p.healthDels)
+	sortFIPs(p.fipSets)
+	sortFIPs(p.fipDels)
 	u := &Update{Ops: make([]Op, 0, n), Problems: p.problems}
 	for i := range p.vtepSets {
 		u.Ops = append(u.Ops, Op{VTEP: &p.vtepSets[i]})
@@ -92,6 +100,9 @@ func (p *pendingOps) take() *Update {
 	}
 	for i := range p.routeSets {
 		u.Ops = append(u.Ops, Op{Route: &p.routeSets[i]})
+	}
+	for i := range p.fipSets { // after the routes to the workloads they lead to
+		u.Ops = append(u.Ops, Op{FloatingIP: &p.fipSets[i]})
 	}
 	for i := range p.frontendSets {
 		u.Ops = append(u.Ops, Op{Frontend: &p.frontendSets[i]})
@@ -104,6 +115,9 @@ func (p *pendingOps) take() *Update {
 	}
 	for i := range p.frontendDels {
 		u.Ops = append(u.Ops, Op{Remove: true, Frontend: &p.frontendDels[i]})
+	}
+	for i := range p.fipDels {
+		u.Ops = append(u.Ops, Op{Remove: true, FloatingIP: &p.fipDels[i]})
 	}
 	for i := range p.routeDels {
 		u.Ops = append(u.Ops, Op{Remove: true, Route: &p.routeDels[i]})
@@ -122,6 +136,7 @@ func (g *Graph) recompute() {
 	g.recomputeVTEPs()
 	g.recomputeClusterNets()
 	g.recomputeRoutes()
+	g.recomputeFIPs()
 	g.recomputeServices()
 }
 
@@ -132,6 +147,7 @@ type State struct {
 	Routes       []Route       `json:"routes"`
 	Frontends    []Frontend    `json:"frontends"`
 	HealthChecks []HealthCheck `json:"healthChecks"`
+	FloatingIPs  []FloatingIP  `json:"floatingIPs"`
 	Problems     []Problem     `json:"problems"`
 }
 
@@ -154,6 +170,9 @@ func (g *Graph) State() *State {
 	for _, h := range g.health {
 		s.HealthChecks = append(s.HealthChecks, h)
 	}
+	for _, f := range g.fips {
+		s.FloatingIPs = append(s.FloatingIPs, f)
+	}
 	for k, r := range g.problems {
 		s.Problems = append(s.Problems, Problem{Key: k, Reason: r})
 	}
@@ -167,6 +186,7 @@ func SortState(s *State) *State {
 	sortRoutes(s.Routes)
 	sortFrontends(s.Frontends)
 	sortHealth(s.HealthChecks)
+	sortFIPs(s.FloatingIPs)
 	slices.SortFunc(s.Problems, func(a, b Problem) int { return strings.Compare(a.Key, b.Key) })
 	return s
 }
@@ -174,7 +194,8 @@ func SortState(s *State) *State {
 // fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
 	s := g.State()
-	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks, problems: s.Problems}
+	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks,
+		fipSets: s.FloatingIPs, problems: s.Problems}
 	u := p.take()
 	if u == nil {
 		u = &Update{} // an empty full state still tells the consumer to clear what it has

@@ -159,6 +159,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		seen := make(map[netip.Prefix]bool, nRoutes)
 		seenV := map[calc.VTEPKey]bool{}
 		seenN := map[netip.Prefix]bool{}
+		seenF := map[netip.Addr]bool{}
 		d.routes.Expect(nRoutes)
 		for _, op := range u.Ops {
 			if op.Route != nil {
@@ -166,6 +167,9 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			}
 			if op.ClusterNet != nil {
 				seenN[op.ClusterNet.Prefix] = true
+			}
+			if op.FloatingIP != nil {
+				seenF[op.FloatingIP.External] = true
 			}
 			if op.VTEP != nil {
 				seenV[op.VTEP.Key()] = true
@@ -180,6 +184,11 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			for p := range d.nat.nets {
 				if !seenN[p] {
 					d.nat.DeleteNet(p)
+				}
+			}
+			for ext := range d.nat.fips {
+				if !seenF[ext] {
+					d.nat.DeleteFloatingIP(ext)
 				}
 			}
 		}
@@ -200,6 +209,14 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	for _, op := range u.Ops {
 		if op.VTEP != nil || op.Route != nil {
 			changed = true
+		}
+		if op.FloatingIP != nil && d.nat != nil {
+			if op.Remove {
+				d.nat.DeleteFloatingIP(op.FloatingIP.External)
+			} else {
+				d.nat.SetFloatingIP(*op.FloatingIP)
+			}
+			changed = changed || d.nat.changed
 		}
 		if op.ClusterNet != nil && d.nat != nil {
 			if op.Remove {

@@ -56,15 +56,21 @@ type natRules struct {
 	masq4, keep4, masq6, keep6 []netip.Prefix // merged, sorted
 	addr4, addr6               netip.Addr
 	minPort                    uint16
+	// fips are this node's workloads' floating IPs, by external address.
+	fips []natFIP
 }
+
+// natFIP is one floating IP: external address to internal.
+type natFIP struct{ ext, int netip.Addr }
 
 func (r natRules) equal(o natRules) bool {
 	return slices.Equal(r.masq4, o.masq4) && slices.Equal(r.keep4, o.keep4) && slices.Equal(r.masq6, o.masq6) &&
-		slices.Equal(r.keep6, o.keep6) && r.addr4 == o.addr4 && r.addr6 == o.addr6 && r.minPort == o.minPort
+		slices.Equal(r.keep6, o.keep6) && r.addr4 == o.addr4 && r.addr6 == o.addr6 && r.minPort == o.minPort &&
+		slices.Equal(r.fips, o.fips)
 }
 
-// empty says there is nothing to translate: no pool has natOutgoing.
-func (r natRules) empty() bool { return len(r.masq4) == 0 && len(r.masq6) == 0 }
+// empty says there is nothing to translate: no pool has natOutgoing, no floating IP here.
+func (r natRules) empty() bool { return len(r.masq4) == 0 && len(r.masq6) == 0 && len(r.fips) == 0 }
 
 func (r natRules) String() string {
 	var b strings.Builder
@@ -84,6 +90,9 @@ func (r natRules) String() string {
 	} else {
 		fmt.Fprintf(&b, "masquerade from port %d", r.minPort)
 	}
+	for _, f := range r.fips {
+		fmt.Fprintf(&b, " fip %s->%s", f.ext, f.int)
+	}
 	return strings.TrimSpace(b.String())
 }
 
@@ -102,8 +111,10 @@ type OutgoingNAT struct {
 	k   natKernel
 	cfg NATConfig
 	// nets are calc's cluster nets by prefix (only what NAT needs of them).
-	nets     map[netip.Prefix]calc.ClusterNet
-	changed  bool // nets changed since the last apply
+	nets map[netip.Prefix]calc.ClusterNet
+	// fips are calc's floating IPs of this node's workloads, by external address.
+	fips     map[netip.Addr]netip.Addr
+	changed  bool // nets or floating IPs changed since the last apply
 	needRead bool
 	actual   *natRules // nil: no table
 	writes   int
@@ -113,7 +124,7 @@ func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
 	if cfg.MinPort == 0 {
 		cfg.MinPort = 32768
 	}
-	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, needRead: true, changed: true}
+	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, fips: map[netip.Addr]netip.Addr{}, needRead: true, changed: true}
 }
 
 // SetNet records calc's cluster net c; DeleteNet forgets the one at p.
@@ -129,6 +140,21 @@ func (n *OutgoingNAT) SetNet(c calc.ClusterNet) {
 func (n *OutgoingNAT) DeleteNet(p netip.Prefix) {
 	if _, ok := n.nets[p]; ok {
 		delete(n.nets, p)
+		n.changed = true
+	}
+}
+
+// SetFloatingIP records calc's floating IP f; DeleteFloatingIP forgets the one at ext.
+func (n *OutgoingNAT) SetFloatingIP(f calc.FloatingIP) {
+	if old, ok := n.fips[f.External]; !ok || old != f.Internal {
+		n.fips[f.External] = f.Internal
+		n.changed = true
+	}
+}
+
+func (n *OutgoingNAT) DeleteFloatingIP(ext netip.Addr) {
+	if _, ok := n.fips[ext]; ok {
+		delete(n.fips, ext)
 		n.changed = true
 	}
 }
@@ -157,7 +183,21 @@ func (n *OutgoingNAT) desired() natRules {
 		}
 	}
 	r.masq4, r.keep4, r.masq6, r.keep6 = mergePrefixes(r.masq4), mergePrefixes(r.keep4), mergePrefixes(r.masq6), mergePrefixes(r.keep6)
-	r.addr4, r.addr6, r.minPort = n.cfg.Address4, n.cfg.Address6, n.cfg.MinPort
+	// The source address or port range only as far as a rule uses them (so that a table read
+	// back, which says them only there, compares equal).
+	if len(r.masq4) > 0 {
+		r.addr4 = n.cfg.Address4
+	}
+	if len(r.masq6) > 0 {
+		r.addr6 = n.cfg.Address6
+	}
+	if (len(r.masq4) > 0 && !r.addr4.IsValid()) || (len(r.masq6) > 0 && !r.addr6.IsValid()) {
+		r.minPort = n.cfg.MinPort
+	}
+	for ext, in := range n.fips {
+		r.fips = append(r.fips, natFIP{ext, in})
+	}
+	slices.SortFunc(r.fips, func(a, b natFIP) int { return a.ext.Compare(b.ext) })
 	return r
 }
 

@@ -39,6 +39,23 @@ var natSets = []struct {
 	{"keep6", true, func(r *natRules) *[]netip.Prefix { return &r.keep6 }},
 }
 
+// natTags returns the comments of the rules r calls for, chain by chain: prerouting and
+// output one per floating IP; postrouting two per floating IP (hairpin, out) then one per
+// family that masquerades.
+func natTags(r *natRules) (pre, out, post []string) {
+	for _, f := range r.fips {
+		pre = append(pre, fmt.Sprintf("sluice fip dnat %s %s", f.ext, f.int))
+		out = append(out, fmt.Sprintf("sluice fip dnat %s %s", f.ext, f.int))
+		post = append(post, fmt.Sprintf("sluice fip hairpin %s %s", f.int, f.ext), fmt.Sprintf("sluice fip snat %s %s", f.int, f.ext))
+	}
+	for _, v6 := range []bool{false, true} {
+		if (!v6 && len(r.masq4) > 0) || (v6 && len(r.masq6) > 0) {
+			post = append(post, ruleTag(v6, r))
+		}
+	}
+	return pre, out, post
+}
+
 // ruleTag is the comment on each of sluice's rules: what the rule does beyond its sets, read
 // back to tell whether the rule is the desired one.
 func ruleTag(v6 bool, r *natRules) string {
@@ -85,38 +102,78 @@ func (k nftNAT) writeNAT(r *natRules) error {
 		}
 		sets[s.name] = set
 	}
-	ch := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
-		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	chain := func(name string, hook *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: nftables.ChainTypeNAT, Hooknum: hook, Priority: prio})
+	}
+	pre := chain("prerouting", nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
+	out := chain("output", nftables.ChainHookOutput, nftables.ChainPriorityNATDest)
+	post := chain("postrouting", nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
+	add := func(ch *nftables.Chain, tag string, exprs ...expr.Any) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs, UserData: userdata.AppendString(nil, userdata.TypeComment, tag)})
+	}
+	// family returns the match on a packet's family, and where its addresses are.
+	family := func(v6 bool) (match []expr.Any, saddr, daddr uint32, n uint32) {
+		proto, off, n := byte(unix.NFPROTO_IPV4), uint32(12), uint32(4)
+		if v6 {
+			proto, off, n = byte(unix.NFPROTO_IPV6), 8, 16
+		}
+		return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}}}, off, off + n, n
+	}
+	load := func(off, n uint32) expr.Any {
+		return &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+	}
+	is := func(a netip.Addr) expr.Any { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: a.AsSlice()} }
+	nat := func(typ expr.NATType, v6 bool, to netip.Addr) []expr.Any {
+		fam := uint32(unix.NFPROTO_IPV4)
+		if v6 {
+			fam = unix.NFPROTO_IPV6
+		}
+		return []expr.Any{&expr.Immediate{Register: 1, Data: to.AsSlice()}, &expr.NAT{Type: typ, Family: fam, RegAddrMin: 1}}
+	}
+	pres, outs, posts := natTags(r)
+	// Floating IPs: to the external address from anywhere (prerouting) or from this host
+	// (output) becomes the internal one; the workload's own traffic to itself through it
+	// (hairpin) and out of the cluster leaves from the external address.
+	for i, f := range r.fips {
+		v6 := f.ext.Is6()
+		match, saddr, daddr, n := family(v6)
+		keep := sets["keep4"]
+		if v6 {
+			keep = sets["keep6"]
+		}
+		dnat := slices.Concat(match, []expr.Any{load(daddr, n), is(f.ext)}, nat(expr.NATTypeDestNAT, v6, f.int))
+		add(pre, pres[i], dnat...)
+		add(out, outs[i], dnat...)
+		add(post, posts[2*i], slices.Concat(match, []expr.Any{load(saddr, n), is(f.int), load(daddr, n), is(f.int)}, nat(expr.NATTypeSourceNAT, v6, f.ext))...)
+		add(post, posts[2*i+1], slices.Concat(match, []expr.Any{load(saddr, n), is(f.int), load(daddr, n),
+			&expr.Lookup{SourceRegister: 1, SetName: keep.Name, SetID: keep.ID, Invert: true}}, nat(expr.NATTypeSourceNAT, v6, f.ext))...)
+	}
+	posts = posts[2*len(r.fips):]
 	for _, v6 := range []bool{false, true} {
-		masq, keep, addr, proto, off, n := sets["masq4"], sets["keep4"], r.addr4, byte(unix.NFPROTO_IPV4), uint32(12), uint32(4)
+		masq, keep, addr := sets["masq4"], sets["keep4"], r.addr4
 		empty := len(r.masq4) == 0
 		if v6 {
-			masq, keep, addr, proto, off, n = sets["masq6"], sets["keep6"], r.addr6, byte(unix.NFPROTO_IPV6), 8, 16
+			masq, keep, addr = sets["masq6"], sets["keep6"], r.addr6
 			empty = len(r.masq6) == 0
 		}
 		if empty {
 			continue
 		}
-		exprs := []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-			&expr.Lookup{SourceRegister: 1, SetName: masq.Name, SetID: masq.ID},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off + n, Len: n},
-			&expr.Lookup{SourceRegister: 1, SetName: keep.Name, SetID: keep.ID, Invert: true},
-		}
+		match, saddr, daddr, n := family(v6)
+		exprs := slices.Concat(match, []expr.Any{
+			load(saddr, n), &expr.Lookup{SourceRegister: 1, SetName: masq.Name, SetID: masq.ID},
+			load(daddr, n), &expr.Lookup{SourceRegister: 1, SetName: keep.Name, SetID: keep.ID, Invert: true},
+		})
 		if addr.IsValid() {
-			exprs = append(exprs,
-				&expr.Immediate{Register: 1, Data: addr.AsSlice()},
-				&expr.NAT{Type: expr.NATTypeSourceNAT, Family: uint32(proto), RegAddrMin: 1})
+			exprs = append(exprs, nat(expr.NATTypeSourceNAT, v6, addr)...)
 		} else {
 			exprs = append(exprs,
 				&expr.Immediate{Register: 1, Data: binary.BigEndian.AppendUint16(nil, r.minPort)},
 				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, 65535)},
 				&expr.Masq{ToPorts: true, RegProtoMin: 1, RegProtoMax: 2})
 		}
-		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs,
-			UserData: userdata.AppendString(nil, userdata.TypeComment, ruleTag(v6, r))})
+		add(post, posts[0], exprs...)
+		posts = posts[1:]
 	}
 	return c.Flush()
 }
@@ -163,32 +220,44 @@ func (k nftNAT) readNAT() (natRules, bool, error) {
 	if err != nil {
 		return r, false, err
 	}
-	var ch *nftables.Chain
+	tags := map[string][]string{}
+	hooks := map[string]*nftables.ChainHook{"prerouting": nftables.ChainHookPrerouting, "output": nftables.ChainHookOutput, "postrouting": nftables.ChainHookPostrouting}
 	for _, x := range chains {
 		if x.Table.Name != NATTable {
 			continue
 		}
-		if ch != nil || x.Name != "postrouting" || x.Type != nftables.ChainTypeNAT || x.Hooknum == nil || *x.Hooknum != *nftables.ChainHookPostrouting {
+		hook, ok := hooks[x.Name]
+		if _, seen := tags[x.Name]; !ok || seen || x.Type != nftables.ChainTypeNAT || x.Hooknum == nil || *x.Hooknum != *hook {
 			return r, false, nil
 		}
-		ch = x
+		rules, err := c.GetRules(natTable, x)
+		if err != nil {
+			return r, false, err
+		}
+		tags[x.Name] = []string{}
+		for _, rule := range rules {
+			tag, _ := userdata.GetString(rule.UserData, userdata.TypeComment)
+			tags[x.Name] = append(tags[x.Name], tag)
+		}
 	}
-	if ch == nil {
+	if len(tags) != len(hooks) {
 		return r, false, nil
 	}
-	rules, err := c.GetRules(natTable, ch)
-	if err != nil {
-		return r, false, err
+	// The tags say the floating IPs (prerouting) and the source address or port range
+	// (postrouting's last rules); read back, every chain must hold the rules those call for.
+	for _, tag := range tags["prerouting"] {
+		var ext, in string
+		if _, err := fmt.Sscanf(tag, "sluice fip dnat %s %s", &ext, &in); err != nil {
+			return r, false, nil
+		}
+		e, err1 := netip.ParseAddr(ext)
+		i, err2 := netip.ParseAddr(in)
+		if err1 != nil || err2 != nil {
+			return r, false, nil
+		}
+		r.fips = append(r.fips, natFIP{e, i})
 	}
-	// The rules' tags say the source address or port range; read back, they must be the
-	// rules the sets call for (one per family with anything to masquerade).
-	var tags []string
-	for _, rule := range rules {
-		tag, _ := userdata.GetString(rule.UserData, userdata.TypeComment)
-		tags = append(tags, tag)
-	}
-	r.minPort = 0
-	for _, tag := range tags {
+	for _, tag := range tags["postrouting"][min(len(tags["postrouting"]), 2*len(r.fips)):] {
 		var family, what, arg string
 		if _, err := fmt.Sscanf(tag, "sluice %s %s %s", &family, &what, &arg); err != nil {
 			return r, false, nil
@@ -206,13 +275,8 @@ func (k nftNAT) readNAT() (natRules, bool, error) {
 			r.minPort = p
 		}
 	}
-	var want []string
-	for _, v6 := range []bool{false, true} {
-		if (!v6 && len(r.masq4) > 0) || (v6 && len(r.masq6) > 0) {
-			want = append(want, ruleTag(v6, &r))
-		}
-	}
-	if !slices.Equal(tags, want) {
+	pre, out, post := natTags(&r)
+	if !slices.Equal(tags["prerouting"], pre) || !slices.Equal(tags["output"], out) || !slices.Equal(tags["postrouting"], post) {
 		return r, false, nil
 	}
 	return r, true, nil

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netns"
 )
@@ -153,6 +155,22 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 	outside := listen(out, "192.0.2.1")
 	toPeer := listen(peer, "10.66.0.9")
 
+	// Another program's table, which sluice must never touch.
+	foreign, err := nftables.New(nftables.WithNetNSFd(k.netnsFd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "operator"})
+	if err := foreign.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		tables, err := foreign.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil || !slices.ContainsFunc(tables, func(x *nftables.Table) bool { return x.Name == "operator" }) {
+			t.Errorf("another program's table is gone (%v)", err)
+		}
+	}()
+
 	// Without sluice's table the outside cannot answer a workload's own address.
 	if got := sourceSeen(work, outside); got != "" {
 		t.Fatalf("before NAT the outside answered %q; the test topology leaks", got)
@@ -206,6 +224,47 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 	if r, ok, err := k.readNAT(); err != nil || !ok || r.addr4 != netip.MustParseAddr("192.0.2.99") {
 		t.Fatalf("read back %v %v %v", r, ok, err)
 	}
+
+	// A floating IP, 192.0.2.50 for the workload's 10.65.0.5 (the route to it, calc's, by
+	// hand here; the outside routes it to the node).
+	ip(node.name, "route", "add", "192.0.2.50/32", "dev", "w0")
+	ip(out.name, "route", "add", "192.0.2.50/32", "via", "192.0.2.11")
+	atWork := listen(work, "10.65.0.5")
+	_, port, _ := net.SplitHostPort(atWork.Addr().String())
+	n3 := newOutgoingNAT(k, NATConfig{})
+	n3.SetNet(pool("10.65.0.0/16", true))
+	n3.SetNet(pool("10.66.0.0/16", false))
+	n3.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5"), Workload: "ns/vm1"})
+	if err := n3.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := tp.sourceAt(out, "192.0.2.50:"+port); got != "192.0.2.1" {
+		t.Fatalf("the outside through the floating IP: the workload saw %q; want the client's own 192.0.2.1", got)
+	}
+	if got := sourceSeen(work, outside); got != "192.0.2.50" {
+		t.Fatalf("the workload's own traffic out: the outside saw %q; want the floating IP 192.0.2.50", got)
+	}
+	if got := sourceSeen(work, toPeer); got != "10.65.0.5" {
+		t.Fatalf("to another pool the workload kept %q; want 10.65.0.5", got)
+	}
+	if got := tp.sourceAt(node, "192.0.2.50:"+port); got == "" {
+		t.Fatal("the node itself cannot reach the floating IP")
+	}
+	if got := tp.sourceAt(work, "192.0.2.50:"+port); got != "192.0.2.50" {
+		t.Fatalf("the workload through its own floating IP (hairpin) was seen as %q; want 192.0.2.50", got)
+	}
+	r3, ok3, err := k.readNAT()
+	if err != nil || !ok3 || !r3.equal(n3.desired()) {
+		t.Fatalf("read back with a floating IP: %v %v %v; want %s", r3, ok3, err, n3.desired())
+	}
+	// Gone (the workload moved away): the floating IP no longer leads here.
+	n3.DeleteFloatingIP(netip.MustParseAddr("192.0.2.50"))
+	if err := n3.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := tp.sourceAt(out, "192.0.2.50:"+port); got != "" {
+		t.Fatalf("after the floating IP went, the outside still reached the workload (seen as %q)", got)
+	}
 }
 
 // TestDataplaneOutgoingNAT: cluster nets from calc's updates reach the NAT table through the
@@ -217,6 +276,12 @@ func TestDataplaneOutgoingNAT(t *testing.T) {
 	fk.AddAddr("eth0", netip.MustParseAddr("192.0.2.11"))
 	d := New(fk, Config{ParentAddr: netip.MustParseAddr("192.0.2.11")})
 	net := func(c calc.ClusterNet) calc.Op { return calc.Op{ClusterNet: &c} }
+	// Nothing before the first full update (in-sync).
+	early := pool("10.65.0.0/16", true)
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{ClusterNet: &early}}})
+	if err := d.Apply(); err != nil || fk.NAT() != "" {
+		t.Fatalf("before in-sync: %v, table %q; want nothing written", err, fk.NAT())
+	}
 	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{net(pool("10.65.0.0/16", true)), net(pool("10.66.0.0/16", false))}})
 	if err := d.Apply(); err != nil {
 		t.Fatal(err)
@@ -253,6 +318,16 @@ func TestDataplaneOutgoingNAT(t *testing.T) {
 	}
 	if got := fk.NAT(); !strings.Contains(got, "masq4 {10.65.0.0/16}") {
 		t.Fatalf("after a resync the table is %q", got)
+	}
+	// A floating IP comes and goes with calc's ops; a full update without it removes it.
+	f := calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5"), Workload: "ns/vm1"}
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{FloatingIP: &f}}})
+	if err := d.Apply(); err != nil || !strings.Contains(fk.NAT(), "fip 192.0.2.50->10.65.0.5") {
+		t.Fatalf("with a floating IP: %v, %q", err, fk.NAT())
+	}
+	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{net(pool("10.65.0.0/16", false))}})
+	if err := d.Apply(); err != nil || fk.NAT() != "" {
+		t.Fatalf("nothing to translate any more: %v, table %q", err, fk.NAT())
 	}
 }
 
@@ -305,7 +380,7 @@ func (tp *natTopology) ip(ns string, args ...string) {
 }
 
 // listen serves, in n, TCP on addr (any port): each connection is answered with the
-// client's address as seen, then closed.
+// client's address as seen, one line.
 func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
 	tp.tb.Helper()
 	ns, err := netns.GetFromName(n.name)
@@ -326,8 +401,11 @@ func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
 				return
 			}
 			host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, host)
-			c.Close()
+			_, _ = io.WriteString(c, host+"\n")
+			// The client closes first (and keeps the TIME-WAIT): a server that closed first
+			// would hold one per connection, and a client picking a port again would see
+			// its SYN ignored for a second.
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
 	return l
@@ -337,41 +415,55 @@ func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
 // connection failed).
 func (tp *natTopology) sourceSeen(w *testNode, l net.Listener) string {
 	tp.tb.Helper()
+	return tp.sourceAt(w, l.Addr().String())
+}
+
+// sourceAt connects from w to addr (host:port) and returns the source address the listener
+// there saw ("" when the connection failed).
+func (tp *natTopology) sourceAt(w *testNode, addr string) string {
+	tp.tb.Helper()
 	ns, err := netns.GetFromName(w.name)
 	if err != nil {
 		tp.tb.Fatal(err)
 	}
 	defer ns.Close()
 	var c net.Conn
-	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second) })
+	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp4", addr, 2*time.Second) })
 	if err != nil {
 		return ""
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	b, _ := io.ReadAll(c)
-	return string(b)
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
 }
 
-// BenchmarkOutgoingNAT: connections per second from a workload to a host outside every pool,
-// masqueraded by sluice's table, beside the same connections routed back without NAT (the
-// outside then routes the pool to the node), in the same run; and the cost per connection.
+// BenchmarkOutgoingNAT: connections per second through sluice's translations beside the same
+// connections without them, in the same run: from a workload to a host outside every pool,
+// masqueraded vs routed back (the outside then routes the pool to the node); and from that
+// host to a workload's floating IP vs to its own address.
 func BenchmarkOutgoingNAT(b *testing.B) {
 	tp := newNATTopology(b)
-	l := tp.listen(tp.out, "192.0.2.1")
-	ns, err := netns.GetFromName(tp.work.name)
-	if err != nil {
-		b.Fatal(err)
+	atOut := tp.listen(tp.out, "192.0.2.1")
+	atWork := tp.listen(tp.work, "10.65.0.5")
+	_, port, _ := net.SplitHostPort(atWork.Addr().String())
+	nsOf := func(n *testNode) netns.NsHandle {
+		ns, err := netns.GetFromName(n.name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { ns.Close() })
+		return ns
 	}
-	defer ns.Close()
+	work, out := nsOf(tp.work), nsOf(tp.out)
 	const conns = 2000
-	rate := func() float64 {
+	rate := func(ns netns.NsHandle, addr string) float64 {
 		var n int
 		var took time.Duration
 		inNS(b, ns, func() {
 			start := time.Now()
 			for range conns {
-				c, err := net.DialTimeout("tcp4", l.Addr().String(), 2*time.Second)
+				c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
 				if err != nil {
 					continue
 				}
@@ -384,34 +476,51 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 			took = time.Since(start)
 		})
 		if n != conns {
-			b.Fatalf("%d of %d connections answered", n, conns)
+			b.Fatalf("%s: %d of %d connections answered", addr, n, conns)
 		}
 		return float64(conns) / took.Seconds()
 	}
+	tp.ip(tp.node.name, "route", "add", "192.0.2.50/32", "dev", "w0")
+	tp.ip(tp.out.name, "route", "add", "192.0.2.50/32", "via", "192.0.2.11")
 	nat := newOutgoingNAT(tp.k, NATConfig{})
 	nat.SetNet(pool("10.65.0.0/16", true))
-	var direct, masq []float64
+	nat.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
+	var direct, masq, in, fip []float64
 	for range 3 {
 		tp.ip(tp.out.name, "route", "add", "10.65.0.0/16", "via", "192.0.2.11")
-		direct = append(direct, rate())
+		direct = append(direct, rate(work, atOut.Addr().String()))
+		in = append(in, rate(out, "10.65.0.5:"+port))
 		tp.ip(tp.out.name, "route", "del", "10.65.0.0/16", "via", "192.0.2.11")
 		nat.QueueResync()
 		nat.changed = true
 		if err := nat.Apply(); err != nil {
 			b.Fatal(err)
 		}
-		if got := tp.sourceSeen(tp.work, l); got != "192.0.2.11" {
+		// Masquerade measured without the floating IP's own SNAT in the way: a second
+		// workload address would do; here the floating IP's rules are dropped for it.
+		nat.DeleteFloatingIP(netip.MustParseAddr("192.0.2.50"))
+		if err := nat.Apply(); err != nil {
+			b.Fatal(err)
+		}
+		if got := tp.sourceSeen(tp.work, atOut); got != "192.0.2.11" {
 			b.Fatalf("through NAT the outside saw %q", got)
 		}
-		masq = append(masq, rate())
+		masq = append(masq, rate(work, atOut.Addr().String()))
+		nat.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
+		if err := nat.Apply(); err != nil {
+			b.Fatal(err)
+		}
+		fip = append(fip, rate(out, "192.0.2.50:"+port))
 		if err := tp.k.writeNAT(nil); err != nil {
 			b.Fatal(err)
 		}
 	}
 	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	d, m := median(direct), median(masq)
-	b.ReportMetric(d, "direct-conn/s")
+	d, m, i, f := median(direct), median(masq), median(in), median(fip)
+	b.ReportMetric(d, "direct-out-conn/s")
 	b.ReportMetric(m, "masq-conn/s")
-	b.ReportMetric(m/d, "ratio")
-	b.ReportMetric((1/m-1/d)*1e6, "us-per-conn")
+	b.ReportMetric(m/d, "masq-ratio")
+	b.ReportMetric(i, "direct-in-conn/s")
+	b.ReportMetric(f, "fip-conn/s")
+	b.ReportMetric(f/i, "fip-ratio")
 }

@@ -176,6 +176,10 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	out, err = nsRun(wlNS(l.workload("db-a")), l.tool(), "tcp-ask", "10.65.0.129:8089", "5")
 	l.check(err == nil && strings.Contains(out, "answer "+l.workload("db-a").addr+" 5"), "db-a (another pool) -> web-c keeps db-a's address: %s", strings.Join(strings.Fields(out), " "))
 
+	if err := l.floatingIPs(); err != nil {
+		return err
+	}
+
 	l.step("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway")
 	sniff := func(dst string) int {
 		p, err := l.start(nsGateway, "sniff", false, l.tool(), "sniff", "eth0", dst, "1.5")
@@ -310,4 +314,117 @@ func (l *lab) diff(node string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
 	return string(out), err
+}
+
+// floatingWEP is web-b's endpoint (or web-c's, on node-c) naming the floating IP
+// 192.168.50.2 (fip false: without it), as networking-calico writes ipNATs.
+func floatingWEP(node, pod, iface, addr, addr6 string, fip bool) string {
+	nats := ""
+	if fip {
+		nats = "\n  ipNATs: [{internalIP: " + addr + ", externalIP: 192.168.50.2}]"
+	}
+	return fmt.Sprintf(`apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: %[1]s-k8s-%[2]s-eth0
+  namespace: default
+  labels:
+    app: web
+spec:
+  orchestrator: k8s
+  node: %[3]s
+  pod: %[2]s
+  endpoint: eth0
+  interfaceName: %[4]s
+  ipNetworks: [%[5]s/32, %[6]s/128]%[7]s
+`, strings.ReplaceAll(node, "-", "--"), pod, node, iface, addr, addr6, nats)
+}
+
+// floatingIPs: an outside client reaches web-b through its floating IP 192.168.50.2 by way of
+// another node (the client routes it to node-a) and on its own node (the router sends the
+// other client, sl-ext, straight to node-b), keeping the client's address; web-b's own
+// traffic out leaves from the floating IP; a stream through it survives sluiced's restart on
+// node-b; the floating IP moves with its endpoint record to node-c, and goes when removed.
+func (l *lab) floatingIPs() error {
+	l.step("floating IPs: 192.168.50.2 for web-b (10.65.0.65), as networking-calico writes ipNATs")
+	write := func(name, doc string) {
+		file := filepath.Join(l.dir, name)
+		if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+			l.check(false, "writing %s: %v", file, err)
+			return
+		}
+		l.mustCtl("apply", "-f", file)
+	}
+	if err := script(
+		[]string{"ip", "-n", nsClient, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
+		[]string{"ip", "-n", nsRouter, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-b"]},
+		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
+		// node-b answers sl-ext by its default route, the gateway: for this step only, the
+		// gateway knows sl-ext's network is behind the router (later steps rely on it not).
+		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.40.0/24", "via", "192.168.10.1"},
+	); err != nil {
+		return err
+	}
+	defer func() { _, _ = sh("ip", "-n", nsGateway, "route", "del", "192.168.40.0/24") }()
+	// web-b answers on 8090, web-c on 8091: which port answers says which workload it is.
+	for w, port := range map[string]string{"web-b": "8090", "web-c": "8091"} {
+		if p, err := l.start(wlNS(l.workload(w)), "whoami "+w+" fip", false, l.tool(), "tcp-whoami", l.workload(w).addr+":"+port); err != nil || !p.waitFor(5*time.Second, "READY") {
+			return fmt.Errorf("whoami on %s: %v", w, err)
+		}
+	}
+	write("fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true))
+	ask := func(ns, addr, want string) (string, bool) {
+		var out string
+		_, err := retry(5*time.Second, func() (err error) {
+			out, err = nsRun(ns, l.tool(), "tcp-ask", addr, "5")
+			if err == nil && !strings.Contains(out, "answer "+want+" 5") {
+				err = fmt.Errorf("answered %q", out)
+			}
+			return err
+		})
+		return strings.Join(strings.Fields(out), " "), err == nil
+	}
+	out, ok := ask(nsClient, "192.168.50.2:8090", "192.168.10.100")
+	l.check(ok, "the client reaches web-b through 192.168.50.2 by way of node-a (its route), 5 of 5, its own address kept: %s", out)
+	out, ok = ask(nsExt, "192.168.50.2:8090", "192.168.40.100")
+	l.check(ok, "sl-ext reaches web-b through 192.168.50.2 on node-b itself, 5 of 5, its own address kept: %s", out)
+	out, ok = ask(wlNS(l.workload("web-b")), "192.168.10.254:8081", "192.168.50.2")
+	l.check(ok, "web-b's own traffic out reaches the gateway from 192.168.50.2 (not node-b's address): %s", out)
+	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "192.168.50.2")
+	l.check(strings.Contains(routes, "via 10.65.0.64 dev vxlan.sluice"), "node-a routes 192.168.50.2 as web-b's own address, through VXLAN to node-b: %s", strings.TrimSpace(routes))
+
+	stream, err := l.start(nsClient, "stream to floating IP", false, l.tool(), "stream", "192.168.50.2:8080")
+	if err != nil {
+		return err
+	}
+	l.check(stream.waitFor(5*time.Second, "READY"), "a TCP stream from the client to 192.168.50.2 (web-b) is running")
+	l.check(l.agents["node-b"].stop() == nil, "sluiced on node-b stops")
+	nb, err := l.startAgent("node-b")
+	if err != nil {
+		return err
+	}
+	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced on node-b is back")
+	time.Sleep(time.Second)
+	_ = stream.stdin.Close()
+	<-stream.done
+	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream through the floating IP never broke across the restart: %s %v", strings.Join(stream.lines, " "), stream.err)
+
+	// The endpoint record moves to node-c (web-c stands in for the migrated VM: a new endpoint
+	// on another node naming the floating IP, then the old one without it).
+	write("fip-web-c.yaml", floatingWEP("node-c", "web-c", "cali-web-c", "10.65.0.129", "fd00:65::81", true))
+	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
+	out, ok = ask(nsClient, "192.168.50.2:8091", "192.168.10.100")
+	_, errB := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8090", "1")
+	l.check(ok && errB != nil, "192.168.50.2 now leads to web-c on node-c (its port answers, web-b's does not), the client's address kept: %s", out)
+	out, ok = ask(wlNS(l.workload("web-c")), "192.168.10.254:8081", "192.168.50.2")
+	l.check(ok, "web-c's traffic out now leaves from 192.168.50.2: %s", out)
+	write("fip-web-c-gone.yaml", floatingWEP("node-c", "web-c", "cali-web-c", "10.65.0.129", "fd00:65::81", false))
+	_, err = retry(5*time.Second, func() error {
+		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8091", "1"); err == nil {
+			return fmt.Errorf("still answered")
+		}
+		return nil
+	})
+	l.check(err == nil, "with the floating IP removed from every endpoint, 192.168.50.2 leads nowhere")
+	return nil
 }
