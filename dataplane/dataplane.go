@@ -59,6 +59,8 @@ type Stats struct {
 	// Repairs counts drift put back: routes, nexthop objects (with their routes) and
 	// neighbour or FDB entries deleted by someone.
 	RouteRepairs, NexthopRepairs, NeighRepairs int
+	// NATRepairs counts sluice's nftables table found changed or deleted and put back.
+	NATRepairs int
 	// DesiredRoutes and ProgrammedRoutes compare what calc wants with what the kernel holds;
 	// DesiredNexthops and ProgrammedNexthops the same for nexthop objects.
 	DesiredRoutes, ProgrammedRoutes     int
@@ -387,8 +389,13 @@ func (d *Dataplane) Apply() error {
 		errs = append(errs, err)
 	}
 	if d.nat != nil {
+		before := d.nat.repairs
 		if err := d.nat.Apply(); err != nil {
 			errs = append(errs, err)
+		}
+		if d.nat.repairs > before {
+			d.stats.NATRepairs++
+			d.repairing("nat", "nftables table "+NATTable)
 		}
 	}
 	if scan && d.handleLeftovers() {

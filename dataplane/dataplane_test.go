@@ -75,7 +75,12 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); d.Run(ctx) }()
-	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
+	go func() {
+		defer wg.Done()
+		if err := d.Watch(ctx, ns); err != nil {
+			t.Errorf("watch ended: %v", err)
+		}
+	}()
 	defer func() { cancel(); wg.Wait() }()
 
 	rLocal2 := calc.Route{Dst: pfx("10.65.0.2/32"), Type: calc.RouteUnicast, Device: "cali-web-2", Reason: calc.ReasonLocalWorkload}
@@ -131,6 +136,26 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	})
 	if !d.Synced() {
 		t.Fatalf("not synced: %+v", d.Stats())
+	}
+
+	// Outgoing NAT: the table appears with a natOutgoing pool; deleted by hand, it is back at
+	// once (nftables' deletion events), not at the next periodic resync.
+	masq := calc.ClusterNet{Prefix: pfx("10.65.0.0/16"), Masquerade: true, KeepSource: true}
+	d.OnUpdate(&calc.Update{Ops: []calc.Op{{ClusterNet: &masq}}})
+	other := nftNAT{netnsFd: int(ns)}
+	waitFor(t, "the NAT table", func() bool { _, ok, _ := other.readNAT(); return ok })
+	if err := other.writeNAT(nil); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor(t, "the NAT table to come back", func() bool { _, ok, _ := other.readNAT(); return ok })
+	t.Logf("NAT table repaired in %v", took)
+	repairsMu.Lock()
+	if !slices.Contains(repairs, "nat: nftables table sluice-nat") {
+		t.Errorf("repairs told: %q", repairs)
+	}
+	repairsMu.Unlock()
+	if s := d.Stats(); s.NATRepairs != 1 {
+		t.Errorf("NAT repairs counted: %d; want 1 (sluice's own writes are not repairs)", s.NATRepairs)
 	}
 }
 

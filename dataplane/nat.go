@@ -118,6 +118,9 @@ type OutgoingNAT struct {
 	needRead bool
 	actual   *natRules // nil: no table
 	writes   int
+	// repairs counts reads that found the table not as sluice last left it (someone
+	// changed or deleted it).
+	repairs int
 }
 
 func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
@@ -161,6 +164,17 @@ func (n *OutgoingNAT) DeleteFloatingIP(ext netip.Addr) {
 
 // QueueResync makes the next Apply read the table again (drift, failures).
 func (n *OutgoingNAT) QueueResync() { n.needRead = true }
+
+// Changed is what nftables reports deleted in some table: when it is sluice's (or may be),
+// the next Apply reads the table again. (sluice's own writes delete its table too: the read
+// then finds it as written, and nothing more happens.)
+func (n *OutgoingNAT) Changed(table string) bool {
+	if table != "" && table != NATTable {
+		return false
+	}
+	n.needRead = true
+	return true
+}
 
 // desired computes the table's content from the cluster nets.
 func (n *OutgoingNAT) desired() natRules {
@@ -212,9 +226,14 @@ func (n *OutgoingNAT) Apply() error {
 		if err != nil {
 			return fmt.Errorf("reading nftables table %s: %w", NATTable, err)
 		}
+		prev := n.actual
 		n.actual = nil
 		if ok {
 			n.actual = &r
+		}
+		if prev != nil && (n.actual == nil || !n.actual.equal(*prev)) {
+			n.repairs++
+			n.changed = true
 		}
 		n.needRead = false
 	}

@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/google/nftables"
 	"net"
 	"net/netip"
 	"time"
@@ -92,6 +94,27 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	if err := subscribeNeighDeletions(nsp, neighs, done, onErr); err != nil {
 		return err
 	}
+	// Deletions in nftables (sluice's table, or anything in it): the NAT table is read again.
+	var natEvents chan *nftables.MonitorEvent
+	if d.nat != nil {
+		if _, real := d.nat.k.(*NetlinkKernel); real {
+			var opts []nftables.ConnOption
+			if ns.IsOpen() {
+				opts = append(opts, nftables.WithNetNSFd(int(ns)))
+			}
+			c, err := nftables.New(opts...)
+			if err != nil {
+				return err
+			}
+			// Every event, filtered here: google/nftables' deletions-only filter passes none
+			// (v0.3.0).
+			mon := nftables.NewMonitor(nftables.WithMonitorAction(nftables.MonitorActionAny), nftables.WithMonitorObject(nftables.MonitorObjectAny))
+			if natEvents, err = c.AddMonitor(mon); err != nil {
+				return fmt.Errorf("watching nftables: %w", err)
+			}
+			defer mon.Close()
+		}
+	}
 	// Whatever happened before this subscription is unseen: read everything once.
 	d.QueueResync()
 
@@ -119,6 +142,25 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			foreignTimer = nil
 			lastForeign = time.Now()
 			d.QueueResync()
+		case ev, ok := <-natEvents:
+			if !ok {
+				return errors.New("the nftables watch ended")
+			}
+			if ev.Error != nil {
+				return fmt.Errorf("nftables watch: %w", ev.Error)
+			}
+			switch ev.Type {
+			case nftables.MonitorEventTypeDelTable, nftables.MonitorEventTypeDelChain, nftables.MonitorEventTypeDelRule,
+				nftables.MonitorEventTypeDelSet, nftables.MonitorEventTypeDelSetElem:
+			default:
+				continue
+			}
+			d.mu.Lock()
+			mine := d.nat.Changed(nftTableOf(ev.Data))
+			d.mu.Unlock()
+			if mine {
+				d.Kick()
+			}
 		case id := <-nexthops:
 			d.mu.Lock()
 			repair := d.routes.NexthopGone(id)
@@ -233,4 +275,25 @@ func (d *Dataplane) repairing(kind, what string) {
 	if f := d.cfg.OnRepair; f != nil {
 		f(kind, what)
 	}
+}
+
+// nftTableOf is the table an nftables event is about ("" when the event does not say).
+func nftTableOf(data any) string {
+	switch x := data.(type) {
+	case *nftables.Table:
+		return x.Name
+	case *nftables.Chain:
+		if x.Table != nil {
+			return x.Table.Name
+		}
+	case *nftables.Rule:
+		if x.Table != nil {
+			return x.Table.Name
+		}
+	case *nftables.Set:
+		if x.Table != nil {
+			return x.Table.Name
+		}
+	}
+	return ""
 }

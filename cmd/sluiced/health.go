@@ -199,6 +199,7 @@ func (a *agentState) registry() *prometheus.Registry {
 			"route":     func() int { return ds().RouteRepairs },
 			"nexthop":   func() int { return ds().NexthopRepairs },
 			"neighbour": func() int { return ds().NeighRepairs },
+			"nat":       func() int { return ds().NATRepairs },
 		} {
 			r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_total", Help: driftHelp,
 				ConstLabels: prometheus.Labels{"kind": kind}}, func() float64 { return float64(f()) }))
