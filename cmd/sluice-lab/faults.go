@@ -298,6 +298,11 @@ func (l *lab) faultKernelDamage() error {
 				out, _ := sh("bridge", "-n", ns, "fdb", "show", "dev", "vxlan.sluice")
 				return strings.Contains(out, "66:c1:a0:00:00:0c dst 192.168.20.13")
 			}},
+		{"sluice's nftables table (outgoing NAT) deleted", `sluice_drift_repairs_total{kind="nat"}`, []string{"ip", "netns", "exec", ns, l.tool(), "nft-table", "sluice-nat", "delete"},
+			func() bool {
+				out, _ := nsRun(ns, l.tool(), "nft-table", "sluice-nat")
+				return strings.Contains(out, "present")
+			}},
 		{"the VXLAN device deleted", "", []string{"ip", "-n", ns, "link", "del", "vxlan.sluice"},
 			func() bool { return hasRoute("node-a", "10.65.0.128/26") && hasRoute("node-a", "10.65.0.64/26") }},
 	}

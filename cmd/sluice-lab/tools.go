@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/google/nftables"
 	"io"
 	"net"
 	"net/http"
@@ -384,5 +385,35 @@ func toolHTTPGet(args []string) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	fmt.Printf("status %d %s\n", resp.StatusCode, strings.TrimSpace(string(b)))
+	return nil
+}
+
+// toolNftTable says whether the inet nftables table NAME is "present" or "absent", and with
+// "delete" deletes it first (the fault suite's damage: there is no nft binary here).
+func toolNftTable(args []string) error {
+	if len(args) < 1 || len(args) > 2 || (len(args) == 2 && args[1] != "delete") {
+		return errors.New("usage: nft-table NAME [delete]")
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if len(args) == 2 {
+		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: args[0]})
+		if err := c.Flush(); err != nil {
+			return err
+		}
+	}
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	for _, t := range tables {
+		if t.Name == args[0] {
+			fmt.Println("present")
+			return nil
+		}
+	}
+	fmt.Println("absent")
 	return nil
 }
