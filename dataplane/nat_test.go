@@ -524,3 +524,114 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 	b.ReportMetric(f, "fip-conn/s")
 	b.ReportMetric(f/i, "fip-ratio")
 }
+
+// TestOutgoingNATRealKernelIPv6: the same for IPv6: a workload of an IPv6 pool with
+// natOutgoing reaches the outside as the node; the outside reaches it through its IPv6
+// floating IP, its own address kept, and its traffic out then leaves from the floating IP.
+func TestOutgoingNATRealKernelIPv6(t *testing.T) {
+	node, work, out := newTestNode(t), newTestNode(t), newTestNode(t)
+	tp := &natTopology{tb: t, node: node, work: work, out: out}
+	ip := tp.ip
+	ip(node.name, "link", "add", "w0", "type", "veth", "peer", "name", "eth0", "netns", work.name)
+	ip(node.name, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", out.name)
+	ip(node.name, "addr", "add", "fd00:65::1/128", "dev", "w0", "nodad")
+	ip(work.name, "addr", "add", "fd00:65::5/128", "dev", "eth0", "nodad")
+	ip(node.name, "addr", "add", "2001:db8::11/64", "dev", "up0", "nodad")
+	ip(out.name, "addr", "add", "2001:db8::1/64", "dev", "eth0", "nodad")
+	for _, l := range [][2]string{{node.name, "w0"}, {node.name, "up0"}, {work.name, "eth0"}, {out.name, "eth0"}} {
+		ip(l[0], "link", "set", l[1], "up")
+	}
+	ip(node.name, "-6", "route", "add", "fd00:65::5/128", "dev", "w0")
+	ip(work.name, "-6", "route", "add", "fd00:65::1/128", "dev", "eth0")
+	ip(work.name, "-6", "route", "add", "default", "via", "fd00:65::1", "dev", "eth0", "onlink")
+	if b, err := exec.Command("ip", "netns", "exec", node.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl: %v %s", err, b)
+	}
+	nodeNS, err := netns.GetFromName(node.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	tp.k = nftNAT{netnsFd: int(nodeNS)}
+	t.Cleanup(func() { _ = tp.k.writeNAT(nil) })
+
+	listen6 := func(n *testNode, addr string) string {
+		t.Helper()
+		ns, err := netns.GetFromName(n.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ns.Close()
+		var l net.Listener
+		inNS(t, ns, func() { l, err = net.Listen("tcp6", "["+addr+"]:0") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+				_, _ = io.WriteString(c, host+"\n")
+				go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+			}
+		}()
+		_, port, _ := net.SplitHostPort(l.Addr().String())
+		return port
+	}
+	at := func(from *testNode, addr, port string) string {
+		t.Helper()
+		return tp.sourceAt6(from, net.JoinHostPort(addr, port))
+	}
+	outPort := listen6(out, "2001:db8::1")
+	workPort := listen6(work, "fd00:65::5")
+	// The outside knows no route to the pool: nothing gets back before NAT.
+	if got := at(work, "2001:db8::1", outPort); got != "" {
+		t.Fatalf("before NAT the outside answered %q", got)
+	}
+	n := newOutgoingNAT(tp.k, NATConfig{})
+	n.SetNet(pool("fd00:65::/48", true))
+	if err := n.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := at(work, "2001:db8::1", outPort); got != "2001:db8::11" {
+		t.Fatalf("through IPv6 masquerade the outside saw %q; want the node's 2001:db8::11", got)
+	}
+	ip(node.name, "-6", "route", "add", "2001:db8::50/128", "dev", "w0")
+	ip(out.name, "-6", "route", "add", "2001:db8::50/128", "via", "2001:db8::11")
+	n.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("2001:db8::50"), Internal: netip.MustParseAddr("fd00:65::5"), Workload: "ns/vm6"})
+	if err := n.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := at(out, "2001:db8::50", workPort); got != "2001:db8::1" {
+		t.Fatalf("through the IPv6 floating IP the workload saw %q; want the client's 2001:db8::1", got)
+	}
+	if got := at(work, "2001:db8::1", outPort); got != "2001:db8::50" {
+		t.Fatalf("the workload's traffic out: the outside saw %q; want the floating IP 2001:db8::50", got)
+	}
+	if r, ok, err := tp.k.readNAT(); err != nil || !ok || !r.equal(n.desired()) {
+		t.Fatalf("read back %v %v %v; want %s", r, ok, err, n.desired())
+	}
+}
+
+// sourceAt6 is sourceAt over IPv6.
+func (tp *natTopology) sourceAt6(w *testNode, addr string) string {
+	tp.tb.Helper()
+	ns, err := netns.GetFromName(w.name)
+	if err != nil {
+		tp.tb.Fatal(err)
+	}
+	defer ns.Close()
+	var c net.Conn
+	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp6", addr, 2*time.Second) })
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line)
+}
