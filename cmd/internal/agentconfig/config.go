@@ -157,7 +157,7 @@ func optionTable() []option {
 			}},
 		{name: "pool-blackholes", env: "SLUICE_POOL_BLACKHOLES", key: "poolBlackholes", def: "false", boolean: true, accepts: "true or false", help: "also blackhole whole pools at the lowest priority (a pool may share its range with other users)",
 			set: func(c *Config, v string) (err error) { c.Calc.PoolBlackholes, err = parseBool(v); return }},
-		{name: "nat-outgoing", env: "SLUICE_NAT_OUTGOING", key: "natOutgoing", def: "true", boolean: true, accepts: "true or false", help: "masquerade traffic from pools with natOutgoing leaving every pool (nftables table sluice-nat)",
+		{name: "nat-outgoing", env: "SLUICE_NAT_OUTGOING", key: "natOutgoing", def: "true", boolean: true, accepts: "true or false", help: "program pools' natOutgoing and floating IPs (nftables table sluice-nat); false leaves nftables alone",
 			set: func(c *Config, v string) (err error) {
 				var on bool
 				on, err = parseBool(v)
