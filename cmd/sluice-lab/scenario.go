@@ -344,7 +344,7 @@ spec:
 // another node (the client routes it to node-a) and on its own node (the router sends the
 // other client, sl-ext, straight to node-b), keeping the client's address; web-b's own
 // traffic out leaves from the floating IP; a stream through it survives sluiced's restart on
-// node-b; the floating IP moves with its endpoint record to node-c, and goes when removed.
+// node-b; a VM with its floating IP live-migrated from node-b to node-c is reached there.
 func (l *lab) floatingIPs() error {
 	l.step("floating IPs: 192.168.50.2 for web-b (10.65.0.65), as networking-calico writes ipNATs")
 	write := func(name, doc string) {
@@ -409,22 +409,85 @@ func (l *lab) floatingIPs() error {
 	<-stream.done
 	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream through the floating IP never broke across the restart: %s %v", strings.Join(stream.lines, " "), stream.err)
 
-	// The endpoint record moves to node-c (web-c stands in for the migrated VM: a new endpoint
-	// on another node naming the floating IP, then the old one without it).
-	write("fip-web-c.yaml", floatingWEP("node-c", "web-c", "cali-web-c", "10.65.0.129", "fd00:65::81", true))
 	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
-	out, ok = ask(nsClient, "192.168.50.2:8091", "192.168.10.100")
-	_, errB := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8090", "1")
-	l.check(ok && errB != nil, "192.168.50.2 now leads to web-c on node-c (its port answers, web-b's does not), the client's address kept: %s", out)
-	out, ok = ask(wlNS(l.workload("web-c")), "192.168.10.254:8081", "192.168.50.2")
-	l.check(ok, "web-c's traffic out now leaves from 192.168.50.2: %s", out)
-	write("fip-web-c-gone.yaml", floatingWEP("node-c", "web-c", "cali-web-c", "10.65.0.129", "fd00:65::81", false))
 	_, err = retry(5*time.Second, func() error {
-		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8091", "1"); err == nil {
+		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8090", "1"); err == nil {
 			return fmt.Errorf("still answered")
 		}
 		return nil
 	})
-	l.check(err == nil, "with the floating IP removed from every endpoint, 192.168.50.2 leads nowhere")
+	l.check(err == nil, "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere")
+
+	// A VM live-migrated: 10.65.0.70 (node-b's block) with floating IP 192.168.50.3 runs on
+	// node-b; its copy starts on node-c, networking-calico writes the new endpoint, then the
+	// old VM stops and its endpoint goes.
+	vm := func(node, tap string) (string, error) {
+		ns := nsVM + "-" + node
+		if err := script(
+			[]string{"ip", "netns", "add", ns},
+			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
+			[]string{"ip", "-n", nodeNS(node), "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"ip", "-n", nodeNS(node), "link", "set", tap, "up"},
+			[]string{"ip", "-n", ns, "addr", "add", "10.65.0.70/32", "dev", "eth0"},
+			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
+			[]string{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
+		); err != nil {
+			return "", err
+		}
+		if p, err := l.start(ns, "whoami vm1 on "+node, false, l.tool(), "tcp-whoami", "10.65.0.70:8092"); err != nil || !p.waitFor(5*time.Second, "READY") {
+			return "", fmt.Errorf("whoami in the VM on %s: %v", node, err)
+		}
+		return ns, nil
+	}
+	vmWEP := func(node, tap string, fip bool) string {
+		nats := ""
+		if fip {
+			nats = "\n  ipNATs: [{internalIP: 10.65.0.70, externalIP: 192.168.50.3}]"
+		}
+		return fmt.Sprintf(`apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: %s-openstack-vm1-tap
+  namespace: openstack
+spec:
+  orchestrator: openstack
+  node: %s
+  endpoint: tap
+  interfaceName: %s
+  ipNetworks: [10.65.0.70/32]%s
+`, strings.ReplaceAll(node, "-", "--"), node, tap, nats)
+	}
+	if _, err := vm("node-b", "tapvm1b"); err != nil {
+		return err
+	}
+	write("vm1-node-b.yaml", vmWEP("node-b", "tapvm1b", true))
+	out, ok = ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
+	l.check(ok, "the client reaches the VM on node-b through 192.168.50.3: %s", out)
+	vmC, err := vm("node-c", "tapvm1c")
+	if err != nil {
+		return err
+	}
+	write("vm1-node-c.yaml", vmWEP("node-c", "tapvm1c", true))
+	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "del", "tapvm1b"); err != nil { // the old VM stops
+		return err
+	}
+	l.mustCtl("delete", "-n", "openstack", "workloadendpoint", "node--b-openstack-vm1-tap")
+	out, ok = ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
+	l.check(ok, "after the migration the client reaches the VM on node-c through 192.168.50.3 (by way of node-a): %s", out)
+	out, ok = ask(nsExt, "192.168.50.3:8092", "192.168.40.100")
+	l.check(ok, "and sl-ext, routed to node-b where the VM was, reaches it on node-c too: %s", out)
+	out, ok = ask(vmC, "192.168.10.254:8081", "192.168.50.3")
+	l.check(ok, "the migrated VM's traffic out leaves node-c from 192.168.50.3: %s", out)
+	routesC, _ := sh("ip", "-n", nodeNS("node-c"), "route", "show", "192.168.50.3")
+	l.check(strings.Contains(routesC, "dev tapvm1c"), "node-c routes 192.168.50.3 to the VM's interface: %s", strings.TrimSpace(routesC))
+	write("vm1-node-c-nofip.yaml", vmWEP("node-c", "tapvm1c", false))
+	_, err = retry(5*time.Second, func() error {
+		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.3:8092", "1"); err == nil {
+			return fmt.Errorf("still answered")
+		}
+		return nil
+	})
+	l.check(err == nil, "with the floating IP disassociated, 192.168.50.3 leads nowhere")
 	return nil
 }

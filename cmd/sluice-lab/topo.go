@@ -79,8 +79,12 @@ func allNamespaces() []string {
 	for _, w := range labWorkloads {
 		out = append(out, wlNS(w))
 	}
-	return out
+	return append(out, nsVM+"-node-b", nsVM+"-node-c")
 }
+
+// nsVM is the lab's OpenStack VM (floating IPs), live-migrated from node-b to node-c: one
+// namespace per node it runs on.
+const nsVM = "sl-wl-vm1"
 
 // sh runs a command, returning its combined output and an error that includes it.
 func sh(args ...string) (string, error) {
