@@ -18,34 +18,6 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// fakeNAT is an in-memory natKernel that counts writes and can refuse them.
-type fakeNAT struct {
-	table  *natRules
-	writes int
-	fail   error
-}
-
-func (f *fakeNAT) readNAT() (natRules, bool, error) {
-	if f.table == nil {
-		return natRules{}, false, nil
-	}
-	return *f.table, true, nil
-}
-
-func (f *fakeNAT) writeNAT(r *natRules) error {
-	if f.fail != nil {
-		return f.fail
-	}
-	f.writes++
-	if r == nil {
-		f.table = nil
-		return nil
-	}
-	c := *r
-	f.table = &c
-	return nil
-}
-
 func pool(cidr string, masq bool) calc.ClusterNet {
 	return calc.ClusterNet{Prefix: netip.MustParsePrefix(cidr), Masquerade: masq, KeepSource: true}
 }
@@ -55,20 +27,16 @@ func pool(cidr string, masq bool) calc.ClusterNet {
 // adopted as it is after a restart, repaired when someone changed it, and a refused write is
 // tried again.
 func TestOutgoingNATTransitions(t *testing.T) {
-	k := &fakeNAT{}
+	k := NewFakeKernel()
 	n := newOutgoingNAT(k, NATConfig{})
 	apply := func(wantWrites int, want string) {
 		t.Helper()
-		before := k.writes
+		before := k.Writes
 		if err := n.Apply(); err != nil {
 			t.Fatal(err)
 		}
-		got := ""
-		if k.table != nil {
-			got = k.table.String()
-		}
-		if k.writes-before != wantWrites || got != want {
-			t.Fatalf("apply: %d writes, table %q; want %d and %q", k.writes-before, got, wantWrites, want)
+		if got := k.NAT(); k.Writes-before != wantWrites || got != want {
+			t.Fatalf("apply: %d writes, table %q; want %d and %q", k.Writes-before, got, wantWrites, want)
 		}
 	}
 	// Pools without natOutgoing: no table.
@@ -97,17 +65,22 @@ func TestOutgoingNATTransitions(t *testing.T) {
 	apply(0, full)
 
 	// Drift: someone emptied a set; the resync puts it back.
-	k.table.masq4 = nil
+	k.nat.masq4 = nil
 	n.QueueResync()
 	apply(1, full)
 
 	// A refused write fails the apply, and the next one writes.
 	n.DeleteNet(netip.MustParsePrefix("fd00:65::/48"))
-	k.fail = errors.New("no room")
+	k.FailWith(func(op, _ string) error {
+		if op == "nat-write" {
+			return errors.New("no room")
+		}
+		return nil
+	})
 	if err := n.Apply(); err == nil || !strings.Contains(err.Error(), NATTable) {
 		t.Fatalf("refused write: %v; want an error naming the table", err)
 	}
-	k.fail = nil
+	k.FailWith(nil)
 	apply(1, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16, 192.0.2.11/32} masq6 {} keep6 {} masquerade from port 32768")
 
 	// natOutgoing off on the last pool: the table goes.
@@ -389,7 +362,7 @@ func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
 	}
 	defer ns.Close()
 	var l net.Listener
-	inNS(tp.tb, ns, func() { l, err = net.Listen("tcp4", addr+":0") })
+	inNS(tp.tb, ns, func() { l, err = net.Listen("tcp", net.JoinHostPort(addr, "0")) })
 	if err != nil {
 		tp.tb.Fatal(err)
 	}
@@ -428,7 +401,7 @@ func (tp *natTopology) sourceAt(w *testNode, addr string) string {
 	}
 	defer ns.Close()
 	var c net.Conn
-	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp4", addr, 2*time.Second) })
+	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp", addr, 2*time.Second) })
 	if err != nil {
 		return ""
 	}
@@ -555,39 +528,13 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 	tp.k = nftNAT{netnsFd: int(nodeNS)}
 	t.Cleanup(func() { _ = tp.k.writeNAT(nil) })
 
-	listen6 := func(n *testNode, addr string) string {
-		t.Helper()
-		ns, err := netns.GetFromName(n.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ns.Close()
-		var l net.Listener
-		inNS(t, ns, func() { l, err = net.Listen("tcp6", "["+addr+"]:0") })
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-				_, _ = io.WriteString(c, host+"\n")
-				go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-			}
-		}()
-		_, port, _ := net.SplitHostPort(l.Addr().String())
-		return port
-	}
+	port := func(l net.Listener) string { _, p, _ := net.SplitHostPort(l.Addr().String()); return p }
 	at := func(from *testNode, addr, port string) string {
 		t.Helper()
-		return tp.sourceAt6(from, net.JoinHostPort(addr, port))
+		return tp.sourceAt(from, net.JoinHostPort(addr, port))
 	}
-	outPort := listen6(out, "2001:db8::1")
-	workPort := listen6(work, "fd00:65::5")
+	outPort := port(tp.listen(out, "2001:db8::1"))
+	workPort := port(tp.listen(work, "fd00:65::5"))
 	// The outside knows no route to the pool: nothing gets back before NAT.
 	if got := at(work, "2001:db8::1", outPort); got != "" {
 		t.Fatalf("before NAT the outside answered %q", got)
@@ -615,23 +562,4 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 	if r, ok, err := tp.k.readNAT(); err != nil || !ok || !r.equal(n.desired()) {
 		t.Fatalf("read back %v %v %v; want %s", r, ok, err, n.desired())
 	}
-}
-
-// sourceAt6 is sourceAt over IPv6.
-func (tp *natTopology) sourceAt6(w *testNode, addr string) string {
-	tp.tb.Helper()
-	ns, err := netns.GetFromName(w.name)
-	if err != nil {
-		tp.tb.Fatal(err)
-	}
-	defer ns.Close()
-	var c net.Conn
-	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp6", addr, 2*time.Second) })
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	line, _ := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(line)
 }
