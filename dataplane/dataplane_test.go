@@ -106,11 +106,12 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 	took := waitFor(t, "the route to come back", func() bool { return n.routes(DefaultRouteProtocol) == allFour })
 	t.Logf("route repaired in %v", took)
-	repairsMu.Lock()
-	if !slices.Contains(repairs, "route: route to 10.65.0.64/26 metric 0") {
-		t.Errorf("repairs told: %q", repairs)
-	}
-	repairsMu.Unlock()
+	// Told once the apply that put it back is over (the route is visible before that).
+	waitFor(t, "the route repair to be told", func() bool {
+		repairsMu.Lock()
+		defer repairsMu.Unlock()
+		return slices.Contains(repairs, "route: route to 10.65.0.64/26 metric 0")
+	})
 
 	// The VXLAN device deleted by hand: device, neighbours and the routes through it return.
 	wantVX := n.renderVXLAN("vxlan.sluice")
@@ -149,11 +150,12 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 	took = waitFor(t, "the NAT table to come back", func() bool { _, ok, _ := other.readNAT(); return ok })
 	t.Logf("NAT table repaired in %v", took)
-	repairsMu.Lock()
-	if !slices.Contains(repairs, "nat: nftables table sluice-nat") {
-		t.Errorf("repairs told: %q", repairs)
-	}
-	repairsMu.Unlock()
+	// Told once the apply that put it back is over (the table is visible before that).
+	waitFor(t, "the NAT repair to be told", func() bool {
+		repairsMu.Lock()
+		defer repairsMu.Unlock()
+		return slices.Contains(repairs, "nat: nftables table sluice-nat")
+	})
 	if s := d.Stats(); s.NATRepairs != 1 {
 		t.Errorf("NAT repairs counted: %d; want 1 (sluice's own writes are not repairs)", s.NATRepairs)
 	}

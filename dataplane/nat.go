@@ -130,13 +130,18 @@ func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
 	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, fips: map[netip.Addr]netip.Addr{}, needRead: true, changed: true}
 }
 
-// SetNet records calc's cluster net c; DeleteNet forgets the one at p.
+// SetNet records calc's cluster net c; DeleteNet forgets the one at p. Only the nets NAT
+// uses are kept: with the default exclusions a node's address is neither masqueraded nor
+// kept, and 20,000 of them would make every node's arrival recompute the table.
 func (n *OutgoingNAT) SetNet(c calc.ClusterNet) {
-	if old, ok := n.nets[c.Prefix]; ok && old.Masquerade == c.Masquerade && old.KeepSource == c.KeepSource {
-		n.nets[c.Prefix] = c
+	if !c.Masquerade && !c.KeepSource {
+		n.DeleteNet(c.Prefix)
 		return
 	}
-	n.nets[c.Prefix] = c
+	if old, ok := n.nets[c.Prefix]; ok && old.Masquerade == c.Masquerade && old.KeepSource == c.KeepSource {
+		return
+	}
+	n.nets[c.Prefix] = calc.ClusterNet{Prefix: c.Prefix, Masquerade: c.Masquerade, KeepSource: c.KeepSource}
 	n.changed = true
 }
 
