@@ -136,7 +136,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
 		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
-	if nk, ok := k.(natKernel); ok {
+	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
 		d.nat = newOutgoingNAT(nk, cfg.NAT)
 	}
 	return d
@@ -388,11 +388,12 @@ func (d *Dataplane) Apply() error {
 	if err := d.routes.Apply(); err != nil {
 		errs = append(errs, err)
 	}
+	// NAT's failures are its own: retried (the table is read again), but they make no other
+	// driver read the kernel again.
+	var natErr error
 	if d.nat != nil {
 		before := d.nat.repairs
-		if err := d.nat.Apply(); err != nil {
-			errs = append(errs, err)
-		}
+		natErr = d.nat.Apply()
 		if d.nat.repairs > before {
 			d.stats.NATRepairs++
 			d.repairing("nat", "nftables table "+NATTable)
@@ -402,7 +403,8 @@ func (d *Dataplane) Apply() error {
 		d.resyncAllLocked()
 		d.Kick()
 	}
-	err := errors.Join(errs...)
+	routing := errors.Join(errs...)
+	err := errors.Join(routing, natErr)
 	d.stats.Applies++
 	d.stats.LastErr = err
 	if err == nil && !d.pendingSince.IsZero() {
@@ -413,6 +415,8 @@ func (d *Dataplane) Apply() error {
 	}
 	if err != nil {
 		d.stats.Failures++
+	}
+	if routing != nil {
 		d.resyncAllLocked() // a failure makes the next apply a full resync
 	}
 	return err

@@ -110,6 +110,13 @@ type NetlinkKernel struct {
 	nftNAT
 }
 
+// NATSupported says whether this kernel's nftables can be read (nil: yes): without
+// nf_tables, outgoing NAT and floating IPs cannot be programmed.
+func (k *NetlinkKernel) NATSupported() error {
+	_, _, err := k.readNAT()
+	return err
+}
+
 // Close releases the netlink sockets.
 func (k *NetlinkKernel) Close() {
 	k.h.Close()

@@ -41,7 +41,8 @@ const NATTable = "sluice-nat"
 
 // NATConfig configures outgoing NAT.
 type NATConfig struct {
-	// Disabled leaves nftables alone (and removes sluice's table).
+	// Disabled leaves nftables alone: sluice's table, if one is left from an earlier run,
+	// stays as it is.
 	Disabled bool
 	// Address4 and Address6, when valid, are the source addresses outgoing NAT uses (SNAT,
 	// as Felix's natOutgoingAddress) instead of the outgoing interface's (masquerade).

@@ -563,3 +563,48 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 		t.Fatalf("read back %v %v %v; want %s", r, ok, err, n.desired())
 	}
 }
+
+// TestNATFailureIsContained: nftables failing makes applies fail (and retry) without making
+// the routes be read again, and leaves them working; NAT disabled touches nftables not at all.
+func TestNATFailureIsContained(t *testing.T) {
+	fk := NewFakeKernel()
+	fk.AddLink("eth0")
+	fk.AddAddr("eth0", netip.MustParseAddr("192.0.2.11"))
+	d := New(fk, Config{ParentAddr: netip.MustParseAddr("192.0.2.11"), Sysctl: func(string, string) error { return nil }})
+	c := pool("10.65.0.0/16", true)
+	r := calc.Route{Dst: netip.MustParsePrefix("10.65.0.0/26"), Type: calc.RouteBlackhole, Metric: 1024, Reason: calc.ReasonLocalBlock}
+	d.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{{ClusterNet: &c}, {Route: &r}}})
+	fk.FailWith(func(op, _ string) error {
+		if strings.HasPrefix(op, "nat-") {
+			return errors.New("nf_tables missing")
+		}
+		return nil
+	})
+	if err := d.Apply(); err == nil || !strings.Contains(err.Error(), "nf_tables missing") {
+		t.Fatalf("apply with nftables failing: %v; want its error", err)
+	}
+	if s := d.Stats(); s.ProgrammedRoutes != 1 {
+		t.Fatalf("routes programmed with nftables failing: %d; want 1", s.ProgrammedRoutes)
+	}
+	d.mu.Lock()
+	reread := d.routes.needRead
+	d.mu.Unlock()
+	if reread {
+		t.Fatal("a NAT failure makes the routes be read again")
+	}
+	fk.FailWith(nil)
+	if err := d.Apply(); err != nil || fk.NAT() == "" {
+		t.Fatalf("after nftables came back: %v, table %q", err, fk.NAT())
+	}
+
+	off := NewFakeKernel()
+	off.FailWith(func(op, _ string) error {
+		if strings.HasPrefix(op, "nat-") {
+			t.Errorf("NAT disabled, yet nftables was asked: %s", op)
+		}
+		return nil
+	})
+	d2 := New(off, Config{NAT: NATConfig{Disabled: true}, Sysctl: func(string, string) error { return nil }})
+	d2.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{{ClusterNet: &c}}})
+	_ = d2.Apply()
+}

@@ -110,6 +110,13 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 			cfg.Routes.Nexthops = false
 		}
 	}
+	if !cfg.NAT.Disabled {
+		if err := k.NATSupported(); err != nil {
+			// Routing works without nftables; pools' natOutgoing and floating IPs do not.
+			log.Error().Err(err).Msg("nftables cannot be read (nf_tables missing?): outgoing NAT and floating IPs are off; the rest of the dataplane runs")
+			cfg.NAT.Disabled = true
+		}
+	}
 	var mu sync.Mutex
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
