@@ -388,6 +388,13 @@ func (l *lab) floatingIPs() error {
 	l.check(ok, "the client reaches web-b through 192.168.50.2 by way of node-a (its route), 5 of 5, its own address kept: %s", out)
 	out, ok = ask(nsExt, "192.168.50.2:8090", "192.168.40.100")
 	l.check(ok, "sl-ext reaches web-b through 192.168.50.2 on node-b itself, 5 of 5, its own address kept: %s", out)
+	// From another node: its workload (masqueraded there, the floating IP being in no pool,
+	// to the address of the interface it leaves by: node-a's tunnel address on
+	// vxlan.sluice) and the node itself.
+	out, ok = ask(wlNS(l.workload("web-a")), "192.168.50.2:8090", "10.65.0.0")
+	l.check(ok, "web-a on node-a reaches web-b through 192.168.50.2 (masqueraded to node-a's tunnel address, the way out): %s", out)
+	out, ok = ask(nodeNS("node-c"), "192.168.50.2:8090", "10.65.0.128")
+	l.check(ok, "node-c itself reaches web-b through 192.168.50.2 (from its tunnel address): %s", out)
 	out, ok = ask(wlNS(l.workload("web-b")), "192.168.10.254:8081", "192.168.50.2")
 	l.check(ok, "web-b's own traffic out reaches the gateway from 192.168.50.2 (not node-b's address): %s", out)
 	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "192.168.50.2")
