@@ -3,6 +3,7 @@ package calc
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 
@@ -74,7 +75,23 @@ func (m multi[K, V]) remove(k K, v V) {
 	}
 }
 
-// get returns k's values in order (nil: none).
+// all yields k's values in order, allocating nothing (for the hot path: a route's
+// computation).
+func (m multi[K, V]) all(k K) iter.Seq[V] {
+	return func(yield func(V) bool) {
+		f, ok := m.one[k]
+		if !ok || !yield(f) {
+			return
+		}
+		for _, v := range m.more[k] {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+// get returns k's values in order (nil: none), in a new slice.
 func (m multi[K, V]) get(k K) []V {
 	f, ok := m.one[k]
 	if !ok {
@@ -434,6 +451,7 @@ func (g *Graph) onPool(id string, p *store.IPPool) {
 				g.dirtyDst.add(net)
 			}
 		}
+		g.markFloatingIPs() // routed by their internal address's pool
 	}
 	if p != nil && p.IPIPMode != store.EncapNever {
 		g.problem("pool/"+id, "IPIP encapsulation is not supported: remote blocks in this pool get no route; local blocks are still blackholed")
@@ -503,6 +521,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		for a := range g.tunnelsByAddr.one {
 			g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
 		}
+		g.markFloatingIPs()
 		for sid, s := range g.services {
 			if s.Type != store.ServiceClusterIP {
 				g.dirtySvc.add(sid)
@@ -514,9 +533,20 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		g.dirtyDst.add(cidr)
 	}
 	for wid := range g.wepsByNode[id] {
-		for _, net := range g.weps[wid].IPNetworks {
+		w := g.weps[wid]
+		for _, net := range w.IPNetworks {
 			g.dirtyDst.add(net)
 		}
+		for _, n := range w.IPNATs { // routed to the node like the workload's own address
+			g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
+		}
+	}
+}
+
+// markFloatingIPs makes every floating IP's route be computed again (there are few).
+func (g *Graph) markFloatingIPs() {
+	for ext := range g.fipsByAddr.one {
+		g.dirtyDst.add(netip.PrefixFrom(ext, ext.BitLen()))
 	}
 }
 

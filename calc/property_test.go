@@ -110,8 +110,8 @@ func (u *universe) randomObject() (key, value string) {
 			name, cidr, blockSize = "pool-host", "192.0.2.10/32", 32
 		}
 		mode := u.pick([]string{"Always", "CrossSubnet", "Never"})
-		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v,"blockSize":%d}}`,
-			name, cidr, mode, r.IntN(5) == 0, blockSize)
+		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v,"natOutgoing":%v,"blockSize":%d}}`,
+			name, cidr, mode, r.IntN(5) == 0, r.IntN(2) == 0, blockSize)
 	case 1:
 		name := u.pick(propNodes)
 		subnet := u.pick([]string{"192.0.2", "198.51.100"})
@@ -187,8 +187,13 @@ func (u *universe) randomObject() (key, value string) {
 		for range r.IntN(1 << (32 - block.Bits())) {
 			a = a.Next()
 		}
-		return store.WorkloadEndpointPrefix + "default/" + name, fmt.Sprintf(`{"kind":"WorkloadEndpoint","metadata":{"name":%q,"namespace":"default"},"spec":{"orchestrator":"k8s","node":%q,"interfaceName":"cali-%s","ipNetworks":["%s/32"]}}`,
-			name, u.pick(propNodes), name, a)
+		// Some with a floating IP, two workloads sometimes naming the same one.
+		nats := ""
+		if r.IntN(2) == 0 {
+			nats = fmt.Sprintf(`,"ipNATs":[{"internalIP":%q,"externalIP":"203.0.113.%d"}]`, a, r.IntN(3))
+		}
+		return store.WorkloadEndpointPrefix + "default/" + name, fmt.Sprintf(`{"kind":"WorkloadEndpoint","metadata":{"name":%q,"namespace":"default"},"spec":{"orchestrator":"k8s","node":%q,"interfaceName":"cali-%s","ipNetworks":["%s/32"]%s}}`,
+			name, u.pick(propNodes), name, a, nats)
 	}
 }
 

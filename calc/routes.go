@@ -129,12 +129,12 @@ func (g *Graph) whyNoWorkloadRoute(dst netip.Prefix) string {
 	if !dst.IsSingleIP() {
 		return ""
 	}
-	ids := g.wepsByNet.get(dst)
-	if len(ids) == 0 {
+	first, ok := g.wepsByNet.first(dst)
+	if !ok {
 		return ""
 	}
-	w := g.weps[ids[0]]
-	for _, id := range ids {
+	w := g.weps[first]
+	for id := range g.wepsByNet.all(dst) {
 		if g.isLocal(g.weps[id].Node) {
 			return ""
 		}
@@ -177,10 +177,8 @@ func (g *Graph) whyNoRoute(dst netip.Prefix) string {
 func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
 	single := dst.IsSingleIP()
 	if single {
-		if ids := g.wepsByNet.get(dst); len(ids) > 0 {
-			if r, ok := g.workloadRoute(dst, ids); ok {
-				return r, true
-			}
+		if r, ok := g.workloadRoute(dst); ok {
+			return r, true
 		}
 		if r, ok := g.tunnelRoute(dst); ok {
 			return r, true
@@ -206,13 +204,17 @@ func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
 
 // workloadRoute: a local workload's address goes to its interface; a remote one gets its own
 // route when it is borrowed (or always, when routes come from workloads).
-func (g *Graph) workloadRoute(dst netip.Prefix, sorted []string) (Route, bool) {
-	for _, id := range sorted {
+func (g *Graph) workloadRoute(dst netip.Prefix) (Route, bool) {
+	first, ok := g.wepsByNet.first(dst)
+	if !ok {
+		return Route{}, false
+	}
+	for id := range g.wepsByNet.all(dst) {
 		if w := g.weps[id]; g.isLocal(w.Node) {
 			return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonLocalWorkload}, true
 		}
 	}
-	w := g.weps[sorted[0]]
+	w := g.weps[first]
 	if g.cfg.RouteSource == SourceWorkloadIPs {
 		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload)
 	}
