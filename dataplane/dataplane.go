@@ -185,19 +185,20 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		if d.nat != nil {
 			for p := range d.nat.nets {
 				if !seenN[p] {
-					d.nat.DeleteNet(p)
+					d.nat.OnOp(calc.Op{Remove: true, ClusterNet: &calc.ClusterNet{Prefix: p}})
 				}
 			}
 			for ext := range d.nat.fips {
 				if !seenF[ext] {
-					d.nat.DeleteFloatingIP(ext)
+					d.nat.OnOp(calc.Op{Remove: true, FloatingIP: &calc.FloatingIP{External: ext}})
 				}
 			}
 		}
 		// The VTEPs the devices hold that the update lacks (each device holds its family's).
 		for _, x := range d.devices() {
 			for node, r := range x.remotes {
-				if v := r.vtep(node); !seenV[v.Key()] {
+				if !seenV[calc.VTEPKey{Node: node, IPv6: r.tunnel.Is6()}] {
+					v := r.vtep(node)
 					x.DeleteVTEP(v)
 				}
 			}
@@ -212,21 +213,8 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		if op.VTEP != nil || op.Route != nil {
 			changed = true
 		}
-		if op.FloatingIP != nil && d.nat != nil {
-			if op.Remove {
-				d.nat.DeleteFloatingIP(op.FloatingIP.External)
-			} else {
-				d.nat.SetFloatingIP(*op.FloatingIP)
-			}
-			changed = changed || d.nat.changed
-		}
-		if op.ClusterNet != nil && d.nat != nil {
-			if op.Remove {
-				d.nat.DeleteNet(op.ClusterNet.Prefix)
-			} else {
-				d.nat.SetNet(*op.ClusterNet)
-			}
-			changed = changed || d.nat.changed
+		if d.nat != nil && d.nat.OnOp(op) {
+			changed = true
 		}
 		switch {
 		case op.VTEP != nil && op.Remove:

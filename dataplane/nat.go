@@ -131,41 +131,38 @@ func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
 	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, fips: map[netip.Addr]netip.Addr{}, needRead: true, changed: true}
 }
 
-// SetNet records calc's cluster net c; DeleteNet forgets the one at p. Only the nets NAT
-// uses are kept: with the default exclusions a node's address is neither masqueraded nor
-// kept, and 20,000 of them would make every node's arrival recompute the table.
-func (n *OutgoingNAT) SetNet(c calc.ClusterNet) {
-	if !c.Masquerade && !c.KeepSource {
-		n.DeleteNet(c.Prefix)
-		return
-	}
-	if old, ok := n.nets[c.Prefix]; ok && old.Masquerade == c.Masquerade && old.KeepSource == c.KeepSource {
-		return
-	}
-	n.nets[c.Prefix] = calc.ClusterNet{Prefix: c.Prefix, Masquerade: c.Masquerade, KeepSource: c.KeepSource}
-	n.changed = true
-}
-
-func (n *OutgoingNAT) DeleteNet(p netip.Prefix) {
-	if _, ok := n.nets[p]; ok {
-		delete(n.nets, p)
-		n.changed = true
-	}
-}
-
-// SetFloatingIP records calc's floating IP f; DeleteFloatingIP forgets the one at ext.
-func (n *OutgoingNAT) SetFloatingIP(f calc.FloatingIP) {
-	if old, ok := n.fips[f.External]; !ok || old != f.Internal {
+// OnOp takes one of calc's ops: a cluster net or a floating IP of this node's (others are
+// not NAT's). It reports whether the table's desired content changed. Only the nets NAT uses
+// are kept: with the default exclusions a node's address is neither masqueraded nor kept, and
+// 20,000 of them would make every node's arrival recompute the table.
+func (n *OutgoingNAT) OnOp(op calc.Op) bool {
+	switch {
+	case op.ClusterNet != nil:
+		c := op.ClusterNet
+		old, had := n.nets[c.Prefix]
+		if op.Remove || (!c.Masquerade && !c.KeepSource) {
+			delete(n.nets, c.Prefix)
+			return n.mark(had)
+		}
+		c2 := calc.ClusterNet{Prefix: c.Prefix, Masquerade: c.Masquerade, KeepSource: c.KeepSource}
+		n.nets[c.Prefix] = c2
+		return n.mark(!had || old != c2)
+	case op.FloatingIP != nil:
+		f := op.FloatingIP
+		old, had := n.fips[f.External]
+		if op.Remove {
+			delete(n.fips, f.External)
+			return n.mark(had)
+		}
 		n.fips[f.External] = f.Internal
-		n.changed = true
+		return n.mark(!had || old != f.Internal)
 	}
+	return false
 }
 
-func (n *OutgoingNAT) DeleteFloatingIP(ext netip.Addr) {
-	if _, ok := n.fips[ext]; ok {
-		delete(n.fips, ext)
-		n.changed = true
-	}
+func (n *OutgoingNAT) mark(changed bool) bool {
+	n.changed = n.changed || changed
+	return changed
 }
 
 // QueueResync makes the next Apply read the table again (drift, failures).
@@ -173,7 +170,9 @@ func (n *OutgoingNAT) QueueResync() { n.needRead = true }
 
 // Changed is what nftables reports deleted in some table: when it is sluice's (or may be),
 // the next Apply reads the table again. (sluice's own writes delete its table too: the read
-// then finds it as written, and nothing more happens.)
+// then finds it as written, and nothing more happens. Set elements' and sets' events do not
+// say their table in google/nftables v0.3.0, so any program's element deletions cost such a
+// read too: a few small dumps.)
 func (n *OutgoingNAT) Changed(table string) bool {
 	if table != "" && table != NATTable {
 		return false
@@ -222,7 +221,7 @@ func (n *OutgoingNAT) desired() natRules {
 }
 
 // Apply makes the table match: written whole when it differs, deleted when nothing is to be
-// translated (or NAT is disabled). It reads the table first after QueueResync or a failure.
+// translated. It reads the table first after QueueResync or a failure.
 func (n *OutgoingNAT) Apply() error {
 	if !n.changed && !n.needRead {
 		return nil
@@ -239,14 +238,13 @@ func (n *OutgoingNAT) Apply() error {
 		}
 		if prev != nil && (n.actual == nil || !n.actual.equal(*prev)) {
 			n.repairs++
-			n.changed = true
 		}
 		n.needRead = false
 	}
 	want := n.desired()
 	var werr error
 	switch {
-	case n.cfg.Disabled || want.empty():
+	case want.empty():
 		if n.actual != nil {
 			werr = n.k.writeNAT(nil)
 			if werr == nil {
@@ -265,9 +263,7 @@ func (n *OutgoingNAT) Apply() error {
 		n.needRead = true
 		return fmt.Errorf("writing nftables table %s: %w", NATTable, werr)
 	}
-	if n.actual != nil || n.cfg.Disabled || want.empty() {
-		n.changed = false
-	}
+	n.changed = false
 	return nil
 }
 
@@ -287,7 +283,7 @@ func (n *OutgoingNAT) Diff() (string, error) {
 	}
 	want := n.desired()
 	switch {
-	case n.cfg.Disabled || want.empty():
+	case want.empty():
 		if ok {
 			return fmt.Sprintf("nftables table %s: present (%s); want none", NATTable, r), nil
 		}

@@ -18,6 +18,15 @@ import (
 	"github.com/vishvananda/netns"
 )
 
+func setNet(n *OutgoingNAT, c calc.ClusterNet) { n.OnOp(calc.Op{ClusterNet: &c}) }
+func deleteNet(n *OutgoingNAT, p netip.Prefix) {
+	n.OnOp(calc.Op{Remove: true, ClusterNet: &calc.ClusterNet{Prefix: p}})
+}
+func setFIP(n *OutgoingNAT, f calc.FloatingIP) { n.OnOp(calc.Op{FloatingIP: &f}) }
+func deleteFIP(n *OutgoingNAT, ext netip.Addr) {
+	n.OnOp(calc.Op{Remove: true, FloatingIP: &calc.FloatingIP{External: ext}})
+}
+
 func pool(cidr string, masq bool) calc.ClusterNet {
 	return calc.ClusterNet{Prefix: netip.MustParsePrefix(cidr), Masquerade: masq, KeepSource: true}
 }
@@ -40,19 +49,19 @@ func TestOutgoingNATTransitions(t *testing.T) {
 		}
 	}
 	// Pools without natOutgoing: no table.
-	n.SetNet(pool("10.66.0.0/16", false))
-	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
+	setNet(n, pool("10.66.0.0/16", false))
+	setNet(n, calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
 	apply(0, "")
 	// One with: the table, pools kept, the node address not (IPPoolsOnly).
-	n.SetNet(pool("10.65.0.0/16", true))
+	setNet(n, pool("10.65.0.0/16", true))
 	apply(1, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
 	apply(0, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
 	// The same net again: nothing.
-	n.SetNet(pool("10.65.0.0/16", true))
+	setNet(n, pool("10.65.0.0/16", true))
 	apply(0, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16} masq6 {} keep6 {} masquerade from port 32768")
 	// IPv6 pool and a host address kept (IPPoolsAndHostIPs): one write.
-	n.SetNet(pool("fd00:65::/48", true))
-	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a", KeepSource: true})
+	setNet(n, pool("fd00:65::/48", true))
+	setNet(n, calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a", KeepSource: true})
 	full := "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16, 192.0.2.11/32} masq6 {fd00:65::/48} keep6 {fd00:65::/48} masquerade from port 32768"
 	apply(1, full)
 
@@ -60,7 +69,7 @@ func TestOutgoingNATTransitions(t *testing.T) {
 	n = newOutgoingNAT(k, NATConfig{})
 	for _, c := range []calc.ClusterNet{pool("10.65.0.0/16", true), pool("10.66.0.0/16", false), pool("fd00:65::/48", true),
 		{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a", KeepSource: true}} {
-		n.SetNet(c)
+		setNet(n, c)
 	}
 	apply(0, full)
 
@@ -70,7 +79,7 @@ func TestOutgoingNATTransitions(t *testing.T) {
 	apply(1, full)
 
 	// A refused write fails the apply, and the next one writes.
-	n.DeleteNet(netip.MustParsePrefix("fd00:65::/48"))
+	deleteNet(n, netip.MustParsePrefix("fd00:65::/48"))
 	k.FailWith(func(op, _ string) error {
 		if op == "nat-write" {
 			return errors.New("no room")
@@ -84,7 +93,7 @@ func TestOutgoingNATTransitions(t *testing.T) {
 	apply(1, "masq4 {10.65.0.0/16} keep4 {10.65.0.0/16, 10.66.0.0/16, 192.0.2.11/32} masq6 {} keep6 {} masquerade from port 32768")
 
 	// natOutgoing off on the last pool: the table goes.
-	n.SetNet(pool("10.65.0.0/16", false))
+	setNet(n, pool("10.65.0.0/16", false))
 	apply(1, "")
 	apply(0, "")
 }
@@ -149,9 +158,9 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 		t.Fatalf("before NAT the outside answered %q; the test topology leaks", got)
 	}
 	n := newOutgoingNAT(k, NATConfig{})
-	n.SetNet(pool("10.65.0.0/16", true))
-	n.SetNet(pool("10.66.0.0/16", false))
-	n.SetNet(calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
+	setNet(n, pool("10.65.0.0/16", true))
+	setNet(n, pool("10.66.0.0/16", false))
+	setNet(n, calc.ClusterNet{Prefix: netip.MustParsePrefix("192.0.2.11/32"), Host: true, Node: "node-a"})
 	if err := n.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +196,7 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 	// SNAT to a chosen address (natOutgoingAddress) instead of masquerade.
 	ip(node.name, "addr", "add", "192.0.2.99/24", "dev", "up0")
 	n2 := newOutgoingNAT(k, NATConfig{Address4: netip.MustParseAddr("192.0.2.99")})
-	n2.SetNet(pool("10.65.0.0/16", true))
+	setNet(n2, pool("10.65.0.0/16", true))
 	if err := n2.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -205,9 +214,9 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 	atWork := listen(work, "10.65.0.5")
 	_, port, _ := net.SplitHostPort(atWork.Addr().String())
 	n3 := newOutgoingNAT(k, NATConfig{})
-	n3.SetNet(pool("10.65.0.0/16", true))
-	n3.SetNet(pool("10.66.0.0/16", false))
-	n3.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5"), Workload: "ns/vm1"})
+	setNet(n3, pool("10.65.0.0/16", true))
+	setNet(n3, pool("10.66.0.0/16", false))
+	setFIP(n3, calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5"), Workload: "ns/vm1"})
 	if err := n3.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +240,7 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 		t.Fatalf("read back with a floating IP: %v %v %v; want %s", r3, ok3, err, n3.desired())
 	}
 	// Gone (the workload moved away): the floating IP no longer leads here.
-	n3.DeleteFloatingIP(netip.MustParseAddr("192.0.2.50"))
+	deleteFIP(n3, netip.MustParseAddr("192.0.2.50"))
 	if err := n3.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -456,8 +465,8 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 	tp.ip(tp.node.name, "route", "add", "192.0.2.50/32", "dev", "w0")
 	tp.ip(tp.out.name, "route", "add", "192.0.2.50/32", "via", "192.0.2.11")
 	nat := newOutgoingNAT(tp.k, NATConfig{})
-	nat.SetNet(pool("10.65.0.0/16", true))
-	nat.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
+	setNet(nat, pool("10.65.0.0/16", true))
+	setFIP(nat, calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
 	var direct, masq, in, fip []float64
 	for range 3 {
 		tp.ip(tp.out.name, "route", "add", "10.65.0.0/16", "via", "192.0.2.11")
@@ -465,13 +474,12 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 		in = append(in, rate(out, "10.65.0.5:"+port))
 		tp.ip(tp.out.name, "route", "del", "10.65.0.0/16", "via", "192.0.2.11")
 		nat.QueueResync()
-		nat.changed = true
 		if err := nat.Apply(); err != nil {
 			b.Fatal(err)
 		}
 		// Masquerade measured without the floating IP's own SNAT in the way: a second
 		// workload address would do; here the floating IP's rules are dropped for it.
-		nat.DeleteFloatingIP(netip.MustParseAddr("192.0.2.50"))
+		deleteFIP(nat, netip.MustParseAddr("192.0.2.50"))
 		if err := nat.Apply(); err != nil {
 			b.Fatal(err)
 		}
@@ -479,7 +487,7 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 			b.Fatalf("through NAT the outside saw %q", got)
 		}
 		masq = append(masq, rate(work, atOut.Addr().String()))
-		nat.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
+		setFIP(nat, calc.FloatingIP{External: netip.MustParseAddr("192.0.2.50"), Internal: netip.MustParseAddr("10.65.0.5")})
 		if err := nat.Apply(); err != nil {
 			b.Fatal(err)
 		}
@@ -540,7 +548,7 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 		t.Fatalf("before NAT the outside answered %q", got)
 	}
 	n := newOutgoingNAT(tp.k, NATConfig{})
-	n.SetNet(pool("fd00:65::/48", true))
+	setNet(n, pool("fd00:65::/48", true))
 	if err := n.Apply(); err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +557,7 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 	}
 	ip(node.name, "-6", "route", "add", "2001:db8::50/128", "dev", "w0")
 	ip(out.name, "-6", "route", "add", "2001:db8::50/128", "via", "2001:db8::11")
-	n.SetFloatingIP(calc.FloatingIP{External: netip.MustParseAddr("2001:db8::50"), Internal: netip.MustParseAddr("fd00:65::5"), Workload: "ns/vm6"})
+	setFIP(n, calc.FloatingIP{External: netip.MustParseAddr("2001:db8::50"), Internal: netip.MustParseAddr("fd00:65::5"), Workload: "ns/vm6"})
 	if err := n.Apply(); err != nil {
 		t.Fatal(err)
 	}

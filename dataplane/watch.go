@@ -97,12 +97,8 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	// Deletions in nftables (sluice's table, or anything in it): the NAT table is read again.
 	var natEvents chan *nftables.MonitorEvent
 	if d.nat != nil {
-		if _, real := d.nat.k.(*NetlinkKernel); real {
-			var opts []nftables.ConnOption
-			if ns.IsOpen() {
-				opts = append(opts, nftables.WithNetNSFd(int(ns)))
-			}
-			c, err := nftables.New(opts...)
+		if nk, real := d.nat.k.(*NetlinkKernel); real {
+			c, err := nk.conn()
 			if err != nil {
 				return err
 			}
