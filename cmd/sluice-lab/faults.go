@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-net/sluice/dataplane"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -74,7 +75,8 @@ func (l *lab) health(node, path string) (int, string) {
 	return code, strings.TrimSpace(out)
 }
 
-// metricOf reads one unlabelled metric of node's agent.
+// metricOf reads one metric of node's agent: name as the exposition writes it, labels and
+// all (`sluice_drift_repairs_total{kind="nat"}`).
 func (l *lab) metricOf(node, name string) string {
 	_, body := l.health(node, "/metrics")
 	for _, line := range strings.Split(body, "\n") {
@@ -298,9 +300,9 @@ func (l *lab) faultKernelDamage() error {
 				out, _ := sh("bridge", "-n", ns, "fdb", "show", "dev", "vxlan.sluice")
 				return strings.Contains(out, "66:c1:a0:00:00:0c dst 192.168.20.13")
 			}},
-		{"sluice's nftables table (outgoing NAT) deleted", `sluice_drift_repairs_total{kind="nat"}`, []string{"ip", "netns", "exec", ns, l.tool(), "nft-table", "sluice-nat", "delete"},
+		{"sluice's nftables table (outgoing NAT) deleted", `sluice_drift_repairs_total{kind="nat"}`, []string{"ip", "netns", "exec", ns, l.tool(), "nft-table", dataplane.NATTable, "delete"},
 			func() bool {
-				out, _ := nsRun(ns, l.tool(), "nft-table", "sluice-nat")
+				out, _ := nsRun(ns, l.tool(), "nft-table", dataplane.NATTable)
 				return strings.Contains(out, "present")
 			}},
 		{"the VXLAN device deleted", "", []string{"ip", "-n", ns, "link", "del", "vxlan.sluice"},
@@ -634,11 +636,9 @@ func (l *lab) faultRestartUnderStream() error {
 // cluster opens connection after connection through node-a's node port to the endpoint on
 // node-b, and starts it again: the programs and maps are pinned, so none may fail.
 func (l *lab) faultKilledUnderConnections() error {
-	file := filepath.Join(l.dir, "fault-services.yaml")
-	if err := os.WriteFile(file, []byte(seedServices), 0o600); err != nil {
+	if err := l.apply("fault-services.yaml", seedServices); err != nil {
 		return err
 	}
-	l.mustCtl("apply", "-f", file)
 	if _, err := l.start(wlNS(l.workload("web-b")), "echo web-b", false, l.tool(), "tcp-serve", "10.65.0.65:8081"); err != nil {
 		return err
 	}

@@ -65,6 +65,17 @@ func (l *lab) ctl(args ...string) (string, error) {
 	return string(out), err
 }
 
+// apply writes doc to a file named name in the lab's directory and applies it with sluicectl
+// (a check line says whether it went in).
+func (l *lab) apply(name, doc string) error {
+	file := filepath.Join(l.dir, name)
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		return err
+	}
+	l.mustCtl("apply", "-f", file)
+	return nil
+}
+
 func (l *lab) mustCtl(args ...string) string {
 	out, err := l.ctl(args...)
 	l.check(err == nil, "sluicectl %s", strings.Join(args[:min(len(args), 3)], " "))
@@ -95,7 +106,9 @@ func (l *lab) start(ns, prefix string, echo bool, args ...string) (*proc, error)
 		return nil, err
 	}
 	p := &proc{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	scanned := make(chan struct{})
 	go func() {
+		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			if echo {
@@ -109,6 +122,7 @@ func (l *lab) start(ns, prefix string, echo bool, args ...string) (*proc, error)
 	go func() {
 		p.err = cmd.Wait()
 		pw.Close()
+		<-scanned // done means every line is in p.lines
 		close(p.done)
 	}()
 	l.procs = append(l.procs, p)
@@ -158,6 +172,32 @@ func (p *proc) waitFor(timeout time.Duration, parts ...string) bool {
 	}
 	return true
 }
+
+// ask makes five connections from namespace ns to addr (a tcp-whoami) until all five are
+// answered with want, the address the server saw, or 5 s pass; it returns the last answer on
+// one line and whether it was that.
+func (l *lab) ask(ns, addr, want string) (string, bool) {
+	var out string
+	_, err := retry(5*time.Second, func() (err error) {
+		out, err = nsRun(ns, l.tool(), "tcp-ask", addr, "5")
+		if err == nil && !strings.Contains(out, "answer "+want+" 5") {
+			err = fmt.Errorf("answered %q", out)
+		}
+		return err
+	})
+	return oneLine(out), err == nil
+}
+
+// finish closes the stream tool's input (it then reports and exits), waits for it, and says
+// whether it ran to its end: every round trip answered ("round trips" reported, no error).
+func (p *proc) finish() bool {
+	_ = p.stdin.Close()
+	<-p.done
+	return p.err == nil && p.count("round trips") == 1
+}
+
+// transcript is the process's output on one line, and how it ended.
+func (p *proc) transcript() string { return fmt.Sprintf("%s %v", strings.Join(p.lines, " "), p.err) }
 
 // stop sends SIGTERM and waits.
 func (p *proc) stop() error {

@@ -160,21 +160,16 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		return fmt.Errorf("echo server on the gateway: %v", err)
 	}
 	for _, w := range []struct{ wl, node string }{{"web-a", "node-a"}, {"web-b", "node-b"}, {"web-c", "node-c"}} {
-		var out string
-		_, err := retry(5*time.Second, func() (err error) {
-			out, err = nsRun(wlNS(l.workload(w.wl)), l.tool(), "tcp-ask", "192.168.10.254:8081", "5")
-			return err
-		})
-		l.check(err == nil && strings.Contains(out, "answer "+nodeIPs[w.node]+" 5"),
-			"%s (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs[w.node], strings.Join(strings.Fields(out), " "))
+		out, ok := l.ask(wlNS(l.workload(w.wl)), "192.168.10.254:8081", nodeIPs[w.node])
+		l.check(ok, "%s (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs[w.node], out)
 	}
 	if p, err := l.start(wlNS(l.workload("web-c")), "whoami web-c", false, l.tool(), "tcp-whoami", "10.65.0.129:8089"); err != nil || !p.waitFor(5*time.Second, "READY") {
 		return fmt.Errorf("whoami on web-c: %v", err)
 	}
-	out, err := nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", "10.65.0.129:8089", "5")
-	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "web-a -> web-c (another node, same pool) keeps web-a's address: %s", strings.Join(strings.Fields(out), " "))
-	out, err = nsRun(wlNS(l.workload("db-a")), l.tool(), "tcp-ask", "10.65.0.129:8089", "5")
-	l.check(err == nil && strings.Contains(out, "answer "+l.workload("db-a").addr+" 5"), "db-a (another pool) -> web-c keeps db-a's address: %s", strings.Join(strings.Fields(out), " "))
+	out, ok := l.ask(wlNS(l.workload("web-a")), "10.65.0.129:8089", "10.65.0.1")
+	l.check(ok, "web-a -> web-c (another node, same pool) keeps web-a's address: %s", out)
+	out, ok = l.ask(wlNS(l.workload("db-a")), "10.65.0.129:8089", l.workload("db-a").addr)
+	l.check(ok, "db-a (another pool) -> web-c keeps db-a's address: %s", out)
 
 	if err := l.floatingIPs(); err != nil {
 		return err
@@ -242,12 +237,8 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	time.Sleep(1500 * time.Millisecond)
 	l.check(restarted.count("dataplane updated") == 1 && restarted.count("dataplane updated", "writes=0") == 1,
 		"the restarted sluiced found everything in place and wrote nothing to the kernel (its one report: %q)", restarted.matching("dataplane updated"))
-	_ = stream.stdin.Close()
-	<-stream.done
-	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream never broke: %s %v", strings.Join(stream.lines, " "), stream.err)
-	_ = natStream.stdin.Close()
-	<-natStream.done
-	l.check(natStream.err == nil && natStream.count("round trips") == 1, "the masqueraded stream never broke either: %s %v", strings.Join(natStream.lines, " "), natStream.err)
+	l.check(stream.finish(), "the stream never broke: %s", stream.transcript())
+	l.check(natStream.finish(), "the masqueraded stream never broke either: %s", natStream.transcript())
 
 	l.step("sluicectl diff on a node, and sluicectl status")
 	diff := l.diff
@@ -297,8 +288,6 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	return nil
 }
 
-// diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
-// freshly started agent would program from the same data (calc run afresh on etcd's state).
 // routeLine reports whether a line of out reads like want, where "nhid *" in want stands for
 // any nexthop object's ID.
 func routeLine(out, want string) bool {
@@ -306,6 +295,8 @@ func routeLine(out, want string) bool {
 	return re.MatchString(out)
 }
 
+// diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
+// freshly started agent would program from the same data (calc run afresh on etcd's state).
 func (l *lab) diff(node string) (string, error) {
 	cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
 	// The same configuration as the node's sluiced: its etcd and its pin directory.
@@ -348,12 +339,9 @@ spec:
 func (l *lab) floatingIPs() error {
 	l.step("floating IPs: 192.168.50.2 for web-b (10.65.0.65), as networking-calico writes ipNATs")
 	write := func(name, doc string) {
-		file := filepath.Join(l.dir, name)
-		if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
-			l.check(false, "writing %s: %v", file, err)
-			return
+		if err := l.apply(name, doc); err != nil {
+			l.check(false, "writing %s: %v", name, err)
 		}
-		l.mustCtl("apply", "-f", file)
 	}
 	if err := script(
 		[]string{"ip", "-n", nsClient, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
@@ -373,29 +361,28 @@ func (l *lab) floatingIPs() error {
 		}
 	}
 	write("fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true))
-	ask := func(ns, addr, want string) (string, bool) {
-		var out string
-		_, err := retry(5*time.Second, func() (err error) {
-			out, err = nsRun(ns, l.tool(), "tcp-ask", addr, "5")
-			if err == nil && !strings.Contains(out, "answer "+want+" 5") {
-				err = fmt.Errorf("answered %q", out)
+	// leadsNowhere says whether the client's connections to addr stop being answered soon.
+	leadsNowhere := func(addr string) bool {
+		_, err := retry(5*time.Second, func() error {
+			if _, err := nsRun(nsClient, l.tool(), "tcp-ask", addr, "1"); err == nil {
+				return fmt.Errorf("%s still answered", addr)
 			}
-			return err
+			return nil
 		})
-		return strings.Join(strings.Fields(out), " "), err == nil
+		return err == nil
 	}
-	out, ok := ask(nsClient, "192.168.50.2:8090", "192.168.10.100")
+	out, ok := l.ask(nsClient, "192.168.50.2:8090", "192.168.10.100")
 	l.check(ok, "the client reaches web-b through 192.168.50.2 by way of node-a (its route), 5 of 5, its own address kept: %s", out)
-	out, ok = ask(nsExt, "192.168.50.2:8090", "192.168.40.100")
+	out, ok = l.ask(nsExt, "192.168.50.2:8090", "192.168.40.100")
 	l.check(ok, "sl-ext reaches web-b through 192.168.50.2 on node-b itself, 5 of 5, its own address kept: %s", out)
 	// From another node: its workload (masqueraded there, the floating IP being in no pool,
 	// to the address of the interface it leaves by: node-a's tunnel address on
 	// vxlan.sluice) and the node itself.
-	out, ok = ask(wlNS(l.workload("web-a")), "192.168.50.2:8090", "10.65.0.0")
+	out, ok = l.ask(wlNS(l.workload("web-a")), "192.168.50.2:8090", "10.65.0.0")
 	l.check(ok, "web-a on node-a reaches web-b through 192.168.50.2 (masqueraded to node-a's tunnel address, the way out): %s", out)
-	out, ok = ask(nodeNS("node-c"), "192.168.50.2:8090", "10.65.0.128")
+	out, ok = l.ask(nodeNS("node-c"), "192.168.50.2:8090", "10.65.0.128")
 	l.check(ok, "node-c itself reaches web-b through 192.168.50.2 (from its tunnel address): %s", out)
-	out, ok = ask(wlNS(l.workload("web-b")), "192.168.10.254:8081", "192.168.50.2")
+	out, ok = l.ask(wlNS(l.workload("web-b")), "192.168.10.254:8081", "192.168.50.2")
 	l.check(ok, "web-b's own traffic out reaches the gateway from 192.168.50.2 (not node-b's address): %s", out)
 	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "192.168.50.2")
 	l.check(strings.Contains(routes, "via 10.65.0.64 dev vxlan.sluice"), "node-a routes 192.168.50.2 as web-b's own address, through VXLAN to node-b: %s", strings.TrimSpace(routes))
@@ -412,18 +399,10 @@ func (l *lab) floatingIPs() error {
 	}
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced on node-b is back")
 	time.Sleep(time.Second)
-	_ = stream.stdin.Close()
-	<-stream.done
-	l.check(stream.err == nil && stream.count("round trips") == 1, "the stream through the floating IP never broke across the restart: %s %v", strings.Join(stream.lines, " "), stream.err)
+	l.check(stream.finish(), "the stream through the floating IP never broke across the restart: %s", stream.transcript())
 
 	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
-	_, err = retry(5*time.Second, func() error {
-		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.2:8090", "1"); err == nil {
-			return fmt.Errorf("still answered")
-		}
-		return nil
-	})
-	l.check(err == nil, "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere")
+	l.check(leadsNowhere("192.168.50.2:8090"), "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere")
 
 	// A VM live-migrated: 10.65.0.70 (node-b's block) with floating IP 192.168.50.3 runs on
 	// node-b; its copy starts on node-c, networking-calico writes the new endpoint, then the
@@ -469,7 +448,7 @@ spec:
 		return err
 	}
 	write("vm1-node-b.yaml", vmWEP("node-b", "tapvm1b", true))
-	out, ok = ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
+	out, ok = l.ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
 	l.check(ok, "the client reaches the VM on node-b through 192.168.50.3: %s", out)
 	vmC, err := vm("node-c", "tapvm1c")
 	if err != nil {
@@ -480,21 +459,15 @@ spec:
 		return err
 	}
 	l.mustCtl("delete", "-n", "openstack", "workloadendpoint", "node--b-openstack-vm1-tap")
-	out, ok = ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
+	out, ok = l.ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
 	l.check(ok, "after the migration the client reaches the VM on node-c through 192.168.50.3 (by way of node-a): %s", out)
-	out, ok = ask(nsExt, "192.168.50.3:8092", "192.168.40.100")
+	out, ok = l.ask(nsExt, "192.168.50.3:8092", "192.168.40.100")
 	l.check(ok, "and sl-ext, routed to node-b where the VM was, reaches it on node-c too: %s", out)
-	out, ok = ask(vmC, "192.168.10.254:8081", "192.168.50.3")
+	out, ok = l.ask(vmC, "192.168.10.254:8081", "192.168.50.3")
 	l.check(ok, "the migrated VM's traffic out leaves node-c from 192.168.50.3: %s", out)
 	routesC, _ := sh("ip", "-n", nodeNS("node-c"), "route", "show", "192.168.50.3")
 	l.check(strings.Contains(routesC, "dev tapvm1c"), "node-c routes 192.168.50.3 to the VM's interface: %s", strings.TrimSpace(routesC))
 	write("vm1-node-c-nofip.yaml", vmWEP("node-c", "tapvm1c", false))
-	_, err = retry(5*time.Second, func() error {
-		if _, err := nsRun(nsClient, l.tool(), "tcp-ask", "192.168.50.3:8092", "1"); err == nil {
-			return fmt.Errorf("still answered")
-		}
-		return nil
-	})
-	l.check(err == nil, "with the floating IP disassociated, 192.168.50.3 leads nowhere")
+	l.check(leadsNowhere("192.168.50.3:8092"), "with the floating IP disassociated, 192.168.50.3 leads nowhere")
 	return nil
 }

@@ -134,7 +134,7 @@ func (a *agentState) OnEvents(batch []store.Event) {
 }
 
 // driftHelp is sluice_drift_repairs_total's help, one for every kind.
-const driftHelp = "Drift someone made that sluice put back, by kind: route, nexthop (an object deleted, with its routes), neighbour (and FDB entries), bpf-map-entry, bpf-link, bpf-pin."
+const driftHelp = "Drift someone made that sluice put back, by kind: route, nexthop (an object deleted, with its routes), neighbour (and FDB entries), nat (sluice's nftables table), bpf-map-entry, bpf-link, bpf-pin."
 
 // registry builds the Prometheus registry: counters fed by the agent, and gauges read from
 // the intake, index and dataplane when scraped.
