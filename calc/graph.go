@@ -203,8 +203,10 @@ type Graph struct {
 	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
 
 	// What needs recomputing.
-	dirtyDst  set[netip.Prefix]
-	dirtyVTEP set[string]
+	dirtyDst set[netip.Prefix]
+	// dirtyVTEP maps each node whose VTEPs may have changed to the Node they were last
+	// computed from (nil: none).
+	dirtyVTEP map[string]*store.Node
 	dirtySvc  set[string]
 	dirtyNet  set[netip.Prefix]
 	// fipsByAddr holds the workloads naming each floating IP (ipNATs' externalIP); fips the
@@ -215,7 +217,6 @@ type Graph struct {
 
 	// Desired state as last computed.
 	routes    map[netip.Prefix]Route
-	vteps     map[VTEPKey]VTEP
 	nets      map[netip.Prefix]ClusterNet
 	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
 	svcHealth map[string]uint16          // health-check port each service claims
@@ -264,11 +265,10 @@ func New(cfg Config) (*Graph, error) {
 		dirtyFIP:        set[netip.Addr]{},
 		blockBits:       map[int]int{},
 		dirtyDst:        set[netip.Prefix]{},
-		dirtyVTEP:       set[string]{},
+		dirtyVTEP:       map[string]*store.Node{},
 		dirtySvc:        set[string]{},
 		dirtyNet:        set[netip.Prefix]{},
 		routes:          map[netip.Prefix]Route{},
-		vteps:           map[VTEPKey]VTEP{},
 		nets:            map[netip.Prefix]ClusterNet{},
 		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},
@@ -299,7 +299,7 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	if sized {
 		// Emptied by recompute but still the size of the batch (a page that dirtied few
 		// destinations keeps a set cleared, not replaced): give the room back.
-		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, set[netip.Prefix]{}, set[string]{}
+		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, set[netip.Prefix]{}, map[string]*store.Node{}
 	}
 	g.checkSelf()
 	if !g.inSync {
@@ -328,7 +328,7 @@ func (g *Graph) expect(n int) (sized bool) {
 		g.dirtyNet = make(set[netip.Prefix], n)
 	}
 	if len(g.dirtyVTEP) == 0 {
-		g.dirtyVTEP = make(set[string], n)
+		g.dirtyVTEP = make(map[string]*store.Node, n)
 	}
 	return true
 }
@@ -501,7 +501,9 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			g.dirtyNet.add(p)
 		}
 	}
-	g.dirtyVTEP.add(id)
+	if _, ok := g.dirtyVTEP[id]; !ok {
+		g.dirtyVTEP[id] = old
+	}
 	// The node's underlay addresses are the NodeAddr of its backends: recompute the services
 	// with an endpoint on it (through the slice index, not every service) when the node comes,
 	// goes or changes address.

@@ -153,9 +153,9 @@ type State struct {
 
 // State returns the desired state as it stands (computed up to the last batch).
 func (g *Graph) State() *State {
-	s := &State{VTEPs: make([]VTEP, 0, len(g.vteps)), ClusterNets: make([]ClusterNet, 0, len(g.nets)), Routes: make([]Route, 0, len(g.routes)),
+	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.nets)), Routes: make([]Route, 0, len(g.routes)),
 		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
-	for _, v := range g.vteps {
+	for v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
 	}
 	for _, c := range g.nets {

@@ -400,7 +400,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		}
 	})
 	bin := filepath.Join(dir, "sluiced")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build does
+	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("building sluiced: %v\n%s", err, out)
 	}
 	for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peth0"},
