@@ -216,7 +216,9 @@ type Graph struct {
 	dirtyFIP   set[netip.Addr]
 
 	// Desired state as last computed.
-	routes    map[netip.Prefix]Route
+	// routes holds each route as emitted: a route is never changed once made (a new one
+	// replaces it), so the dataplane keeps the same pointer rather than a copy.
+	routes    map[netip.Prefix]*Route
 	nets      map[netip.Prefix]ClusterNet
 	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
 	svcHealth map[string]uint16          // health-check port each service claims
@@ -268,7 +270,7 @@ func New(cfg Config) (*Graph, error) {
 		dirtyVTEP:       map[string]*store.Node{},
 		dirtySvc:        set[string]{},
 		dirtyNet:        set[netip.Prefix]{},
-		routes:          map[netip.Prefix]Route{},
+		routes:          map[netip.Prefix]*Route{},
 		nets:            map[netip.Prefix]ClusterNet{},
 		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},

@@ -313,7 +313,21 @@ func (g *Graph) recomputeRoutes() {
 	g.routes = sized(g.routes, n)
 	for dst := range g.dirtyDst {
 		r, ok := g.computeRoute(dst)
-		settle(g.routes, dst, r, ok, same[Route], g.emitted, &g.pending.routeSets, &g.pending.routeDels)
+		old, had := g.routes[dst]
+		switch {
+		case ok && (!had || *old != r):
+			p := new(Route)
+			*p = r
+			g.routes[dst] = p
+			if g.emitted {
+				g.pending.routeSets = append(g.pending.routeSets, p)
+			}
+		case !ok && had:
+			delete(g.routes, dst)
+			if g.emitted {
+				g.pending.routeDels = append(g.pending.routeDels, old)
+			}
+		}
 		switch {
 		case !g.inSync:
 			// Before the first in-sync the inputs are partial (etcd's blocks are read before

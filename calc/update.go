@@ -8,7 +8,9 @@ import (
 )
 
 // Op is one change to the desired state: exactly one of the pointers is set. Remove ops carry
-// the object as it was.
+// the object as it was. What the pointers point to is never changed afterwards: a consumer may
+// keep them (the dataplane keeps calc's routes rather than a copy of each), and must not
+// change them.
 type Op struct {
 	Remove      bool
 	VTEP        *VTEP
@@ -35,7 +37,7 @@ type Update struct {
 type pendingOps struct {
 	vtepSets, vtepDels         []VTEP
 	netSets, netDels           []ClusterNet
-	routeSets, routeDels       []Route
+	routeSets, routeDels       []*Route
 	frontendSets, frontendDels []Frontend
 	healthSets, healthDels     []HealthCheck
 	fipSets, fipDels           []FloatingIP
@@ -44,6 +46,10 @@ type pendingOps struct {
 
 func sortRoutes(r []Route) {
 	slices.SortFunc(r, func(a, b Route) int { return cmpPrefix(a.Dst, b.Dst) })
+}
+
+func sortRoutePointers(r []*Route) {
+	slices.SortFunc(r, func(a, b *Route) int { return cmpPrefix(a.Dst, b.Dst) })
 }
 
 func sortVTEPs(v []VTEP) {
@@ -83,8 +89,8 @@ func (p *pendingOps) take() *Update {
 	sortVTEPs(p.vtepDels)
 	sortClusterNets(p.netSets)
 	sortClusterNets(p.netDels)
-	sortRoutes(p.routeSets)
-	sortRoutes(p.routeDels)
+	sortRoutePointers(p.routeSets)
+	sortRoutePointers(p.routeDels)
 	sortFrontends(p.frontendSets)
 	sortFrontends(p.frontendDels)
 	sortHealth(p.healthSets)
@@ -99,7 +105,7 @@ func (p *pendingOps) take() *Update {
 		u.Ops = append(u.Ops, Op{ClusterNet: &p.netSets[i]})
 	}
 	for i := range p.routeSets {
-		u.Ops = append(u.Ops, Op{Route: &p.routeSets[i]})
+		u.Ops = append(u.Ops, Op{Route: p.routeSets[i]})
 	}
 	for i := range p.fipSets { // after the routes to the workloads they lead to
 		u.Ops = append(u.Ops, Op{FloatingIP: &p.fipSets[i]})
@@ -120,7 +126,7 @@ func (p *pendingOps) take() *Update {
 		u.Ops = append(u.Ops, Op{Remove: true, FloatingIP: &p.fipDels[i]})
 	}
 	for i := range p.routeDels {
-		u.Ops = append(u.Ops, Op{Remove: true, Route: &p.routeDels[i]})
+		u.Ops = append(u.Ops, Op{Remove: true, Route: p.routeDels[i]})
 	}
 	for i := range p.vtepDels {
 		u.Ops = append(u.Ops, Op{Remove: true, VTEP: &p.vtepDels[i]})
@@ -153,16 +159,23 @@ type State struct {
 
 // State returns the desired state as it stands (computed up to the last batch).
 func (g *Graph) State() *State {
-	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.nets)), Routes: make([]Route, 0, len(g.routes)),
+	s := g.stateBut()
+	s.Routes = make([]Route, 0, len(g.routes))
+	for _, r := range g.routes {
+		s.Routes = append(s.Routes, *r)
+	}
+	return SortState(s)
+}
+
+// stateBut is the desired state but its routes, sorted.
+func (g *Graph) stateBut() *State {
+	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.nets)),
 		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
 	for v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
 	}
 	for _, c := range g.nets {
 		s.ClusterNets = append(s.ClusterNets, c)
-	}
-	for _, r := range g.routes {
-		s.Routes = append(s.Routes, r)
 	}
 	for _, f := range g.frontends {
 		s.Frontends = append(s.Frontends, f)
@@ -193,8 +206,12 @@ func SortState(s *State) *State {
 
 // fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
-	s := g.State()
-	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: s.Routes, frontendSets: s.Frontends, healthSets: s.HealthChecks,
+	s := g.stateBut()
+	routes := make([]*Route, 0, len(g.routes))
+	for _, r := range g.routes {
+		routes = append(routes, r) // calc's own: the consumer keeps them, not copies
+	}
+	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: routes, frontendSets: s.Frontends, healthSets: s.HealthChecks,
 		fipSets: s.FloatingIPs, problems: s.Problems}
 	u := p.take()
 	if u == nil {

@@ -235,7 +235,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			if _, had := d.routes.routes[op.Route.Dst]; !had && op.Route.Dst.Addr().Is6() {
 				d.v6dsts++
 			}
-			d.routes.SetRoute(*op.Route)
+			d.routes.SetRoute(op.Route)
 			if op.Route.Reason == calc.ReasonLocalWorkload && op.Route.Device != "" {
 				d.locals[op.Route.Device]++
 			}

@@ -149,7 +149,7 @@ func TestNexthopIDTakenMeanwhile(t *testing.T) {
 	f := fakeNode()
 	c := &conflicts{}
 	rt := NewRouteTable(f, RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true, Reporter: c})
-	rt.SetRoute(nbBlock1)
+	rt.SetRoute(&nbBlock1)
 	if err := rt.prepare(); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestNexthopPartialFailure(t *testing.T) {
 	})
 	rt := nexthopTable(f)
 	for _, r := range []calc.Route{rBlackhole, nbBlock1, nbBlock2, ncBlock} {
-		rt.SetRoute(r)
+		rt.SetRoute(&r)
 	}
 	err := rt.Apply()
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "10.65.0.64") {

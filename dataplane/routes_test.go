@@ -52,7 +52,7 @@ func apply(t *testing.T, rt *RouteTable, routes ...calc.Route) {
 	t.Helper()
 	want := map[netip.Prefix]bool{}
 	for _, r := range routes {
-		rt.SetRoute(r)
+		rt.SetRoute(&r)
 		want[r.Dst] = true
 	}
 	for _, r := range rt.Routes() {
@@ -161,7 +161,7 @@ func TestRoutePartialFailure(t *testing.T) {
 	})
 	rt := NewRouteTable(f, RouteTableConfig{ParentAddr: nodeAddr})
 	for _, r := range []calc.Route{rBlackhole, rLocal, rVXLAN, rDirect} {
-		rt.SetRoute(r)
+		rt.SetRoute(&r)
 	}
 	err := rt.Apply()
 	if !errors.Is(err, boom) || !strings.Contains(err.Error(), "10.65.0.64/26") {
