@@ -36,11 +36,27 @@ func (g *Graph) poolNAT(p netip.Prefix) (masquerade, ok bool) {
 	return masquerade, ok
 }
 
-// recomputeClusterNets recomputes every dirty cluster net and records what changed.
+// netWas is a cluster net as last computed (ok: there was one).
+type netWas struct {
+	c  ClusterNet
+	ok bool
+}
+
+// markNet records that the cluster net at p may change, with its value as it stands: call it
+// before changing the inputs (a node's underlay addresses, pools). A cluster net is a function
+// of those inputs, so calc keeps no map of the ones it emitted: at 20,000 nodes, one per node's
+// address, such a map held 3 MB.
+func (g *Graph) markNet(p netip.Prefix) {
+	if _, ok := g.dirtyNet[p]; ok {
+		return // marked before this batch's first change of p's inputs
+	}
+	c, _, ok := g.computeClusterNet(p)
+	g.dirtyNet[p] = netWas{c, ok}
+}
+
+// recomputeClusterNets recomputes every dirty cluster net and queues what changed.
 func (g *Graph) recomputeClusterNets() {
-	n := len(g.dirtyNet)
-	g.nets = sized(g.nets, n)
-	for p := range g.dirtyNet {
+	for p, was := range g.dirtyNet {
 		c, names, ok := g.computeClusterNet(p)
 		key := "node-address/" + p.String()
 		if len(names) > 1 {
@@ -48,7 +64,41 @@ func (g *Graph) recomputeClusterNets() {
 		} else {
 			delete(g.problems, key)
 		}
-		settle(g.nets, p, c, ok, same[ClusterNet], g.emitted, &g.pending.netSets, &g.pending.netDels)
+		if !g.emitted {
+			continue
+		}
+		switch {
+		case ok && (!was.ok || was.c != c):
+			g.pending.netSets = append(g.pending.netSets, c)
+		case !ok && was.ok:
+			g.pending.netDels = append(g.pending.netDels, was.c)
+		}
 	}
-	reset(&g.dirtyNet, n)
+	if len(g.dirtyNet) > 256 {
+		g.dirtyNet = map[netip.Prefix]netWas{}
+		return
+	}
+	clear(g.dirtyNet)
+}
+
+// clusterNets yields every cluster net: one per node address, one per pool CIDR no node
+// claims.
+func (g *Graph) clusterNets(yield func(ClusterNet) bool) {
+	for p := range g.hostNets.one {
+		if c, _, ok := g.computeClusterNet(p); ok && !yield(c) {
+			return
+		}
+	}
+	seen := set[netip.Prefix]{}
+	for _, pool := range g.pools {
+		_, host := g.hostNets.first(pool.CIDR)
+		_, dup := seen[pool.CIDR]
+		if host || dup {
+			continue
+		}
+		seen.add(pool.CIDR)
+		if c, _, ok := g.computeClusterNet(pool.CIDR); ok && !yield(c) {
+			return
+		}
+	}
 }

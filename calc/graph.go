@@ -208,7 +208,9 @@ type Graph struct {
 	// computed from (nil: none).
 	dirtyVTEP map[string]*store.Node
 	dirtySvc  set[string]
-	dirtyNet  set[netip.Prefix]
+	// dirtyNet maps each cluster net that may have changed to its value as last computed
+	// (markNet).
+	dirtyNet map[netip.Prefix]netWas
 	// fipsByAddr holds the workloads naming each floating IP (ipNATs' externalIP); fips the
 	// floating IPs of this node's workloads as emitted; dirtyFIP those to recompute.
 	fipsByAddr multi[netip.Addr, string]
@@ -219,7 +221,6 @@ type Graph struct {
 	// routes holds each route as emitted: a route is never changed once made (a new one
 	// replaces it), so the dataplane keeps the same pointer rather than a copy.
 	routes    map[netip.Prefix]*Route
-	nets      map[netip.Prefix]ClusterNet
 	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
 	svcHealth map[string]uint16          // health-check port each service claims
 	claims    multi[FrontendKey, string] // services wanting each frontend
@@ -269,9 +270,8 @@ func New(cfg Config) (*Graph, error) {
 		dirtyDst:        set[netip.Prefix]{},
 		dirtyVTEP:       map[string]*store.Node{},
 		dirtySvc:        set[string]{},
-		dirtyNet:        set[netip.Prefix]{},
+		dirtyNet:        map[netip.Prefix]netWas{},
 		routes:          map[netip.Prefix]*Route{},
-		nets:            map[netip.Prefix]ClusterNet{},
 		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},
 		claims:          newMulti[FrontendKey, string](),
@@ -301,7 +301,7 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	if sized {
 		// Emptied by recompute but still the size of the batch (a page that dirtied few
 		// destinations keeps a set cleared, not replaced): give the room back.
-		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, set[netip.Prefix]{}, map[string]*store.Node{}
+		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, map[netip.Prefix]netWas{}, map[string]*store.Node{}
 	}
 	g.checkSelf()
 	if !g.inSync {
@@ -327,7 +327,7 @@ func (g *Graph) expect(n int) (sized bool) {
 		g.dirtyDst = make(set[netip.Prefix], n)
 	}
 	if len(g.dirtyNet) == 0 {
-		g.dirtyNet = make(set[netip.Prefix], n)
+		g.dirtyNet = make(map[netip.Prefix]netWas, n)
 	}
 	if len(g.dirtyVTEP) == 0 {
 		g.dirtyVTEP = make(map[string]*store.Node, n)
@@ -430,6 +430,11 @@ func (g *Graph) unindexSingle(a netip.Addr) {
 
 func (g *Graph) onPool(id string, p *store.IPPool) {
 	old := g.pools[id]
+	for _, q := range []*store.IPPool{old, p} {
+		if q != nil {
+			g.markNet(q.CIDR)
+		}
+	}
 	if p == nil {
 		delete(g.pools, id)
 	} else {
@@ -441,7 +446,6 @@ func (g *Graph) onPool(id string, p *store.IPPool) {
 			continue
 		}
 		g.dirtyDst.add(q.CIDR)
-		g.dirtyNet.add(q.CIDR)
 		for cidr := range g.blocks {
 			if q.CIDR.Overlaps(cidr) {
 				g.dirtyDst.add(cidr)
@@ -487,8 +491,8 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			}
 		}
 		for _, p := range hostNets(old) {
+			g.markNet(p)
 			g.hostNets.remove(p, id)
-			g.dirtyNet.add(p)
 		}
 	}
 	if n != nil {
@@ -499,8 +503,8 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			}
 		}
 		for _, p := range hostNets(n) {
+			g.markNet(p)
 			g.hostNets.add(p, id)
-			g.dirtyNet.add(p)
 		}
 	}
 	if _, ok := g.dirtyVTEP[id]; !ok {

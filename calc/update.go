@@ -169,12 +169,12 @@ func (g *Graph) State() *State {
 
 // stateBut is the desired state but its routes, sorted.
 func (g *Graph) stateBut() *State {
-	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.nets)),
+	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.hostNets.one)+len(g.pools)),
 		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
 	for v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
 	}
-	for _, c := range g.nets {
+	for c := range g.clusterNets {
 		s.ClusterNets = append(s.ClusterNets, c)
 	}
 	for _, f := range g.frontends {
