@@ -60,6 +60,9 @@ type VXLAN struct {
 	// looked at again only after a change, a resync, or a link or address event (CheckDevice),
 	// so an apply for one new route does not dump links and addresses.
 	deviceChecked bool
+	// created is the index of the device sluice made last (0: none): its creation's link
+	// event says it is down, which is no news (Dataplane.quietOwnDevice).
+	created int
 	// Recreated counts devices sluice deleted because they did not match (wrong VNI, port,
 	// learning, parent).
 	Recreated int
@@ -326,6 +329,7 @@ func (x *VXLAN) ensureDevice() (int, error) {
 		if l, err = x.k.Link(x.cfg.Name); err != nil || l == nil {
 			return 0, fmt.Errorf("reading the new %s: %v", x.cfg.Name, err)
 		}
+		x.created = l.Attrs().Index
 	}
 	a := l.Attrs()
 	if a.MTU != mtu {

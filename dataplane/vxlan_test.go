@@ -1,12 +1,16 @@
 package dataplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
@@ -271,4 +275,40 @@ func TestVXLANAbsentIsNotLookedUpAgain(t *testing.T) {
 	if l, _ := f.Link(DefaultVXLANNameV6); l != nil || x.Writes() != 1 {
 		t.Fatalf("after a link event: device %v, writes %d; want it removed", l, x.Writes())
 	}
+}
+
+// TestOwnDeviceEventsReadNothingAgain: the link events of the VXLAN device sluice makes at a
+// cold start (created down, then set up) make no read of every route and entry; the device
+// going down, and another program's VXLAN device appearing, do.
+func TestOwnDeviceEventsReadNothingAgain(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	d := New(n.kernel(), Config{Sysctl: func(string, string) error { return nil }, Routes: RouteTableConfig{Nexthops: true}})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.Run(ctx) }()
+	go func() { defer wg.Done(); _ = d.Watch(ctx, n.handle()) }()
+	defer func() { cancel(); wg.Wait() }()
+	// The watch's own first read, before the update: one resync, and no other.
+	waitFor(t, "the watch", func() bool { return d.Stats().Resyncs == 1 })
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, nbBlock1, ncBlock}, []calc.VTEP{vLocal, vB, vC}))
+	waitFor(t, "the first apply", func() bool { return strings.Contains(n.routes(DefaultRouteProtocol), "10.65.0.64/26 nhid") })
+	// The device's creation events come within milliseconds; give them ample time.
+	time.Sleep(500 * time.Millisecond)
+	if s := d.Stats(); s.Resyncs != 1 {
+		t.Fatalf("sluice's own new device read everything again: %d resyncs, want 1", s.Resyncs)
+	}
+	want := n.routes(DefaultRouteProtocol)
+	if out, err := exec.Command("ip", "-n", n.name, "link", "set", "vxlan.sluice", "down").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, "the device back up with its routes", func() bool {
+		return d.Stats().Resyncs == 2 && n.routes(DefaultRouteProtocol) == want
+	})
+	if out, err := exec.Command("ip", "-n", n.name, "link", "add", "flannel.1", "type", "vxlan", "id", "1", "dstport", "8472").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, "another program's VXLAN device to be looked at", func() bool { return d.Stats().Resyncs >= 3 })
 }

@@ -250,10 +250,11 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 	}
 	old, known := flags[a.Index]
 	flags[a.Index] = a.Flags
+	vxlan := u.Link != nil && u.Link.Type() == "vxlan"
 	switch {
-	case u.Link != nil && u.Link.Type() == "vxlan":
-		d.QueueResync() // sluice's device changed, or another one that may be a leftover
-	case known && (old^a.Flags)&net.FlagUp != 0:
+	case vxlan && !d.quietOwnDevice(a, known):
+		d.QueueResync() // sluice's device went down, or another one that may be a leftover
+	case !vxlan && known && (old^a.Flags)&net.FlagUp != 0:
 		d.QueueResync() // down or up: routes through it were dropped
 	default:
 		d.mu.Lock()
@@ -264,6 +265,28 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 		d.mu.Unlock()
 		d.Kick()
 	}
+}
+
+// quietOwnDevice reports whether a VXLAN device's link event is one of sluice's devices as
+// sluice made or adopted it (same name and index), up, or just made by sluice and not up yet:
+// then nothing went with it, and the device is looked at again (CheckDevice) without reading
+// every route, object and entry. (A cold start's own device creation read all 80,000 of them
+// again at 20,000 nodes: 0.3 s of CPU and 80 MB of garbage.) A device going down drops its
+// routes, nexthop objects and entries without a word: that, another program's VXLAN device
+// (a leftover?), or a device sluice did not make, reads everything again.
+func (d *Dataplane) quietOwnDevice(a *netlink.LinkAttrs, known bool) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, x := range d.devices() {
+		if x.Name() != a.Name || x.index == 0 || x.index != a.Index {
+			continue
+		}
+		if a.Flags&net.FlagUp != 0 {
+			return true
+		}
+		return !known && x.created == a.Index // the creation's own event, before it was set up
+	}
+	return false
 }
 
 // repairing tells the agent (Config.OnRepair) what someone deleted that sluice puts back.
