@@ -477,14 +477,14 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		if m == nil {
 			continue
 		}
-		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr} {
+		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr()} {
 			if a.IsValid() {
 				g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
 			}
 		}
 	}
 	if old != nil {
-		for _, a := range []netip.Addr{old.IPv4VXLANTunnelAddr, old.IPv6VXLANTunnelAddr} {
+		for _, a := range []netip.Addr{old.IPv4VXLANTunnelAddr, old.IPv6VXLANTunnelAddr()} {
 			if a.IsValid() {
 				g.tunnelsByAddr.remove(a, id)
 				g.unindexSingle(a)
@@ -496,7 +496,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 		}
 	}
 	if n != nil {
-		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr} {
+		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr()} {
 			if a.IsValid() {
 				g.tunnelsByAddr.add(a, id)
 				g.indexSingle(a)
@@ -513,7 +513,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 	// The node's underlay addresses are the NodeAddr of its backends: recompute the services
 	// with an endpoint on it (through the slice index, not every service) when the node comes,
 	// goes or changes address.
-	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address.Addr() != n.IPv6Address.Addr() {
+	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
 		for _, sl := range g.slicesByNode.get(id) {
 			g.dirtySvc.add(g.slices[sl].ServiceID())
 		}
@@ -561,7 +561,7 @@ func (g *Graph) markFloatingIPs() {
 // hostNets returns a node's underlay addresses as single-address prefixes.
 func hostNets(n *store.Node) []netip.Prefix {
 	var out []netip.Prefix
-	for _, p := range []netip.Prefix{n.IPv4Address, n.IPv6Address} {
+	for _, p := range []netip.Prefix{n.IPv4Address, n.IPv6Address()} {
 		if p.IsValid() {
 			out = append(out, netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
 		}

@@ -41,14 +41,14 @@ func underlay(n *store.Node, a netip.Addr) netip.Prefix {
 	if a.Is4() {
 		return n.IPv4Address
 	}
-	return n.IPv6Address
+	return n.IPv6Address()
 }
 
 func tunnelAddr(n *store.Node, a netip.Addr) netip.Addr {
 	if a.Is4() {
 		return n.IPv4VXLANTunnelAddr
 	}
-	return n.IPv6VXLANTunnelAddr
+	return n.IPv6VXLANTunnelAddr()
 }
 
 // remoteRoute is the route for dst, held by remote node, in pool (nil: no pool, no

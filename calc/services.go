@@ -166,7 +166,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	extLocal := s.ExternalTrafficPolicy == store.PolicyLocal
 	var nodeAddrs []netip.Addr
 	if self := g.nodes[g.cfg.NodeName]; self != nil && s.Type != store.ServiceClusterIP {
-		for _, p := range []netip.Prefix{self.IPv4Address, self.IPv6Address} {
+		for _, p := range []netip.Prefix{self.IPv4Address, self.IPv6Address()} {
 			if p.IsValid() {
 				nodeAddrs = append(nodeAddrs, p.Addr())
 			}

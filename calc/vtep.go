@@ -31,7 +31,7 @@ func (g *Graph) vtepOf(node string, n *store.Node, ipv6 bool) (VTEP, bool) {
 	}
 	tunnel, mac, under := n.IPv4VXLANTunnelAddr, n.VXLANTunnelMAC, n.IPv4Address
 	if ipv6 {
-		tunnel, mac, under = n.IPv6VXLANTunnelAddr, n.VXLANTunnelMACV6, n.IPv6Address
+		tunnel, mac, under = n.IPv6VXLANTunnelAddr(), n.VXLANTunnelMACV6(), n.IPv6Address()
 	}
 	if !tunnel.IsValid() || !under.IsValid() {
 		return VTEP{}, false

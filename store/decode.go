@@ -215,6 +215,7 @@ func decodeNode(id string, value []byte) (Object, error) {
 		return nil, err
 	}
 	n := &Node{Name: id}
+	var v6 NodeV6
 	var err error
 	if b := r.Spec.BGP; b != nil {
 		if b.IPv4Address != "" {
@@ -229,9 +230,9 @@ func decodeNode(id string, value []byte) (Object, error) {
 			if !ok || p.Addr().Is4() {
 				return nil, bad("spec.bgp.ipv6Address", "%q is not an IPv6 address in CIDR form", b.IPv6Address)
 			}
-			n.IPv6Address = p
+			v6.Address = p
 		}
-		if n.IPv4IPIPTunnelAddr, err = parseOptionalAddr("spec.bgp.ipv4IPIPTunnelAddr", b.IPv4IPIPTunnelAddr, true); err != nil {
+		if _, err = parseOptionalAddr("spec.bgp.ipv4IPIPTunnelAddr", b.IPv4IPIPTunnelAddr, true); err != nil {
 			return nil, err
 		}
 	}
@@ -248,8 +249,8 @@ func decodeNode(id string, value []byte) (Object, error) {
 			if p.Addr().Is4() && !n.IPv4Address.IsValid() {
 				n.IPv4Address = p
 			}
-			if p.Addr().Is6() && !n.IPv6Address.IsValid() {
-				n.IPv6Address = p
+			if p.Addr().Is6() && !v6.Address.IsValid() {
+				v6.Address = p
 			}
 		}
 	}
@@ -260,7 +261,7 @@ func decodeNode(id string, value []byte) (Object, error) {
 		field string
 		addr  netip.Addr
 	}{
-		{"spec.bgp.ipv4Address", n.IPv4Address.Addr()}, {"spec.bgp.ipv6Address", n.IPv6Address.Addr()},
+		{"spec.bgp.ipv4Address", n.IPv4Address.Addr()}, {"spec.bgp.ipv6Address", v6.Address.Addr()},
 		{"spec.ipv4VXLANTunnelAddr", n.IPv4VXLANTunnelAddr},
 	} {
 		if c.addr.IsValid() {
@@ -269,14 +270,17 @@ func decodeNode(id string, value []byte) (Object, error) {
 			}
 		}
 	}
-	if n.IPv6VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv6VXLANTunnelAddr", r.Spec.IPv6VXLANTunnelAddr, false); err != nil {
+	if v6.VXLANTunnelAddr, err = parseOptionalAddr("spec.ipv6VXLANTunnelAddr", r.Spec.IPv6VXLANTunnelAddr, false); err != nil {
 		return nil, err
 	}
 	if n.VXLANTunnelMAC, err = parseOptionalMAC("spec.vxlanTunnelMACAddr", r.Spec.VXLANTunnelMACAddr); err != nil {
 		return nil, err
 	}
-	if n.VXLANTunnelMACV6, err = parseOptionalMAC("spec.vxlanTunnelMACAddrV6", r.Spec.VXLANTunnelMACAddrV6); err != nil {
+	if v6.VXLANTunnelMAC, err = parseOptionalMAC("spec.vxlanTunnelMACAddrV6", r.Spec.VXLANTunnelMACAddrV6); err != nil {
 		return nil, err
+	}
+	if v6.Address.IsValid() || v6.VXLANTunnelAddr.IsValid() || v6.VXLANTunnelMAC != nil {
+		n.V6 = &v6
 	}
 	return n, nil
 }

@@ -67,7 +67,7 @@ func TestCalicoDump(t *testing.T) {
 		},
 		store.KindNode: {
 			&store.Node{Name: "node-a", IPv4Address: pfx("192.168.10.11/24"), IPv4VXLANTunnelAddr: addr("10.65.174.128"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0a")},
-			&store.Node{Name: "node-b", IPv4Address: pfx("192.168.10.12/24"), IPv6Address: pfx("fd00:10::12/64"), IPv4VXLANTunnelAddr: addr("10.65.9.0"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0b")},
+			&store.Node{Name: "node-b", IPv4Address: pfx("192.168.10.12/24"), IPv4VXLANTunnelAddr: addr("10.65.9.0"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0b"), V6: &store.NodeV6{Address: pfx("fd00:10::12/64")}},
 			&store.Node{Name: "node-c", IPv4Address: pfx("192.168.20.13/24"), IPv4VXLANTunnelAddr: addr("10.65.77.64")},
 		},
 		store.KindBlock: {

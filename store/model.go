@@ -132,17 +132,50 @@ func (*IPPool) Kind() Kind   { return KindIPPool }
 func (p *IPPool) ID() string { return p.Name }
 
 // Node is a host in the cluster with its underlay and tunnel addresses.
+//
+// The IPv6 ones sit apart (V6, nil on an IPv4-only node): with every field inline a Node took
+// 208 bytes, most of them empty, and an agent holds one per node in the cluster. (The IPIP
+// tunnel address is checked when decoded but not kept: sluice does not route IPIP.)
 type Node struct {
 	Name string
 	// IPv4Address is the underlay address with its subnet's prefix length, from
 	// spec.bgp.ipv4Address or, without bgp, from spec.addresses (InternalIP first).
 	IPv4Address         netip.Prefix
-	IPv6Address         netip.Prefix
-	IPv4IPIPTunnelAddr  netip.Addr
 	IPv4VXLANTunnelAddr netip.Addr
 	VXLANTunnelMAC      net.HardwareAddr
-	IPv6VXLANTunnelAddr netip.Addr
-	VXLANTunnelMACV6    net.HardwareAddr
+	V6                  *NodeV6
+}
+
+// NodeV6 is a Node's IPv6 underlay and tunnel addresses.
+type NodeV6 struct {
+	// Address is from spec.bgp.ipv6Address or, without bgp, from spec.addresses.
+	Address         netip.Prefix
+	VXLANTunnelAddr netip.Addr
+	VXLANTunnelMAC  net.HardwareAddr
+}
+
+// IPv6Address is the node's IPv6 underlay address (zero: none).
+func (n *Node) IPv6Address() netip.Prefix {
+	if n.V6 == nil {
+		return netip.Prefix{}
+	}
+	return n.V6.Address
+}
+
+// IPv6VXLANTunnelAddr is the node's IPv6 VXLAN tunnel address (zero: none).
+func (n *Node) IPv6VXLANTunnelAddr() netip.Addr {
+	if n.V6 == nil {
+		return netip.Addr{}
+	}
+	return n.V6.VXLANTunnelAddr
+}
+
+// VXLANTunnelMACV6 is the MAC of the node's IPv6 VTEP (nil: derived).
+func (n *Node) VXLANTunnelMACV6() net.HardwareAddr {
+	if n.V6 == nil {
+		return nil
+	}
+	return n.V6.VXLANTunnelMAC
 }
 
 func (*Node) Kind() Kind   { return KindNode }

@@ -132,7 +132,7 @@ func Row(o store.Object) []string {
 		if o.VXLANTunnelMAC != nil {
 			mac = o.VXLANTunnelMAC.String()
 		}
-		return []string{o.Name, prefixString(o.IPv4Address), addrString(o.IPv4VXLANTunnelAddr), mac, prefixString(o.IPv6Address)}
+		return []string{o.Name, prefixString(o.IPv4Address), addrString(o.IPv4VXLANTunnelAddr), mac, prefixString(o.IPv6Address())}
 	case *store.Block:
 		return []string{o.CIDR.String(), or(o.Affinity, "-"), strconv.Itoa(len(o.Allocations)), strconv.Itoa(store.BlockSlots(o.CIDR))}
 	case *store.BlockAffinity:
