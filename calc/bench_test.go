@@ -172,38 +172,54 @@ func BenchmarkOneChange(b *testing.B) {
 }
 
 // BenchmarkColdStartBatches is sluiced's cold start as calc sees it (the data of `make
-// bench-dataplane`): a VXLAN pool, this node and 1,000 remote nodes, 20,000 remote blocks and
-// their affinities, delivered as the intake reads them: pools, nodes, then pages of 10,000
-// blocks and of 10,000 affinities, then in-sync.
+// bench-dataplane`): a VXLAN pool, this node and the remote nodes, 20,000 remote blocks, and
+// (at 1,000 nodes) their affinities, delivered as the intake reads them: pools, pages of
+// 10,000 nodes, pages of 10,000 blocks (and of 10,000 affinities), then in-sync. Two shapes:
+// 1,000 nodes with 20 blocks each, and 20,000 nodes with one each, each its own tunnel
+// address (issue #11's; sluiced reads only its own node's affinities, so none there).
 func BenchmarkColdStartBatches(b *testing.B) {
+	for _, sh := range []struct{ nodes, ops int }{{1000, 22_003}, {20_000, 60_003}} {
+		b.Run(fmt.Sprintf("nodes=%d", sh.nodes), func(b *testing.B) {
+			batches := coldStartBatches(sh.nodes, sh.nodes == 1000)
+			b.ReportAllocs()
+			for range b.N {
+				g, _ := calc.New(calc.DefaultConfig("node-00000"))
+				var u *calc.Update
+				for _, batch := range batches {
+					u = g.OnEvents(batch)
+				}
+				if len(u.Ops) != sh.ops {
+					b.Fatalf("%d ops, want %d", len(u.Ops), sh.ops)
+				}
+			}
+		})
+	}
+}
+
+func coldStartBatches(nodes int, affinities bool) [][]store.Event {
 	var batches [][]store.Event
 	batches = append(batches, []store.Event{up(&store.IPPool{Name: "bench", CIDR: netip.MustParsePrefix("10.64.0.0/10"), VXLANMode: store.EncapAlways, IPIPMode: store.EncapNever, BlockSize: 26})})
-	nodes := []store.Event{up(&store.Node{Name: "node-0000", IPv4Address: netip.MustParsePrefix("192.0.2.11/24"), IPv4VXLANTunnelAddr: netip.MustParseAddr("172.31.0.1")})}
+	all := []store.Event{up(&store.Node{Name: "node-00000", IPv4Address: netip.MustParsePrefix("192.0.2.11/24"), IPv4VXLANTunnelAddr: netip.MustParseAddr("172.31.0.1")})}
 	block := func(i int) (netip.Prefix, string) {
 		n := i * 64
-		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + n>>16), byte(n >> 8), byte(n)}), 26), fmt.Sprintf("node-%04d", i%1000+1)
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(64 + n>>16), byte(n >> 8), byte(n)}), 26), fmt.Sprintf("node-%05d", i%nodes+1)
 	}
-	for n := 1; n <= 1000; n++ {
+	for n := 1; n <= nodes; n++ {
 		tunnel, _ := block(n - 1)
-		nodes = append(nodes, up(&store.Node{Name: fmt.Sprintf("node-%04d", n), IPv4Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 51, byte(100 + n/250), byte(n%250 + 1)}), 16), IPv4VXLANTunnelAddr: tunnel.Addr()}))
+		all = append(all, up(&store.Node{Name: fmt.Sprintf("node-%05d", n), IPv4Address: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, byte(18 + n>>16), byte(n >> 8), byte(n)}), 15), IPv4VXLANTunnelAddr: tunnel.Addr()}))
 	}
-	batches = append(batches, nodes)
+	for i := 0; i < len(all); i += 10_000 {
+		batches = append(batches, all[i:min(i+10_000, len(all))])
+	}
 	var blocks, affs []store.Event
 	for i := range 20_000 {
 		cidr, node := block(i)
 		blocks = append(blocks, up(&store.Block{CIDR: cidr, Affinity: "host:" + node, AffinityNode: node}))
 		affs = append(affs, up(&store.BlockAffinity{Node: node, CIDR: cidr, State: store.AffinityConfirmed}))
 	}
-	batches = append(batches, blocks[:10_000], blocks[10_000:], affs[:10_000], affs[10_000:], []store.Event{{Type: store.EventInSync}})
-	b.ReportAllocs()
-	for range b.N {
-		g, _ := calc.New(calc.DefaultConfig("node-0000"))
-		var u *calc.Update
-		for _, batch := range batches {
-			u = g.OnEvents(batch)
-		}
-		if len(u.Ops) != 22_003 {
-			b.Fatalf("%d ops, want 22,003", len(u.Ops))
-		}
+	batches = append(batches, blocks[:10_000], blocks[10_000:])
+	if affinities {
+		batches = append(batches, affs[:10_000], affs[10_000:])
 	}
+	return append(batches, []store.Event{{Type: store.EventInSync}})
 }

@@ -324,7 +324,8 @@ func (g *Graph) expect(n int) (sized bool) {
 		return false
 	}
 	if len(g.dirtyDst) == 0 {
-		g.dirtyDst = make(set[netip.Prefix], n)
+		// Two destinations an input, as a rule: a block and the tunnel address inside it.
+		g.dirtyDst = make(set[netip.Prefix], 2*n)
 	}
 	if len(g.dirtyNet) == 0 {
 		g.dirtyNet = make(map[netip.Prefix]netWas, n)
