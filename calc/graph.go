@@ -167,7 +167,8 @@ func removeFrom[K, V comparable](m map[K]set[V], k K, v V) {
 }
 
 // Graph holds calc's inputs, the indexes that say which outputs an input touches, and the
-// desired state as last emitted.
+// desired state as last emitted where it cannot be computed again from the inputs (routes,
+// services, floating IPs; VTEPs and cluster nets can: see recomputeVTEPs and markNet).
 //
 // Hazards that shaped it: a block and its affinity arrive in separate transactions (a block
 // without a confirmed affinity is not ours to blackhole); an address can be borrowed across
@@ -217,7 +218,7 @@ type Graph struct {
 	fips       map[netip.Addr]FloatingIP
 	dirtyFIP   set[netip.Addr]
 
-	// Desired state as last computed.
+	// Desired state as last computed (but VTEPs and cluster nets, computed again).
 	// routes holds each route as emitted: a route is never changed once made (a new one
 	// replaces it), so the dataplane keeps the same pointer rather than a copy.
 	routes    map[netip.Prefix]*Route

@@ -460,7 +460,10 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		return false
 	})
 	for k := range t.unres {
-		r := t.routes[k.dst]
+		r, ok := t.routes[k.dst]
+		if !ok {
+			continue
+		}
 		why := fmt.Sprintf("its device %s does not exist", r.Device)
 		if r.Device == calc.ParentDevice {
 			why = "no interface holds this node's address"

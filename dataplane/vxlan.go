@@ -60,8 +60,9 @@ type VXLAN struct {
 	// looked at again only after a change, a resync, or a link or address event (CheckDevice),
 	// so an apply for one new route does not dump links and addresses.
 	deviceChecked bool
-	// created is the index of the device sluice made last (0: none): its creation's link
-	// event says it is down, which is no news (Dataplane.quietOwnDevice).
+	// created is the index of the device sluice made last, until the watch sees it up or
+	// subscribes again (0: none): its creation's link event says it is down, which is no news
+	// (Dataplane.quietOwnDevice).
 	created int
 	// Recreated counts devices sluice deleted because they did not match (wrong VNI, port,
 	// learning, parent).

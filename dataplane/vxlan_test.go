@@ -287,10 +287,17 @@ func TestOwnDeviceEventsReadNothingAgain(t *testing.T) {
 	d := New(n.kernel(), Config{Sysctl: func(string, string) error { return nil }, Routes: RouteTableConfig{Nexthops: true}})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(1)
 	go func() { defer wg.Done(); d.Run(ctx) }()
-	go func() { defer wg.Done(); _ = d.Watch(ctx, n.handle()) }()
 	defer func() { cancel(); wg.Wait() }()
+	watch := func() (stop func()) {
+		wctx, wcancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = d.Watch(wctx, n.handle()) }()
+		return func() { wcancel(); <-done }
+	}
+	stopWatch := watch()
+	defer func() { stopWatch() }()
 	// The watch's own first read, before the update: one resync, and no other.
 	waitFor(t, "the watch", func() bool { return d.Stats().Resyncs == 1 })
 	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, nbBlock1, ncBlock}, []calc.VTEP{vLocal, vB, vC}))
@@ -311,4 +318,17 @@ func TestOwnDeviceEventsReadNothingAgain(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	waitFor(t, "another program's VXLAN device to be looked at", func() bool { return d.Stats().Resyncs >= 3 })
+
+	// A new subscription (the agent makes one when a watch is lost) knows no link yet: sluice's
+	// device going down is still news, not taken for its creation.
+	stopWatch()
+	before := d.Stats().Resyncs
+	stopWatch = watch()
+	waitFor(t, "the new watch's own read", func() bool { return d.Stats().Resyncs == before+1 })
+	if out, err := exec.Command("ip", "-n", n.name, "link", "set", "vxlan.sluice", "down").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	waitFor(t, "the device back up with its routes after a new subscription", func() bool {
+		return d.Stats().Resyncs >= before+2 && n.routes(DefaultRouteProtocol) == want
+	})
 }

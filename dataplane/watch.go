@@ -29,7 +29,8 @@ const subscriptionBuffer = 16 << 20
 //     may sit where a sluice route goes or be a leftover;
 //   - a link added: resolve devices again; a link removed or going down or up, or a VXLAN
 //     device appearing or changing: read everything again (the kernel drops routes through a
-//     link that goes down without telling);
+//     link that goes down without telling), except sluice's own VXLAN device made or changed
+//     while up, which is only looked at again (quietOwnDevice);
 //   - an address added or removed: the parent interface may have changed.
 //
 // It returns when ctx ends, or with an error when a subscription is lost (events may have been
@@ -111,7 +112,13 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			defer mon.Close()
 		}
 	}
-	// Whatever happened before this subscription is unseen: read everything once.
+	// Whatever happened before this subscription is unseen: read everything once. A device
+	// sluice made before it is no longer new: its first event here may be a real "down".
+	d.mu.Lock()
+	for _, x := range d.devices() {
+		x.created = 0
+	}
+	d.mu.Unlock()
 	d.QueueResync()
 
 	flags := map[int]net.Flags{}
@@ -282,6 +289,7 @@ func (d *Dataplane) quietOwnDevice(a *netlink.LinkAttrs, known bool) bool {
 			continue
 		}
 		if a.Flags&net.FlagUp != 0 {
+			x.created = 0 // seen up: its creation's events are over
 			return true
 		}
 		return !known && x.created == a.Index // the creation's own event, before it was set up

@@ -166,7 +166,8 @@ func (in *Intake) full(k knownKey) string { return in.cfg.Prefixes[k.prefix] + k
 // keyState is what the intake remembers of a key, in one word: its mod revision, whether its
 // value was valid (consumers hold it) and whether the resync under way has seen it. (As three
 // fields it took 16 bytes, and a map slot with its key 40: at 20,000 nodes there are 40,000
-// to 60,000 keys.) A mod revision is positive and far below 2^62.
+// to 60,000 keys.) A mod revision is positive and far below 2^62 (one outside that range
+// would only compare unequal, its key decoded and emitted again at each resync).
 type keyState uint64
 
 func newKeyState(modRev int64, valid bool) keyState {
