@@ -61,7 +61,7 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	if g.SelfMissing() {
-		return fmt.Errorf("no node named %q in etcd (no %s%s); sluicectl get nodes lists them", *node, store.NodePrefix, *node)
+		return noSuchNode(*node)
 	}
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {

@@ -79,7 +79,34 @@ func (a *app) client() (*clientv3.Client, error) {
 	return cfg.New()
 }
 
-// reachable checks that at least one endpoint accepts a TCP connection within wait.
+// noSuchNode is the error for a --node that etcd has no Node of.
+func noSuchNode(node string) error {
+	return fmt.Errorf("no node named %q in etcd (no %s%s); sluicectl get nodes lists them", node, store.NodePrefix, node)
+}
+
+// dialTarget is the network and address etcd's client would dial for an endpoint: a unix
+// socket for unix:// and unixs:// (unix:///path, or unix://name:port, which etcd takes for a
+// socket file of that name), else TCP to host:port (2379 when no port is given).
+func dialTarget(ep string) (network, addr string) {
+	if u, err := url.Parse(ep); err == nil {
+		switch u.Scheme {
+		case "unix", "unixs":
+			if u.Host != "" {
+				return "unix", u.Host + u.Path
+			}
+			return "unix", u.Path
+		}
+		if u.Host != "" {
+			ep = u.Host
+		}
+	}
+	if _, _, err := net.SplitHostPort(ep); err != nil {
+		ep = net.JoinHostPort(ep, "2379")
+	}
+	return "tcp", ep
+}
+
+// reachable checks that at least one endpoint accepts a connection within wait.
 func reachable(endpoints []string, wait time.Duration) error {
 	if len(endpoints) == 0 {
 		endpoints = []string{store.DefaultEndpoint}
@@ -90,14 +117,8 @@ func reachable(endpoints []string, wait time.Duration) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			host := ep
-			if u, err := url.Parse(ep); err == nil && u.Host != "" {
-				host = u.Host
-			}
-			if _, _, err := net.SplitHostPort(host); err != nil {
-				host = net.JoinHostPort(host, "2379")
-			}
-			c, err := net.DialTimeout("tcp", host, wait)
+			network, addr := dialTarget(ep)
+			c, err := net.DialTimeout(network, addr, wait)
 			if err != nil {
 				errs[i] = fmt.Errorf("%s: %w", ep, err)
 				return

@@ -54,7 +54,7 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	if g.SelfMissing() {
-		return fmt.Errorf("no node named %q in etcd (no %s%s); sluicectl get nodes lists them", *node, store.NodePrefix, *node)
+		return noSuchNode(*node)
 	}
 	st := g.State()
 	if *output == "json" {
