@@ -136,25 +136,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		}
 	}
 	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
-	var repairMu sync.Mutex
-	var repairWindow time.Time
-	repairsLogged, repairsHeld := 0, 0
-	cfg.OnRepair = func(kind, what string) {
-		// One line per object, at most 10 a second: a flushed table says how many more.
-		repairMu.Lock()
-		defer repairMu.Unlock()
-		if time.Since(repairWindow) >= time.Second {
-			if repairsHeld > 0 {
-				log.Info().Int("count", repairsHeld).Msg("and more deleted by someone, put back (not each logged)")
-			}
-			repairWindow, repairsLogged, repairsHeld = time.Now(), 0, 0
-		}
-		if repairsLogged++; repairsLogged > 10 {
-			repairsHeld++
-			return
-		}
-		log.Info().Str("kind", kind).Str("object", what).Msg("someone deleted this; putting it back")
-	}
+	cfg.OnRepair = (&repairLog{log: log}).heard
 	cfg.OnLeftover = func(l dataplane.Leftover) {
 		state.leftovers.Inc()
 		switch {
@@ -284,4 +266,47 @@ func (r routeConflicts) Conflict(dst netip.Prefix, metric, protocol int) {
 func (r routeConflicts) NexthopConflict(id uint32, protocol int) {
 	r.count.Inc()
 	r.log.Warn().Uint32("nexthop", id).Int("protocol", protocol).Msg("another program's nexthop object holds an ID sluice used; sluice's object moves to another ID")
+}
+
+// repairLog logs the objects someone deleted and the dataplane put back: one line per object,
+// at most repairLines a second; the rest of that second's are counted in one line at its end
+// (a flushed table must not make 20,000 lines, nor leave its count unsaid until the next).
+type repairLog struct {
+	log    zerolog.Logger
+	mu     sync.Mutex
+	window time.Time // when the current second began
+	logged int       // lines this second
+	held   int       // repairs this second not logged one by one
+}
+
+const repairLines = 10
+
+func (r *repairLog) heard(kind, what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.window) >= time.Second {
+		r.flushLocked()
+		r.window, r.logged = time.Now(), 0
+	}
+	if r.logged++; r.logged > repairLines {
+		if r.held == 0 {
+			time.AfterFunc(time.Until(r.window.Add(time.Second)), r.flush)
+		}
+		r.held++
+		return
+	}
+	r.log.Info().Str("kind", kind).Str("object", what).Msg("someone deleted this; putting it back")
+}
+
+func (r *repairLog) flush() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.flushLocked()
+}
+
+func (r *repairLog) flushLocked() {
+	if r.held > 0 {
+		r.log.Info().Int("count", r.held).Msg("and more deleted by someone, put back (not each logged)")
+		r.held = 0
+	}
 }
