@@ -394,6 +394,7 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 		if p.err != nil {
 			return 0, p.err
 		}
+		in.batch = slices.Grow(in.batch, len(p.kvs)) // grown once a page, not doubled ten times
 		for i, kv := range p.kvs {
 			var d *decoded
 			if p.decoded != nil {
