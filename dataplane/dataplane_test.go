@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,11 +57,7 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	n := newTestNode(t)
 	n.iface("eth0", "192.0.2.11/24")
 	n.iface("cali-web-1", "")
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
+	ns := n.handle()
 	sys := &sysctlLog{writes: map[string]string{}}
 	var repairsMu sync.Mutex
 	var repairs []string

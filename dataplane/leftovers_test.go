@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -62,11 +61,7 @@ func leftoverNode(t *testing.T) *testNode {
 }
 
 func runDataplane(t *testing.T, n *testNode, clean bool) (*Dataplane, *leftoverLog) {
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	ns := n.handle()
 	log := &leftoverLog{}
 	sys := &sysctlLog{writes: map[string]string{}}
 	d := New(n.kernel(), Config{Sysctl: sys.write, CleanConflicts: clean, OnLeftover: log.add})

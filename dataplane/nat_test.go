@@ -131,8 +131,7 @@ func TestOutgoingNATRealKernel(t *testing.T) {
 	tp := newNATTopology(t)
 	node, work, peer, k := tp.node, tp.work, tp.peer, tp.k
 	ip := tp.ip
-	listen := func(n *testNode, addr string) net.Listener { return tp.listen(n, addr) }
-	sourceSeen := func(w *testNode, l net.Listener) string { return tp.sourceSeen(w, l) }
+	listen, sourceSeen := tp.listen, tp.sourceSeen
 	out := tp.out
 	outside := listen(out, "192.0.2.1")
 	toPeer := listen(peer, "10.66.0.9")
@@ -341,17 +340,20 @@ func newNATTopology(tb testing.TB) *natTopology {
 		tp.ip(w.name, "route", "add", "10.66.0.1/32", "dev", "eth0")
 		tp.ip(w.name, "route", "add", "default", "via", "10.65.0.1", "dev", "eth0", "onlink")
 	}
-	if b, err := exec.Command("ip", "netns", "exec", tp.node.name, "sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
-		tb.Fatalf("sysctl: %v %s", err, b)
-	}
-	nodeNS, err := netns.GetFromName(tp.node.name)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { nodeNS.Close() })
-	tp.k = nftNAT{netnsFd: int(nodeNS)}
-	tb.Cleanup(func() { _ = tp.k.writeNAT(nil) }) // the namespace goes anyway; the table first
+	tp.routeOn("net.ipv4.ip_forward=1")
 	return tp
+}
+
+// routeOn makes the node forward (sysctl) and gives the test its NAT kernel there, whose
+// table goes before the namespace does.
+func (tp *natTopology) routeOn(sysctl string) {
+	tp.tb.Helper()
+	if b, err := exec.Command("ip", "netns", "exec", tp.node.name, "sysctl", "-qw", sysctl).CombinedOutput(); err != nil {
+		tp.tb.Fatalf("sysctl: %v %s", err, b)
+	}
+	// The handle's cleanup, registered first, runs after the table's.
+	tp.k = nftNAT{netnsFd: int(tp.node.handle())}
+	tp.tb.Cleanup(func() { _ = tp.k.writeNAT(nil) })
 }
 
 func (tp *natTopology) ip(ns string, args ...string) {
@@ -365,13 +367,9 @@ func (tp *natTopology) ip(ns string, args ...string) {
 // client's address as seen, one line.
 func (tp *natTopology) listen(n *testNode, addr string) net.Listener {
 	tp.tb.Helper()
-	ns, err := netns.GetFromName(n.name)
-	if err != nil {
-		tp.tb.Fatal(err)
-	}
-	defer ns.Close()
 	var l net.Listener
-	inNS(tp.tb, ns, func() { l, err = net.Listen("tcp", net.JoinHostPort(addr, "0")) })
+	var err error
+	n.do(func() { l, err = net.Listen("tcp", net.JoinHostPort(addr, "0")) })
 	if err != nil {
 		tp.tb.Fatal(err)
 	}
@@ -404,13 +402,9 @@ func (tp *natTopology) sourceSeen(w *testNode, l net.Listener) string {
 // there saw ("" when the connection failed).
 func (tp *natTopology) sourceAt(w *testNode, addr string) string {
 	tp.tb.Helper()
-	ns, err := netns.GetFromName(w.name)
-	if err != nil {
-		tp.tb.Fatal(err)
-	}
-	defer ns.Close()
 	var c net.Conn
-	inNS(tp.tb, ns, func() { c, err = net.DialTimeout("tcp", addr, 2*time.Second) })
+	var err error
+	w.do(func() { c, err = net.DialTimeout("tcp", addr, 2*time.Second) })
 	if err != nil {
 		return ""
 	}
@@ -429,15 +423,7 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 	atOut := tp.listen(tp.out, "192.0.2.1")
 	atWork := tp.listen(tp.work, "10.65.0.5")
 	_, port, _ := net.SplitHostPort(atWork.Addr().String())
-	nsOf := func(n *testNode) netns.NsHandle {
-		ns, err := netns.GetFromName(n.name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { ns.Close() })
-		return ns
-	}
-	work, out := nsOf(tp.work), nsOf(tp.out)
+	work, out := tp.work.handle(), tp.out.handle()
 	const conns = 2000
 	rate := func(ns netns.NsHandle, addr string) float64 {
 		var n int
@@ -525,16 +511,7 @@ func TestOutgoingNATRealKernelIPv6(t *testing.T) {
 	ip(node.name, "-6", "route", "add", "fd00:65::5/128", "dev", "w0")
 	ip(work.name, "-6", "route", "add", "fd00:65::1/128", "dev", "eth0")
 	ip(work.name, "-6", "route", "add", "default", "via", "fd00:65::1", "dev", "eth0", "onlink")
-	if b, err := exec.Command("ip", "netns", "exec", node.name, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1").CombinedOutput(); err != nil {
-		t.Fatalf("sysctl: %v %s", err, b)
-	}
-	nodeNS, err := netns.GetFromName(node.name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nodeNS.Close()
-	tp.k = nftNAT{netnsFd: int(nodeNS)}
-	t.Cleanup(func() { _ = tp.k.writeNAT(nil) })
+	tp.routeOn("net.ipv6.conf.all.forwarding=1")
 
 	port := func(l net.Listener) string { _, p, _ := net.SplitHostPort(l.Addr().String()); return p }
 	at := func(from *testNode, addr, port string) string {

@@ -142,6 +142,17 @@ func (n *testNode) handle() netns.NsHandle {
 	return ns
 }
 
+// do runs f on this goroutine's thread moved into the node's namespace (and back).
+func (n *testNode) do(f func()) {
+	n.t.Helper()
+	ns, err := netns.GetFromName(n.name)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer ns.Close()
+	inNS(n.t, ns, f)
+}
+
 func (n *testNode) kernel() Kernel {
 	n.t.Helper()
 	k, err := NewKernel(n.handle())
