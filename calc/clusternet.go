@@ -45,7 +45,7 @@ type netWas struct {
 // markNet records that the cluster net at p may change, with its value as it stands: call it
 // before changing the inputs (a node's underlay addresses, pools). A cluster net is a function
 // of those inputs, so calc keeps no map of the ones it emitted: at 20,000 nodes, one per node's
-// address, such a map held 3 MB.
+// address, the live heap was 3.4 MB larger with such a map.
 func (g *Graph) markNet(p netip.Prefix) {
 	if _, ok := g.dirtyNet[p]; ok {
 		return // marked before this batch's first change of p's inputs
@@ -64,21 +64,11 @@ func (g *Graph) recomputeClusterNets() {
 		} else {
 			delete(g.problems, key)
 		}
-		if !g.emitted {
-			continue
-		}
-		switch {
-		case ok && (!was.ok || was.c != c):
-			g.pending.netSets = append(g.pending.netSets, c)
-		case !ok && was.ok:
-			g.pending.netDels = append(g.pending.netDels, was.c)
+		if g.emitted {
+			queueDiff(was.c, was.ok, c, ok, same[ClusterNet], &g.pending.netSets, &g.pending.netDels)
 		}
 	}
-	if len(g.dirtyNet) > 256 {
-		g.dirtyNet = map[netip.Prefix]netWas{}
-		return
-	}
-	clear(g.dirtyNet)
+	reset(&g.dirtyNet, len(g.dirtyNet))
 }
 
 // clusterNets yields every cluster net: one per node address, one per pool CIDR no node

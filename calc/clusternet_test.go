@@ -89,3 +89,27 @@ func TestClusterNetOps(t *testing.T) {
 		t.Fatalf("a new MAC gave %+v, want only the VTEP", u)
 	}
 }
+
+// TestConfigChoices: an empty choice takes its default; an unknown one is refused, naming
+// the setting, the value and what is wanted.
+func TestConfigChoices(t *testing.T) {
+	g, err := calc.New(calc.Config{NodeName: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := g.Config(); c.RouteSource != calc.SourceCalicoIPAM || c.NATOutgoingExclusions != calc.NATExcludePools || c.BlackholeType != calc.RouteBlackhole {
+		t.Fatalf("defaults: %+v", c)
+	}
+	for _, c := range []struct {
+		cfg  calc.Config
+		want string
+	}{
+		{calc.Config{NodeName: "node-a", RouteSource: "BGP"}, `calc: route source "BGP": want CalicoIPAM or WorkloadIPs`},
+		{calc.Config{NodeName: "node-a", NATOutgoingExclusions: "All"}, `calc: natOutgoingExclusions "All": want IPPoolsOnly or IPPoolsAndHostIPs`},
+		{calc.Config{NodeName: "node-a", BlackholeType: "drop"}, `calc: blackhole type "drop": want blackhole, unreachable or prohibit`},
+	} {
+		if _, err := calc.New(c.cfg); err == nil || err.Error() != c.want {
+			t.Errorf("%+v: %v, want %s", c.cfg, err, c.want)
+		}
+	}
+}

@@ -136,14 +136,14 @@ func (m prefixLists) remove(k string, p netip.Prefix) {
 	}
 }
 
-// reset empties a dirty set; a set that grew large (the first full computation) is replaced,
-// since clearing a map costs its capacity, not its length.
-func reset[K comparable](s *set[K], n int) {
+// reset empties a dirty map that held n keys; one that grew large (the first full
+// computation) is replaced, since clearing a map costs its capacity, not its length.
+func reset[M ~map[K]V, K comparable, V any](m *M, n int) {
 	if n > 256 {
-		*s = set[K]{}
+		*m = M{}
 		return
 	}
-	clear(*s)
+	clear(*m)
 }
 
 // addTo adds v to the set at m[k], creating it.
@@ -291,7 +291,7 @@ func (g *Graph) Config() Config { return g.cfg }
 // before the first in-sync and whenever nothing changed, a full state at the first in-sync,
 // deltas after.
 func (g *Graph) OnEvents(batch []store.Event) *Update {
-	sized := g.expect(len(batch))
+	sized := g.expect(batch)
 	for i := range batch {
 		g.apply(&batch[i])
 	}
@@ -320,7 +320,8 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 // expect sizes the empty dirty sets for a large batch (a page of a cold start): grown one key
 // at a time, a set of 20,000 copies itself a dozen times, and at a 20,000-node start the maps
 // growing took a sixth of the CPU.
-func (g *Graph) expect(n int) (sized bool) {
+func (g *Graph) expect(batch []store.Event) (sized bool) {
+	n := len(batch)
 	if n < 1024 {
 		return false
 	}
@@ -328,11 +329,20 @@ func (g *Graph) expect(n int) (sized bool) {
 		// Two destinations an input, as a rule: a block and the tunnel address inside it.
 		g.dirtyDst = make(set[netip.Prefix], 2*n)
 	}
-	if len(g.dirtyNet) == 0 {
-		g.dirtyNet = make(map[netip.Prefix]netWas, n)
+	// Only nodes and pools touch VTEPs and cluster nets (a page of blocks, none).
+	nodes := 0
+	for i := range batch {
+		if k := batch[i].Kind; k == store.KindNode || k == store.KindIPPool {
+			nodes++
+		}
 	}
-	if len(g.dirtyVTEP) == 0 {
-		g.dirtyVTEP = make(map[string]*store.Node, n)
+	if nodes >= 1024 {
+		if len(g.dirtyNet) == 0 {
+			g.dirtyNet = make(map[netip.Prefix]netWas, nodes)
+		}
+		if len(g.dirtyVTEP) == 0 {
+			g.dirtyVTEP = make(map[string]*store.Node, nodes)
+		}
 	}
 	return true
 }
@@ -516,7 +526,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 	// with an endpoint on it (through the slice index, not every service) when the node comes,
 	// goes or changes address.
 	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
-		for _, sl := range g.slicesByNode.get(id) {
+		for sl := range g.slicesByNode.all(id) {
 			g.dirtySvc.add(g.slices[sl].ServiceID())
 		}
 	}

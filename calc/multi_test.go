@@ -36,6 +36,9 @@ func TestMultiMatchesSets(t *testing.T) {
 			if !slices.Equal(got, want) || m.count(k) != len(want) || ok != (len(want) > 0) || (ok && f != want[0]) {
 				t.Fatalf("step %d key %d: get %v count %d first %q %v; want %v", step, k, got, m.count(k), f, ok, want)
 			}
+			if all := slices.Collect(m.all(k)); !slices.Equal(all, want) {
+				t.Fatalf("step %d key %d: all yields %v; want %v", step, k, all, want)
+			}
 			if _, spare := m.more[k]; spare && len(want) < 2 {
 				t.Fatalf("step %d key %d: keeps a list for %d values", step, k, len(want))
 			}

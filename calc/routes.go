@@ -237,12 +237,21 @@ func (g *Graph) floatingRoute(dst netip.Prefix) (Route, bool) {
 	if g.isLocal(w.Node) {
 		return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonFloatingIP}, true
 	}
-	for _, n := range w.IPNATs {
-		if n.ExternalIP == dst.Addr() {
-			return g.remoteRoute(dst, w.Node, g.poolFor(netip.PrefixFrom(n.InternalIP, n.InternalIP.BitLen())), ReasonFloatingIP)
-		}
+	if in, ok := internalOf(w, dst.Addr()); ok {
+		return g.remoteRoute(dst, w.Node, g.poolFor(netip.PrefixFrom(in, in.BitLen())), ReasonFloatingIP)
 	}
 	return Route{}, false
+}
+
+// internalOf is the internal address a workload's floating IP ext leads to: its first ipNATs
+// entry of that external address.
+func internalOf(w *store.WorkloadEndpoint, ext netip.Addr) (netip.Addr, bool) {
+	for _, n := range w.IPNATs {
+		if n.ExternalIP == ext {
+			return n.InternalIP, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // recomputeFIPs recomputes the dirty floating IPs of this node's workloads.
@@ -252,12 +261,10 @@ func (g *Graph) recomputeFIPs() {
 		id, ok := g.fipsByAddr.first(ext)
 		if ok {
 			w := g.weps[id]
-			ok = g.isLocal(w.Node)
-			for _, n := range w.IPNATs {
-				if n.ExternalIP == ext {
-					f = FloatingIP{External: ext, Internal: n.InternalIP, Workload: id}
-				}
-			}
+			var in netip.Addr
+			in, ok = internalOf(w, ext)
+			ok = ok && g.isLocal(w.Node)
+			f = FloatingIP{External: ext, Internal: in, Workload: id}
 		}
 		settle(g.fips, ext, f, ok, same[FloatingIP], g.emitted, &g.pending.fipSets, &g.pending.fipDels)
 	}
@@ -316,7 +323,7 @@ func (g *Graph) recomputeRoutes() {
 		old, had := g.routes[dst]
 		switch {
 		case ok && (!had || *old != r):
-			p := new(Route)
+			p := new(Route) // a copy: taking &r would put every pass's r on the heap
 			*p = r
 			g.routes[dst] = p
 			if g.emitted {

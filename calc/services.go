@@ -30,7 +30,7 @@ type endpointSets struct {
 
 // backendsFor picks the endpoints of one service port across all the service's slices.
 func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
-	ids := g.slicesByService.get(svcID)
+	ids := g.slicesByService.all(svcID)
 	type cand struct {
 		b     Backend
 		ready bool
@@ -40,7 +40,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 	var all []cand
 	var present []netip.AddrPort
 	seen := map[netip.AddrPort]int{}
-	for _, id := range ids {
+	for id := range ids {
 		es := g.slices[id]
 		var port uint16
 		for _, p := range es.Ports {

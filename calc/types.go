@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/sluice-net/sluice/store"
@@ -90,30 +91,35 @@ func DefaultConfig(node string) Config {
 		VXLANDeviceV6: DefaultVXLANDeviceV6, BlackholeType: RouteBlackhole, BlackholeMetric: 1024, NATOutgoingExclusions: NATExcludePools}
 }
 
+// oneOf sets an empty *v to the first of allowed, and refuses a value not among them.
+func oneOf[T ~string](v *T, what string, allowed ...T) error {
+	if *v == "" {
+		*v = allowed[0]
+		return nil
+	}
+	if slices.Contains(allowed, *v) {
+		return nil
+	}
+	want := make([]string, len(allowed))
+	for i, a := range allowed {
+		want[i] = string(a)
+	}
+	last := len(want) - 1
+	return fmt.Errorf("calc: %s %q: want %s or %s", what, *v, strings.Join(want[:last], ", "), want[last])
+}
+
 func (c *Config) normalise() error {
 	if c.NodeName == "" {
 		return fmt.Errorf("calc: node name is required")
 	}
-	switch c.RouteSource {
-	case "":
-		c.RouteSource = SourceCalicoIPAM
-	case SourceCalicoIPAM, SourceWorkloadIPs:
-	default:
-		return fmt.Errorf("calc: route source %q: want CalicoIPAM or WorkloadIPs", c.RouteSource)
+	if err := oneOf(&c.RouteSource, "route source", SourceCalicoIPAM, SourceWorkloadIPs); err != nil {
+		return err
 	}
-	switch c.NATOutgoingExclusions {
-	case "":
-		c.NATOutgoingExclusions = NATExcludePools
-	case NATExcludePools, NATExcludePoolsAndHosts:
-	default:
-		return fmt.Errorf("calc: natOutgoingExclusions %q: want IPPoolsOnly or IPPoolsAndHostIPs", c.NATOutgoingExclusions)
+	if err := oneOf(&c.NATOutgoingExclusions, "natOutgoingExclusions", NATExcludePools, NATExcludePoolsAndHosts); err != nil {
+		return err
 	}
-	switch c.BlackholeType {
-	case "":
-		c.BlackholeType = RouteBlackhole
-	case RouteBlackhole, RouteUnreachable, RouteProhibit:
-	default:
-		return fmt.Errorf("calc: blackhole type %q: want blackhole, unreachable or prohibit", c.BlackholeType)
+	if err := oneOf(&c.BlackholeType, "blackhole type", RouteBlackhole, RouteUnreachable, RouteProhibit); err != nil {
+		return err
 	}
 	if c.VXLANDevice == "" {
 		c.VXLANDevice = DefaultVXLANDevice

@@ -229,14 +229,22 @@ func settle[K comparable, V any](emitted map[K]V, k K, v V, ok bool, equal func(
 	switch {
 	case ok && (!had || !equal(old, v)):
 		emitted[k] = v
-		if queue {
-			*sets = append(*sets, v)
-		}
 	case !ok && had:
 		delete(emitted, k)
-		if queue {
-			*dels = append(*dels, old)
-		}
+	}
+	if queue {
+		queueDiff(old, had, v, ok, equal, sets, dels)
+	}
+}
+
+// queueDiff queues v as a set when it is wanted (ok) and differs from what was emitted (old,
+// had), or old as a removal when v is no longer wanted.
+func queueDiff[V any](old V, had bool, v V, ok bool, equal func(a, b V) bool, sets, dels *[]V) {
+	switch {
+	case ok && (!had || !equal(old, v)):
+		*sets = append(*sets, v)
+	case !ok && had:
+		*dels = append(*dels, old)
 	}
 }
 
