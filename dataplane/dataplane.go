@@ -160,18 +160,10 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		}
 		seen := make(map[netip.Prefix]bool, nRoutes)
 		seenV := map[calc.VTEPKey]bool{}
-		seenN := map[netip.Prefix]bool{}
-		seenF := map[netip.Addr]bool{}
 		d.routes.Expect(nRoutes)
 		for _, op := range u.Ops {
 			if op.Route != nil {
 				seen[op.Route.Dst] = true
-			}
-			if op.ClusterNet != nil {
-				seenN[op.ClusterNet.Prefix] = true
-			}
-			if op.FloatingIP != nil {
-				seenF[op.FloatingIP.External] = true
 			}
 			if op.VTEP != nil {
 				seenV[op.VTEP.Key()] = true
@@ -183,16 +175,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 			}
 		}
 		if d.nat != nil {
-			for p := range d.nat.nets {
-				if !seenN[p] {
-					d.nat.OnOp(calc.Op{Remove: true, ClusterNet: &calc.ClusterNet{Prefix: p}})
-				}
-			}
-			for ext := range d.nat.fips {
-				if !seenF[ext] {
-					d.nat.OnOp(calc.Op{Remove: true, FloatingIP: &calc.FloatingIP{External: ext}})
-				}
-			}
+			d.nat.reset() // the update's ops give back what is still wanted
 		}
 		// The VTEPs the devices hold that the update lacks (each device holds its family's).
 		for _, x := range d.devices() {
@@ -380,9 +363,8 @@ func (d *Dataplane) Apply() error {
 	// driver read the kernel again.
 	var natErr error
 	if d.nat != nil {
-		before := d.nat.repairs
 		natErr = d.nat.Apply()
-		if d.nat.repairs > before {
+		if d.nat.repaired {
 			d.stats.NATRepairs++
 			d.repairing("nat", "nftables table "+NATTable)
 		}

@@ -44,7 +44,8 @@ func NewFakeKernel() *FakeKernel {
 }
 
 // FailWith installs a failure rule: f is asked about each operation ("route-replace",
-// "route-del", "route-list", "link-list", "addr-list") and the route destination or "" it
+// "route-del", "route-list", "link-list", "addr-list", "nat-read", "nat-write", ...) and the
+// route destination or "" it
 // concerns; a non-nil error fails it. nil clears the rule.
 func (f *FakeKernel) FailWith(rule func(op, subject string) error) {
 	f.mu.Lock()
@@ -668,10 +669,8 @@ func (f *FakeKernel) RenderLink(name string) string {
 func (f *FakeKernel) readNAT() (natRules, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.fail != nil {
-		if err := f.fail("nat-read", ""); err != nil {
-			return natRules{}, false, err
-		}
+	if err := f.check("nat-read", ""); err != nil {
+		return natRules{}, false, err
 	}
 	if f.nat == nil {
 		return natRules{}, false, nil
@@ -682,10 +681,8 @@ func (f *FakeKernel) readNAT() (natRules, bool, error) {
 func (f *FakeKernel) writeNAT(r *natRules) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.fail != nil {
-		if err := f.fail("nat-write", ""); err != nil {
-			return err
-		}
+	if err := f.check("nat-write", ""); err != nil {
+		return err
 	}
 	f.Writes++
 	if r == nil {

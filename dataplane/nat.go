@@ -119,9 +119,9 @@ type OutgoingNAT struct {
 	needRead bool
 	actual   *natRules // nil: no table
 	writes   int
-	// repairs counts reads that found the table not as sluice last left it (someone
+	// repaired says the last Apply's read found the table not as sluice had left it (someone
 	// changed or deleted it).
-	repairs int
+	repaired bool
 }
 
 func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
@@ -129,6 +129,13 @@ func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
 		cfg.MinPort = 32768
 	}
 	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, fips: map[netip.Addr]netip.Addr{}, needRead: true, changed: true}
+}
+
+// reset forgets every net and floating IP before a full update gives those still wanted.
+func (n *OutgoingNAT) reset() {
+	clear(n.nets)
+	clear(n.fips)
+	n.changed = true
 }
 
 // OnOp takes one of calc's ops: a cluster net or a floating IP of this node's (others are
@@ -223,6 +230,7 @@ func (n *OutgoingNAT) desired() natRules {
 // Apply makes the table match: written whole when it differs, deleted when nothing is to be
 // translated. It reads the table first after QueueResync or a failure.
 func (n *OutgoingNAT) Apply() error {
+	n.repaired = false
 	if !n.changed && !n.needRead {
 		return nil
 	}
@@ -236,9 +244,7 @@ func (n *OutgoingNAT) Apply() error {
 		if ok {
 			n.actual = &r
 		}
-		if prev != nil && (n.actual == nil || !n.actual.equal(*prev)) {
-			n.repairs++
-		}
+		n.repaired = prev != nil && (n.actual == nil || !n.actual.equal(*prev))
 		n.needRead = false
 	}
 	want := n.desired()

@@ -39,13 +39,12 @@ var natSets = []struct {
 	{"keep6", true, func(r *natRules) *[]netip.Prefix { return &r.keep6 }},
 }
 
-// natTags returns the comments of the rules r calls for, chain by chain: prerouting and
-// output one per floating IP; postrouting two per floating IP (hairpin, out) then one per
-// family that masquerades.
-func natTags(r *natRules) (pre, out, post []string) {
+// natTags returns the comments of the rules r calls for: dnat those of prerouting and of
+// output alike, one per floating IP; post those of postrouting, two per floating IP (hairpin,
+// out) then one per family that masquerades.
+func natTags(r *natRules) (dnat, post []string) {
 	for _, f := range r.fips {
-		pre = append(pre, fmt.Sprintf("sluice fip dnat %s %s", f.ext, f.int))
-		out = append(out, fmt.Sprintf("sluice fip dnat %s %s", f.ext, f.int))
+		dnat = append(dnat, fmt.Sprintf("sluice fip dnat %s %s", f.ext, f.int))
 		post = append(post, fmt.Sprintf("sluice fip hairpin %s %s", f.int, f.ext), fmt.Sprintf("sluice fip snat %s %s", f.int, f.ext))
 	}
 	for _, v6 := range []bool{false, true} {
@@ -53,7 +52,7 @@ func natTags(r *natRules) (pre, out, post []string) {
 			post = append(post, ruleTag(v6, r))
 		}
 	}
-	return pre, out, post
+	return dnat, post
 }
 
 // ruleTag is the comment on each of sluice's rules: what the rule does beyond its sets, read
@@ -130,7 +129,7 @@ func (k nftNAT) writeNAT(r *natRules) error {
 		}
 		return []expr.Any{&expr.Immediate{Register: 1, Data: to.AsSlice()}, &expr.NAT{Type: typ, Family: fam, RegAddrMin: 1}}
 	}
-	pres, outs, posts := natTags(r)
+	dnats, posts := natTags(r)
 	// Floating IPs: to the external address from anywhere (prerouting) or from this host
 	// (output) becomes the internal one; the workload's own traffic to itself through it
 	// (hairpin) and out of the cluster leaves from the external address.
@@ -142,8 +141,8 @@ func (k nftNAT) writeNAT(r *natRules) error {
 			keep = sets["keep6"]
 		}
 		dnat := slices.Concat(match, []expr.Any{load(daddr, n), is(f.ext)}, nat(expr.NATTypeDestNAT, v6, f.int))
-		add(pre, pres[i], dnat...)
-		add(out, outs[i], dnat...)
+		add(pre, dnats[i], dnat...)
+		add(out, dnats[i], dnat...)
 		add(post, posts[2*i], slices.Concat(match, []expr.Any{load(saddr, n), is(f.int), load(daddr, n), is(f.int)}, nat(expr.NATTypeSourceNAT, v6, f.ext))...)
 		add(post, posts[2*i+1], slices.Concat(match, []expr.Any{load(saddr, n), is(f.int), load(daddr, n),
 			&expr.Lookup{SourceRegister: 1, SetName: keep.Name, SetID: keep.ID, Invert: true}}, nat(expr.NATTypeSourceNAT, v6, f.ext))...)
@@ -275,8 +274,8 @@ func (k nftNAT) readNAT() (natRules, bool, error) {
 			r.minPort = p
 		}
 	}
-	pre, out, post := natTags(&r)
-	if !slices.Equal(tags["prerouting"], pre) || !slices.Equal(tags["output"], out) || !slices.Equal(tags["postrouting"], post) {
+	dnat, post := natTags(&r)
+	if !slices.Equal(tags["prerouting"], dnat) || !slices.Equal(tags["output"], dnat) || !slices.Equal(tags["postrouting"], post) {
 		return r, false, nil
 	}
 	return r, true, nil

@@ -20,9 +20,8 @@ type Tracker[K comparable, V any] struct {
 	whole  bool
 	// off holds, once settled, each key whose kernel value is not the desired one: what the
 	// kernel holds there (held false: nothing).
-	off     map[K]offValue[V]
-	offPeak int
-	dirty   map[K]struct{}
+	off   map[K]offValue[V]
+	dirty map[K]struct{}
 	// allDirty says every key (desired or actual) may differ, without listing them in dirty:
 	// a cold start or a fresh read would otherwise copy every key into the dirty set, only to
 	// empty it again in the first Pending.
@@ -140,9 +139,6 @@ func (t *Tracker[K, V]) setOff(k K, o offValue[V]) {
 		t.off = map[K]offValue[V]{}
 	}
 	t.off[k] = o
-	if len(t.off) > t.offPeak {
-		t.offPeak = len(t.off)
-	}
 }
 
 // Actual returns the value the kernel holds at k, as far as the tracker knows.
@@ -178,7 +174,7 @@ func (t *Tracker[K, V]) ActualLen() int {
 
 // ReplaceActual records a fresh read of the kernel; every key becomes dirty.
 func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
-	t.actual, t.whole, t.off, t.offPeak = actual, true, nil, 0
+	t.actual, t.whole, t.off = actual, true, nil
 	t.DirtyAll()
 }
 
@@ -186,7 +182,7 @@ func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
 // written, nothing else there), for a cold start that wrote everything at once: nothing is
 // copied. Every key is clean afterwards.
 func (t *Tracker[K, V]) AdoptDesired() {
-	t.actual, t.whole, t.off, t.offPeak = nil, false, nil, 0
+	t.actual, t.whole, t.off = nil, false, nil
 	t.allDirty = false
 	t.dirty = map[K]struct{}{}
 	t.dirtyPeak = 0
@@ -197,8 +193,8 @@ func (t *Tracker[K, V]) AdoptDesired() {
 // end of an apply, once every write of it is recorded; the tracker works the same either way.
 func (t *Tracker[K, V]) Settle() {
 	if !t.whole {
-		if len(t.off) == 0 && t.offPeak > 1024 {
-			t.off, t.offPeak = nil, 0 // a Go map never gives back its buckets
+		if len(t.off) == 0 {
+			t.off = nil // a Go map never gives back its buckets; setOff makes a new one
 		}
 		return
 	}
@@ -214,12 +210,8 @@ func (t *Tracker[K, V]) Settle() {
 			add(k, offValue[V]{have: have, held: held})
 		}
 	}
-	for k, have := range t.actual {
-		if _, wanted := t.desired[k]; !wanted {
-			add(k, offValue[V]{have: have, held: true})
-		}
-	}
-	t.actual, t.whole, t.off, t.offPeak = nil, false, off, len(off)
+	t.heldUnwanted(func(k K, have V) { add(k, offValue[V]{have: have, held: true}) })
+	t.actual, t.whole, t.off = nil, false, off
 }
 
 // SetActual records that the kernel now holds v at k.
@@ -346,11 +338,7 @@ func (t *Tracker[K, V]) heldUnwanted(f func(k K, have V)) {
 // back its buckets, and ranging over it costs its capacity, so after a cold start every small
 // change would walk the buckets of the whole table.
 func (t *Tracker[K, V]) shrinkDirty() {
-	n := len(t.dirty)
-	if n > t.dirtyPeak {
-		t.dirtyPeak = n
-	}
-	if n == 0 && t.dirtyPeak > 1024 {
+	if len(t.dirty) == 0 && t.dirtyPeak > 1024 { // the peak as Pending began
 		t.dirty = map[K]struct{}{}
 		t.dirtyPeak = 0
 	}

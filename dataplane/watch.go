@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/google/nftables"
 	"net"
 	"net/netip"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -278,7 +278,7 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 // sluice made or adopted it (same name and index), up, or just made by sluice and not up yet:
 // then nothing went with it, and the device is looked at again (CheckDevice) without reading
 // every route, object and entry. (A cold start's own device creation read all 80,000 of them
-// again at 20,000 nodes: 0.3 s of CPU and 80 MB of garbage.) A device going down drops its
+// again at 20,000 nodes: some 0.3 s of reading and 80 MB of garbage.) A device going down drops its
 // routes, nexthop objects and entries without a word: that, another program's VXLAN device
 // (a leftover?), or a device sluice did not make, reads everything again.
 func (d *Dataplane) quietOwnDevice(a *netlink.LinkAttrs, known bool) bool {
