@@ -71,7 +71,7 @@ type IntakeStats struct {
 	PageShrinks atomic.Int64
 	// objects counts, by kind, the objects delivered and not deleted since: what an agent
 	// reports of its view without holding a copy of it (the intake knows every key anyway).
-	objects [lastKind + 1]atomic.Int64
+	objects [len(kindNames)]atomic.Int64
 }
 
 // Objects is how many objects of kind k the consumers hold, as delivered so far.
@@ -384,7 +384,8 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	var rev int64
 	fctx, cancel := context.WithCancel(ctx)
 	pages := make(chan page, 1)
-	go in.fetch(fctx, pages, &rev, in.knownCount() == 0)
+	cold := in.knownCount() == 0 // every key is new: decoded by the fetcher, each an event
+	go in.fetch(fctx, pages, &rev, cold)
 	defer func() {
 		cancel()
 		for range pages { // let the fetcher finish before returning
@@ -394,7 +395,9 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 		if p.err != nil {
 			return 0, p.err
 		}
-		in.batch = slices.Grow(in.batch, len(p.kvs)) // grown once a page, not doubled ten times
+		if cold {
+			in.batch = slices.Grow(in.batch, len(p.kvs)) // grown once a page, not doubled ten times
+		}
 		for i, kv := range p.kvs {
 			var d *decoded
 			if p.decoded != nil {

@@ -27,11 +27,9 @@ const (
 )
 
 // Kinds lists every kind in dump order.
-// lastKind is the highest Kind: arrays indexed by kind are sized by it (keep it the last).
-const lastKind = KindEndpointSlice
-
 var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice}
 
+// kindNames is indexed by Kind: arrays counting by kind take its length.
 var kindNames = [...]string{"", "IPPool", "Node", "Block", "BlockAffinity", "WorkloadEndpoint", "Service", "EndpointSlice"}
 var kindPlurals = [...]string{"", "ippools", "nodes", "blocks", "blockaffinities", "workloadendpoints", "services", "endpointslices"}
 

@@ -343,13 +343,7 @@ func etcdObjects(t *testing.T, cli *clientv3.Client) map[store.Kind]map[string]s
 }
 
 func TestRun(t *testing.T) {
-	srv := etcdtest.New(t)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	counts := loadCluster(t, cli)
+	srv, cli, counts := loadedEtcd(t)
 	rev0, err := cli.Get(context.Background(), "/")
 	if err != nil {
 		t.Fatal(err)

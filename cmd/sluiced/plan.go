@@ -123,7 +123,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		state.applySeconds.Observe(took.Seconds())
 		// The kernel has had its turn: the cold start's garbage goes back, off the apply loop
 		// (a full collection) and after the line that says the dataplane is updated.
-		defer func() { go state.freeOnce.Do(freeColdStart) }()
+		defer state.freeOnce.Do(func() { go freeColdStart() })
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")
 			return
