@@ -590,15 +590,16 @@ func neighID(n *netlink.Neigh) string {
 	return n.IP.String()
 }
 
-func (f *FakeKernel) Neighs(linkIndex, family int) ([]netlink.Neigh, error) {
+func (f *FakeKernel) Neighs(linkIndex, family int) ([]Neighbour, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("neigh-list", ""); err != nil {
 		return nil, err
 	}
-	var out []netlink.Neigh
+	var out []Neighbour
 	for _, n := range f.neighs[linkIndex][family] {
-		out = append(out, n)
+		ip, _ := netip.AddrFromSlice(n.IP)
+		out = append(out, Neighbour{Family: n.Family, LinkIndex: n.LinkIndex, State: uint16(n.State), IP: ip.Unmap(), MAC: macOf(n.HardwareAddr)})
 	}
 	return out, nil
 }

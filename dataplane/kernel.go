@@ -65,7 +65,7 @@ type Kernel interface {
 	AddrReplace(name string, p netip.Prefix) error
 	AddrDel(name string, p netip.Prefix) error
 	// Neighs lists the neighbour (AF_INET, AF_INET6) or FDB (AF_BRIDGE) entries of a link.
-	Neighs(linkIndex, family int) ([]netlink.Neigh, error)
+	Neighs(linkIndex, family int) ([]Neighbour, error)
 	NeighSet(n *netlink.Neigh) error
 	// NeighSetMany creates or replaces many neighbour or FDB entries at once and returns one
 	// error per entry.
@@ -117,6 +117,14 @@ func (k *NetlinkKernel) NATSupported() error {
 	return err
 }
 
+// NexthopsSupported says whether this kernel has nexthop objects (nil: yes; Linux 5.3 or
+// later), without listing them: a dump filtered to the loopback device, which the kernel
+// answers with nothing (or an error, before 5.3) however many objects it holds.
+func (k *NetlinkKernel) NexthopsSupported() error {
+	_, err := k.batch.nexthops(1)
+	return err
+}
+
 // Close releases the netlink sockets.
 func (k *NetlinkKernel) Close() {
 	k.h.Close()
@@ -127,7 +135,7 @@ func (k *netlinkKernel) RouteReplaceMany(rs []*Route) []error { return k.batch.r
 
 func (k *netlinkKernel) RouteDelMany(rs []*Route) []error { return k.batch.remove(rs) }
 
-func (k *netlinkKernel) NexthopList() ([]Nexthop, error) { return k.batch.nexthops() }
+func (k *netlinkKernel) NexthopList() ([]Nexthop, error) { return k.batch.nexthops(0) }
 
 func (k *netlinkKernel) NexthopSetMany(ns []Nexthop, replace bool) []error {
 	return k.batch.setNexthops(ns, replace)
@@ -268,8 +276,8 @@ func (k *netlinkKernel) AddrDel(name string, p netip.Prefix) error {
 	return k.withLink(name, func(l netlink.Link) error { return k.h.AddrDel(l, toAddr(p)) })
 }
 
-func (k *netlinkKernel) Neighs(linkIndex, family int) ([]netlink.Neigh, error) {
-	return DumpAgain(func() ([]netlink.Neigh, error) { return k.h.NeighList(linkIndex, family) })
+func (k *netlinkKernel) Neighs(linkIndex, family int) ([]Neighbour, error) {
+	return k.batch.neighbours(linkIndex, family)
 }
 
 func (k *netlinkKernel) NeighSet(n *netlink.Neigh) error { return k.h.NeighSet(n) }

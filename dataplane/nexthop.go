@@ -239,10 +239,14 @@ func (b *batcher) routes(table int) ([]Route, error) {
 	return out, nil
 }
 
-// nexthops dumps every nexthop object.
-func (b *batcher) nexthops() ([]Nexthop, error) {
+// nexthops dumps every nexthop object, or, when oif is not 0, those through device oif (the
+// kernel filters them).
+func (b *batcher) nexthops(oif int) ([]Nexthop, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
 	req.AddData(&nhmsg{})
+	if oif != 0 {
+		req.AddData(nl.NewRtAttr(unix.NHA_OIF, nl.Uint32Attr(uint32(oif))))
+	}
 	msgs, err := b.dump(req, unix.RTM_NEWNEXTHOP)
 	if err != nil {
 		return nil, fmt.Errorf("listing nexthop objects: %w", err)

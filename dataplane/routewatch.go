@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/binary"
 	"fmt"
-	"net/netip"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -114,40 +113,18 @@ func subscribeNexthopDeletions(ns *netns.NsHandle, proto int, ch chan<- uint32, 
 	}, done, onErr, func() { close(ch) })
 }
 
-// neighGone is a deleted neighbour or FDB entry, as the watch needs it.
-type neighGone struct {
-	family, linkIndex int
-	ip                netip.Addr
-	mac               macAddr
-}
-
 // subscribeNeighDeletions delivers the kernel's deleted neighbour and FDB entries in namespace
 // ns (this one when ns is nil) to ch. sluice's own writes (two entries per remote node, 40,000
 // at a 20,000-node cold start) and the kernel's state changes of every other neighbour are
 // dropped in the kernel, not parsed and thrown away here. ch is closed when done is closed or
 // the socket fails; errors go to onErr.
-func subscribeNeighDeletions(ns *netns.NsHandle, ch chan<- neighGone, done <-chan struct{}, onErr func(error)) error {
+func subscribeNeighDeletions(ns *netns.NsHandle, ch chan<- Neighbour, done <-chan struct{}, onErr func(error)) error {
 	return subscribeDeletions(ns, unix.RTNLGRP_NEIGH, unix.RTM_DELNEIGH, "neighbour", func(b []byte) error {
-		if len(b) < unix.SizeofNdMsg {
-			return fmt.Errorf("neighbour event: short message (%d bytes)", len(b))
+		n, err := parseNeighbour(b)
+		if err == nil {
+			ch <- n
 		}
-		g := neighGone{family: int(b[0]), linkIndex: int(int32(binary.NativeEndian.Uint32(b[4:8])))}
-		attrs, err := nl.ParseRouteAttr(b[unix.SizeofNdMsg:])
-		if err != nil {
-			return fmt.Errorf("neighbour event: %w", err)
-		}
-		for _, a := range attrs {
-			switch a.Attr.Type {
-			case unix.NDA_DST:
-				if ip, ok := netip.AddrFromSlice(a.Value); ok {
-					g.ip = ip.Unmap()
-				}
-			case unix.NDA_LLADDR:
-				g.mac = macOf(a.Value)
-			}
-		}
-		ch <- g
-		return nil
+		return err
 	}, done, onErr, func() { close(ch) })
 }
 

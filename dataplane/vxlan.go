@@ -396,21 +396,20 @@ func (x *VXLAN) read(idx int) error {
 	if err != nil {
 		return fmt.Errorf("listing neighbours of %s: %w", x.cfg.Name, err)
 	}
-	neigh := map[netip.Addr]macAddr{}
+	neigh := make(map[netip.Addr]macAddr, len(ns))
 	for _, n := range ns {
-		if ip, ok := netip.AddrFromSlice(n.IP); ok && n.HardwareAddr != nil && n.State&netlink.NUD_PERMANENT != 0 {
-			neigh[ip.Unmap()] = macOf(n.HardwareAddr)
+		if n.IP.IsValid() && n.MAC != (macAddr{}) && n.State&netlink.NUD_PERMANENT != 0 {
+			neigh[n.IP] = n.MAC
 		}
 	}
 	fs, err := x.k.Neighs(idx, unix.AF_BRIDGE)
 	if err != nil {
 		return fmt.Errorf("listing FDB entries of %s: %w", x.cfg.Name, err)
 	}
-	fdb := map[macAddr]netip.Addr{}
+	fdb := make(map[macAddr]netip.Addr, len(fs))
 	for _, n := range fs {
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if ok && n.HardwareAddr != nil && !bytes.Equal(n.HardwareAddr, make(net.HardwareAddr, 6)) {
-			fdb[macOf(n.HardwareAddr)] = ip.Unmap()
+		if n.IP.IsValid() && n.MAC != (macAddr{}) {
+			fdb[n.MAC] = n.IP
 		}
 	}
 	x.neigh.ReplaceActual(neigh)

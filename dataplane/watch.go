@@ -40,7 +40,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 	routes := make(chan netlink.RouteUpdate, 256) // the socket's 16 MiB buffer holds the rest of a burst
 	links := make(chan netlink.LinkUpdate, 256)
 	addrs := make(chan netlink.AddrUpdate, 256)
-	neighs := make(chan neighGone, 1024)
+	neighs := make(chan Neighbour, 1024)
 	nexthops := make(chan uint32, 1024)
 	defer func() {
 		close(done)
@@ -196,12 +196,12 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			d.mu.Lock()
 			repair := false
 			for _, x := range d.devices() {
-				if x.index != 0 && u.linkIndex == x.index {
-					if x.NeighGone(u.ip, u.mac, u.family == unix.AF_BRIDGE) {
+				if x.index != 0 && u.LinkIndex == x.index {
+					if x.NeighGone(u.IP, u.MAC, u.Family == unix.AF_BRIDGE) {
 						d.stats.NeighRepairs++
-						what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.ip, u.mac, x.cfg.Name)
-						if u.family == unix.AF_BRIDGE {
-							what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.mac, u.ip, x.cfg.Name)
+						what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.IP, u.MAC, x.cfg.Name)
+						if u.Family == unix.AF_BRIDGE {
+							what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.MAC, u.IP, x.cfg.Name)
 						}
 						d.repairing("neighbour", what)
 						repair = true

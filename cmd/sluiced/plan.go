@@ -104,7 +104,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	}
 	cfg := c.DP
 	if cfg.Routes.Nexthops {
-		if _, err := k.NexthopList(); err != nil {
+		if err := k.NexthopsSupported(); err != nil {
 			// Before Linux 5.3 there are no nexthop objects: Felix's layout works everywhere.
 			log.Warn().Err(err).Msg("this kernel has no nexthop objects (Linux 5.3 or later); routes to other nodes carry their own gateways (route-layout gateways)")
 			cfg.Routes.Nexthops = false
