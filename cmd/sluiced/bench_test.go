@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -345,6 +346,32 @@ func (a *agentProc) waitLine(timeout time.Duration, part string) bool {
 	}
 }
 
+// untilApplied reads the agent's log until its first "dataplane updated" line and returns
+// when, after start, it computed its desired state and applied it, and how many kernel
+// writes that apply made.
+func (a *agentProc) untilApplied(start time.Time) (phases []string, writes int, ok bool) {
+	for {
+		l, ok := a.next(2 * time.Minute)
+		if !ok {
+			return phases, 0, false
+		}
+		for _, m := range []string{"desired state computed", "dataplane updated"} {
+			if strings.Contains(l, m) {
+				var at struct {
+					Time   time.Time
+					Writes int
+				}
+				_ = json.Unmarshal([]byte(l), &at)
+				phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(start).Round(time.Millisecond), m))
+				writes = at.Writes
+			}
+		}
+		if strings.Contains(l, "dataplane updated") {
+			return phases, writes, true
+		}
+	}
+}
+
 func (a *agentProc) stop() {
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
 	_ = a.cmd.Wait()
@@ -459,22 +486,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 			}
 			coldStart := time.Now()
 			agent = startAgent(b, bin, etcd.Endpoint(), args...)
-			var phases []string
-			for {
-				l, ok := agent.next(2 * time.Minute)
-				if !ok {
-					b.Fatalf("cold start: sluiced ended or said nothing for 2 minutes; %d of %d routes in the kernel", count(), benchBlocks)
-				}
-				for _, m := range []string{"desired state computed", "dataplane updated"} {
-					if strings.Contains(l, m) {
-						var at struct{ Time time.Time }
-						_ = json.Unmarshal([]byte(l), &at)
-						phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(coldStart).Round(time.Millisecond), m))
-					}
-				}
-				if strings.Contains(l, "dataplane updated") {
-					break
-				}
+			phases, _, ok := agent.untilApplied(coldStart)
+			if !ok {
+				b.Fatalf("cold start: sluiced ended or said nothing for 2 minutes; %d of %d routes in the kernel", count(), benchBlocks)
 			}
 			colds = append(colds, time.Since(coldStart))
 			if n := count(); n != benchBlocks {
@@ -583,17 +597,34 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		repair = append(repair, time.Since(start))
 	}
 
-	// Restart with nothing changed: no route, nexthop object, neighbour or FDB entry moves.
-	agent.stop()
+	// Restart with nothing changed, coldRuns times: no route, nexthop object, neighbour or
+	// FDB entry moves.
 	objects := subscribeObjects(b)
 	defer objects.close()
 	events.drain()
-	start := time.Now()
-	agent = startAgent(b, bin, etcd.Endpoint())
-	if !agent.waitLine(time.Minute, "desired state computed") {
-		b.Fatal("the restarted sluiced never computed its state")
+	var readies []time.Duration
+	for run := range coldRuns {
+		agent.stop()
+		start := time.Now()
+		// The CPU both sides spend until ready: sluiced's, and etcd's (serving the read), on a
+		// machine of runtime.NumCPU() cores.
+		etcdStart := cpuTicks(b, etcd.Pid())
+		agent = startAgent(b, bin, etcd.Endpoint())
+		// Ready as systemd's READY=1 and /readyz mean it: in sync and the first full apply
+		// done (which, with nothing changed, writes nothing).
+		phases, writes, ok := agent.untilApplied(start)
+		if !ok {
+			b.Fatal("the restarted sluiced never applied its state")
+		}
+		readies = append(readies, time.Since(start))
+		agentCPU, etcdCPU := cpuTicks(b, agent.cmd.Process.Pid), cpuTicks(b, etcd.Pid())-etcdStart
+		b.Logf("restart %d: %v (%s); CPU until then: sluiced %v, etcd %v, on %d cores", run+1, readies[run].Round(time.Millisecond),
+			strings.Join(phases, ", "), time.Duration(float64(agentCPU)/clockTicks*float64(time.Second)), time.Duration(float64(etcdCPU)/clockTicks*float64(time.Second)), runtime.NumCPU())
+		if writes != 0 {
+			b.Fatalf("the restarted sluiced wrote %d kernel objects with nothing changed", writes)
+		}
 	}
-	ready := time.Since(start)
+	ready := percentile(readies, 0.5)
 	time.Sleep(2 * time.Second)
 	changes := events.drain()
 	nhChanges, neighChanges := objects.counts()
