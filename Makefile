@@ -78,7 +78,7 @@ bench-dataplane:
 	@ip netns del sl-bench 2>/dev/null; ip netns add sl-bench && \
 	  ip netns exec sl-bench env SLUICE_BENCH_NETNS=1 $(GO) test -run '^$$' -bench Dataplane -benchtime 1x ./cmd/sluiced/ ; \
 	  rc=$$?; ip netns del sl-bench; [ $$rc = 0 ] && $(GO) test -run '^$$' -bench RouteWrite -benchtime 3x ./dataplane/ && \
-	  $(GO) test -run '^$$' -bench NewNodeKernelCost -benchtime 1x ./dataplane/
+	  $(GO) test -run '^$$' -bench 'NewNodeKernelCost|RestartRead' -benchtime 1x ./dataplane/
 
 # The service stage's benchmarks (issue #9), as root, each part in a network namespace of its
 # own, deleted after it even when it fails or is interrupted; every part runs, the target

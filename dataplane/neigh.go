@@ -21,21 +21,15 @@ type Neighbour struct {
 	MAC macAddr
 }
 
-// parseNeighbour reads an RTM_NEWNEIGH or RTM_DELNEIGH message's data. It reads the
-// attributes in place: a dump of 40,000 entries (20,000 nodes' neighbours and FDB entries)
-// allocates nothing per entry.
+// parseNeighbour reads an RTM_NEWNEIGH or RTM_DELNEIGH message's data (a dump's or an
+// event's); it allocates nothing.
 func parseNeighbour(b []byte) (Neighbour, error) {
 	if len(b) < unix.SizeofNdMsg {
 		return Neighbour{}, fmt.Errorf("neighbour message: short (%d bytes)", len(b))
 	}
 	n := Neighbour{Family: int(b[0]), LinkIndex: int(int32(binary.NativeEndian.Uint32(b[4:8]))), State: binary.NativeEndian.Uint16(b[8:10])}
-	for rest := b[unix.SizeofNdMsg:]; len(rest) >= unix.SizeofRtAttr; {
-		l := int(binary.NativeEndian.Uint16(rest[0:2]))
-		if l < unix.SizeofRtAttr || l > len(rest) {
-			return Neighbour{}, fmt.Errorf("neighbour message: attribute of length %d in %d bytes", l, len(rest))
-		}
-		val := rest[unix.SizeofRtAttr:l]
-		switch binary.NativeEndian.Uint16(rest[2:4]) {
+	err := walkAttrs(b[unix.SizeofNdMsg:], func(typ uint16, val []byte) {
+		switch typ {
 		case unix.NDA_DST:
 			if ip, ok := netip.AddrFromSlice(val); ok {
 				n.IP = ip.Unmap()
@@ -43,7 +37,9 @@ func parseNeighbour(b []byte) (Neighbour, error) {
 		case unix.NDA_LLADDR:
 			n.MAC = macOf(val)
 		}
-		rest = rest[min((l+unix.NLA_ALIGNTO-1)&^(unix.NLA_ALIGNTO-1), len(rest)):]
+	})
+	if err != nil {
+		return Neighbour{}, fmt.Errorf("neighbour message: %w", err)
 	}
 	return n, nil
 }

@@ -1,10 +1,12 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -112,6 +114,73 @@ func TestNexthopsSupportedReadsNone(t *testing.T) {
 		}
 		if len(got) != c.want {
 			t.Errorf("nexthop dump through link %d: %d objects, want %d", c.oif, len(got), c.want)
+		}
+	}
+}
+
+// attr is one netlink attribute as the kernel lays it out (length, type, value, padding).
+func attr(typ uint16, val []byte) []byte {
+	b := binary.NativeEndian.AppendUint16(nil, uint16(unix.SizeofRtAttr+len(val)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, val...)
+	for len(b)%unix.NLA_ALIGNTO != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// TestParsersReadAttributesInPlace feeds the neighbour, route and nexthop parsers crafted
+// messages: attributes are found whatever their order and flags, and a malformed one is an
+// error naming the message, not a panic or a silently short entry.
+func TestParsersReadAttributesInPlace(t *testing.T) {
+	nd := make([]byte, unix.SizeofNdMsg)
+	nd[0] = unix.AF_INET
+	binary.NativeEndian.PutUint32(nd[4:8], 7)
+	binary.NativeEndian.PutUint16(nd[8:10], netlink.NUD_PERMANENT)
+	mac := []byte{0x66, 1, 2, 3, 4, 5}
+	msg := slices.Concat(nd, attr(unix.NDA_LLADDR, mac), attr(unix.NDA_CACHEINFO, make([]byte, 16)), attr(unix.NDA_DST, []byte{10, 0, 0, 9}))
+	n, err := parseNeighbour(msg)
+	if err != nil || n.LinkIndex != 7 || n.Family != unix.AF_INET || n.State != netlink.NUD_PERMANENT ||
+		n.IP != netip.MustParseAddr("10.0.0.9") || n.MAC != macOf(mac) {
+		t.Errorf("neighbour: %+v, %v", n, err)
+	}
+
+	rt := make([]byte, unix.SizeofRtMsg)
+	rt[0], rt[1], rt[4], rt[5], rt[6], rt[7] = unix.AF_INET, 26, unix.RT_TABLE_MAIN, 83, unix.RT_SCOPE_UNIVERSE, unix.RTN_UNICAST
+	u32 := func(v uint32) []byte { return binary.NativeEndian.AppendUint32(nil, v) }
+	route := slices.Concat(rt, attr(unix.RTA_TABLE, u32(254)), attr(unix.RTA_DST, []byte{10, 244, 1, 0}), attr(unix.RTA_PRIORITY, u32(20)), attr(rtaNHID, u32(4242)))
+	r, err := parseRoute(route)
+	if err != nil || r.Dst.String() != "10.244.1.0/26" || r.Priority != 20 || r.NH != 4242 || r.Table != 254 || r.Protocol != 83 {
+		t.Errorf("route: %+v, %v", r, err)
+	}
+
+	nh := make([]byte, sizeofNhmsg)
+	nh[0], nh[2] = unix.AF_INET, 83
+	object := slices.Concat(nh, attr(unix.NHA_ID, u32(9)), attr(unix.NHA_OIF, u32(3)), attr(unix.NHA_GATEWAY, []byte{192, 0, 2, 1}),
+		attr(unix.NHA_ENCAP|unix.NLA_F_NESTED, attr(1, u32(0))))
+	o, err := parseNexthop(object)
+	if err != nil || o.ID != 9 || o.Link != 3 || o.Gw != netip.MustParseAddr("192.0.2.1") || !o.Other || o.Protocol != 83 {
+		t.Errorf("nexthop (a nested encapsulation is another program's kind): %+v, %v", o, err)
+	}
+
+	for _, c := range []struct {
+		what  string
+		parse func([]byte) error
+		head  []byte
+	}{
+		{"neighbour", func(b []byte) error { _, err := parseNeighbour(b); return err }, nd},
+		{"route", func(b []byte) error { _, err := parseRoute(b); return err }, rt},
+		{"nexthop", func(b []byte) error { _, err := parseNexthop(b); return err }, nh},
+	} {
+		long := attr(1, u32(1))
+		binary.NativeEndian.PutUint16(long, 64) // says 64 bytes, holds 8
+		short := attr(1, u32(1))
+		binary.NativeEndian.PutUint16(short, 2) // shorter than its own header
+		for name, b := range map[string][]byte{"short header": c.head[:len(c.head)-1], "attribute past the end": slices.Concat(c.head, long),
+			"attribute shorter than its header": slices.Concat(c.head, short)} {
+			if err := c.parse(b); err == nil || !strings.Contains(err.Error(), c.what+" message") {
+				t.Errorf("%s, %s: %v, want an error naming the %s message", c.what, name, err, c.what)
+			}
 		}
 	}
 }

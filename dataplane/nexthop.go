@@ -96,27 +96,26 @@ func parseNexthop(b []byte) (Nexthop, error) {
 		return Nexthop{}, fmt.Errorf("nexthop message: short (%d bytes)", len(b))
 	}
 	n := Nexthop{Protocol: int(b[2]), OnLink: binary.NativeEndian.Uint32(b[4:8])&unix.RTNH_F_ONLINK != 0}
-	attrs, err := nl.ParseRouteAttr(b[sizeofNhmsg:])
-	if err != nil {
-		return Nexthop{}, fmt.Errorf("nexthop message: %w", err)
-	}
-	for _, a := range attrs {
-		switch a.Attr.Type {
+	err := walkAttrs(b[sizeofNhmsg:], func(typ uint16, val []byte) {
+		switch typ {
 		case unix.NHA_ID:
-			if len(a.Value) == 4 {
-				n.ID = binary.NativeEndian.Uint32(a.Value)
+			if len(val) == 4 {
+				n.ID = binary.NativeEndian.Uint32(val)
 			}
 		case unix.NHA_OIF:
-			if len(a.Value) == 4 {
-				n.Link = int(binary.NativeEndian.Uint32(a.Value))
+			if len(val) == 4 {
+				n.Link = int(binary.NativeEndian.Uint32(val))
 			}
 		case unix.NHA_GATEWAY:
-			if ip, ok := netip.AddrFromSlice(a.Value); ok {
+			if ip, ok := netip.AddrFromSlice(val); ok {
 				n.Gw = ip.Unmap()
 			}
 		case unix.NHA_GROUP, unix.NHA_BLACKHOLE, unix.NHA_ENCAP, nhaFDB:
 			n.Other = true
 		}
+	})
+	if err != nil {
+		return Nexthop{}, fmt.Errorf("nexthop message: %w", err)
 	}
 	if n.ID == 0 {
 		return Nexthop{}, fmt.Errorf("nexthop message: no ID")
@@ -133,42 +132,56 @@ func parseRoute(b []byte) (Route, error) {
 	msg := nl.DeserializeRtMsg(b)
 	r := Route{Route: netlink.Route{Family: int(msg.Family), Table: int(msg.Table), Protocol: netlink.RouteProtocol(msg.Protocol),
 		Type: int(msg.Type), Scope: netlink.Scope(msg.Scope), Flags: int(msg.Flags)}}
-	attrs, err := nl.ParseRouteAttr(b[unix.SizeofRtMsg:])
-	if err != nil {
-		return Route{}, fmt.Errorf("route message: %w", err)
-	}
 	bits := 32
 	if msg.Family == unix.AF_INET6 {
 		bits = 128
 	}
-	for _, a := range attrs {
-		switch a.Attr.Type {
+	err := walkAttrs(b[unix.SizeofRtMsg:], func(typ uint16, val []byte) {
+		switch typ {
 		case unix.RTA_DST:
-			r.Dst = &net.IPNet{IP: net.IP(append([]byte(nil), a.Value...)), Mask: net.CIDRMask(int(msg.Dst_len), bits)}
+			r.Dst = &net.IPNet{IP: net.IP(append([]byte(nil), val...)), Mask: net.CIDRMask(int(msg.Dst_len), bits)}
 		case unix.RTA_GATEWAY:
-			r.Gw = net.IP(append([]byte(nil), a.Value...))
+			r.Gw = net.IP(append([]byte(nil), val...))
 		case unix.RTA_OIF:
-			if len(a.Value) == 4 {
-				r.LinkIndex = int(binary.NativeEndian.Uint32(a.Value))
+			if len(val) == 4 {
+				r.LinkIndex = int(binary.NativeEndian.Uint32(val))
 			}
 		case unix.RTA_PRIORITY:
-			if len(a.Value) == 4 {
-				r.Priority = int(binary.NativeEndian.Uint32(a.Value))
+			if len(val) == 4 {
+				r.Priority = int(binary.NativeEndian.Uint32(val))
 			}
 		case unix.RTA_TABLE:
-			if len(a.Value) == 4 {
-				r.Table = int(binary.NativeEndian.Uint32(a.Value))
+			if len(val) == 4 {
+				r.Table = int(binary.NativeEndian.Uint32(val))
 			}
 		case rtaNHID:
-			if len(a.Value) == 4 {
-				r.NH = binary.NativeEndian.Uint32(a.Value)
+			if len(val) == 4 {
+				r.NH = binary.NativeEndian.Uint32(val)
 			}
 		}
+	})
+	if err != nil {
+		return Route{}, fmt.Errorf("route message: %w", err)
 	}
 	if r.Dst == nil { // no RTA_DST: a default route
 		r.Dst = &net.IPNet{IP: make(net.IP, bits/8), Mask: net.CIDRMask(0, bits)}
 	}
 	return r, nil
+}
+
+// walkAttrs hands the type (without the nested and byte-order flags) and value of each
+// netlink attribute in b to f, in place: reading a dump of 20,000 routes allocates no slice of
+// attributes per message. A malformed attribute ends the walk with an error.
+func walkAttrs(b []byte, f func(typ uint16, val []byte)) error {
+	for len(b) >= unix.SizeofRtAttr {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < unix.SizeofRtAttr || l > len(b) {
+			return fmt.Errorf("attribute of length %d in %d bytes", l, len(b))
+		}
+		f(binary.NativeEndian.Uint16(b[2:4])&^(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[unix.SizeofRtAttr:l])
+		b = b[min((l+unix.NLA_ALIGNTO-1)&^(unix.NLA_ALIGNTO-1), len(b)):]
+	}
+	return nil
 }
 
 // dump sends a dump request and returns the data of every answer of type want.
