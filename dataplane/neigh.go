@@ -48,20 +48,8 @@ func parseNeighbour(b []byte) (Neighbour, error) {
 func (b *batcher) neighbours(linkIndex, family int) ([]Neighbour, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, unix.NLM_F_DUMP)
 	req.AddData(&netlink.Ndmsg{Family: uint8(family), Index: uint32(linkIndex)})
-	msgs, err := b.dump(req, unix.RTM_NEWNEIGH)
-	if err != nil {
-		return nil, fmt.Errorf("listing neighbours: %w", err)
-	}
-	out := make([]Neighbour, 0, len(msgs))
-	for _, m := range msgs {
-		n, err := parseNeighbour(m)
-		if err != nil {
-			return nil, fmt.Errorf("listing neighbours: %w", err)
-		}
-		// The kernel may answer with every link's (and, for AF_BRIDGE, every family's).
-		if n.LinkIndex == linkIndex && n.Family == family {
-			out = append(out, n)
-		}
-	}
-	return out, nil
+	// The kernel may answer with every link's (and, for AF_BRIDGE, every family's).
+	return dumpParsed(b, req, unix.RTM_NEWNEIGH, "neighbours", parseNeighbour, func(n Neighbour) bool {
+		return n.LinkIndex == linkIndex && n.Family == family
+	})
 }

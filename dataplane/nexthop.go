@@ -235,21 +235,7 @@ func (b *batcher) dump(req *nl.NetlinkRequest, want uint16) ([][]byte, error) {
 func (b *batcher) routes(table int) ([]Route, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 	req.AddData(nl.NewRtMsg())
-	msgs, err := b.dump(req, unix.RTM_NEWROUTE)
-	if err != nil {
-		return nil, fmt.Errorf("listing routes of table %d: %w", table, err)
-	}
-	out := make([]Route, 0, len(msgs))
-	for _, m := range msgs {
-		r, err := parseRoute(m)
-		if err != nil {
-			return nil, fmt.Errorf("listing routes of table %d: %w", table, err)
-		}
-		if r.Table == table {
-			out = append(out, r)
-		}
-	}
-	return out, nil
+	return dumpParsed(b, req, unix.RTM_NEWROUTE, fmt.Sprintf("routes of table %d", table), parseRoute, func(r Route) bool { return r.Table == table })
 }
 
 // nexthops dumps every nexthop object, or, when oif is not 0, those through device oif (the
@@ -260,17 +246,25 @@ func (b *batcher) nexthops(oif int) ([]Nexthop, error) {
 	if oif != 0 {
 		req.AddData(nl.NewRtAttr(unix.NHA_OIF, nl.Uint32Attr(uint32(oif))))
 	}
-	msgs, err := b.dump(req, unix.RTM_NEWNEXTHOP)
+	return dumpParsed(b, req, unix.RTM_NEWNEXTHOP, "nexthop objects", parseNexthop, nil)
+}
+
+// dumpParsed sends a dump request and parses every answer of type want, keeping those keep
+// accepts (nil: all); what names the listing in errors.
+func dumpParsed[T any](b *batcher, req *nl.NetlinkRequest, want uint16, what string, parse func([]byte) (T, error), keep func(T) bool) ([]T, error) {
+	msgs, err := b.dump(req, want)
 	if err != nil {
-		return nil, fmt.Errorf("listing nexthop objects: %w", err)
+		return nil, fmt.Errorf("listing %s: %w", what, err)
 	}
-	out := make([]Nexthop, 0, len(msgs))
+	out := make([]T, 0, len(msgs))
 	for _, m := range msgs {
-		n, err := parseNexthop(m)
+		v, err := parse(m)
 		if err != nil {
-			return nil, fmt.Errorf("listing nexthop objects: %w", err)
+			return nil, fmt.Errorf("listing %s: %w", what, err)
 		}
-		out = append(out, n)
+		if keep == nil || keep(v) {
+			out = append(out, v)
+		}
 	}
 	return out, nil
 }
