@@ -256,8 +256,8 @@ func startFanoutWatcher(endpoint, node string, base int64, changes int, created 
 	}
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
 	w := &fanoutWatcher{cli: cli, cancel: cancel, arrived: make([]int64, changes)}
-	for _, sp := range intakeSpans(store.NodePrefixes(node)) {
-		wch := cli.Watch(ctx, sp[0], clientv3.WithRange(sp[1]), clientv3.WithRev(base+1), clientv3.WithCreatedNotify())
+	for _, sp := range store.WatchSpans(store.NodePrefixes(node)) {
+		wch := cli.Watch(ctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(base+1), clientv3.WithCreatedNotify())
 		w.done.Go(func() {
 			wasCreated := false
 			for resp := range wch {
@@ -284,27 +284,6 @@ func (w *fanoutWatcher) close() {
 	w.cancel()
 	w.cli.Close()
 	w.done.Wait()
-}
-
-// intakeSpans are the ranges the intake watches for these prefixes: one per first path
-// segment, from the least prefix to the greatest range end under it (Intake.watch).
-func intakeSpans(prefixes []string) [][2]string {
-	var spans [][2]string
-	roots := map[string]int{}
-	for _, p := range prefixes {
-		root := p
-		if i := strings.IndexByte(p[1:], '/'); i >= 0 {
-			root = p[:i+2]
-		}
-		end := clientv3.GetPrefixRangeEnd(p)
-		if i, ok := roots[root]; ok {
-			spans[i] = [2]string{min(spans[i][0], p), max(spans[i][1], end)}
-			continue
-		}
-		roots[root] = len(spans)
-		spans = append(spans, [2]string{p, end})
-	}
-	return spans
 }
 
 // waitDelivered waits until every watcher has n changes; it returns "" or what was missing.

@@ -512,6 +512,31 @@ func (in *Intake) flush() {
 // stableWatch is how long a watch must stay up before a failure counts as a new first one.
 const stableWatch = 10 * time.Second
 
+// Span is a range of keys [Start, End) one watch follows.
+type Span struct{ Start, End string }
+
+// WatchSpans are the ranges the intake watches for prefixes, in the order of their roots'
+// first prefixes: one per first path segment ("/calico/", "/sluice/"), from the least of its
+// prefixes to the end of the greatest.
+func WatchSpans(prefixes []string) []Span {
+	var spans []Span
+	at := map[string]int{} // root: index in spans
+	for _, p := range prefixes {
+		root := p
+		if i := strings.IndexByte(p[1:], '/'); i >= 0 {
+			root = p[:i+2]
+		}
+		end := clientv3.GetPrefixRangeEnd(p)
+		if i, ok := at[root]; ok {
+			spans[i] = Span{min(spans[i].Start, p), max(spans[i].End, end)}
+			continue
+		}
+		at[root] = len(spans)
+		spans = append(spans, Span{p, end})
+	}
+	return spans
+}
+
 // errCompacted marks a watch that fell behind a compaction.
 var errCompacted = errors.New("watch revision compacted")
 
@@ -523,25 +548,9 @@ var errCompacted = errors.New("watch revision compacted")
 func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	type span struct{ start, end string }
-	spans := map[string]*span{}
-	var roots []string
-	for _, p := range in.cfg.Prefixes {
-		root := p
-		if i := strings.IndexByte(p[1:], '/'); i >= 0 {
-			root = p[:i+2]
-		}
-		sp := spans[root]
-		if sp == nil {
-			sp = &span{p, clientv3.GetPrefixRangeEnd(p)}
-			spans[root] = sp
-			roots = append(roots, root)
-			continue
-		}
-		sp.start, sp.end = min(sp.start, p), max(sp.end, clientv3.GetPrefixRangeEnd(p))
-	}
+	spans := WatchSpans(in.cfg.Prefixes)
 	merged := make(chan clientv3.WatchResponse)
-	closed := make(chan struct{}, len(roots))
+	closed := make(chan struct{}, len(spans))
 	done := make(chan struct{})
 	defer close(done)
 	// The first two watches (sluice reads two roots, /calico/ and /sluice/) are read directly
@@ -549,8 +558,8 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	// each watch and the loop would be one more hand-off, and one more thread woken, per
 	// change (measured: a tenth of the CPU per change at 20,000 nodes).
 	var direct [2]clientv3.WatchChan
-	for i, root := range roots {
-		wch := in.cfg.Client.Watch(wctx, spans[root].start, clientv3.WithRange(spans[root].end), clientv3.WithRev(rev))
+	for i, sp := range spans {
+		wch := in.cfg.Client.Watch(wctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(rev))
 		if i < len(direct) {
 			direct[i] = wch
 			continue

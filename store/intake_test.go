@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -520,5 +521,25 @@ func TestIntakeNoticesSilence(t *testing.T) {
 	if in.Stats().Resyncs.Load() != 0 || in.Stats().Revision.Load() < last || in.Stats().Silent.Load() {
 		t.Fatalf("resyncs %d, revision %d (want >= %d), silent %v: want a catch-up from the revision",
 			in.Stats().Resyncs.Load(), in.Stats().Revision.Load(), last, in.Stats().Silent.Load())
+	}
+}
+
+// TestWatchSpans: one watch per root, from its least prefix to the end of its greatest, in
+// the order the roots first appear; every prefix inside its root's span.
+func TestWatchSpans(t *testing.T) {
+	got := store.WatchSpans([]string{"/calico/b/", "/sluice/x/", "/calico/a/", "/calico/c/d/", "/other"})
+	want := []store.Span{{"/calico/a/", "/calico/c/d0"}, {"/sluice/x/", "/sluice/x0"}, {"/other", "/othes"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("spans %q, want %q", got, want)
+	}
+	prefixes := store.NodePrefixes("node-a")
+	spans := store.WatchSpans(prefixes)
+	if len(spans) != 2 {
+		t.Errorf("sluice's prefixes watched through %d spans, want 2 (/calico/, /sluice/): %q", len(spans), spans)
+	}
+	for _, p := range prefixes {
+		if !slices.ContainsFunc(spans, func(s store.Span) bool { return s.Start <= p && p < s.End }) {
+			t.Errorf("prefix %s in no span of %q", p, spans)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -97,7 +96,6 @@ func loadServicesBench(b *testing.B, cli *clientv3.Client) {
 	flush()
 }
 
-// startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
 // svcBenchLogLine is what the benchmark reads of sluiced's JSON log: "took" is a duration
 // with its unit ("1.2ms").
 type svcBenchLogLine struct {
@@ -106,6 +104,7 @@ type svcBenchLogLine struct {
 	Took    string    `json:"took"`
 }
 
+// startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
 func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
 	args := []string{"--etcd-endpoints", endpoint, "--node-name", "node-000", "--log-format", "json", "--bpf-pin-dir", pinDir}
 	// The socket programs would attach to the cgroup hierarchy, which `ip netns exec` hides
@@ -113,28 +112,7 @@ func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
 	if help, _ := exec.Command(bin, "--help").CombinedOutput(); strings.Contains(string(help), "cgroup-path") {
 		args = append(args, "--cgroup-path", "none")
 	}
-	cmd := exec.Command(bin, args...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	a := &agentProc{cmd: cmd, lines: make(chan string, 4096)}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // even when the benchmark fails
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			select {
-			case a.lines <- sc.Text():
-			default:
-			}
-		}
-		close(a.lines)
-	}()
-	return a
+	return execAgent(b, bin, args...)
 }
 
 // BenchmarkServiceEndpointChange runs sluiced with the service stage for a node of a cluster

@@ -296,7 +296,13 @@ type agentProc struct {
 func startAgent(b *testing.B, bin, endpoint string, args ...string) *agentProc {
 	// --profiling serves Go's profiles on the health address (127.0.0.1:9097 in the
 	// benchmark's namespace): SLUICE_BENCH_HEAP saves a heap profile of the settled agent.
-	cmd := exec.Command(bin, append([]string{"--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false", "--profiling"}, args...)...)
+	return execAgent(b, bin, append([]string{"--etcd-endpoints", endpoint, "--node-name", "node-00000", "--log-format", "json", "--services=false", "--profiling"}, args...)...)
+}
+
+// execAgent starts the sluiced binary with args, its log lines read into the agentProc (a line that finds
+// the buffer full is dropped), and kills it when the benchmark ends, even when it fails.
+func execAgent(b *testing.B, bin string, args ...string) *agentProc {
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -304,10 +310,11 @@ func startAgent(b *testing.B, bin, endpoint string, args ...string) *agentProc {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	a := &agentProc{cmd: cmd, lines: make(chan string, 1024)}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // even when the benchmark fails
+	a := &agentProc{cmd: cmd, lines: make(chan string, 4096)}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	go func() {
 		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			select {
 			case a.lines <- sc.Text():

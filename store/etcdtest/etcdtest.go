@@ -262,16 +262,20 @@ func quietLogger(dir string) (*zap.Logger, *os.File, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	return logTo(f), f, nil
+}
+
+// logTo is a JSON logger writing to w at LogLevelEnv's level (errors only by default); the
+// logger's own failures go nowhere.
+func logTo(w io.Writer) *zap.Logger {
 	level := zapcore.ErrorLevel
 	if v := os.Getenv(LogLevelEnv); v != "" {
 		if err := level.Set(v); err != nil {
 			level = zapcore.ErrorLevel
 		}
 	}
-	enc := zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig())
-	core := zapcore.NewCore(enc, zapcore.AddSync(f), level)
-	lg := zap.New(core, zap.ErrorOutput(zapcore.AddSync(io.Discard)))
-	return lg, f, nil
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(w), level)
+	return zap.New(core, zap.ErrorOutput(zapcore.AddSync(io.Discard)))
 }
 
 // start launches etcd on s's settings and waits for it to be ready.

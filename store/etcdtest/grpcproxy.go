@@ -18,8 +18,6 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 	"go.etcd.io/etcd/server/v3/proxy/grpcproxy"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 )
@@ -77,14 +75,7 @@ func NewGRPCProxy(t testing.TB, endpoint string) *GRPCProxy {
 // and TLS. The log (errors only, unless LogLevelEnv says otherwise) goes to
 // logOut.
 func startGRPCProxy(endpoint string, logOut io.Writer) (*GRPCProxy, error) {
-	level := zapcore.ErrorLevel
-	if v := os.Getenv(LogLevelEnv); v != "" {
-		if err := level.Set(v); err != nil {
-			level = zapcore.ErrorLevel
-		}
-	}
-	lg := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logOut), level),
-		zap.ErrorOutput(zapcore.AddSync(io.Discard)))
+	lg := logTo(logOut)
 
 	client, err := clientv3.New(clientv3.Config{
 		Endpoints:            []string{endpoint},
