@@ -599,7 +599,7 @@ func (f *FakeKernel) Neighs(linkIndex, family int) ([]Neighbour, error) {
 	var out []Neighbour
 	for _, n := range f.neighs[linkIndex][family] {
 		ip, _ := netip.AddrFromSlice(n.IP)
-		out = append(out, Neighbour{Family: n.Family, LinkIndex: n.LinkIndex, State: uint16(n.State), IP: ip.Unmap(), MAC: macOf(n.HardwareAddr)})
+		out = append(out, Neighbour{Family: n.Family, LinkIndex: n.LinkIndex, State: uint16(n.State), IP: ip.Unmap(), MAC: macOf(n.HardwareAddr), HasMAC: n.HardwareAddr != nil})
 	}
 	return out, nil
 }

@@ -17,8 +17,10 @@ type Neighbour struct {
 	State             uint16
 	// IP is the neighbour's address, or an FDB entry's remote (unmapped; invalid: none).
 	IP netip.Addr
-	// MAC is the link-layer address (all zeros: none, or an FDB entry's flood default).
-	MAC macAddr
+	// MAC is the link-layer address, when HasMAC (an FDB entry's all zeros: the flood
+	// default).
+	MAC    macAddr
+	HasMAC bool
 }
 
 // parseNeighbour reads an RTM_NEWNEIGH or RTM_DELNEIGH message's data (a dump's or an
@@ -35,7 +37,7 @@ func parseNeighbour(b []byte) (Neighbour, error) {
 				n.IP = ip.Unmap()
 			}
 		case unix.NDA_LLADDR:
-			n.MAC = macOf(val)
+			n.MAC, n.HasMAC = macOf(val), true
 		}
 	})
 	if err != nil {

@@ -69,13 +69,13 @@ func TestNeighbourDumpMatchesNetlink(t *testing.T) {
 		var gotS, refS []string
 		for _, g := range got {
 			if written(int(g.State)) {
-				gotS = append(gotS, fmt.Sprintf("%d %d %#x %s %s", g.Family, g.LinkIndex, g.State, g.IP, g.MAC))
+				gotS = append(gotS, fmt.Sprintf("%d %d %#x %s %s %v", g.Family, g.LinkIndex, g.State, g.IP, g.MAC, g.HasMAC))
 			}
 		}
 		for _, r := range ref {
 			if written(r.State) {
 				ip, _ := netip.AddrFromSlice(r.IP)
-				refS = append(refS, fmt.Sprintf("%d %d %#x %s %s", r.Family, r.LinkIndex, r.State, ip.Unmap(), macOf(r.HardwareAddr)))
+				refS = append(refS, fmt.Sprintf("%d %d %#x %s %s %v", r.Family, r.LinkIndex, r.State, ip.Unmap(), macOf(r.HardwareAddr), r.HardwareAddr != nil))
 			}
 		}
 		slices.Sort(gotS)
@@ -141,7 +141,7 @@ func TestParsersReadAttributesInPlace(t *testing.T) {
 	msg := slices.Concat(nd, attr(unix.NDA_LLADDR, mac), attr(unix.NDA_CACHEINFO, make([]byte, 16)), attr(unix.NDA_DST, []byte{10, 0, 0, 9}))
 	n, err := parseNeighbour(msg)
 	if err != nil || n.LinkIndex != 7 || n.Family != unix.AF_INET || n.State != netlink.NUD_PERMANENT ||
-		n.IP != netip.MustParseAddr("10.0.0.9") || n.MAC != macOf(mac) {
+		n.IP != netip.MustParseAddr("10.0.0.9") || n.MAC != macOf(mac) || !n.HasMAC {
 		t.Errorf("neighbour: %+v, %v", n, err)
 	}
 

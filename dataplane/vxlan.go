@@ -398,7 +398,7 @@ func (x *VXLAN) read(idx int) error {
 	}
 	neigh := make(map[netip.Addr]macAddr, len(ns))
 	for _, n := range ns {
-		if n.IP.IsValid() && n.MAC != (macAddr{}) && n.State&netlink.NUD_PERMANENT != 0 {
+		if n.IP.IsValid() && n.HasMAC && n.State&netlink.NUD_PERMANENT != 0 {
 			neigh[n.IP] = n.MAC
 		}
 	}
@@ -408,7 +408,7 @@ func (x *VXLAN) read(idx int) error {
 	}
 	fdb := make(map[macAddr]netip.Addr, len(fs))
 	for _, n := range fs {
-		if n.IP.IsValid() && n.MAC != (macAddr{}) {
+		if n.IP.IsValid() && n.HasMAC && n.MAC != (macAddr{}) { // not the flood default
 			fdb[n.MAC] = n.IP
 		}
 	}
