@@ -89,7 +89,6 @@ func checkAll(b *testing.B, errs []error) {
 
 func benchNewNodeCost(b *testing.B, nodes int) {
 	k, _, node := benchFleet(b, "nn", nodes)
-	check := func(errs []error) { checkAll(b, errs) }
 
 	// What a full read of the objects costs at this size, and the agent's probe at start.
 	dumpStart := time.Now()
@@ -110,9 +109,9 @@ func benchNewNodeCost(b *testing.B, nodes int) {
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &before)
 	for i := range changes {
 		ne, nh, r := node(nodes + 1 + i)
-		check(k.NeighSetMany(ne))
-		check(k.NexthopSetMany([]Nexthop{nh}, false))
-		check(k.RouteReplaceMany([]*Route{r}))
+		checkAll(b, k.NeighSetMany(ne))
+		checkAll(b, k.NexthopSetMany([]Nexthop{nh}, false))
+		checkAll(b, k.RouteReplaceMany([]*Route{r}))
 	}
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &after)
 	wall := time.Since(start)

@@ -118,10 +118,11 @@ func (k *NetlinkKernel) NATSupported() error {
 }
 
 // NexthopsSupported says whether this kernel has nexthop objects (nil: yes; Linux 5.3 or
-// later), without listing them: a dump filtered to the loopback device, which the kernel
-// answers with nothing (or an error, before 5.3) however many objects it holds.
+// later), without listing them: a dump filtered in the kernel to the loopback device, which
+// holds only blackhole objects (usually none), whatever the number of others; before 5.3 the
+// kernel refuses it. Only the kernel's answer counts: what it lists is not parsed.
 func (k *NetlinkKernel) NexthopsSupported() error {
-	_, err := k.batch.nexthops(1)
+	_, err := k.batch.dump(nexthopDump(1), unix.RTM_NEWNEXTHOP)
 	return err
 }
 

@@ -47,11 +47,17 @@ func parseNeighbour(b []byte) (Neighbour, error) {
 }
 
 // neighbours dumps the neighbour (AF_INET, AF_INET6) or FDB (AF_BRIDGE) entries of a link.
+// The kernel answers with every link's (it ignores the request's link without strict
+// checking): another link's entries are passed over by their header, unparsed, so that one of
+// them the parser refuses does not fail the read of sluice's device.
 func (b *batcher) neighbours(linkIndex, family int) ([]Neighbour, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, unix.NLM_F_DUMP)
 	req.AddData(&netlink.Ndmsg{Family: uint8(family), Index: uint32(linkIndex)})
-	// The kernel may answer with every link's (and, for AF_BRIDGE, every family's).
-	return dumpParsed(b, req, unix.RTM_NEWNEIGH, "neighbours", parseNeighbour, func(n Neighbour) bool {
-		return n.LinkIndex == linkIndex && n.Family == family
-	})
+	what := fmt.Sprintf("neighbours of link %d", linkIndex)
+	if family == unix.AF_BRIDGE {
+		what = fmt.Sprintf("FDB entries of link %d", linkIndex)
+	}
+	return dumpParsed(b, req, unix.RTM_NEWNEIGH, what, func(m []byte) bool {
+		return len(m) >= unix.SizeofNdMsg && (int(m[0]) != family || int(int32(binary.NativeEndian.Uint32(m[4:8]))) != linkIndex)
+	}, parseNeighbour, nil)
 }

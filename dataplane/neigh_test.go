@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -90,7 +91,8 @@ func TestNeighbourDumpMatchesNetlink(t *testing.T) {
 }
 
 // TestNexthopsSupportedReadsNone asks the kernel whether it has nexthop objects while it holds
-// some, and wants yes without any of them listed: the probe filters to the loopback device.
+// some, and wants yes without those listed: the probe filters to the loopback device, which
+// holds a blackhole object only.
 func TestNexthopsSupportedReadsNone(t *testing.T) {
 	n := newTestNode(t)
 	n.iface("eth0", "192.0.2.11/24")
@@ -103,11 +105,14 @@ func TestNexthopsSupportedReadsNone(t *testing.T) {
 	if errs := k.NexthopSetMany(nhs, false); errs[0] != nil || errs[1] != nil || errs[2] != nil {
 		t.Fatal(errs)
 	}
+	if out, err := exec.Command("ip", "-n", n.name, "nexthop", "add", "id", "200", "blackhole").CombinedOutput(); err != nil {
+		t.Fatalf("ip nexthop add blackhole: %v: %s", err, out)
+	}
 	nk := k.(*NetlinkKernel)
 	if err := nk.NexthopsSupported(); err != nil {
 		t.Fatalf("nexthops supported: %v", err)
 	}
-	for _, c := range []struct{ oif, want int }{{0, 3}, {eth0, 3}, {1, 0}} {
+	for _, c := range []struct{ oif, want int }{{0, 4}, {eth0, 3}, {1, 1}} {
 		got, err := nk.batch.nexthops(c.oif)
 		if err != nil {
 			t.Fatal(err)

@@ -235,29 +235,39 @@ func (b *batcher) dump(req *nl.NetlinkRequest, want uint16) ([][]byte, error) {
 func (b *batcher) routes(table int) ([]Route, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETROUTE, unix.NLM_F_DUMP)
 	req.AddData(nl.NewRtMsg())
-	return dumpParsed(b, req, unix.RTM_NEWROUTE, fmt.Sprintf("routes of table %d", table), parseRoute, func(r Route) bool { return r.Table == table })
+	return dumpParsed(b, req, unix.RTM_NEWROUTE, fmt.Sprintf("routes of table %d", table), nil, parseRoute, func(r Route) bool { return r.Table == table })
 }
 
 // nexthops dumps every nexthop object, or, when oif is not 0, those through device oif (the
 // kernel filters them).
 func (b *batcher) nexthops(oif int) ([]Nexthop, error) {
+	req := nexthopDump(oif)
+	return dumpParsed(b, req, unix.RTM_NEWNEXTHOP, "nexthop objects", nil, parseNexthop, nil)
+}
+
+// nexthopDump is the request for every nexthop object, or those through device oif (not 0).
+func nexthopDump(oif int) *nl.NetlinkRequest {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
 	req.AddData(&nhmsg{})
 	if oif != 0 {
 		req.AddData(nl.NewRtAttr(unix.NHA_OIF, nl.Uint32Attr(uint32(oif))))
 	}
-	return dumpParsed(b, req, unix.RTM_NEWNEXTHOP, "nexthop objects", parseNexthop, nil)
+	return req
 }
 
-// dumpParsed sends a dump request and parses every answer of type want, keeping those keep
-// accepts (nil: all); what names the listing in errors.
-func dumpParsed[T any](b *batcher, req *nl.NetlinkRequest, want uint16, what string, parse func([]byte) (T, error), keep func(T) bool) ([]T, error) {
+// dumpParsed sends a dump request and parses every answer of type want that skip does not
+// pass over unparsed (nil: none), keeping those keep accepts (nil: all); what names the
+// listing in errors.
+func dumpParsed[T any](b *batcher, req *nl.NetlinkRequest, want uint16, what string, skip func([]byte) bool, parse func([]byte) (T, error), keep func(T) bool) ([]T, error) {
 	msgs, err := b.dump(req, want)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", what, err)
 	}
 	out := make([]T, 0, len(msgs))
 	for _, m := range msgs {
+		if skip != nil && skip(m) {
+			continue
+		}
 		v, err := parse(m)
 		if err != nil {
 			return nil, fmt.Errorf("listing %s: %w", what, err)

@@ -394,7 +394,7 @@ func (x *VXLAN) ensureAddr() error {
 func (x *VXLAN) read(idx int) error {
 	ns, err := x.k.Neighs(idx, x.family())
 	if err != nil {
-		return fmt.Errorf("listing neighbours of %s: %w", x.cfg.Name, err)
+		return fmt.Errorf("%s: %w", x.cfg.Name, err)
 	}
 	neigh := make(map[netip.Addr]macAddr, len(ns))
 	for _, n := range ns {
@@ -404,7 +404,7 @@ func (x *VXLAN) read(idx int) error {
 	}
 	fs, err := x.k.Neighs(idx, unix.AF_BRIDGE)
 	if err != nil {
-		return fmt.Errorf("listing FDB entries of %s: %w", x.cfg.Name, err)
+		return fmt.Errorf("%s: %w", x.cfg.Name, err)
 	}
 	fdb := make(map[macAddr]netip.Addr, len(fs))
 	for _, n := range fs {

@@ -355,12 +355,15 @@ func (a *agentProc) waitLine(timeout time.Duration, part string) bool {
 
 // untilApplied reads the agent's log until its first "dataplane updated" line and returns
 // when, after start, it computed its desired state and applied it, and how many kernel
-// writes that apply made.
+// writes that apply made. A failed apply ends it too, not ok (the phases end with the line).
 func (a *agentProc) untilApplied(start time.Time) (phases []string, writes int, ok bool) {
 	for {
 		l, ok := a.next(2 * time.Minute)
 		if !ok {
 			return phases, 0, false
+		}
+		if strings.Contains(l, "dataplane apply failed") {
+			return append(phases, l), 0, false
 		}
 		for _, m := range []string{"desired state computed", "dataplane updated"} {
 			if strings.Contains(l, m) {
@@ -495,7 +498,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 			agent = startAgent(b, bin, etcd.Endpoint(), args...)
 			phases, _, ok := agent.untilApplied(coldStart)
 			if !ok {
-				b.Fatalf("cold start: sluiced ended or said nothing for 2 minutes; %d of %d routes in the kernel", count(), benchBlocks)
+				b.Fatalf("cold start: sluiced's apply failed, it ended, or it said nothing for 2 minutes (%s); %d of %d routes in the kernel", strings.Join(phases, ", "), count(), benchBlocks)
 			}
 			colds = append(colds, time.Since(coldStart))
 			if n := count(); n != benchBlocks {
@@ -621,7 +624,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		// done (which, with nothing changed, writes nothing).
 		phases, writes, ok := agent.untilApplied(start)
 		if !ok {
-			b.Fatal("the restarted sluiced never applied its state")
+			b.Fatalf("the restarted sluiced never applied its state: %s", strings.Join(phases, ", "))
 		}
 		readies = append(readies, time.Since(start))
 		agentCPU, etcdCPU := cpuTicks(b, agent.cmd.Process.Pid), cpuTicks(b, etcd.Pid())-etcdStart
