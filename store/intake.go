@@ -43,10 +43,13 @@ const (
 	CauseCompacted ResyncCause = "compacted"  // the watch fell behind a compaction
 	CauseWatchLost ResyncCause = "watch-lost" // the watch broke (leader lost, cancelled, etcd gone)
 	CauseListError ResyncCause = "list-error" // a read failed and was tried again
+	// CauseWatchStalled: a watch stayed behind the revision etcd reported for StallAfter
+	// (served no more, without a word: seen behind etcd's gRPC proxy).
+	CauseWatchStalled ResyncCause = "watch-stalled"
 )
 
 // ResyncCauses lists the causes, for metrics.
-var ResyncCauses = []ResyncCause{CauseCompacted, CauseWatchLost, CauseListError}
+var ResyncCauses = []ResyncCause{CauseCompacted, CauseWatchLost, CauseListError, CauseWatchStalled}
 
 // IntakeStats are the intake's counters, safe to read from any goroutine.
 type IntakeStats struct {
@@ -55,7 +58,7 @@ type IntakeStats struct {
 	Retries   atomic.Int64 // failed lists and broken watches
 	Resyncs   atomic.Int64 // full reads after the first
 	// ResyncsBy counts the resyncs by cause, in the order of ResyncCauses.
-	ResyncsBy [3]atomic.Int64
+	ResyncsBy [4]atomic.Int64
 	Revision  atomic.Int64 // newest revision delivered (or, in the watch, passed over)
 	InSync    atomic.Bool  // true between an in-sync and the next failure or silence
 	// Silent is set while etcd has not answered for the liveness time, with the watch open;
@@ -117,6 +120,14 @@ type IntakeConfig struct {
 	// the sign: etcd sends no progress notification on a watch until the store moves past
 	// the revision it started at, so a quiet cluster would look dead.
 	Liveness time.Duration
+	// StallAfter is how long a watch may stay behind the revision etcd reports (to the
+	// liveness probe, which then runs at least every quarter of it) before the intake takes
+	// it for lost and reads everything again; 0: never. Each watch asks for etcd's progress
+	// notifications, sent to an idle watch every 10 minutes by default (and passed on by the
+	// gRPC proxy), so a served watch is never further behind than about twice that: the agent's
+	// default is 30 minutes. A cluster with no writes at all moves no revision: nothing to
+	// catch up, no cost.
+	StallAfter time.Duration
 }
 
 // DefaultLiveness is the default IntakeConfig.Liveness.
@@ -268,8 +279,11 @@ func (in *Intake) Run(ctx context.Context) error {
 			attempt = 0
 		}
 		cause = CauseWatchLost
-		if errors.Is(err, errCompacted) {
+		switch {
+		case errors.Is(err, errCompacted):
 			cause = CauseCompacted
+		case errors.Is(err, errStalled):
+			cause = CauseWatchStalled
 		}
 		attempt++
 		in.retry(ctx, err, attempt)
@@ -540,6 +554,9 @@ func WatchSpans(prefixes []string) []Span {
 // errCompacted marks a watch that fell behind a compaction.
 var errCompacted = errors.New("watch revision compacted")
 
+// errStalled marks a watch that stayed behind etcd's revision for StallAfter.
+var errStalled = errors.New("watch stalled")
+
 // watch follows the prefixes from rev until a watch fails or ctx ends. Prefixes that share a
 // first path segment ("/calico/", "/sluice/") are followed by one watch over the range that
 // spans them, so events within each arrive in revision order; keys in a range outside the
@@ -559,7 +576,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	// change (measured: a tenth of the CPU per change at 20,000 nodes).
 	var direct [2]clientv3.WatchChan
 	for i, sp := range spans {
-		wch := in.cfg.Client.Watch(wctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(rev))
+		wch := in.cfg.Client.Watch(wctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(rev), clientv3.WithProgressNotify())
 		if i < len(direct) {
 			direct[i] = wch
 			continue
@@ -596,6 +613,10 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	lastData, probed := heard, heard // the watch's last response, the last progress request
 	silent := false
 	var probing, probeFailed atomic.Bool
+	// Stalls: each watch's newest revision against the newest one the probe saw etcd at.
+	stall := stallCheck{after: in.cfg.StallAfter, n: min(len(spans), len(stallCheck{}.at))}
+	stall.start(rev - 1)
+	var probeRev atomic.Int64 // the last probe's revision of etcd, not yet looked at
 	heardAgain := func(last time.Time, ok bool) {
 		silent = false
 		in.stats.Silent.Store(false)
@@ -608,21 +629,34 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	}
 	for {
 		var resp clientv3.WatchResponse
+		var from int // which watch answered: 0, 1 (direct), 2 (merged)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-closed:
 			return errors.New("watch lost: the watch channel closed")
 		case now := <-tick:
-			if now.Sub(lastData) >= live/2 && now.Sub(probed) >= live/2 && probing.CompareAndSwap(false, true) {
+			due := now.Sub(lastData) >= live/2 && now.Sub(probed) >= live/2
+			due = due || stall.after > 0 && now.Sub(probed) >= stall.after/4 // a busy watch too
+			if due && probing.CompareAndSwap(false, true) {
 				probed = now
 				go func() {
 					defer probing.Store(false)
 					pctx, cancel := context.WithTimeout(wctx, live/4)
 					defer cancel()
-					_, err := in.cfg.Client.Get(pctx, in.cfg.Prefixes[0], clientv3.WithCountOnly())
+					resp, err := in.cfg.Client.Get(pctx, in.cfg.Prefixes[0], clientv3.WithCountOnly())
 					probeFailed.Store(err != nil && ctx.Err() == nil)
+					if err == nil {
+						probeRev.Store(resp.Header.Revision)
+					}
 				}()
+			}
+			if r := probeRev.Swap(0); r != 0 {
+				stall.etcdAt(r, now)
+			}
+			if i, ok := stall.stalled(now); ok {
+				return fmt.Errorf("%w: the watch of %s… delivered up to revision %d, etcd was at %d %v ago",
+					errStalled, spans[min(i, len(spans)-1)].Start, stall.at[i], stall.target[i], now.Sub(stall.since[i]).Round(time.Second))
 			}
 			if in.connected() && !probeFailed.Load() {
 				last := heard
@@ -645,16 +679,17 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			}
 			continue
 		case resp = <-merged:
+			from = len(direct)
 		case r, ok := <-direct[0]:
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
-			resp = r
+			resp, from = r, 0
 		case r, ok := <-direct[1]: // nil (never ready) when there is one root
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
-			resp = r
+			resp, from = r, 1
 		}
 		last := heard
 		heard = time.Now()
@@ -703,11 +738,63 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		if resp.IsProgressNotify() {
 			seen = max(seen, resp.Header.Revision)
 		}
+		stall.delivered(from, seen)
 		if seen > in.stats.Revision.Load() {
 			in.stats.Revision.Store(seen)
 		}
 
 	}
+}
+
+// stallCheck finds a watch etcd no longer serves though it stays open: behind the revision
+// the probe saw etcd at for longer than after. Each watch is followed by the newest revision
+// it delivered (an event's, or a progress notification's); watches past the second share the
+// last slot.
+type stallCheck struct {
+	after  time.Duration // 0: never stalled
+	n      int           // how many slots are in use
+	at     [3]int64      // each watch's newest revision delivered
+	target [3]int64      // a revision of etcd's the watch has not reached (0: none)
+	since  [3]time.Time  // when the probe saw etcd at target
+}
+
+// start says every watch begins at rev (what the read before it covered).
+func (c *stallCheck) start(rev int64) {
+	for i := range c.n {
+		c.at[i] = rev
+	}
+}
+
+// delivered records that watch i delivered everything up to rev.
+func (c *stallCheck) delivered(i int, rev int64) {
+	i = min(i, len(c.at)-1)
+	c.at[i] = max(c.at[i], rev)
+	if c.target[i] != 0 && c.at[i] >= c.target[i] {
+		c.target[i] = 0
+	}
+}
+
+// etcdAt records that etcd was at rev when probed at now: each watch behind it must reach it
+// (a watch already behind an older revision keeps that one, and its time).
+func (c *stallCheck) etcdAt(rev int64, now time.Time) {
+	for i := range c.n {
+		if c.at[i] < rev && c.target[i] == 0 {
+			c.target[i], c.since[i] = rev, now
+		}
+	}
+}
+
+// stalled returns a watch that has stayed behind for longer than after.
+func (c *stallCheck) stalled(now time.Time) (int, bool) {
+	if c.after <= 0 {
+		return 0, false
+	}
+	for i := range c.n {
+		if c.target[i] != 0 && now.Sub(c.since[i]) >= c.after {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // connected reports whether the client's connection to etcd is ready.

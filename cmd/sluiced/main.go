@@ -112,7 +112,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		handlers = append(handlers, rec)
 	}
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log),
-		Prefixes: store.NodePrefixes(c.NodeName), Liveness: c.EtcdLiveness})
+		Prefixes: store.NodePrefixes(c.NodeName), Liveness: c.EtcdLiveness, StallAfter: c.EtcdWatchStall})
 	if err != nil {
 		return err
 	}

@@ -47,14 +47,15 @@ func TestParseFlagsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &agentconfig.Config{
-		Etcd:         store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
-		NodeName:     strings.ToLower(host),
-		LogLevel:     "info",
-		Calc:         calc.DefaultConfig(strings.ToLower(host)),
-		Dataplane:    true,
-		HealthListen: "127.0.0.1:9097",
-		StatusTTL:    15 * time.Second,
-		EtcdLiveness: 10 * time.Second,
+		Etcd:           store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
+		NodeName:       strings.ToLower(host),
+		LogLevel:       "info",
+		Calc:           calc.DefaultConfig(strings.ToLower(host)),
+		Dataplane:      true,
+		HealthListen:   "127.0.0.1:9097",
+		StatusTTL:      15 * time.Second,
+		EtcdLiveness:   10 * time.Second,
+		EtcdWatchStall: 30 * time.Minute,
 		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol, Nexthops: true},
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
@@ -115,6 +116,7 @@ func TestParseFlagsErrors(t *testing.T) {
 		{[]string{"--route-protocol", "2"}, nil, []string{"option route-protocol", "3 to 255"}},
 		{[]string{"--route-table", "255"}, nil, []string{"option route-table", "the local table"}},
 		{[]string{"--resync-interval", "5ms"}, nil, []string{"option resync-interval", "at least 1s"}},
+		{[]string{"--etcd-watch-stall", "5ms"}, nil, []string{"option etcd-watch-stall", "0, or a duration of at least 1s"}},
 		{[]string{"--node-address", "node-a"}, nil, []string{"option node-address", "an IP address"}},
 		{[]string{"--vxlan=maybe"}, nil, []string{"option vxlan", "true or false"}},
 		{[]string{"--config", "/does/not/exist.yaml"}, nil, []string{"reading configuration file"}},
@@ -693,6 +695,18 @@ func TestVersionFlag(t *testing.T) {
 		out, err := exec.Command(bin, arg).CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "sluiced version ") || !strings.Contains(string(out), "commit ") {
 			t.Errorf("sluiced %s: %v %q", arg, err, out)
+		}
+	}
+}
+
+// TestParseWatchStall: 0 turns the stalled-watch check off; a duration sets it.
+func TestParseWatchStall(t *testing.T) {
+	for v, want := range map[string]time.Duration{"0": 0, "2m": 2 * time.Minute} {
+		c, err := agentconfig.Parse([]string{"--etcd-watch-stall", v}, envOf(nil), &bytes.Buffer{})
+		if err != nil {
+			t.Errorf("--etcd-watch-stall %s: %v", v, err)
+		} else if c.EtcdWatchStall != want {
+			t.Errorf("--etcd-watch-stall %s: %v; want %v", v, c.EtcdWatchStall, want)
 		}
 	}
 }
