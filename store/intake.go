@@ -115,18 +115,20 @@ type IntakeConfig struct {
 	// written data goes unacknowledged for the client's keepalive timeout (gRPC sets
 	// TCP_USER_TIMEOUT to it, 3 s), or when a keepalive ping goes unanswered (gRPC pings no
 	// more often than every 10 s). So when the watch has been quiet for half of Liveness the
-	// intake writes a progress request on it: one small message per node per 5 s of quiet,
-	// which etcd answers without touching raft or disk. The answer itself cannot serve as
-	// the sign: etcd sends no progress notification on a watch until the store moves past
-	// the revision it started at, so a quiet cluster would look dead.
+	// intake probes etcd: a linearizable read of one absent key, one small request per node
+	// per 5 s of quiet (see watch). A progress notification cannot serve as the sign: etcd
+	// sends none on a watch until the store moves past the revision it started at, so a quiet
+	// cluster would look dead.
 	Liveness time.Duration
 	// StallAfter is how long a watch may stay behind the revision etcd reports (to the
 	// liveness probe, which then runs at least every quarter of it) before the intake takes
-	// it for lost and reads everything again; 0: never. Each watch asks for etcd's progress
-	// notifications, sent to an idle watch every 10 minutes by default (and passed on by the
-	// gRPC proxy), so a served watch is never further behind than about twice that: the agent's
-	// default is 30 minutes. A cluster with no writes at all moves no revision: nothing to
-	// catch up, no cost.
+	// it for lost and reads everything again; 0: never; it needs Liveness > 0. Each watch asks
+	// for etcd's progress notifications, sent to an idle watch every 10 minutes (plus up to a
+	// tenth) by default and passed on by the gRPC proxy; etcd skips one after a tick in which
+	// the watch had events, and a full stream or a watch not yet synced misses one, so a
+	// served watch can be 22 minutes behind and more after a missed tick: the agent's default
+	// is an hour. A cluster with no writes at all moves no revision: nothing to catch up, no
+	// cost.
 	StallAfter time.Duration
 }
 
@@ -695,6 +697,9 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		heard = time.Now()
 		lastData = heard
 		in.stats.LastHeard.Store(heard.UnixNano())
+		// A response after a failed probe is etcd heard: a probe that timed out while the
+		// watch was busy (the stalled-watch check probes then too) is not silence.
+		probeFailed.Store(false)
 		if silent {
 			// Heard again: in sync once more, unless this answer ends the watch (a
 			// compaction while cut off), and then the resync says when.

@@ -46,9 +46,8 @@ func (w *stallingWatcher) Watch(ctx context.Context, key string, opts ...clientv
 // progressEvery makes the embedded etcd of this process send progress notifications every d
 // to idle watches (10 minutes otherwise), for the test.
 func progressEvery(t *testing.T, d time.Duration) {
-	old := v3rpc.GetProgressReportInterval()
 	v3rpc.SetProgressReportInterval(d)
-	t.Cleanup(func() { v3rpc.SetProgressReportInterval(old) })
+	t.Cleanup(func() { v3rpc.SetProgressReportInterval(10 * time.Minute) }) // etcd's default
 }
 
 func stallIntake(t *testing.T, cli *clientv3.Client, after time.Duration) (*store.Intake, *sink) {
@@ -66,8 +65,9 @@ func stallIntake(t *testing.T, cli *clientv3.Client, after time.Duration) (*stor
 
 // TestIntakeResyncsAStalledWatch: a watch that stays open but delivers nothing more while etcd
 // moves on is taken for lost after StallAfter, and the read that follows brings what it
-// missed.
+// missed; before the stall, the same changes with the watches served read nothing again.
 func TestIntakeResyncsAStalledWatch(t *testing.T) {
+	progressEvery(t, 200*time.Millisecond) // the idle /sluice/ watch kept current too
 	srv := etcdtest.New(t)
 	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
 	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
@@ -75,6 +75,14 @@ func TestIntakeResyncsAStalledWatch(t *testing.T) {
 	cli.Watcher = w
 	put(t, writer, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
 	in, s := stallIntake(t, cli, time.Second)
+
+	// Served: changes arrive by the watch, nothing is read again.
+	put(t, writer, store.NodePrefix+"node-c", nodeValue("node-c", "192.0.2.13/24", ""))
+	eventually(t, 5*time.Second, "node-c", func() bool { return s.index.Snapshot().Get(store.KindNode, "node-c") != nil })
+	time.Sleep(2500 * time.Millisecond) // more than twice StallAfter, many probes
+	if got := in.Stats().Resyncs.Load(); got != 0 {
+		t.Fatalf("%d resyncs with every watch served, want 0", got)
+	}
 
 	w.stalled.Store(true)
 	stalledAt := time.Now()

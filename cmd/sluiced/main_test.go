@@ -55,7 +55,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		HealthListen:   "127.0.0.1:9097",
 		StatusTTL:      15 * time.Second,
 		EtcdLiveness:   10 * time.Second,
-		EtcdWatchStall: 30 * time.Minute,
+		EtcdWatchStall: time.Hour,
 		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol, Nexthops: true},
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},

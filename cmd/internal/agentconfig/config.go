@@ -289,7 +289,7 @@ func optionTable() []option {
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.StatusTTL })},
 		{name: "etcd-liveness", env: "SLUICE_ETCD_LIVENESS", key: "etcdLiveness", def: "10s", accepts: "a duration of at least 1s", help: "how soon the agent reports not ready (on /readyz and sluice_etcd_in_sync) when etcd stops answering; the dataplane stays as it is meanwhile",
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.EtcdLiveness })},
-		{name: "etcd-watch-stall", env: "SLUICE_ETCD_WATCH_STALL", key: "etcdWatchStall", def: "30m", accepts: "0, or a duration of at least 1s", help: "how long a watch may stay behind the revision etcd reports before the agent takes it for lost and reads everything again (a watch etcd's gRPC proxy stopped serving); keep it above twice etcd's progress notify interval (10m by default)",
+		{name: "etcd-watch-stall", env: "SLUICE_ETCD_WATCH_STALL", key: "etcdWatchStall", def: "1h", accepts: "0, or a duration of at least 1s", help: "how long a watch may stay behind the revision etcd reports before the agent takes it for lost and reads everything again (a watch etcd's gRPC proxy stopped serving); keep it above three times etcd's watch progress notify interval (10m by default)",
 			set: func(c *Config, v string) error {
 				if v == "0" {
 					c.EtcdWatchStall = 0
