@@ -123,52 +123,20 @@ func (g *Graph) unrouted(dst netip.Prefix) (key, what string) {
 	return "block/" + dst.String(), "block of node " + g.blocks[dst].AffinityNode
 }
 
-// whyNoWorkloadRoute says why a remote workload's address gets no route of its own though it
-// needs one (routes from workloads, or an address borrowed from another node's block), or "".
-func (g *Graph) whyNoWorkloadRoute(dst netip.Prefix) string {
-	if !dst.IsSingleIP() {
-		return ""
-	}
-	first, ok := g.wepsByNet.first(dst)
-	if !ok {
-		return ""
-	}
-	w := g.weps[first]
-	for id := range g.wepsByNet.all(dst) {
-		if g.isLocal(g.weps[id].Node) {
-			return ""
+// whyNoRoute says why a remote workload's address (routes from workloads, or an address
+// borrowed from another node's block) or a live remote block affine to another node gets no
+// route though it needs one, or "" when no route is due (no such workload or block, a local or
+// deleted one, an IPIP pool: that is reported per pool). The decisions are the routes' own.
+func (g *Graph) whyNoRoute(dst netip.Prefix) string {
+	if dst.IsSingleIP() {
+		if _, why := g.workloadRouteWhy(dst); why != "-" && why != "" {
+			return why
 		}
 	}
-	borrowed := false
-	if b := g.blockFor(dst.Addr()); b == nil || b.AffinityNode != w.Node {
-		borrowed = true
-	}
-	if g.cfg.RouteSource != SourceWorkloadIPs && !borrowed {
-		return "" // its block's route covers it
-	}
-	if _, why := g.remoteRouteWhy(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload); why != "-" {
-		return why
-	}
-	return ""
-}
-
-// whyNoRoute says why a remote block gets no route though it is a live block affine to another
-// node, or "" when no route is due (no such block, a local or deleted one, routes from
-// workloads, an IPIP pool: that is reported per pool).
-func (g *Graph) whyNoRoute(dst netip.Prefix) string {
-	if why := g.whyNoWorkloadRoute(dst); why != "" {
-		return why
-	}
-	b := g.blocks[dst]
-	if b == nil || b.AffinityNode == "" || b.Deleted || g.isLocal(b.AffinityNode) || g.cfg.RouteSource != SourceCalicoIPAM {
-		return ""
-	}
-	pool := g.poolFor(b.CIDR)
-	if pool == nil {
-		return "it is in no IP pool"
-	}
-	if _, why := g.remoteRouteWhy(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock); why != "-" {
-		return why
+	if b := g.blocks[dst]; b != nil && g.cfg.RouteSource == SourceCalicoIPAM {
+		if _, why := g.blockRouteWhy(b); why != "-" {
+			return why
+		}
 	}
 	return ""
 }
@@ -205,23 +173,30 @@ func (g *Graph) computeRoute(dst netip.Prefix) (Route, bool) {
 // workloadRoute: a local workload's address goes to its interface; a remote one gets its own
 // route when it is borrowed (or always, when routes come from workloads).
 func (g *Graph) workloadRoute(dst netip.Prefix) (Route, bool) {
+	r, why := g.workloadRouteWhy(dst)
+	return r, why == ""
+}
+
+// workloadRouteWhy is workloadRoute, saying why there is none as remoteRouteWhy does ("-":
+// none is due).
+func (g *Graph) workloadRouteWhy(dst netip.Prefix) (Route, string) {
 	first, ok := g.wepsByNet.first(dst)
 	if !ok {
-		return Route{}, false
+		return Route{}, "-"
 	}
 	for id := range g.wepsByNet.all(dst) {
 		if w := g.weps[id]; g.isLocal(w.Node) {
-			return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonLocalWorkload}, true
+			return Route{Dst: dst, Type: RouteUnicast, Device: w.InterfaceName, Reason: ReasonLocalWorkload}, ""
 		}
 	}
 	w := g.weps[first]
 	if g.cfg.RouteSource == SourceWorkloadIPs {
-		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload)
+		return g.remoteRouteWhy(dst, w.Node, g.poolFor(dst), ReasonRemoteWorkload)
 	}
 	if b := g.blockFor(dst.Addr()); b == nil || b.AffinityNode != w.Node {
-		return g.remoteRoute(dst, w.Node, g.poolFor(dst), ReasonBorrowed)
+		return g.remoteRouteWhy(dst, w.Node, g.poolFor(dst), ReasonBorrowed)
 	}
-	return Route{}, false
+	return Route{}, "-" // its block's route covers it
 }
 
 // floatingRoute: a floating IP goes where its workload's internal address goes: to the
@@ -297,21 +272,28 @@ func (g *Graph) tunnelRoute(dst netip.Prefix) (Route, bool) {
 // and disabling the old pool is the first step of migrating to a new one, while its
 // workloads still carry traffic.
 func (g *Graph) blockRoute(b *store.Block) (Route, bool) {
+	r, why := g.blockRouteWhy(b)
+	return r, why == ""
+}
+
+// blockRouteWhy is blockRoute, saying why there is none as remoteRouteWhy does ("-": none is
+// due).
+func (g *Graph) blockRouteWhy(b *store.Block) (Route, string) {
 	if b.AffinityNode == "" || b.Deleted {
-		return Route{}, false
+		return Route{}, "-"
 	}
 	if g.isLocal(b.AffinityNode) {
 		a := g.affinities[b.AffinityNode+"/"+b.CIDR.String()]
 		if a == nil || a.Deleted || a.State != store.AffinityConfirmed || b.CIDR.IsSingleIP() {
-			return Route{}, false
+			return Route{}, "-"
 		}
-		return Route{Dst: b.CIDR, Type: g.cfg.BlackholeType, Metric: g.cfg.BlackholeMetric, Reason: ReasonLocalBlock}, true
+		return Route{Dst: b.CIDR, Type: g.cfg.BlackholeType, Metric: g.cfg.BlackholeMetric, Reason: ReasonLocalBlock}, ""
 	}
 	pool := g.poolFor(b.CIDR)
 	if pool == nil {
-		return Route{}, false
+		return Route{}, "it is in no IP pool"
 	}
-	return g.remoteRoute(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock)
+	return g.remoteRouteWhy(b.CIDR, b.AffinityNode, pool, ReasonRemoteBlock)
 }
 
 // recomputeRoutes recomputes every dirty destination and records what changed.
