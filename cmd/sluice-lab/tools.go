@@ -48,8 +48,19 @@ func toolEtcd(args []string) error {
 
 // toolTCPServe echoes every TCP connection on addr until killed.
 func toolTCPServe(args []string) error {
+	return serveTCP(args, "usage: tcp-serve IP:PORT", func(c net.Conn) {
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	})
+}
+
+// serveTCP listens on args' one address, says READY, and hands every connection to handle
+// until killed.
+func serveTCP(args []string, usage string, handle func(net.Conn)) error {
 	if len(args) != 1 {
-		return errors.New("usage: tcp-serve IP:PORT")
+		return errors.New(usage)
 	}
 	ln, err := net.Listen("tcp", args[0])
 	if err != nil {
@@ -61,10 +72,7 @@ func toolTCPServe(args []string) error {
 		if err != nil {
 			return err
 		}
-		go func() {
-			defer c.Close()
-			_, _ = io.Copy(c, c)
-		}()
+		handle(c)
 	}
 }
 
@@ -251,23 +259,11 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // toolTCPWhoami answers every TCP connection on addr with the client's address as it sees
 // it, one line, then closes: an endpoint that reports whether the client's address was kept.
 func toolTCPWhoami(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: tcp-whoami IP:PORT")
-	}
-	ln, err := net.Listen("tcp", args[0])
-	if err != nil {
-		return err
-	}
-	fmt.Println("READY")
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return err
-		}
+	return serveTCP(args, "usage: tcp-whoami IP:PORT", func(c net.Conn) {
 		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
 		_, _ = c.Write([]byte(host + "\n"))
 		_ = c.Close()
-	}
+	})
 }
 
 // toolTCPAsk makes n connections to addr, one after another, each reading one line; it
