@@ -110,14 +110,7 @@ func TestIntakeInitialReadThenWatch(t *testing.T) {
 // a key can change, compacts, and reconnects: the intake must read again and emit exactly
 // what changed.
 func TestIntakeCompactedWhileDisconnected(t *testing.T) {
-	srv := etcdtest.New(t)
-	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
-	proxy, err := etcdtest.NewProxy(srv.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	cli := mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
+	writer, proxy, cli := behindProxy(t)
 
 	keys := map[string]string{}
 	for _, n := range []string{"stays", "changes", "vanishes", "recreated"} {
@@ -469,14 +462,7 @@ func TestIntakeShrinksPagesTooLargeForOneMessage(t *testing.T) {
 // in sync (once), keeps what it holds, and once the link is back catches up from its
 // revision (no resync) with what changed meanwhile.
 func TestIntakeNoticesSilence(t *testing.T) {
-	srv := etcdtest.New(t)
-	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
-	proxy, err := etcdtest.NewProxy(srv.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	cli := mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
+	writer, proxy, cli := behindProxy(t)
 	put(t, writer, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
 	s, r := newSink(), &reporter{}
 	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: s, Reporter: r, Liveness: time.Second,
@@ -542,4 +528,18 @@ func TestWatchSpans(t *testing.T) {
 			t.Errorf("prefix %s in no span of %q", p, spans)
 		}
 	}
+}
+
+// behindProxy starts etcd with a writer on it directly, and a client through a TCP proxy the
+// test can cut.
+func behindProxy(t *testing.T) (*clientv3.Client, *etcdtest.Proxy, *clientv3.Client) {
+	t.Helper()
+	srv := etcdtest.New(t)
+	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	proxy, err := etcdtest.NewProxy(srv.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return writer, proxy, mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
 }
