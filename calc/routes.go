@@ -134,7 +134,7 @@ func (g *Graph) whyNoRoute(dst netip.Prefix) string {
 		}
 	}
 	if b := g.blocks[dst]; b != nil && g.cfg.RouteSource == SourceCalicoIPAM {
-		if _, why := g.blockRouteWhy(b); why != "-" {
+		if _, why := g.blockRouteWhy(b); why != "-" && why != "" {
 			return why
 		}
 	}

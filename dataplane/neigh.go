@@ -29,7 +29,8 @@ func parseNeighbour(b []byte) (Neighbour, error) {
 	if len(b) < unix.SizeofNdMsg {
 		return Neighbour{}, fmt.Errorf("neighbour message: short (%d bytes)", len(b))
 	}
-	n := Neighbour{Family: int(b[0]), LinkIndex: int(int32(binary.NativeEndian.Uint32(b[4:8]))), State: binary.NativeEndian.Uint16(b[8:10])}
+	family, link := neighHeader(b)
+	n := Neighbour{Family: family, LinkIndex: link, State: binary.NativeEndian.Uint16(b[8:10])}
 	err := walkAttrs(b[unix.SizeofNdMsg:], func(typ uint16, val []byte) {
 		switch typ {
 		case unix.NDA_DST:
@@ -58,6 +59,15 @@ func (b *batcher) neighbours(linkIndex, family int) ([]Neighbour, error) {
 		what = fmt.Sprintf("FDB entries of link %d", linkIndex)
 	}
 	return dumpParsed(b, req, unix.RTM_NEWNEIGH, what, func(m []byte) bool {
-		return len(m) >= unix.SizeofNdMsg && (int(m[0]) != family || int(int32(binary.NativeEndian.Uint32(m[4:8]))) != linkIndex)
+		if len(m) < unix.SizeofNdMsg {
+			return false // parseNeighbour says what is wrong with it
+		}
+		f, l := neighHeader(m)
+		return f != family || l != linkIndex
 	}, parseNeighbour, nil)
+}
+
+// neighHeader is the family and link of a neighbour message of at least SizeofNdMsg bytes.
+func neighHeader(b []byte) (family, link int) {
+	return int(b[0]), int(int32(binary.NativeEndian.Uint32(b[4:8])))
 }

@@ -90,10 +90,10 @@ func TestNeighbourDumpMatchesNetlink(t *testing.T) {
 	}
 }
 
-// TestNexthopsSupportedReadsNone asks the kernel whether it has nexthop objects while it holds
+// TestNexthopsSupportedProbe asks the kernel whether it has nexthop objects while it holds
 // some, and wants yes without those listed: the probe filters to the loopback device, which
 // holds a blackhole object only.
-func TestNexthopsSupportedReadsNone(t *testing.T) {
+func TestNexthopsSupportedProbe(t *testing.T) {
 	n := newTestNode(t)
 	n.iface("eth0", "192.0.2.11/24")
 	eth0 := n.link("eth0").Attrs().Index

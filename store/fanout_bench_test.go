@@ -40,7 +40,7 @@ const (
 // WithRequireLeader). One writer, straight to etcd as Calico's writers are, claims
 // fanoutWrites blocks at a fixed pace; every watcher must receive every change.
 //
-// Metrics, per stream of changes (but watch-restarts):
+// Metrics, per stream of changes (watch-restarts and stalled-watchers: over the whole run):
 //   - etcd-cpu-s, proxy-cpu-s: user+system CPU (/proc/PID/stat, USER_HZ 100) from the first
 //     write until the last watcher had the last change; nothing subtracted. etcd-idle-cpu-s,
 //     proxy-idle-cpu-s: the same over an equally long quiet time just before (watchers
@@ -236,23 +236,20 @@ func benchFanout(b *testing.B, viaProxy bool) {
 	}
 	b.StopTimer()
 
-	restarts, why := 0, ""
+	restarts, stalled, why := 0, 0, ""
 	for _, w := range ws {
 		if r := w.restarts.Load(); r > 0 {
 			restarts += int(r)
 			why, _ = w.why.Load().(string)
+		}
+		if w.stalled {
+			stalled++
 		}
 	}
 	if restarts > 0 {
 		b.Logf("%d watches ended under their watchers and were opened again from where they were (the last: %s)", restarts, why)
 	}
 	b.ReportMetric(float64(restarts), "watch-restarts")
-	stalled := 0
-	for _, w := range ws {
-		if w.stalled {
-			stalled++
-		}
-	}
 	b.ReportMetric(float64(stalled), "stalled-watchers")
 
 	n := float64(b.N)

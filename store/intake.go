@@ -616,8 +616,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	silent := false
 	var probing, probeFailed atomic.Bool
 	// Stalls: each watch's newest revision against the newest one the probe saw etcd at.
-	stall := stallCheck{after: in.cfg.StallAfter, n: min(len(spans), len(stallCheck{}.at))}
-	stall.start(rev - 1)
+	stall := newStallCheck(in.cfg.StallAfter, len(spans), rev-1)
 	var probeRev atomic.Int64 // the last probe's revision of etcd, not yet looked at
 	heardAgain := func(last time.Time, ok bool) {
 		silent = false
@@ -657,8 +656,9 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 				stall.etcdAt(r, now)
 			}
 			if i, ok := stall.stalled(now); ok {
+				w := stall.watches[i]
 				return fmt.Errorf("%w: the watch of %s… delivered up to revision %d, etcd was at %d %v ago",
-					errStalled, spans[min(i, len(spans)-1)].Start, stall.at[i], stall.target[i], now.Sub(stall.since[i]).Round(time.Second))
+					errStalled, spans[i].Start, w.at, w.target, now.Sub(w.since).Round(time.Second))
 			}
 			if in.connected() && !probeFailed.Load() {
 				last := heard
@@ -753,38 +753,44 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 
 // stallCheck finds a watch etcd no longer serves though it stays open: behind the revision
 // the probe saw etcd at for longer than after. Each watch is followed by the newest revision
-// it delivered (an event's, or a progress notification's); watches past the second share the
-// last slot.
+// it delivered (an event's, or a progress notification's); watches past the second, read
+// through one channel, share the last slot.
 type stallCheck struct {
-	after  time.Duration // 0: never stalled
-	n      int           // how many slots are in use
-	at     [3]int64      // each watch's newest revision delivered
-	target [3]int64      // a revision of etcd's the watch has not reached (0: none)
-	since  [3]time.Time  // when the probe saw etcd at target
+	after   time.Duration // 0: never stalled
+	watches []watchProgress
 }
 
-// start says every watch begins at rev (what the read before it covered).
-func (c *stallCheck) start(rev int64) {
-	for i := range c.n {
-		c.at[i] = rev
+type watchProgress struct {
+	at     int64     // the newest revision delivered
+	target int64     // a revision of etcd's not reached yet (0: none)
+	since  time.Time // when the probe saw etcd at target
+}
+
+// newStallCheck follows n watches (at most three slots) that begin after rev, what the read
+// before them covered.
+func newStallCheck(after time.Duration, n int, rev int64) *stallCheck {
+	c := &stallCheck{after: after, watches: make([]watchProgress, min(n, 3))}
+	for i := range c.watches {
+		c.watches[i].at = rev
 	}
+	return c
 }
 
 // delivered records that watch i delivered everything up to rev.
 func (c *stallCheck) delivered(i int, rev int64) {
-	i = min(i, len(c.at)-1)
-	c.at[i] = max(c.at[i], rev)
-	if c.target[i] != 0 && c.at[i] >= c.target[i] {
-		c.target[i] = 0
+	w := &c.watches[min(i, len(c.watches)-1)]
+	w.at = max(w.at, rev)
+	if w.target != 0 && w.at >= w.target {
+		w.target = 0
 	}
 }
 
 // etcdAt records that etcd was at rev when probed at now: each watch behind it must reach it
 // (a watch already behind an older revision keeps that one, and its time).
 func (c *stallCheck) etcdAt(rev int64, now time.Time) {
-	for i := range c.n {
-		if c.at[i] < rev && c.target[i] == 0 {
-			c.target[i], c.since[i] = rev, now
+	for i := range c.watches {
+		if w := &c.watches[i]; w.at < rev && w.target == 0 {
+			w.target, w.since = rev, now
 		}
 	}
 }
@@ -794,8 +800,8 @@ func (c *stallCheck) stalled(now time.Time) (int, bool) {
 	if c.after <= 0 {
 		return 0, false
 	}
-	for i := range c.n {
-		if c.target[i] != 0 && now.Sub(c.since[i]) >= c.after {
+	for i, w := range c.watches {
+		if w.target != 0 && now.Sub(w.since) >= c.after {
 			return i, true
 		}
 	}

@@ -366,18 +366,18 @@ func (a *agentProc) untilApplied(start time.Time) (phases []string, writes int, 
 			return append(phases, l), 0, false
 		}
 		for _, m := range []string{"desired state computed", "dataplane updated"} {
-			if strings.Contains(l, m) {
-				var at struct {
-					Time   time.Time
-					Writes int
-				}
-				_ = json.Unmarshal([]byte(l), &at)
-				phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(start).Round(time.Millisecond), m))
-				writes = at.Writes
+			if !strings.Contains(l, m) {
+				continue
 			}
-		}
-		if strings.Contains(l, "dataplane updated") {
-			return phases, writes, true
+			var at struct {
+				Time   time.Time
+				Writes int
+			}
+			_ = json.Unmarshal([]byte(l), &at)
+			phases = append(phases, fmt.Sprintf("%v %s", at.Time.Sub(start).Round(time.Millisecond), m))
+			if m == "dataplane updated" {
+				return phases, at.Writes, true
+			}
 		}
 	}
 }
