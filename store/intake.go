@@ -61,6 +61,10 @@ type IntakeStats struct {
 	ResyncsBy [4]atomic.Int64
 	Revision  atomic.Int64 // newest revision delivered (or, in the watch, passed over)
 	InSync    atomic.Bool  // true between an in-sync and the next failure or silence
+	// Syncs counts the full reads delivered with their in-sync, each counted once InSync is
+	// set: a consumer that stands in for the intake until its first in-sync sees one or the
+	// other, never neither.
+	Syncs atomic.Int64
 	// Silent is set while etcd has not answered for the liveness time, with the watch open;
 	// Silences counts the times it was set; LastHeard is when etcd last answered (Unix ns).
 	Silent    atomic.Bool
@@ -451,6 +455,7 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	in.batch = append(in.batch, Event{Type: EventInSync, Revision: rev})
 	in.flush()
 	in.stats.InSync.Store(true)
+	in.stats.Syncs.Add(1)
 	return rev, nil
 }
 
