@@ -2,6 +2,7 @@ package calc_test
 
 import (
 	"bytes"
+	"encoding/gob"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -341,4 +342,59 @@ func TestGolden(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestStateUpdateIsTheFirstUpdate: the desired state of every golden case, written with gob
+// and read back (as an agent keeps it across a restart), gives as its Update the very ops
+// calc's first update of the same inputs carries, in the same order.
+func TestStateUpdateIsTheFirstUpdate(t *testing.T) {
+	logs, _ := filepath.Glob("../testdata/calc/*/events.jsonl")
+	for _, log := range logs {
+		dir := filepath.Dir(log)
+		configs, _ := filepath.Glob(filepath.Join(dir, "*.config.json"))
+		objs := finalObjects(readBatches(t, log))
+		for _, cfgPath := range configs {
+			t.Run(filepath.Base(dir)+"/"+strings.TrimSuffix(filepath.Base(cfgPath), ".config.json"), func(t *testing.T) {
+				cfg := readConfig(t, cfgPath)
+				g, err := calc.New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				first := g.OnEvents(append(objs, inSync()))
+				if first == nil || !first.Full {
+					t.Fatalf("calc's first update is not full: %+v", first)
+				}
+				var raw bytes.Buffer
+				if err := gob.NewEncoder(&raw).Encode(g.State()); err != nil {
+					t.Fatal(err)
+				}
+				var kept calc.State
+				if err := gob.NewDecoder(&raw).Decode(&kept); err != nil {
+					t.Fatal(err)
+				}
+				got := kept.Update()
+				if !got.Full || len(got.Ops) == 0 {
+					t.Fatalf("the kept state's update: full %v, %d ops", got.Full, len(got.Ops))
+				}
+				if a, b := opsJSON(t, got.Ops), opsJSON(t, first.Ops); a != b {
+					t.Errorf("the kept state's ops differ from calc's first update:\n--- kept\n%s\n--- calc\n%s", a, b)
+				}
+			})
+		}
+	}
+}
+
+// opsJSON writes ops one per line, what each points at spelled out.
+func opsJSON(t *testing.T, ops []calc.Op) string {
+	t.Helper()
+	var b strings.Builder
+	for _, op := range ops {
+		line, err := json.Marshal(op)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	return b.String()
 }

@@ -686,6 +686,10 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.dirtySvc.add(e.ServiceID())
 }
 
+// InSync reports whether the graph has had its first in-sync: State is then the desired state
+// of etcd as of the last batch.
+func (g *Graph) InSync() bool { return g.inSync }
+
 // SelfMissing reports whether, in sync with etcd, this agent's own Node is not there: an agent
 // started with the wrong node name programs nothing for it.
 func (g *Graph) SelfMissing() bool { return g.inSync && g.nodes[g.cfg.NodeName] == nil }

@@ -206,11 +206,27 @@ func SortState(s *State) *State {
 
 // fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
-	s := g.stateBut()
 	routes := make([]*Route, 0, len(g.routes))
 	for _, r := range g.routes {
 		routes = append(routes, r) // calc's own: the consumer keeps them, not copies
 	}
+	return fullOf(g.stateBut(), routes)
+}
+
+// Update is s as the first update after in-sync would carry it: the whole state (Full), in
+// apply order, with s's problems. Its ops point into s. An agent that kept the desired state
+// of an earlier run hands this to the dataplane; calc's own first update of the same inputs
+// carries the same ops.
+func (s *State) Update() *Update {
+	routes := make([]*Route, len(s.Routes))
+	for i := range s.Routes {
+		routes[i] = &s.Routes[i]
+	}
+	return fullOf(s, routes)
+}
+
+// fullOf is s, with routes for its routes, as a full update.
+func fullOf(s *State, routes []*Route) *Update {
 	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: routes, frontendSets: s.Frontends, healthSets: s.HealthChecks,
 		fipSets: s.FloatingIPs, problems: s.Problems}
 	u := p.take()
