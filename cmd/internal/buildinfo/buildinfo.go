@@ -3,7 +3,9 @@
 package buildinfo
 
 import (
+	"debug/elf"
 	"fmt"
+	"os"
 	"runtime/debug"
 )
 
@@ -43,4 +45,38 @@ func (i Info) String() string {
 		rev += " (with uncommitted changes)"
 	}
 	return fmt.Sprintf("version %s, commit %s, %s", i.Version, rev, i.GoVersion)
+}
+
+// ID returns the Go build ID of the running executable (what `go tool buildid` prints): it
+// differs between any two builds that differ in code, dependencies or toolchain, even with
+// no version control information, as in tests. Read from the executable's ELF note.
+func ID() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("finding this executable: %w", err)
+	}
+	f, err := elf.Open(exe)
+	if err != nil {
+		return "", fmt.Errorf("reading %s: %w", exe, err)
+	}
+	defer f.Close()
+	sec := f.Section(".note.go.buildid")
+	if sec == nil {
+		return "", fmt.Errorf("%s has no Go build ID note", exe)
+	}
+	note, err := sec.Data()
+	if err != nil {
+		return "", fmt.Errorf("reading %s's build ID note: %w", exe, err)
+	}
+	// An ELF note: name size, description size, type (4 for Go's build ID), the name "Go\0"
+	// padded to four bytes, then the ID.
+	if len(note) < 16 {
+		return "", fmt.Errorf("%s's build ID note is %d bytes", exe, len(note))
+	}
+	nameSize, descSize := f.ByteOrder.Uint32(note[0:4]), f.ByteOrder.Uint32(note[4:8])
+	start := 12 + (uint64(nameSize)+3)&^3
+	if f.ByteOrder.Uint32(note[8:12]) != 4 || string(note[12:14]) != "Go" || start+uint64(descSize) > uint64(len(note)) || descSize == 0 {
+		return "", fmt.Errorf("%s's build ID note is not Go's", exe)
+	}
+	return string(note[start : start+uint64(descSize)]), nil
 }
