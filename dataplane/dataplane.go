@@ -48,8 +48,8 @@ type Config struct {
 	// it must not call back into the dataplane.
 	OnRepair func(kind, what string)
 	// OnApply, when set, hears the outcome of every apply that did something or failed,
-	// and of the first apply after the first full update even when it wrote nothing (the
-	// agent logs, rate-limited); writes is how many kernel changes it made.
+	// and of the first apply after each full update even when it wrote nothing (the agent
+	// logs, rate-limited); writes is how many kernel changes it made.
 	OnApply func(err error, writes int, took time.Duration)
 }
 
@@ -100,6 +100,8 @@ type Dataplane struct {
 	kick chan struct{}
 	// pendingSince is when the oldest update not yet in the kernel arrived (zero: none).
 	pendingSince time.Time
+	// fulls counts the full updates handed over, so that the apply after each is announced.
+	fulls int
 	// beat is when the apply loop last went round (unix nanoseconds), for liveness.
 	beat atomic.Int64
 }
@@ -150,6 +152,7 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 		d.pendingSince = time.Now()
 	}
 	if u.Full {
+		d.fulls++
 		// Sized for the routes alone: a full update also carries a VTEP and a cluster net
 		// per node, and maps sized for all of them held three times the room at 20,000 nodes.
 		nRoutes := 0
@@ -462,7 +465,7 @@ func (d *Dataplane) Run(ctx context.Context) {
 	backoff := time.Duration(0)
 	var retry <-chan time.Time
 	last := time.Time{}
-	announced := false
+	announced := 0 // the full updates whose apply was announced
 	for {
 		select {
 		case <-ctx.Done():
@@ -490,15 +493,20 @@ func (d *Dataplane) Run(ctx context.Context) {
 		}
 		last = time.Now()
 		before := d.Stats().Writes
+		d.mu.Lock()
+		fulls := d.fulls
+		d.mu.Unlock()
 		err := d.Apply()
 		if f := d.cfg.OnApply; f != nil {
-			// The first apply after the first full update is always told, writes or not:
-			// a restart that finds the kernel right writes nothing, and that is news too.
-			first := !announced && d.AppliedOnce()
-			if w := d.Stats().Writes - before; w > 0 || err != nil || first {
+			// The first apply after a full update is always told, writes or not: a restart
+			// that finds the kernel right writes nothing, and that is news too.
+			afterFull := fulls != announced && d.AppliedOnce()
+			if w := d.Stats().Writes - before; w > 0 || err != nil || afterFull {
 				f(err, w, time.Since(last))
 			}
-			announced = announced || first
+			if afterFull {
+				announced = fulls
+			}
 		}
 		if err != nil {
 			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)

@@ -156,13 +156,14 @@ func TestDataplaneRepairsDrift(t *testing.T) {
 	}
 }
 
-// TestOnApplyAfterRestart: the agent hears of the first apply after the first full update
-// even when a restart finds the kernel right and writes nothing (it releases the index on
-// that news), and then only of applies that write or fail.
+// TestOnApplyAfterRestart: the agent hears of the first apply after each full update even
+// when a restart finds the kernel right and writes nothing (it releases the cold start's
+// garbage on the news of the first after etcd's), and then only of applies that write or
+// fail.
 func TestOnApplyAfterRestart(t *testing.T) {
 	f := fakeNode()
 	type call struct{ writes int }
-	run := func() []call {
+	run := func(again bool) []call {
 		var mu sync.Mutex
 		var calls []call
 		d := New(f, Config{Sysctl: func(string, string) error { return nil }, OnApply: func(err error, writes int, _ time.Duration) {
@@ -180,17 +181,30 @@ func TestOnApplyAfterRestart(t *testing.T) {
 		waitFor(t, "the first apply", d.AppliedOnce)
 		d.Kick() // an apply with nothing to do: not told
 		time.Sleep(50 * time.Millisecond)
+		if again {
+			// The same state again, in full (a restart's kept state, then etcd's): told.
+			mu.Lock()
+			n := len(calls)
+			mu.Unlock()
+			d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rVXLAN}, []calc.VTEP{vLocal, vB}))
+			waitFor(t, "the apply after the second full update", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) > n })
+			d.Kick()
+			time.Sleep(50 * time.Millisecond)
+		}
 		cancel()
 		<-done
 		mu.Lock()
 		defer mu.Unlock()
 		return calls
 	}
-	if first := run(); len(first) != 1 || first[0].writes == 0 {
+	if first := run(false); len(first) != 1 || first[0].writes == 0 {
 		t.Fatalf("cold start: OnApply calls %v, want one with writes", first)
 	}
-	if again := run(); len(again) != 1 || again[0].writes != 0 {
+	if again := run(false); len(again) != 1 || again[0].writes != 0 {
 		t.Fatalf("restart: OnApply calls %v, want exactly one, with no writes", again)
+	}
+	if twice := run(true); len(twice) != 2 || twice[0].writes != 0 || twice[1].writes != 0 {
+		t.Fatalf("restart with two full updates: OnApply calls %v, want two, with no writes", twice)
 	}
 }
 
