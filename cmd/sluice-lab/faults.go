@@ -608,6 +608,7 @@ func (l *lab) faultRestartUnderStream() error {
 		return err
 	}
 	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "started again, it applied")
+	l.check(agent.count("state file not used") == 1, "the state it kept as it stopped was not used, etcd having changed since: %q", agent.matching("state"))
 	time.Sleep(time.Second)
 	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
 	<-agent.done

@@ -250,7 +250,7 @@ func (l *lab) startAgent(node string) (*proc, error) {
 	}
 	p, err := l.start(nodeNS(node), "sluiced "+node, true, filepath.Join(l.bin, "sluiced"), "--node-name", node,
 		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
-		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s",
+		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s", "--state-file", filepath.Join(l.dir, node+".desired-state"),
 		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node))
 	if err == nil {
 		l.agents[node] = p

@@ -235,8 +235,9 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	}
 	l.check(restarted.waitFor(20*time.Second, "desired state computed"), "the new sluiced on node-a is in sync")
 	time.Sleep(1500 * time.Millisecond)
-	l.check(restarted.count("dataplane updated") == 1 && restarted.count("dataplane updated", "writes=0") == 1,
-		"the restarted sluiced found everything in place and wrote nothing to the kernel (its one report: %q)", restarted.matching("dataplane updated"))
+	l.check(restarted.count("desired state restored") == 1, "the restarted sluiced programmed the state it kept as it stopped, etcd being unchanged since: %q", restarted.matching("state"))
+	l.check(restarted.count("dataplane updated") == 2 && restarted.count("dataplane updated", "writes=0") == 2,
+		"it found everything in place, with the kept state and then with etcd's, and wrote nothing to the kernel (its reports: %q)", restarted.matching("dataplane updated"))
 	l.check(stream.finish(), "the stream never broke: %s", stream.transcript())
 	l.check(natStream.finish(), "the masqueraded stream never broke either: %s", natStream.transcript())
 
@@ -269,6 +270,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		return err
 	}
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced restarted on node-b has applied")
+	l.check(nb.count("desired state restored") == 1, "it applied the state it kept, etcd being unchanged: %q", nb.matching("state"))
 	_, err = retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
 	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
 

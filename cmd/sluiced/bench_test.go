@@ -155,7 +155,12 @@ func benchWriter(b testing.TB, cli *clientv3.Client) (add func(k, v string), flu
 // with their affinities, in Calico's format.
 func loadBench(b testing.TB, cli *clientv3.Client, sh benchShape) {
 	add, flush := benchWriter(b, cli)
-	defer flush()
+	benchKeys(sh, add)
+	flush()
+}
+
+// benchKeys calls add with every key of the shape and its value (loadBench).
+func benchKeys(sh benchShape, add func(k, v string)) {
 	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.64.0.0/10","vxlanMode":"Always","ipipMode":"Never","blockSize":26}}`)
 	add(store.NodePrefix+"node-00000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-00000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"},"ipv4VXLANTunnelAddr":"172.31.0.1"}}`) // this node's blocks are not part of the run
 	for n := 1; n <= sh.nodes; n++ {
@@ -166,7 +171,6 @@ func loadBench(b testing.TB, cli *clientv3.Client, sh benchShape) {
 		add(store.BlockKey(cidr), blockJSON(cidr, node))
 		add(store.AffinityKey(node, cidr), `{"state":"confirmed","deleted":false}`)
 	}
-	flush()
 }
 
 // benchNodeJSON is remote node n (node-NNNNN) with its underlay address and tunnel address.
@@ -365,7 +369,7 @@ func (a *agentProc) untilApplied(start time.Time) (phases []string, writes int, 
 		if strings.Contains(l, "dataplane apply failed") {
 			return append(phases, l), 0, false
 		}
-		for _, m := range []string{"desired state computed", "dataplane updated"} {
+		for _, m := range []string{"desired state restored", "desired state computed", "dataplane updated"} {
 			if !strings.Contains(l, m) {
 				continue
 			}
@@ -478,10 +482,14 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		return len(rs)
 	}
 	var agent *agentProc
+	// The agents keep their desired state here as they stop (option state-file); a cold start
+	// begins without it, so that it reads etcd.
+	kept := filepath.Join(dir, "desired-state")
 	// coldStarts starts sluiced from a bare kernel coldRuns times with args and returns the
 	// median time to all routes; the last agent is left running.
 	coldStarts := func(layout string, args ...string) time.Duration {
 		var colds []time.Duration
+		args = append([]string{"--state-file", kept}, args...)
 		for run := range coldRuns {
 			if agent != nil {
 				agent.stop()
@@ -493,6 +501,9 @@ func benchDataplane(b *testing.B, sh benchShape) {
 				if n := count(); n != 0 {
 					b.Fatalf("%d routes left before cold start %d", n, run+1)
 				}
+			}
+			if err := os.Remove(kept); err != nil && !os.IsNotExist(err) {
+				b.Fatal(err)
 			}
 			coldStart := time.Now()
 			agent = startAgent(b, bin, etcd.Endpoint(), args...)
@@ -607,34 +618,42 @@ func benchDataplane(b *testing.B, sh benchShape) {
 		repair = append(repair, time.Since(start))
 	}
 
-	// Restart with nothing changed, coldRuns times: no route, nexthop object, neighbour or
-	// FDB entry moves.
+	// Restart with nothing changed, coldRuns times each way: from the state the agent kept as
+	// it stopped (etcd shows the keys unchanged), then reading etcd (no state file). No route,
+	// nexthop object, neighbour or FDB entry moves.
 	objects := subscribeObjects(b)
 	defer objects.close()
 	events.drain()
-	var readies []time.Duration
-	for run := range coldRuns {
-		agent.stop()
-		start := time.Now()
-		// The CPU both sides spend until ready: sluiced's, and etcd's (serving the read), on a
-		// machine of runtime.NumCPU() cores.
-		etcdStart := cpuTicks(b, etcd.Pid())
-		agent = startAgent(b, bin, etcd.Endpoint())
-		// Ready as systemd's READY=1 and /readyz mean it: in sync and the first full apply
-		// done (which, with nothing changed, writes nothing).
-		phases, writes, ok := agent.untilApplied(start)
-		if !ok {
-			b.Fatalf("the restarted sluiced never applied its state: %s", strings.Join(phases, ", "))
+	restarts := func(how string, args ...string) time.Duration {
+		var readies []time.Duration
+		for run := range coldRuns {
+			agent.stop()
+			start := time.Now()
+			// The CPU both sides spend until ready: sluiced's, and etcd's (serving the read), on a
+			// machine of runtime.NumCPU() cores.
+			etcdStart := cpuTicks(b, etcd.Pid())
+			agent = startAgent(b, bin, etcd.Endpoint(), args...)
+			// Ready as systemd's READY=1 and /readyz mean it: in sync (or the kept state found
+			// current) and the first full apply done (which, with nothing changed, writes nothing).
+			phases, writes, ok := agent.untilApplied(start)
+			if !ok {
+				b.Fatalf("the restarted sluiced (%s) never applied its state: %s", how, strings.Join(phases, ", "))
+			}
+			readies = append(readies, time.Since(start))
+			agentCPU, etcdCPU := cpuTicks(b, agent.cmd.Process.Pid), cpuTicks(b, etcd.Pid())-etcdStart
+			b.Logf("restart %d (%s): %v (%s); CPU until then: sluiced %v, etcd %v, on %d cores", run+1, how, readies[run].Round(time.Millisecond),
+				strings.Join(phases, ", "), time.Duration(float64(agentCPU)/clockTicks*float64(time.Second)), time.Duration(float64(etcdCPU)/clockTicks*float64(time.Second)), runtime.NumCPU())
+			if writes != 0 {
+				b.Fatalf("the restarted sluiced (%s) wrote %d kernel objects with nothing changed", how, writes)
+			}
+			if restored := strings.Contains(strings.Join(phases, " "), "desired state restored"); restored != (how == "state file") {
+				b.Fatalf("restart %d (%s): restored from the state file %v: %s", run+1, how, restored, strings.Join(phases, ", "))
+			}
 		}
-		readies = append(readies, time.Since(start))
-		agentCPU, etcdCPU := cpuTicks(b, agent.cmd.Process.Pid), cpuTicks(b, etcd.Pid())-etcdStart
-		b.Logf("restart %d: %v (%s); CPU until then: sluiced %v, etcd %v, on %d cores", run+1, readies[run].Round(time.Millisecond),
-			strings.Join(phases, ", "), time.Duration(float64(agentCPU)/clockTicks*float64(time.Second)), time.Duration(float64(etcdCPU)/clockTicks*float64(time.Second)), runtime.NumCPU())
-		if writes != 0 {
-			b.Fatalf("the restarted sluiced wrote %d kernel objects with nothing changed", writes)
-		}
+		return percentile(readies, 0.5)
 	}
-	ready := percentile(readies, 0.5)
+	ready := restarts("state file", "--state-file", kept)
+	readyEtcd := restarts("etcd", "--state-file", "")
 	time.Sleep(2 * time.Second)
 	changes := events.drain()
 	nhChanges, neighChanges := objects.counts()
@@ -740,6 +759,7 @@ func benchDataplane(b *testing.B, sh benchShape) {
 	b.ReportMetric(float64(nhChanges), "restart-nexthop-changes")
 	b.ReportMetric(float64(neighChanges), "restart-neigh-changes")
 	b.ReportMetric(ready.Seconds(), "restart-ready-s")
+	b.ReportMetric(readyEtcd.Seconds(), "restart-ready-etcd-s")
 	b.ReportMetric(float64(percentile(repair, 0.5).Microseconds())/1000, "repair-p50-ms")
 	b.ReportMetric(float64(percentile(repair, 0.99).Microseconds())/1000, "repair-p99-ms")
 	b.ReportMetric(float64(cpuPerChange.Microseconds())/1000, "cpu-per-change-ms")

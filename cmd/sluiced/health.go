@@ -36,6 +36,17 @@ type agentState struct {
 	svc         *bpf.Stage
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
+	// restored is the etcd revision at which etcd was found to hold the keys the state kept
+	// by the last run was computed from, once the dataplane has been handed that state (0:
+	// none). It stands in for the intake's in-sync until the intake's first one.
+	restored atomic.Int64
+	// fromCalc is set once calc's first update has been handed to the stages.
+	fromCalc atomic.Bool
+	// applied is closed when the dataplane's first apply is done (appliedOnce closes it).
+	applied     chan struct{}
+	appliedOnce sync.Once
+	// stateFile counts what became of the state file, by outcome (keptOutcomes).
+	stateFile *prometheus.CounterVec
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
@@ -77,7 +88,7 @@ func (a *agentState) readiness() (bool, string) {
 	case a.intake.Stats().Silent.Load():
 		quiet := time.Since(time.Unix(0, a.intake.Stats().LastHeard.Load()))
 		return false, fmt.Sprintf("lost etcd: no connection for %s (the dataplane is kept as it was)", quiet.Round(time.Second))
-	case !a.intake.Stats().InSync.Load():
+	case !a.synced():
 		return false, "not in sync with etcd (reading it, or waiting for it)"
 	case a.selfMissing.Load():
 		return false, fmt.Sprintf("node %s is not in etcd: nothing to program for it (check the node name, option node-name)", a.nodeName)
@@ -90,14 +101,38 @@ func (a *agentState) readiness() (bool, string) {
 // started is what READY=1 waits for: in sync with etcd and the first full apply done, even
 // if some items failed (they are retried; one bad item must not keep systemd restarting us).
 func (a *agentState) started() bool {
-	if a.intake == nil || !a.intake.Stats().InSync.Load() {
+	if !a.synced() {
 		return false
 	}
 	return a.dp == nil || a.dp.AppliedOnce()
 }
 
+// synced reports whether the desired state the agent acts on is etcd's: the intake is in
+// sync, or, before its first in-sync, the state kept by the last run was found current.
+func (a *agentState) synced() bool {
+	_, ok := a.syncedAt()
+	return ok
+}
+
+// syncedAt is the revision the desired state the agent acts on stands for, and whether it is
+// etcd's (synced).
+func (a *agentState) syncedAt() (int64, bool) {
+	if a.intake == nil {
+		return 0, false
+	}
+	st := a.intake.Stats()
+	if st.InSync.Load() {
+		return st.Revision.Load(), true
+	}
+	if r := a.restored.Load(); r != 0 && st.Syncs.Load() == 0 {
+		return r, true
+	}
+	return 0, false
+}
+
 func newAgentState() *agentState {
 	return &agentState{
+		applied: make(chan struct{}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_events_total",
 			Help: "Store events delivered, by kind and type."}, []string{"kind", "type"}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_dataplane_apply_seconds",
@@ -106,6 +141,8 @@ func newAgentState() *agentState {
 			Help: "Time from an etcd change reaching sluiced to its effect being in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
 			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
+		stateFile: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_state_file_total",
+			Help: "What became of the state file (option state-file), by outcome: restored, not-current (etcd changed, another build or configuration), missing, unreadable, saved, save-failed."}, []string{"outcome"}),
 		serviceErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_service_apply_errors_total",
 			Help: "Failed applies of the service stage (maps, program links, health-check servers)."}),
 		conntrackDeleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_conntrack_deleted_total",
@@ -140,7 +177,7 @@ const driftHelp = "Drift someone made that sluice put back, by kind: route, next
 // the intake, index and dataplane when scraped.
 func (a *agentState) registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.serviceErrors, a.conntrackDeleted)
+	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.serviceErrors, a.conntrackDeleted, a.stateFile)
 	gauge := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}

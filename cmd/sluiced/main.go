@@ -80,7 +80,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	// The agent keeps no queryable copy of what it read (calc holds what it computes from):
 	// the intake's counts are what it reports.
 	state.profiling = c.Profiling
-	plan := &planner{graph: graph, log: log, problems: &state.problems, selfMissing: &state.selfMissing}
+	plan := &planner{graph: graph, log: log, problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
 	state.nodeName = c.NodeName
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
@@ -111,12 +111,32 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	if rec != nil {
 		handlers = append(handlers, rec)
 	}
+	prefixes := store.NodePrefixes(c.NodeName)
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: handlers, Reporter: newReporter(log),
-		Prefixes: store.NodePrefixes(c.NodeName), Liveness: c.EtcdLiveness, StallAfter: c.EtcdWatchStall})
+		Prefixes: prefixes, Liveness: c.EtcdLiveness, StallAfter: c.EtcdWatchStall})
 	if err != nil {
 		return err
 	}
 	state.intake = intake
+	// The state kept by the last run is restored, and applied, before the intake reads etcd
+	// (beside it, both would be slower), and saved as the agent stops; only with a dataplane
+	// to hand it to, and only by the build that made it.
+	stateFile := ""
+	build := ""
+	if c.Dataplane && c.StateFile != "" {
+		if build, err = buildinfo.ID(); err != nil {
+			log.Warn().Err(err).Str("file", c.StateFile).Msg("cannot tell this binary's build: the desired state is not kept across restarts")
+		} else {
+			stateFile = c.StateFile
+			if restoreKept(ctx, stateFile, cli, build, plan, prefixes, state, log) {
+				select {
+				case <-state.applied:
+				case <-time.After(keptApplyWait):
+				case <-ctx.Done():
+				}
+			}
+		}
+	}
 	notify, err := newNotifier(c.NotifySocket)
 	if err != nil {
 		// sd_notify is best effort: a stale NOTIFY_SOCKET must not stop the agent.
@@ -147,6 +167,9 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		}
 	}
 	st := intake.Stats()
+	if stateFile != "" && parent.Err() != nil {
+		saveKept(stateFile, cli, build, graph, prefixes, st.Revision.Load(), state, log)
+	}
 	log.Info().Int64("revision", st.Revision.Load()).Int64("events", st.Events.Load()).
 		Int64("bad_values", st.BadValues.Load()).Int64("retries", st.Retries.Load()).Msg("stopped")
 	if parent.Err() != nil {

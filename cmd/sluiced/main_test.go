@@ -50,6 +50,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		Etcd:           store.ClientConfig{Endpoints: []string{store.DefaultEndpoint}},
 		NodeName:       strings.ToLower(host),
 		LogLevel:       "info",
+		StateFile:      "/var/lib/sluice/desired-state",
 		Calc:           calc.DefaultConfig(strings.ToLower(host)),
 		Dataplane:      true,
 		HealthListen:   "127.0.0.1:9097",

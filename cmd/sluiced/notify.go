@@ -66,18 +66,22 @@ func supervise(ctx context.Context, n *notifier, state *agentState, watchdog tim
 		case <-t.C:
 		}
 		now := ""
+		rev, synced := state.syncedAt()
 		switch {
-		case state.intake == nil || !state.intake.Stats().InSync.Load():
+		case !synced:
 			now = "waiting for etcd"
 			if _, why := state.readiness(); state.intake != nil && state.intake.Stats().Silent.Load() {
 				now = why
 			}
 		case !state.started():
-			now = fmt.Sprintf("in sync with etcd at revision %d; programming the kernel", state.intake.Stats().Revision.Load())
+			now = fmt.Sprintf("in sync with etcd at revision %d; programming the kernel", rev)
 		case !state.ready() && state.dp != nil:
-			now = fmt.Sprintf("in sync at revision %d; retrying: %v", state.intake.Stats().Revision.Load(), state.dp.Stats().LastErr)
+			now = fmt.Sprintf("in sync at revision %d; retrying: %v", rev, state.dp.Stats().LastErr)
 		default:
-			now = fmt.Sprintf("ready: in sync at revision %d", state.intake.Stats().Revision.Load())
+			now = fmt.Sprintf("ready: in sync at revision %d", rev)
+			if !state.intake.Stats().InSync.Load() {
+				now = fmt.Sprintf("ready: the state kept by the last run is etcd's at revision %d; reading etcd", rev)
+			}
 			if state.dp != nil {
 				s := state.dp.Stats()
 				now += fmt.Sprintf(", %d routes programmed", s.ProgrammedRoutes)

@@ -31,6 +31,12 @@ type planner struct {
 	problems *atomic.Int64
 	// selfMissing is set while, in sync, this agent's own Node is not in etcd.
 	selfMissing *atomic.Bool
+
+	// mu orders the two sources of the stages' first update: the state kept by the last run
+	// (restore) and calc's. Once calc's first has been handed over (fromCalc, set under mu,
+	// read by anyone), the kept one never is.
+	mu       sync.Mutex
+	fromCalc *atomic.Bool
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
@@ -40,12 +46,10 @@ func (p *planner) OnEvents(batch []store.Event) {
 	if u == nil {
 		return
 	}
-	if p.dp != nil {
-		p.dp.OnUpdate(u)
-	}
-	if p.svc != nil {
-		p.svc.OnUpdate(u)
-	}
+	p.mu.Lock()
+	p.fromCalc.Store(true)
+	p.handOver(u)
+	p.mu.Unlock()
 	for _, pr := range u.Problems {
 		p.log.Warn().Str("key", store.Clip(pr.Key, store.MaxMessage)).Str("reason", store.Clip(pr.Reason, store.MaxMessage)).Msg("cannot act on input")
 	}
@@ -75,6 +79,30 @@ func (p *planner) OnEvents(batch []store.Event) {
 	}
 	p.log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).Int("cluster_nets", nets).
 		Int("removed", removes).Msg(msg)
+}
+
+// handOver gives u to the stages.
+func (p *planner) handOver(u *calc.Update) {
+	if p.dp != nil {
+		p.dp.OnUpdate(u)
+	}
+	if p.svc != nil {
+		p.svc.OnUpdate(u)
+	}
+}
+
+// restore gives the stages u, the desired state kept by the last run and found current at
+// revision checked, and records that revision in restored, unless calc's own first update has
+// been handed over already. It reports whether it gave it.
+func (p *planner) restore(u *calc.Update, checked int64, restored *atomic.Int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fromCalc.Load() {
+		return false
+	}
+	restored.Store(checked) // before the dataplane can have applied it
+	p.handOver(u)
+	return true
 }
 
 func describe(op calc.Op) string {
@@ -121,9 +149,15 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	var lastLog time.Time
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
 		state.applySeconds.Observe(took.Seconds())
-		// The kernel has had its turn: the cold start's garbage goes back, off the apply loop
-		// (a full collection) and after the line that says the dataplane is updated.
-		defer state.freeOnce.Do(func() { go freeColdStart() })
+		if dp := state.dp; dp != nil && dp.AppliedOnce() {
+			defer state.appliedOnce.Do(func() { close(state.applied) }) // after the line below
+		}
+		// The kernel has had its turn with etcd's state (not only with the state kept by the
+		// last run): the cold start's garbage goes back, off the apply loop (a full
+		// collection) and after the line that says the dataplane is updated.
+		if state.fromCalc.Load() {
+			defer state.freeOnce.Do(func() { go freeColdStart() })
+		}
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")
 			return

@@ -127,7 +127,7 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 	}
 	s.Ready = a.ready()
 	if s.Ready {
-		*applied = s.Revision
+		*applied, _ = a.syncedAt() // the kept state's revision, before the intake's first in-sync
 	}
 	s.AppliedRevision = *applied
 	s.Problems = int(a.problems.Load())

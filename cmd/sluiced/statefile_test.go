@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+	"github.com/sluice-net/sluice/store/etcdtest"
+)
+
+// shapeState is calc's desired state for node-00000 of the benchmark's shape sh, computed
+// from the keys loadBench writes.
+func shapeState(tb testing.TB, sh benchShape) (*calc.State, calc.Config) {
+	var events []store.Event
+	benchKeys(sh, func(k, v string) {
+		obj, err := store.Decode(k, []byte(v))
+		if err != nil {
+			tb.Fatalf("%s: %v", k, err)
+		}
+		events = append(events, store.Event{Type: store.EventUpsert, Kind: obj.Kind(), ID: obj.ID(), Key: k, Revision: 1, Object: obj})
+	})
+	g, err := calc.New(calc.DefaultConfig("node-00000"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g.OnEvents(append(events, store.Event{Type: store.EventInSync, Revision: 1}))
+	return g.State(), g.Config()
+}
+
+// BenchmarkKeptState: writing the state file of the 20,000-node shape (20,000 VTEPs, host
+// nets and routes) as an agent does when it stops, and restoring it as one does when it
+// starts: the header read, etcd checked (its 40,000 keys counted and filtered in one
+// transaction), the state read and turned into the dataplane's update.
+func BenchmarkKeptState(b *testing.B) {
+	sh := benchShapes[len(benchShapes)-1]
+	srv := etcdtest.New(b)
+	cli, err := srv.Client()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	loadBench(b, cli, sh)
+	st, cfg := shapeState(b, sh)
+	prefixes := store.NodePrefixes("node-00000")
+	path := filepath.Join(b.TempDir(), "desired-state")
+	ctx := context.Background()
+	now, err := cli.Get(ctx, "/")
+	if err != nil {
+		b.Fatal(err)
+	}
+	rev := now.Header.Revision
+	var size int64
+	b.Run("write", func(b *testing.B) {
+		for b.Loop() {
+			if size, err = saveState(ctx, path, cli, "bench", cfg, prefixes, rev, st); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(size)/(1<<20), "MiB")
+	})
+	b.Run("restore", func(b *testing.B) {
+		var ops int
+		for b.Loop() {
+			u, _, _, err := restoreState(ctx, path, cli, "bench", cfg, prefixes)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ops = len(u.Ops)
+		}
+		if ops != 3*sh.nodes+3 { // a VTEP, host net and route per remote node; this node's VTEP and host net; the pool
+			b.Fatalf("%d ops", ops)
+		}
+	})
+}
+
+// TestKeptState: the state saved as an agent stops comes back as calc's first update would
+// carry it while etcd holds the same keys, and not when anything under the watched prefixes
+// moved, when another build or configuration computed it, or when the file is missing or
+// damaged; each answer says which.
+func TestKeptState(t *testing.T) {
+	sh := benchShape{name: "small", nodes: 3, blocks: 6}
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	loadBench(t, cli, sh)
+	st, cfg := shapeState(t, sh)
+	want := opsText(st.Update())
+	prefixes := store.NodePrefixes("node-00000")
+	path := filepath.Join(t.TempDir(), "desired-state")
+	ctx := context.Background()
+	now, err := cli.Get(ctx, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := now.Header.Revision
+	if _, err := saveState(ctx, path, cli, "build-1", cfg, prefixes, rev, st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
+		t.Errorf("the temporary file is left: %v", err)
+	}
+
+	u, kept, checked, err := restoreState(ctx, path, cli, "build-1", cfg, prefixes)
+	if err != nil {
+		t.Fatalf("etcd unchanged: %v", err)
+	}
+	if kept != rev || checked < rev || !u.Full {
+		t.Errorf("restored at %d, checked at %d, full %v; want %d, at least that, full", kept, checked, u.Full, rev)
+	}
+	if got := opsText(u); got != want {
+		t.Errorf("restored ops differ:\n--- restored\n%s\n--- calc\n%s", got, want)
+	}
+
+	refused := func(what, reason string, build string, cfg calc.Config) {
+		t.Helper()
+		_, _, _, err := restoreState(ctx, path, cli, build, cfg, prefixes)
+		var nc notCurrent
+		if !errors.As(err, &nc) || !strings.Contains(err.Error(), reason) {
+			t.Errorf("%s: %v, want it not current, saying %q", what, err, reason)
+		}
+	}
+	refused("another build", "another build", "build-2", cfg)
+	other := cfg
+	other.BlackholeMetric++
+	refused("another configuration", "another configuration", "build-1", other)
+	if _, err := cli.Put(ctx, store.NodePrefix+"node-00002", benchNodeJSON(2, sh.tunnel(2))); err != nil {
+		t.Fatal(err)
+	}
+	refused("a node written again, with the same value", "etcd changed since revision", "build-1", cfg)
+
+	if _, _, _, err := restoreState(ctx, filepath.Join(t.TempDir(), "none"), cli, "build-1", cfg, prefixes); !errors.Is(err, errNoKeptState) {
+		t.Errorf("no file: %v, want errNoKeptState", err)
+	}
+	// Saved again, then cut short: the header reads, the state does not.
+	now, err = cli.Get(ctx, "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, err := saveState(ctx, path, cli, "build-1", cfg, prefixes, now.Header.Revision, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size-100); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes)
+	var nc notCurrent
+	if err == nil || errors.As(err, &nc) || errors.Is(err, errNoKeptState) || !strings.Contains(err.Error(), path) {
+		t.Errorf("a file cut short: %v, want an error naming %s", err, path)
+	}
+	if err := os.WriteFile(path, []byte("not a state file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes); err == nil || errors.As(err, &nc) || !strings.Contains(err.Error(), path) {
+		t.Errorf("a file of something else: %v, want an error naming %s", err, path)
+	}
+}
+
+// opsText writes an update's ops one per line.
+func opsText(u *calc.Update) string {
+	var b strings.Builder
+	for _, op := range u.Ops {
+		fmt.Fprintf(&b, "%v %s\n", op.Remove, describe(op))
+	}
+	return b.String()
+}
+
+// TestSyncedAtStandsInUntilTheFirstSync: a restored state makes the agent count as in sync
+// only until the intake's first in-sync; after it, only the intake's own in-sync counts.
+func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: store.Fanout{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgentState()
+	a.intake = in
+	st := in.Stats()
+	if _, ok := a.syncedAt(); ok {
+		t.Fatal("synced before anything")
+	}
+	a.restored.Store(7)
+	if rev, ok := a.syncedAt(); !ok || rev != 7 {
+		t.Fatalf("restored at 7: synced %v at %d", ok, rev)
+	}
+	st.Revision.Store(9)
+	st.InSync.Store(true)
+	st.Syncs.Add(1)
+	if rev, ok := a.syncedAt(); !ok || rev != 9 {
+		t.Fatalf("in sync at 9: synced %v at %d", ok, rev)
+	}
+	st.InSync.Store(false) // a watch lost after the first in-sync: the restored state is old news
+	if _, ok := a.syncedAt(); ok {
+		t.Fatal("synced while the intake reads again after its first in-sync")
+	}
+}
