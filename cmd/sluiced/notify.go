@@ -58,12 +58,15 @@ func supervise(ctx context.Context, n *notifier, state *agentState, watchdog tim
 	status := ""
 	lastKeepalive := time.Time{}
 	n.send("STATUS=reading etcd")
+	applied := state.applied // READY=1 as soon as the first apply is done, not at the next tick
 	for {
 		select {
 		case <-ctx.Done():
 			n.send("STOPPING=1", "STATUS=stopping; the dataplane stays in place")
 			return
 		case <-t.C:
+		case <-applied:
+			applied = nil
 		}
 		now := ""
 		rev, synced := state.syncedAt()
