@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/gob"
 	"encoding/json"
@@ -111,22 +113,17 @@ func (n notCurrent) Error() string { return string(n) }
 // computed it over the same prefixes and etcd holds the same keys still. Otherwise the error
 // says why: errNoKeptState, a notCurrent reason, or a file that cannot be read (naming it).
 func restoreState(ctx context.Context, path string, cli *clientv3.Client, build string, cfg calc.Config, prefixes []string) (u *calc.Update, kept, checked int64, err error) {
-	f, err := os.Open(path)
+	raw, err := os.ReadFile(path) // 2.3 MB at 20,000 nodes
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, 0, 0, errNoKeptState
 	}
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	defer f.Close()
-	r := bufio.NewReaderSize(f, 1<<20)
-	line, err := r.ReadBytes('\n')
+	line, rest, found := bytes.Cut(raw, []byte("\n"))
 	var h keptHeader
-	if err == nil {
-		err = json.Unmarshal(line, &h)
-	}
-	if err != nil {
-		return nil, 0, 0, fmt.Errorf("reading the state file %s: %w", path, err)
+	if err := json.Unmarshal(line, &h); err != nil || !found {
+		return nil, 0, 0, fmt.Errorf("reading the state file %s: the header: %v", path, cmp.Or(err, io.ErrUnexpectedEOF))
 	}
 	switch {
 	case h.Format != keptStateFormat:
@@ -140,6 +137,18 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	case h.Revision <= 0:
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: revision %d", path, h.Revision)
 	}
+	// The state is decoded while etcd answers (each takes tens of milliseconds at 20,000
+	// nodes); when etcd says no, the decoding is left to finish on its own.
+	type decoded struct {
+		st  calc.State
+		err error
+	}
+	done := make(chan *decoded, 1)
+	go func() {
+		d := &decoded{}
+		d.err = gob.NewDecoder(bytes.NewReader(rest)).Decode(&d.st)
+		done <- d
+	}()
 	same, at, err := store.UnchangedSince(ctx, cli, prefixes, h.Revision, h.Counts)
 	if err != nil {
 		return nil, 0, 0, notCurrent(err.Error())
@@ -147,11 +156,11 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	if !same {
 		return nil, 0, 0, notCurrent(fmt.Sprintf("etcd changed since revision %d (now %d)", h.Revision, at))
 	}
-	var st calc.State
-	if err := gob.NewDecoder(r).Decode(&st); err != nil {
-		return nil, 0, 0, fmt.Errorf("reading the state file %s: %w", path, err)
+	d := <-done
+	if d.err != nil {
+		return nil, 0, 0, fmt.Errorf("reading the state file %s: %w", path, d.err)
 	}
-	return st.Update(), h.Revision, at, nil
+	return d.st.Update(), h.Revision, at, nil
 }
 
 // restoreKept runs before the intake's first read of etcd: it hands the stages the state kept
