@@ -255,6 +255,8 @@ func (l *lab) faultCompacted() error {
 		return err
 	}
 	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "sluiced on node-a is back")
+	l.check(agent.count("state file not used", "etcd changed since revision") == 1 && agent.count("desired state restored") == 0,
+		"the state it kept as it stopped was not used, etcd having changed since: %q", agent.matching("state"))
 	lines := agent.matching("dataplane updated")
 	first := ""
 	if len(lines) > 0 {
@@ -608,7 +610,6 @@ func (l *lab) faultRestartUnderStream() error {
 		return err
 	}
 	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "started again, it applied")
-	l.check(agent.count("state file not used") == 1, "the state it kept as it stopped was not used, etcd having changed since: %q", agent.matching("state"))
 	time.Sleep(time.Second)
 	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
 	<-agent.done
