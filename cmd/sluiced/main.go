@@ -128,7 +128,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 			log.Warn().Err(err).Str("file", c.StateFile).Msg("cannot tell this binary's build: the desired state is not kept across restarts")
 		} else {
 			stateFile = c.StateFile
-			if restoreKept(ctx, stateFile, cli, build, plan, prefixes, state, log) {
+			if restoreKept(ctx, stateFile, cli, build, c.EtcdLiveness, plan, prefixes, state, log) {
 				select {
 				case <-state.applied:
 				case <-time.After(keptApplyWait):

@@ -92,15 +92,16 @@ func (p *planner) handOver(u *calc.Update) {
 }
 
 // restore gives the stages u, the desired state kept by the last run and found current at
-// revision checked, and records that revision in restored, unless calc's own first update has
-// been handed over already. It reports whether it gave it.
-func (p *planner) restore(u *calc.Update, checked int64, restored *atomic.Int64) bool {
+// revision checked, and records that revision in restored (as etcd's until the time until),
+// unless calc's own first update has been handed over already. It reports whether it gave it.
+func (p *planner) restore(u *calc.Update, checked int64, until time.Time, restored, restoredUntil *atomic.Int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fromCalc.Load() {
 		return false
 	}
-	restored.Store(checked) // before the dataplane can have applied it
+	restoredUntil.Store(until.UnixNano()) // before the dataplane can have applied it
+	restored.Store(checked)
 	p.handOver(u)
 	return true
 }

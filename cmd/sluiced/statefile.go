@@ -165,14 +165,16 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 
 // restoreKept runs before the intake's first read of etcd: it hands the stages the state kept
 // by the last run when etcd still holds what it was computed from (and calc has not got there
-// first), reports whether it did, and logs and counts what became of the file. It waits for
+// first; as etcd's for at most liveness, unless the intake's read is in by then), reports
+// whether it did, and logs and counts what became of the file. It waits for
 // etcd's answer for at most keptCheckTimeout: an etcd that cannot answer is left to the
 // intake.
-func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build string, plan *planner, prefixes []string, state *agentState, log zerolog.Logger) (handed bool) {
+func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build string, liveness time.Duration, plan *planner, prefixes []string, state *agentState, log zerolog.Logger) (handed bool) {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, keptCheckTimeout)
 	defer cancel()
 	u, kept, checked, err := restoreState(rctx, path, cli, build, plan.graph.Config(), prefixes)
+	answered := time.Now()
 	var nc notCurrent
 	outcome := "restored"
 	switch {
@@ -185,7 +187,7 @@ func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build s
 	case err != nil:
 		outcome = "unreadable"
 		log.Warn().Err(err).Str("file", path).Msg("state file unreadable: the desired state comes from etcd")
-	case !plan.restore(u, checked, &state.restored):
+	case !plan.restore(u, checked, answered.Add(liveness), &state.restored, &state.restoredUntil):
 		outcome = "not-current"
 		log.Info().Str("file", path).Msg("state file not used: calc's own desired state came first")
 	default:

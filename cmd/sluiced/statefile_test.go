@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
@@ -175,7 +176,8 @@ func opsText(u *calc.Update) string {
 }
 
 // TestSyncedAtStandsInUntilTheFirstSync: a restored state makes the agent count as in sync
-// only until the intake's first in-sync; after it, only the intake's own in-sync counts.
+// only until the intake's first in-sync, and no longer than the etcd liveness time after the
+// check; after the first in-sync, only the intake's own counts.
 func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 	srv := etcdtest.New(t)
 	cli, err := srv.Client()
@@ -194,9 +196,18 @@ func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 		t.Fatal("synced before anything")
 	}
 	a.restored.Store(7)
+	if _, ok := a.syncedAt(); ok {
+		t.Fatal("restored at 7 with no time to stand for etcd: synced")
+	}
+	a.restoredUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	if rev, ok := a.syncedAt(); !ok || rev != 7 {
 		t.Fatalf("restored at 7: synced %v at %d", ok, rev)
 	}
+	a.restoredUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	if _, ok := a.syncedAt(); ok {
+		t.Fatal("restored, the intake not in sync after the etcd liveness time: synced")
+	}
+	a.restoredUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	st.Revision.Store(9)
 	st.InSync.Store(true)
 	st.Syncs.Add(1)
