@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // shapeState is calc's desired state for node-00000 of the benchmark's shape sh, computed
@@ -34,29 +35,37 @@ func shapeState(tb testing.TB, sh benchShape) (*calc.State, calc.Config) {
 	return g.State(), g.Config()
 }
 
+// shapeInEtcd starts etcd with the shape's keys and returns a client of it (closed by the
+// test's cleanup), etcd's revision, and calc's desired state for node-00000 with its
+// configuration.
+func shapeInEtcd(tb testing.TB, sh benchShape) (*clientv3.Client, int64, *calc.State, calc.Config) {
+	srv := etcdtest.New(tb)
+	cli, err := srv.Client()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	loadBench(tb, cli, sh)
+	now, err := cli.Get(context.Background(), "/")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, cfg := shapeState(tb, sh)
+	return cli, now.Header.Revision, st, cfg
+}
+
 // BenchmarkKeptState: writing the state file of the 20,000-node shape (20,000 VTEPs, host
 // nets and routes) as an agent does when it stops, and restoring it as one does when it
 // starts: the header read, etcd checked (its 40,000 keys counted and filtered in one
 // transaction), the state read and turned into the dataplane's update.
 func BenchmarkKeptState(b *testing.B) {
 	sh := benchShapes[len(benchShapes)-1]
-	srv := etcdtest.New(b)
-	cli, err := srv.Client()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cli.Close()
-	loadBench(b, cli, sh)
-	st, cfg := shapeState(b, sh)
+	cli, rev, st, cfg := shapeInEtcd(b, sh)
 	prefixes := store.NodePrefixes("node-00000")
 	path := filepath.Join(b.TempDir(), "desired-state")
 	ctx := context.Background()
-	now, err := cli.Get(ctx, "/")
-	if err != nil {
-		b.Fatal(err)
-	}
-	rev := now.Header.Revision
 	var size int64
+	var err error
 	b.Run("write", func(b *testing.B) {
 		for b.Loop() {
 			if size, err = saveState(ctx, path, cli, "bench", cfg, prefixes, rev, st); err != nil {
@@ -86,23 +95,11 @@ func BenchmarkKeptState(b *testing.B) {
 // damaged; each answer says which.
 func TestKeptState(t *testing.T) {
 	sh := benchShape{name: "small", nodes: 3, blocks: 6}
-	srv := etcdtest.New(t)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	loadBench(t, cli, sh)
-	st, cfg := shapeState(t, sh)
+	cli, rev, st, cfg := shapeInEtcd(t, sh)
 	want := opsText(st.Update())
 	prefixes := store.NodePrefixes("node-00000")
 	path := filepath.Join(t.TempDir(), "desired-state")
 	ctx := context.Background()
-	now, err := cli.Get(ctx, "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev := now.Header.Revision
 	if _, err := saveState(ctx, path, cli, "build-1", cfg, prefixes, rev, st); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +139,7 @@ func TestKeptState(t *testing.T) {
 		t.Errorf("no file: %v, want errNoKeptState", err)
 	}
 	// Saved again, then cut short: the header reads, the state does not.
-	now, err = cli.Get(ctx, "/")
+	now, err := cli.Get(ctx, "/")
 	if err != nil {
 		t.Fatal(err)
 	}
