@@ -155,6 +155,12 @@ type Intake struct {
 	// touches it.
 	known []map[string]keyState
 	batch []Event
+	// spanAt is, for each watch span (WatchSpans of the prefixes), the revision through which
+	// its changes have been delivered; held says that the consumers hold exactly etcd's keys
+	// as of those revisions (false before the first in-sync and while a read delivers its
+	// pages, whose deletions come last). Only the intake goroutine touches them.
+	spanAt []int64
+	held   bool
 }
 
 // knownKey is a key as the intake remembers it: which watched prefix it is under, and the
@@ -395,6 +401,7 @@ func tooLarge(err error) bool {
 // resync reads every prefix at one revision, emits what differs from what consumers already
 // hold, sweeps keys that vanished, and emits in-sync.
 func (in *Intake) resync(ctx context.Context) (int64, error) {
+	in.held = false // the consumers' view is a mix of two reads until the in-sync
 	// Nothing seen yet by this read.
 	for _, m := range in.known {
 		for k, st := range m {
@@ -454,6 +461,11 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	}
 	in.batch = append(in.batch, Event{Type: EventInSync, Revision: rev})
 	in.flush()
+	in.spanAt = make([]int64, len(WatchSpans(in.cfg.Prefixes)))
+	for i := range in.spanAt {
+		in.spanAt[i] = rev
+	}
+	in.held = true
 	in.stats.InSync.Store(true)
 	in.stats.Syncs.Add(1)
 	return rev, nil
@@ -573,7 +585,11 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	spans := WatchSpans(in.cfg.Prefixes)
-	merged := make(chan clientv3.WatchResponse)
+	type spanResponse struct {
+		clientv3.WatchResponse
+		span int // index in spans
+	}
+	merged := make(chan spanResponse)
 	closed := make(chan struct{}, len(spans))
 	done := make(chan struct{})
 	defer close(done)
@@ -591,7 +607,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		go func() {
 			for resp := range wch {
 				select {
-				case merged <- resp:
+				case merged <- spanResponse{resp, i}:
 				case <-done:
 					return
 				}
@@ -635,7 +651,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	}
 	for {
 		var resp clientv3.WatchResponse
-		var from int // which watch answered: 0, 1 (direct), 2 (merged)
+		var from int // which watch answered: its index in spans
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -685,8 +701,8 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 				}
 			}
 			continue
-		case resp = <-merged:
-			from = len(direct)
+		case r := <-merged:
+			resp, from = r.WatchResponse, r.span
 		case r, ok := <-direct[0]:
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
@@ -749,6 +765,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			seen = max(seen, resp.Header.Revision)
 		}
 		stall.delivered(from, seen)
+		in.spanAt[from] = max(in.spanAt[from], seen)
 		if seen > in.stats.Revision.Load() {
 			in.stats.Revision.Store(seen)
 		}
@@ -758,8 +775,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 
 // stallCheck finds a watch etcd no longer serves though it stays open: behind the revision
 // the probe saw etcd at for longer than after. Each watch is followed by the newest revision
-// it delivered (an event's, or a progress notification's); watches past the second, read
-// through one channel, share the last slot.
+// it delivered (an event's, or a progress notification's).
 type stallCheck struct {
 	after   time.Duration // 0: never stalled
 	watches []watchProgress
@@ -771,10 +787,9 @@ type watchProgress struct {
 	since  time.Time // when the probe saw etcd at target
 }
 
-// newStallCheck follows n watches (at most three slots) that begin after rev, what the read
-// before them covered.
+// newStallCheck follows n watches that begin after rev, what the read before them covered.
 func newStallCheck(after time.Duration, n int, rev int64) *stallCheck {
-	c := &stallCheck{after: after, watches: make([]watchProgress, min(n, 3))}
+	c := &stallCheck{after: after, watches: make([]watchProgress, n)}
 	for i := range c.watches {
 		c.watches[i].at = rev
 	}
@@ -783,7 +798,7 @@ func newStallCheck(after time.Duration, n int, rev int64) *stallCheck {
 
 // delivered records that watch i delivered everything up to rev.
 func (c *stallCheck) delivered(i int, rev int64) {
-	w := &c.watches[min(i, len(c.watches)-1)]
+	w := &c.watches[i]
 	w.at = max(w.at, rev)
 	if w.target != 0 && w.at >= w.target {
 		w.target = 0

@@ -38,11 +38,10 @@ type agentState struct {
 	profiling bool
 	// restored is the etcd revision at which etcd was found to hold the keys the state kept
 	// by the last run was computed from, once the dataplane has been handed that state (0:
-	// none). It stands in for the intake's in-sync until the intake's first one, and at most
-	// until restoredUntil (Unix ns: the check's time plus the etcd liveness time), so that an
-	// etcd lost straight after the check makes the node not ready, as it would once in sync.
-	restored      atomic.Int64
-	restoredUntil atomic.Int64
+	// none). It stands in for the intake's in-sync until the intake's first one, and only
+	// while the intake's first read has not failed (an etcd lost straight after the check
+	// makes the node not ready, as it would once in sync).
+	restored atomic.Int64
 	// fromCalc is set once calc's first update has been handed to the stages.
 	fromCalc atomic.Bool
 	// applied is closed when the dataplane's first apply is done (appliedOnce closes it).
@@ -124,10 +123,13 @@ func (a *agentState) syncedAt() (int64, bool) {
 		return 0, false
 	}
 	st := a.intake.Stats()
+	// Syncs before InSync: the intake sets InSync, then counts the sync, so one of the two
+	// answers yes at every moment of its first in-sync.
+	syncs := st.Syncs.Load()
 	if st.InSync.Load() {
 		return st.Revision.Load(), true
 	}
-	if r := a.restored.Load(); r != 0 && st.Syncs.Load() == 0 && time.Now().UnixNano() < a.restoredUntil.Load() {
+	if r := a.restored.Load(); r != 0 && syncs == 0 && st.Retries.Load() == 0 {
 		return r, true
 	}
 	return 0, false

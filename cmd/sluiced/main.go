@@ -118,25 +118,6 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		return err
 	}
 	state.intake = intake
-	// The state kept by the last run is restored, and applied, before the intake reads etcd
-	// (beside it, both would be slower), and saved as the agent stops; only with a dataplane
-	// to hand it to, and only by the build that made it.
-	stateFile := ""
-	build := ""
-	if c.Dataplane && c.StateFile != "" {
-		if build, err = buildinfo.ID(); err != nil {
-			log.Warn().Err(err).Str("file", c.StateFile).Msg("cannot tell this binary's build: the desired state is not kept across restarts")
-		} else {
-			stateFile = c.StateFile
-			if restoreKept(ctx, stateFile, cli, build, c.EtcdLiveness, plan, prefixes, state, log) {
-				select {
-				case <-state.applied:
-				case <-time.After(keptApplyWait):
-				case <-ctx.Done():
-				}
-			}
-		}
-	}
 	notify, err := newNotifier(c.NotifySocket)
 	if err != nil {
 		// sd_notify is best effort: a stale NOTIFY_SOCKET must not stop the agent.
@@ -159,6 +140,25 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 			}
 		}()
 	}
+	// The state kept by the last run is restored, and applied, before the intake reads etcd
+	// (beside it, both would be slower), and saved as the agent stops; only with a dataplane
+	// to hand it to, and only by the build that made it.
+	stateFile := ""
+	build := ""
+	if c.Dataplane && c.StateFile != "" {
+		if build, err = buildinfo.ID(); err != nil {
+			log.Warn().Err(err).Str("file", c.StateFile).Msg("cannot tell this binary's build: the desired state is not kept across restarts")
+		} else {
+			stateFile = c.StateFile
+			if restoreKept(ctx, stateFile, cli, build, plan, prefixes, state, log) {
+				select {
+				case <-state.applied:
+				case <-time.After(keptApplyWait):
+				case <-ctx.Done():
+				}
+			}
+		}
+	}
 	log.Info().Strs("etcd", c.Etcd.Endpoints).Msg("starting")
 	err = intake.Run(ctx)
 	if rec != nil {
@@ -168,7 +168,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	}
 	st := intake.Stats()
 	if stateFile != "" && parent.Err() != nil {
-		saveKept(stateFile, cli, build, graph, prefixes, st.Revision.Load(), state, log)
+		saveKept(stateFile, build, graph, intake, state, log)
 	}
 	log.Info().Int64("revision", st.Revision.Load()).Int64("events", st.Events.Load()).
 		Int64("bad_values", st.BadValues.Load()).Int64("retries", st.Retries.Load()).Msg("stopped")

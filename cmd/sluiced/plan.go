@@ -92,16 +92,15 @@ func (p *planner) handOver(u *calc.Update) {
 }
 
 // restore gives the stages u, the desired state kept by the last run and found current at
-// revision checked, and records that revision in restored (as etcd's until the time until),
-// unless calc's own first update has been handed over already. It reports whether it gave it.
-func (p *planner) restore(u *calc.Update, checked int64, until time.Time, restored, restoredUntil *atomic.Int64) bool {
+// revision checked, and records that revision in restored, unless calc's own first update has
+// been handed over already. It reports whether it gave it.
+func (p *planner) restore(u *calc.Update, checked int64, restored *atomic.Int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fromCalc.Load() {
 		return false
 	}
-	restoredUntil.Store(until.UnixNano()) // before the dataplane can have applied it
-	restored.Store(checked)
+	restored.Store(checked) // before the dataplane can have applied it
 	p.handOver(u)
 	return true
 }
@@ -153,9 +152,10 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		if dp := state.dp; dp != nil && dp.AppliedOnce() {
 			defer state.appliedOnce.Do(func() { close(state.applied) }) // after the line below
 		}
-		// The kernel has had its turn with etcd's state (not only with the state kept by the
-		// last run): the cold start's garbage goes back, off the apply loop (a full
-		// collection) and after the line that says the dataplane is updated.
+		// The kernel has had its turn with etcd's state (calc's first update has been handed
+		// over, so this apply or the next carries it): the cold start's garbage goes back,
+		// off the apply loop (a full collection) and after the line that says the dataplane
+		// is updated.
 		if state.fromCalc.Load() {
 			defer state.freeOnce.Do(func() { go freeColdStart() })
 		}

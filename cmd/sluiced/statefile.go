@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"os"
@@ -22,41 +23,41 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// keptHeader says what a kept desired state (option state-file) is: calc's output as of etcd
-// revision Revision, when each watched prefix held Counts keys, computed by build Build with
-// calc's configuration Config. Started again, the agent programs that state at once when etcd
-// holds exactly those keys still (store.UnchangedSince: a count and a revision filter, no
-// value read), instead of waiting for its read of etcd, its decoding and calc's first full
-// computation. The file is the header, JSON on one line, then the calc.State in gob (read in
-// 40 ms at 20,000 nodes, a quarter of the time JSON took), so an agent finds out whether the
-// state is of any use before it reads it.
+// keptHeader says what a kept desired state (option state-file) is: calc's output computed
+// by build Build with calc's configuration Config from etcd's keys under each watched prefix
+// as the intake held them (store.PrefixState: as of a revision, how many keys, the newest mod
+// revision among them), and a checksum of the state. Started again, the agent programs that
+// state at once when etcd holds exactly those keys still (store.Unchanged: a count and the
+// newest key, no value sent), instead of waiting for its read of etcd, its decoding and calc's
+// first full computation. The file is the header, JSON on one line, then the calc.State in
+// gob (read in 40 ms at 20,000 nodes, a quarter of the time JSON took), so an agent finds out
+// whether the state is of any use before it decodes it.
 //
 // Hazards: the state is only as good as the binary and configuration that computed it, so
 // another build (the Go build ID) or another calc configuration makes it unusable, not merely
-// old; and it must never stand for etcd once etcd has moved: it is handed over only before
-// calc's own first update, which replaces it.
+// old; it must be saved only when the intake holds etcd's keys whole (not in the middle of a
+// read, whose deletions come last), each prefix at the revision its own watch reached; and
+// it must never stand for etcd once etcd has moved: it is handed over only before calc's own
+// first update, which replaces it.
 type keptHeader struct {
-	Format   int         `json:"format"`
-	Build    string      `json:"build"`
-	Config   calc.Config `json:"config"`
-	Prefixes []string    `json:"prefixes"`
-	Revision int64       `json:"revision"`
-	Counts   []int64     `json:"counts"`
+	Format   int                 `json:"format"`
+	Build    string              `json:"build"`
+	Config   calc.Config         `json:"config"`
+	Prefixes []store.PrefixState `json:"prefixes"`
+	// Checksum is the CRC-32 (Castagnoli) of the gob that follows: a file damaged on disk
+	// could otherwise decode into other addresses.
+	Checksum uint32 `json:"checksum"`
 }
 
 // keptStateFormat is the file's layout; a file of another is not used.
-const keptStateFormat = 1
+const keptStateFormat = 2
 
-// saveState writes st, calc's desired state as of etcd revision rev over prefixes, to path:
-// whole or not at all (a temporary file, synced, then renamed over it). It reads etcd for the
-// prefixes' key counts at rev, so it fails when etcd cannot answer or has compacted rev away.
-func saveState(ctx context.Context, path string, cli *clientv3.Client, build string, cfg calc.Config, prefixes []string, rev int64, st *calc.State) (int64, error) {
-	counts, _, err := store.CountKeys(ctx, cli, prefixes, rev)
-	if err != nil {
-		return 0, err
-	}
-	st.Problems = nil // calc says them again once it has read etcd
-	return writeKept(path, &keptHeader{Format: keptStateFormat, Build: build, Config: cfg, Prefixes: prefixes, Revision: rev, Counts: counts}, st)
+// saveState writes st, calc's desired state computed from the keys held (store.Intake.Held),
+// to path: whole or not at all (a temporary file, synced, then renamed over it).
+func saveState(path, build string, cfg calc.Config, held []store.PrefixState, st *calc.State) (int64, error) {
+	kept := *st
+	kept.Problems = nil // calc says them again once it has read etcd
+	return writeKept(path, &keptHeader{Format: keptStateFormat, Build: build, Config: cfg, Prefixes: held}, &kept)
 }
 
 // writeKept writes h and st to path, whole or not at all, and returns the file's size.
@@ -70,10 +71,15 @@ func writeKept(path string, h *keptHeader, st *calc.State) (int64, error) {
 		return 0, err
 	}
 	defer os.Remove(tmp) // after the rename, nothing there
+	var payload bytes.Buffer
+	if err := gob.NewEncoder(&payload).Encode(st); err != nil {
+		return 0, err
+	}
+	h.Checksum = crc32.Checksum(payload.Bytes(), castagnoli)
 	w := bufio.NewWriterSize(f, 1<<20)
 	err = json.NewEncoder(w).Encode(h)
 	if err == nil {
-		err = gob.NewEncoder(w).Encode(st)
+		_, err = w.Write(payload.Bytes())
 	}
 	if err == nil {
 		err = w.Flush()
@@ -100,6 +106,8 @@ const keptCheckTimeout = 2 * time.Second
 // first; what etcd changes meanwhile the read that follows brings.
 const keptApplyWait = 5 * time.Second
 
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // errNoKeptState is restoreState's answer when there is no file at all.
 var errNoKeptState = errors.New("no state file")
 
@@ -109,9 +117,10 @@ type notCurrent string
 func (n notCurrent) Error() string { return string(n) }
 
 // restoreState reads the state kept at path and returns it as calc's first update would carry
-// it, with the revision it was computed at and the one etcd was checked at, if build and cfg
-// computed it over the same prefixes and etcd holds the same keys still. Otherwise the error
-// says why: errNoKeptState, a notCurrent reason, or a file that cannot be read (naming it).
+// it, with the newest revision it was computed at and the one etcd was checked at, if build and
+// cfg computed it over the same prefixes and etcd holds the same keys still. Otherwise the
+// error says why: errNoKeptState, a notCurrent reason, an etcdUnanswered error, or a file
+// that cannot be read (naming it).
 func restoreState(ctx context.Context, path string, cli *clientv3.Client, build string, cfg calc.Config, prefixes []string) (u *calc.Update, kept, checked int64, err error) {
 	raw, err := os.ReadFile(path) // 2.3 MB at 20,000 nodes
 	if errors.Is(err, fs.ErrNotExist) {
@@ -125,6 +134,11 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	if err := json.Unmarshal(line, &h); err != nil || !found {
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: the header: %v", path, cmp.Or(err, io.ErrUnexpectedEOF))
 	}
+	names := make([]string, len(h.Prefixes))
+	for i, p := range h.Prefixes {
+		names[i] = p.Prefix
+		kept = max(kept, p.Revision)
+	}
 	switch {
 	case h.Format != keptStateFormat:
 		return nil, 0, 0, notCurrent(fmt.Sprintf("written in format %d, not %d", h.Format, keptStateFormat))
@@ -132,10 +146,10 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 		return nil, 0, 0, notCurrent("written by another build of sluiced")
 	case h.Config != cfg:
 		return nil, 0, 0, notCurrent("computed with another configuration")
-	case !slices.Equal(h.Prefixes, prefixes):
+	case !slices.Equal(names, prefixes):
 		return nil, 0, 0, notCurrent("computed from other prefixes")
-	case h.Revision <= 0:
-		return nil, 0, 0, fmt.Errorf("reading the state file %s: revision %d", path, h.Revision)
+	case crc32.Checksum(rest, castagnoli) != h.Checksum:
+		return nil, 0, 0, fmt.Errorf("reading the state file %s: the state does not match its checksum", path)
 	}
 	// The state is decoded while etcd answers (each takes tens of milliseconds at 20,000
 	// nodes); when etcd says no, the decoding is left to finish on its own.
@@ -149,32 +163,33 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 		d.err = gob.NewDecoder(bytes.NewReader(rest)).Decode(&d.st)
 		done <- d
 	}()
-	same, at, err := store.UnchangedSince(ctx, cli, prefixes, h.Revision, h.Counts)
+	same, at, err := store.Unchanged(ctx, cli, h.Prefixes)
 	if err != nil {
-		return nil, 0, 0, notCurrent(err.Error())
+		return nil, 0, 0, etcdUnanswered{err}
 	}
 	if !same {
-		return nil, 0, 0, notCurrent(fmt.Sprintf("etcd changed since revision %d (now %d)", h.Revision, at))
+		return nil, 0, 0, notCurrent(fmt.Sprintf("etcd changed since revision %d (now %d)", kept, at))
 	}
 	d := <-done
 	if d.err != nil {
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: %w", path, d.err)
 	}
-	return d.st.Update(), h.Revision, at, nil
+	return d.st.Update(), kept, at, nil
 }
+
+// etcdUnanswered is restoreState's answer when etcd could not be asked.
+type etcdUnanswered struct{ error }
 
 // restoreKept runs before the intake's first read of etcd: it hands the stages the state kept
 // by the last run when etcd still holds what it was computed from (and calc has not got there
-// first; as etcd's for at most liveness, unless the intake's read is in by then), reports
-// whether it did, and logs and counts what became of the file. It waits for
+// first), reports whether it did, and logs and counts what became of the file. It waits for
 // etcd's answer for at most keptCheckTimeout: an etcd that cannot answer is left to the
 // intake.
-func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build string, liveness time.Duration, plan *planner, prefixes []string, state *agentState, log zerolog.Logger) (handed bool) {
+func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build string, plan *planner, prefixes []string, state *agentState, log zerolog.Logger) (handed bool) {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, keptCheckTimeout)
 	defer cancel()
 	u, kept, checked, err := restoreState(rctx, path, cli, build, plan.graph.Config(), prefixes)
-	answered := time.Now()
 	var nc notCurrent
 	outcome := "restored"
 	switch {
@@ -184,10 +199,13 @@ func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build s
 	case errors.As(err, &nc):
 		outcome = "not-current"
 		log.Info().Str("file", path).Str("why", nc.Error()).Msg("state file not used: the desired state comes from etcd")
+	case errors.As(err, new(etcdUnanswered)):
+		outcome = "etcd-unavailable"
+		log.Info().Err(err).Str("file", path).Msg("state file not used: etcd could not say whether it is current; the desired state comes from etcd")
 	case err != nil:
 		outcome = "unreadable"
 		log.Warn().Err(err).Str("file", path).Msg("state file unreadable: the desired state comes from etcd")
-	case !plan.restore(u, checked, answered.Add(liveness), &state.restored, &state.restoredUntil):
+	case !plan.restore(u, checked, &state.restored):
 		outcome = "not-current"
 		log.Info().Str("file", path).Msg("state file not used: calc's own desired state came first")
 	default:
@@ -198,21 +216,29 @@ func restoreKept(ctx context.Context, path string, cli *clientv3.Client, build s
 	return outcome == "restored"
 }
 
-// saveKept keeps graph's desired state, as of etcd revision rev, in path for the next start;
-// it runs as the agent stops, after the intake has ended (nothing else touches graph).
-func saveKept(path string, cli *clientv3.Client, build string, graph *calc.Graph, prefixes []string, rev int64, state *agentState, log zerolog.Logger) {
-	if !graph.InSync() || graph.SelfMissing() {
-		log.Info().Str("file", path).Msg("desired state not saved: the agent never had it whole")
+// saveKept keeps graph's desired state in path for the next start, with what the intake held
+// of etcd; it runs as the agent stops, after the intake has ended (nothing else touches graph
+// or the intake).
+func saveKept(path, build string, graph *calc.Graph, intake *store.Intake, state *agentState, log zerolog.Logger) {
+	held, whole := intake.Held()
+	switch {
+	case !whole:
+		log.Info().Str("file", path).Msg("desired state not saved: the agent stopped before it had read etcd whole (the file of an earlier stop is kept)")
+		return
+	case !graph.InSync() || graph.SelfMissing():
+		log.Info().Str("file", path).Msg("desired state not saved: this node is not in etcd")
 		return
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	size, err := saveState(ctx, path, cli, build, graph.Config(), prefixes, rev, graph.State())
+	size, err := saveState(path, build, graph.Config(), held, graph.State())
 	if err != nil {
 		state.stateFile.WithLabelValues("save-failed").Inc()
 		log.Warn().Err(err).Str("file", path).Msg("desired state not saved: the next start reads etcd before it programs anything")
 		return
+	}
+	rev := int64(0)
+	for _, h := range held {
+		rev = max(rev, h.Revision)
 	}
 	state.stateFile.WithLabelValues("saved").Inc()
 	log.Info().Str("file", path).Int64("revision", rev).Int64("bytes", size).Dur("took", time.Since(start)).Msg("desired state saved")

@@ -36,9 +36,10 @@ func shapeState(tb testing.TB, sh benchShape) (*calc.State, calc.Config) {
 }
 
 // shapeInEtcd starts etcd with the shape's keys and returns a client of it (closed by the
-// test's cleanup), etcd's revision, and calc's desired state for node-00000 with its
+// test's cleanup), what an intake of node-00000's prefixes held of them once in sync (read by
+// a real intake, stopped then), and calc's desired state for node-00000 with its
 // configuration.
-func shapeInEtcd(tb testing.TB, sh benchShape) (*clientv3.Client, int64, *calc.State, calc.Config) {
+func shapeInEtcd(tb testing.TB, sh benchShape) (*clientv3.Client, []store.PrefixState, *calc.State, calc.Config) {
 	srv := etcdtest.New(tb)
 	cli, err := srv.Client()
 	if err != nil {
@@ -46,12 +47,31 @@ func shapeInEtcd(tb testing.TB, sh benchShape) (*clientv3.Client, int64, *calc.S
 	}
 	tb.Cleanup(func() { cli.Close() })
 	loadBench(tb, cli, sh)
-	now, err := cli.Get(context.Background(), "/")
+	st, cfg := shapeState(tb, sh)
+	return cli, heldBy(tb, cli), st, cfg
+}
+
+// heldBy runs an intake of node-00000's prefixes on cli until it is in sync, stops it, and
+// returns what it held.
+func heldBy(tb testing.TB, cli *clientv3.Client) []store.PrefixState {
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: store.Fanout{}, Prefixes: store.NodePrefixes("node-00000")})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	st, cfg := shapeState(tb, sh)
-	return cli, now.Header.Revision, st, cfg
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = in.Run(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !in.Stats().InSync.Load() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	held, ok := in.Held()
+	if !ok {
+		tb.Fatal("the intake never held etcd's keys whole")
+	}
+	return held
 }
 
 // BenchmarkKeptState: writing the state file of the 20,000-node shape (20,000 VTEPs, host
@@ -60,7 +80,7 @@ func shapeInEtcd(tb testing.TB, sh benchShape) (*clientv3.Client, int64, *calc.S
 // transaction), the state read and turned into the dataplane's update.
 func BenchmarkKeptState(b *testing.B) {
 	sh := benchShapes[len(benchShapes)-1]
-	cli, rev, st, cfg := shapeInEtcd(b, sh)
+	cli, held, st, cfg := shapeInEtcd(b, sh)
 	prefixes := store.NodePrefixes("node-00000")
 	path := filepath.Join(b.TempDir(), "desired-state")
 	ctx := context.Background()
@@ -68,7 +88,7 @@ func BenchmarkKeptState(b *testing.B) {
 	var err error
 	b.Run("write", func(b *testing.B) {
 		for b.Loop() {
-			if size, err = saveState(ctx, path, cli, "bench", cfg, prefixes, rev, st); err != nil {
+			if size, err = saveState(path, "bench", cfg, held, st); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -95,12 +115,13 @@ func BenchmarkKeptState(b *testing.B) {
 // damaged; each answer says which.
 func TestKeptState(t *testing.T) {
 	sh := benchShape{name: "small", nodes: 3, blocks: 6}
-	cli, rev, st, cfg := shapeInEtcd(t, sh)
+	cli, held, st, cfg := shapeInEtcd(t, sh)
 	want := opsText(st.Update())
+	rev := held[0].Revision
 	prefixes := store.NodePrefixes("node-00000")
 	path := filepath.Join(t.TempDir(), "desired-state")
 	ctx := context.Background()
-	if _, err := saveState(ctx, path, cli, "build-1", cfg, prefixes, rev, st); err != nil {
+	if _, err := saveState(path, "build-1", cfg, held, st); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
@@ -138,22 +159,27 @@ func TestKeptState(t *testing.T) {
 	if _, _, _, err := restoreState(ctx, filepath.Join(t.TempDir(), "none"), cli, "build-1", cfg, prefixes); !errors.Is(err, errNoKeptState) {
 		t.Errorf("no file: %v, want errNoKeptState", err)
 	}
-	// Saved again, then cut short: the header reads, the state does not.
-	now, err := cli.Get(ctx, "/")
+	// Saved again (etcd as it is now), then damaged: cut short, a byte of the state changed.
+	size, err := saveState(path, "build-1", cfg, heldBy(t, cli), st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	size, err := saveState(ctx, path, cli, "build-1", cfg, prefixes, now.Header.Revision, st)
+	if _, _, _, err := restoreState(ctx, path, cli, "build-1", cfg, prefixes); err != nil {
+		t.Fatalf("saved again with etcd as it is: %v", err)
+	}
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Truncate(path, size-100); err != nil {
-		t.Fatal(err)
-	}
-	_, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes)
 	var nc notCurrent
-	if err == nil || errors.As(err, &nc) || errors.Is(err, errNoKeptState) || !strings.Contains(err.Error(), path) {
-		t.Errorf("a file cut short: %v, want an error naming %s", err, path)
+	for what, damaged := range map[string][]byte{"cut short": raw[:size-100], "a byte changed": append(raw[:size-10:size-10], append([]byte{raw[size-10] ^ 0x20}, raw[size-9:]...)...)} {
+		if err := os.WriteFile(path, damaged, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes)
+		if err == nil || errors.As(err, &nc) || errors.Is(err, errNoKeptState) || !strings.Contains(err.Error(), path) {
+			t.Errorf("a file %s: %v, want an error naming %s", what, err, path)
+		}
 	}
 	if err := os.WriteFile(path, []byte("not a state file\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -173,8 +199,8 @@ func opsText(u *calc.Update) string {
 }
 
 // TestSyncedAtStandsInUntilTheFirstSync: a restored state makes the agent count as in sync
-// only until the intake's first in-sync, and no longer than the etcd liveness time after the
-// check; after the first in-sync, only the intake's own counts.
+// only until the intake's first in-sync, and only while its first read has not failed; after
+// the first in-sync, only the intake's own counts.
 func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 	srv := etcdtest.New(t)
 	cli, err := srv.Client()
@@ -193,18 +219,13 @@ func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 		t.Fatal("synced before anything")
 	}
 	a.restored.Store(7)
-	if _, ok := a.syncedAt(); ok {
-		t.Fatal("restored at 7 with no time to stand for etcd: synced")
-	}
-	a.restoredUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	if rev, ok := a.syncedAt(); !ok || rev != 7 {
 		t.Fatalf("restored at 7: synced %v at %d", ok, rev)
 	}
-	a.restoredUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	st.Retries.Add(1) // the first read failed: etcd may be gone
 	if _, ok := a.syncedAt(); ok {
-		t.Fatal("restored, the intake not in sync after the etcd liveness time: synced")
+		t.Fatal("restored, the intake's first read failed: synced")
 	}
-	a.restoredUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	st.Revision.Store(9)
 	st.InSync.Store(true)
 	st.Syncs.Add(1)

@@ -123,7 +123,8 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 	s := store.NodeStatus{Node: node, Updated: time.Now().UTC()}
 	if a.intake != nil {
 		st := a.intake.Stats()
-		s.Revision, s.InSync, s.BadValues = st.Revision.Load(), st.InSync.Load(), st.BadValues.Load()
+		s.Revision, s.BadValues = st.Revision.Load(), st.BadValues.Load()
+		s.InSync = a.synced() // the intake's, or a kept state found current before its first
 	}
 	s.Ready = a.ready()
 	if s.Ready {

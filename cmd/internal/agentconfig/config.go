@@ -131,7 +131,7 @@ func optionTable() []option {
 			set: func(c *Config, v string) error { c.LogLevel = v; return oneOf(v, "debug", "info", "warn", "error") }},
 		{name: "record", env: "SLUICE_RECORD", key: "record", accepts: "a file", help: "also record every event to this file as JSON lines (replay with sluicectl replay)",
 			set: str(func(c *Config) *string { return &c.Record })},
-		{name: "state-file", env: "SLUICE_STATE_FILE", key: "stateFile", def: "/var/lib/sluice/desired-state", accepts: `a file, or "" for none`, help: "where the agent keeps the desired state when it stops; started again, it programs that state at once when etcd shows the watched keys unchanged since (no read of the values), before it has read and computed everything again",
+		{name: "state-file", env: "SLUICE_STATE_FILE", key: "stateFile", def: "/var/lib/sluice/desired-state", accepts: `a file, or "" for none`, help: "where the agent keeps the desired state when it stops; started again, it programs that state at once when etcd shows the watched keys unchanged since (a count and the newest key; no value sent), before it has read and computed everything again",
 			set: str(func(c *Config) *string { return &c.StateFile })},
 		{name: "route-source", env: "SLUICE_ROUTE_SOURCE", key: "routeSource", def: "CalicoIPAM", accepts: "CalicoIPAM or WorkloadIPs", help: "where routes come from: IPAM blocks, or workload endpoints (OpenStack without blocks)",
 			set: func(c *Config, v string) error {
