@@ -100,8 +100,10 @@ type Dataplane struct {
 	kick chan struct{}
 	// pendingSince is when the oldest update not yet in the kernel arrived (zero: none).
 	pendingSince time.Time
-	// fulls counts the full updates handed over, so that the apply after each is announced.
-	fulls int
+	// fulls counts the full updates handed over; fullsApplied is fulls as the last apply
+	// found it (under mu, with the state it applied), so that the apply after each full
+	// update is announced.
+	fulls, fullsApplied int
 	// beat is when the apply loop last went round (unix nanoseconds), for liveness.
 	beat atomic.Int64
 }
@@ -342,6 +344,7 @@ func (d *Dataplane) Apply() error {
 	if !d.synced {
 		return nil
 	}
+	d.fullsApplied = d.fulls
 	var errs []error
 	if err := d.applySysctls(); err != nil {
 		errs = append(errs, err)
@@ -493,13 +496,13 @@ func (d *Dataplane) Run(ctx context.Context) {
 		}
 		last = time.Now()
 		before := d.Stats().Writes
-		d.mu.Lock()
-		fulls := d.fulls
-		d.mu.Unlock()
 		err := d.Apply()
 		if f := d.cfg.OnApply; f != nil {
 			// The first apply after a full update is always told, writes or not: a restart
 			// that finds the kernel right writes nothing, and that is news too.
+			d.mu.Lock()
+			fulls := d.fullsApplied
+			d.mu.Unlock()
 			afterFull := fulls != announced && d.AppliedOnce()
 			if w := d.Stats().Writes - before; w > 0 || err != nil || afterFull {
 				f(err, w, time.Since(last))

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 	"github.com/sluice-net/sluice/store/etcdtest"
@@ -236,4 +238,62 @@ func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 	if _, ok := a.syncedAt(); ok {
 		t.Fatal("synced while the intake reads again after its first in-sync")
 	}
+}
+
+// TestRestoreKeptOutcomes: what the agent makes of its state file at start, each outcome
+// counted under its name and only a current state handed over: none there; a current one
+// (handed over, its revision standing for etcd's); one etcd moved on from; etcd not
+// answering; a damaged file; and a current one when calc's own update came first.
+func TestRestoreKeptOutcomes(t *testing.T) {
+	sh := benchShape{name: "small", nodes: 3, blocks: 6}
+	cli, held, st, cfg := shapeInEtcd(t, sh)
+	prefixes := store.NodePrefixes("node-00000")
+	path := filepath.Join(t.TempDir(), "desired-state")
+	try := func(what, outcome string, want bool, cli *clientv3.Client, fromCalc bool) *agentState {
+		t.Helper()
+		graph, err := calc.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := newAgentState()
+		state.fromCalc.Store(fromCalc)
+		plan := &planner{graph: graph, problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
+		if got := restoreKept(context.Background(), path, cli, "build-1", plan, prefixes, state, zerolog.Nop()); got != want {
+			t.Errorf("%s: handed over %v, want %v", what, got, want)
+		}
+		if n := testutil.ToFloat64(state.stateFile.WithLabelValues(outcome)); n != 1 {
+			t.Errorf("%s: counted %v as %s, want 1", what, n, outcome)
+		}
+		if restored := state.restored.Load() != 0; restored != want {
+			t.Errorf("%s: restored revision set %v, want %v", what, restored, want)
+		}
+		return state
+	}
+	try("no file", "missing", false, cli, false)
+	if _, err := saveState(path, "build-1", cfg, held, st); err != nil {
+		t.Fatal(err)
+	}
+	state := try("etcd unchanged", "restored", true, cli, false)
+	if rev := state.restored.Load(); rev < held[0].Revision {
+		t.Errorf("restored at revision %d, before the one held (%d)", rev, held[0].Revision)
+	}
+	try("calc came first", "not-current", false, cli, true)
+	closed, err := clientv3.New(clientv3.Config{Endpoints: cli.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	try("etcd not answering", "etcd-unavailable", false, closed, false)
+	if _, err := cli.Put(context.Background(), store.NodePrefix+"node-00001", benchNodeJSON(1, sh.tunnel(1))); err != nil {
+		t.Fatal(err)
+	}
+	try("etcd changed", "not-current", false, cli, false)
+	if err := os.WriteFile(path, []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	try("a damaged file", "not-current", false, cli, false) // format 0: of no use, said so
+	if err := os.WriteFile(path, []byte("not a state file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	try("not a state file", "unreadable", false, cli, false)
 }
