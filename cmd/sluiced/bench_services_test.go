@@ -106,7 +106,10 @@ type svcBenchLogLine struct {
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
 func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
-	args := []string{"--etcd-endpoints", endpoint, "--node-name", "node-000", "--log-format", "json", "--bpf-pin-dir", pinDir}
+	// The desired state it keeps as it stops goes beside its pins, not to the host's
+	// /var/lib/sluice.
+	args := []string{"--etcd-endpoints", endpoint, "--node-name", "node-000", "--log-format", "json", "--bpf-pin-dir", pinDir,
+		"--state-file", filepath.Join(b.TempDir(), "desired-state")}
 	// The socket programs would attach to the cgroup hierarchy, which `ip netns exec` hides
 	// (it remounts /sys): they are not what is measured.
 	if help, _ := exec.Command(bin, "--help").CombinedOutput(); strings.Contains(string(help), "cgroup-path") {
