@@ -155,10 +155,14 @@ type Intake struct {
 	// touches it.
 	known []map[string]keyState
 	batch []Event
-	// spanAt is, for each watch span (WatchSpans of the prefixes), the revision through which
-	// its changes have been delivered; held says that the consumers hold exactly etcd's keys
-	// as of those revisions (false before the first in-sync and while a read delivers its
-	// pages, whose deletions come last). Only the intake goroutine touches them.
+	// spans are the watches' ranges (WatchSpans of the prefixes) and spanOf each prefix's
+	// span; fixed at NewIntake.
+	spans  []Span
+	spanOf []int
+	// spanAt is, for each span, the revision through which its changes have been delivered
+	// (the stalled-watch check follows the same); held says that the consumers hold exactly
+	// etcd's keys as of those revisions (false before the first in-sync and while a read
+	// delivers its pages, whose deletions come last). Only the intake goroutine touches them.
 	spanAt []int64
 	held   bool
 }
@@ -249,7 +253,17 @@ func NewIntake(cfg IntakeConfig) (*Intake, error) {
 	for i := range known {
 		known[i] = map[string]keyState{}
 	}
-	return &Intake{cfg: cfg, known: known}, nil
+	in := &Intake{cfg: cfg, known: known, spans: WatchSpans(cfg.Prefixes)}
+	in.spanOf = make([]int, len(cfg.Prefixes))
+	for i, p := range cfg.Prefixes {
+		for s, sp := range in.spans {
+			if p >= sp.Start && p < sp.End {
+				in.spanOf[i] = s
+			}
+		}
+	}
+	in.spanAt = make([]int64, len(in.spans))
+	return in, nil
 }
 
 // Stats returns the live counters.
@@ -461,7 +475,6 @@ func (in *Intake) resync(ctx context.Context) (int64, error) {
 	}
 	in.batch = append(in.batch, Event{Type: EventInSync, Revision: rev})
 	in.flush()
-	in.spanAt = make([]int64, len(WatchSpans(in.cfg.Prefixes)))
 	for i := range in.spanAt {
 		in.spanAt[i] = rev
 	}
@@ -584,7 +597,7 @@ var errStalled = errors.New("watch stalled")
 func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	spans := WatchSpans(in.cfg.Prefixes)
+	spans := in.spans
 	type spanResponse struct {
 		clientv3.WatchResponse
 		span int // index in spans
@@ -637,8 +650,8 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	silent := false
 	var probing, probeFailed atomic.Bool
 	// Stalls: each watch's newest revision against the newest one the probe saw etcd at.
-	stall := newStallCheck(in.cfg.StallAfter, len(spans), rev-1)
-	var probeRev atomic.Int64 // the last probe's revision of etcd, not yet looked at
+	stall := newStallCheck(in.cfg.StallAfter, in.spanAt) // each from the read's revision, rev-1
+	var probeRev atomic.Int64                            // the last probe's revision of etcd, not yet looked at
 	heardAgain := func(last time.Time, ok bool) {
 		silent = false
 		in.stats.Silent.Store(false)
@@ -679,7 +692,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			if i, ok := stall.stalled(now); ok {
 				w := stall.watches[i]
 				return fmt.Errorf("%w: the watch of %s… delivered up to revision %d, etcd was at %d %v ago",
-					errStalled, spans[i].Start, w.at, w.target, now.Sub(w.since).Round(time.Second))
+					errStalled, spans[i].Start, stall.at[i], w.target, now.Sub(w.since).Round(time.Second))
 			}
 			if in.connected() && !probeFailed.Load() {
 				last := heard
@@ -764,8 +777,7 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		if resp.IsProgressNotify() {
 			seen = max(seen, resp.Header.Revision)
 		}
-		stall.delivered(from, seen)
-		in.spanAt[from] = max(in.spanAt[from], seen)
+		stall.delivered(from, seen) // moves in.spanAt[from] on
 		if seen > in.stats.Revision.Load() {
 			in.stats.Revision.Store(seen)
 		}
@@ -778,29 +790,25 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 // it delivered (an event's, or a progress notification's).
 type stallCheck struct {
 	after   time.Duration // 0: never stalled
+	at      []int64       // each watch's newest revision delivered: the intake's spanAt
 	watches []watchProgress
 }
 
 type watchProgress struct {
-	at     int64     // the newest revision delivered
 	target int64     // a revision of etcd's not reached yet (0: none)
 	since  time.Time // when the probe saw etcd at target
 }
 
-// newStallCheck follows n watches that begin after rev, what the read before them covered.
-func newStallCheck(after time.Duration, n int, rev int64) *stallCheck {
-	c := &stallCheck{after: after, watches: make([]watchProgress, n)}
-	for i := range c.watches {
-		c.watches[i].at = rev
-	}
-	return c
+// newStallCheck follows the watches whose newest revisions delivered are at (each the
+// revision of the read before them, at first), and moves them on.
+func newStallCheck(after time.Duration, at []int64) *stallCheck {
+	return &stallCheck{after: after, at: at, watches: make([]watchProgress, len(at))}
 }
 
 // delivered records that watch i delivered everything up to rev.
 func (c *stallCheck) delivered(i int, rev int64) {
-	w := &c.watches[i]
-	w.at = max(w.at, rev)
-	if w.target != 0 && w.at >= w.target {
+	c.at[i] = max(c.at[i], rev)
+	if w := &c.watches[i]; w.target != 0 && c.at[i] >= w.target {
 		w.target = 0
 	}
 }
@@ -809,7 +817,7 @@ func (c *stallCheck) delivered(i int, rev int64) {
 // (a watch already behind an older revision keeps that one, and its time).
 func (c *stallCheck) etcdAt(rev int64, now time.Time) {
 	for i := range c.watches {
-		if w := &c.watches[i]; w.at < rev && w.target == 0 {
+		if w := &c.watches[i]; c.at[i] < rev && w.target == 0 {
 			w.target, w.since = rev, now
 		}
 	}

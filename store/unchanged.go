@@ -28,15 +28,9 @@ func (in *Intake) Held() ([]PrefixState, bool) {
 	if !in.held {
 		return nil, false
 	}
-	spans := WatchSpans(in.cfg.Prefixes)
 	out := make([]PrefixState, len(in.cfg.Prefixes))
 	for i, p := range in.cfg.Prefixes {
-		out[i] = PrefixState{Prefix: p, Keys: int64(len(in.known[i]))}
-		for s, sp := range spans {
-			if p >= sp.Start && p < sp.End {
-				out[i].Revision = in.spanAt[s]
-			}
-		}
+		out[i] = PrefixState{Prefix: p, Revision: in.spanAt[in.spanOf[i]], Keys: int64(len(in.known[i]))}
 		for _, st := range in.known[i] {
 			out[i].Newest = max(out[i].Newest, st.modRev())
 		}
@@ -49,9 +43,11 @@ func (in *Intake) Held() ([]PrefixState, bool) {
 // written last. The proof: the newest key is no newer than the one held, itself no newer than
 // the revision held at, so every key there now was last written at or before that revision
 // and was there then with the value it has now (a key deleted and written again is newer); as
-// many as then, so none is missing. It holds across an etcd restored from an older backup too:
-// any key that differs from what was held is newer than the backup, so either the newest key
-// or the count differs. etcd scans each prefix to sort it (before etcd 3.7, reading the values
+// many as then, so none is missing. An etcd restored from an older backup is refused while
+// nothing has been written to it since, or when it was restored with --bump-revision (as etcd
+// advises): any key that differs from what was held is then newer than the backup, so the
+// newest key or the count differs. Restored without it and written to, its new writes can
+// reuse revisions the lost history had, and the check can pass. etcd scans each prefix to sort it (before etcd 3.7, reading the values
 // too), but only a count and one key cross the wire.
 func Unchanged(ctx context.Context, cli *clientv3.Client, held []PrefixState) (bool, int64, error) {
 	ops := make([]clientv3.Op, 0, 2*len(held))

@@ -47,7 +47,7 @@ type agentState struct {
 	// applied is closed when the dataplane's first apply is done (appliedOnce closes it).
 	applied     chan struct{}
 	appliedOnce sync.Once
-	// stateFile counts what became of the state file, by outcome (keptOutcomes).
+	// stateFile counts what became of the state file, by outcome (restoreKept, saveKept).
 	stateFile *prometheus.CounterVec
 	// metrics fed by the agent as things happen
 	events       *prometheus.CounterVec
@@ -147,7 +147,7 @@ func newAgentState() *agentState {
 		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
 			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
 		stateFile: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_state_file_total",
-			Help: "What became of the state file (option state-file), by outcome: restored, not-current (etcd changed, another build or configuration), missing, unreadable, saved, save-failed."}, []string{"outcome"}),
+			Help: "What became of the state file (option state-file), by outcome: restored, not-current (etcd changed, another build or configuration), etcd-unavailable, missing, unreadable, saved, save-failed."}, []string{"outcome"}),
 		serviceErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_service_apply_errors_total",
 			Help: "Failed applies of the service stage (maps, program links, health-check servers)."}),
 		conntrackDeleted: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_conntrack_deleted_total",

@@ -565,13 +565,21 @@ func (a *testAgent) stop() error {
 // it (closed by the test's cleanup) and what every kind should count.
 func loadedEtcd(t *testing.T) (*etcdtest.Server, *clientv3.Client, map[string]any) {
 	t.Helper()
-	srv := etcdtest.New(t)
+	srv, cli := newEtcd(t)
+	return srv, cli, loadCluster(t, cli)
+}
+
+// newEtcd starts an empty etcd and returns it and a client of it (closed by the test's
+// cleanup).
+func newEtcd(tb testing.TB) (*etcdtest.Server, *clientv3.Client) {
+	tb.Helper()
+	srv := etcdtest.New(tb)
 	cli, err := srv.Client()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Close() })
-	return srv, cli, loadCluster(t, cli)
+	tb.Cleanup(func() { cli.Close() })
+	return srv, cli
 }
 
 // waitReadyz polls addr's /readyz until it answers code with a body holding want, and

@@ -62,6 +62,11 @@ func saveState(path, build string, cfg calc.Config, held []store.PrefixState, st
 
 // writeKept writes h and st to path, whole or not at all, and returns the file's size.
 func writeKept(path string, h *keptHeader, st *calc.State) (int64, error) {
+	var payload bytes.Buffer
+	if err := gob.NewEncoder(&payload).Encode(st); err != nil {
+		return 0, err
+	}
+	h.Checksum = crc32.Checksum(payload.Bytes(), castagnoli)
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return 0, err
 	}
@@ -71,11 +76,6 @@ func writeKept(path string, h *keptHeader, st *calc.State) (int64, error) {
 		return 0, err
 	}
 	defer os.Remove(tmp) // after the rename, nothing there
-	var payload bytes.Buffer
-	if err := gob.NewEncoder(&payload).Encode(st); err != nil {
-		return 0, err
-	}
-	h.Checksum = crc32.Checksum(payload.Bytes(), castagnoli)
 	w := bufio.NewWriterSize(f, 1<<20)
 	err = json.NewEncoder(w).Encode(h)
 	if err == nil {
@@ -134,10 +134,10 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	if err := json.Unmarshal(line, &h); err != nil || !found {
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: the header: %v", path, cmp.Or(err, io.ErrUnexpectedEOF))
 	}
+	kept = heldRevision(h.Prefixes)
 	names := make([]string, len(h.Prefixes))
 	for i, p := range h.Prefixes {
 		names[i] = p.Prefix
-		kept = max(kept, p.Revision)
 	}
 	switch {
 	case h.Format != keptStateFormat:
@@ -175,6 +175,16 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: %w", path, d.err)
 	}
 	return d.st.Update(), kept, at, nil
+}
+
+// heldRevision is the newest of the revisions the prefixes were held at: the one a kept state
+// is named by in logs.
+func heldRevision(held []store.PrefixState) int64 {
+	rev := int64(0)
+	for _, h := range held {
+		rev = max(rev, h.Revision)
+	}
+	return rev
 }
 
 // etcdUnanswered is restoreState's answer when etcd could not be asked.
@@ -236,10 +246,6 @@ func saveKept(path, build string, graph *calc.Graph, intake *store.Intake, state
 		log.Warn().Err(err).Str("file", path).Msg("desired state not saved: the next start reads etcd before it programs anything")
 		return
 	}
-	rev := int64(0)
-	for _, h := range held {
-		rev = max(rev, h.Revision)
-	}
 	state.stateFile.WithLabelValues("saved").Inc()
-	log.Info().Str("file", path).Int64("revision", rev).Int64("bytes", size).Dur("took", time.Since(start)).Msg("desired state saved")
+	log.Info().Str("file", path).Int64("revision", heldRevision(held)).Int64("bytes", size).Dur("took", time.Since(start)).Msg("desired state saved")
 }
