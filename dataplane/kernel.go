@@ -82,15 +82,18 @@ type netlinkKernel struct {
 // NewKernel returns the real Kernel for namespace ns (netns.None() for this one). Close it
 // when done.
 func NewKernel(ns netns.NsHandle) (*NetlinkKernel, error) {
+	// Only the route family: a handle asked for none opens every family the library knows,
+	// and a host without one of them (xfrm_user is a module many hosts never load) would
+	// refuse to start the agent for a family it never uses.
 	var h *netlink.Handle
 	var err error
 	if ns.IsOpen() {
-		h, err = netlink.NewHandleAt(ns)
+		h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	} else {
-		h, err = netlink.NewHandle()
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("opening netlink: %w", err)
+		return nil, fmt.Errorf("opening netlink (NETLINK_ROUTE): %w", err)
 	}
 	b, err := newRouteBatcher(ns)
 	if err != nil {

@@ -215,3 +215,23 @@ func TestRoutesRealKernel(t *testing.T) {
 		t.Fatalf("after withdrawing everything:\n%s", got)
 	}
 }
+
+// TestKernelOpensOnlyTheRouteFamily: the kernel handle holds a NETLINK_ROUTE socket and no
+// other family, so a host that lacks a family's module (xfrm_user on many hosts) still starts
+// the agent. The netlink library opens every family it knows when asked for none.
+func TestKernelOpensOnlyTheRouteFamily(t *testing.T) {
+	n := newTestNode(t)
+	k, err := NewKernel(n.handle())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if !k.h.SupportsNetlinkFamily(unix.NETLINK_ROUTE) {
+		t.Fatal("the kernel handle has no NETLINK_ROUTE socket")
+	}
+	for _, f := range []int{unix.NETLINK_XFRM, unix.NETLINK_NETFILTER} {
+		if k.h.SupportsNetlinkFamily(f) {
+			t.Errorf("the kernel handle opened netlink family %d, which sluice does not use through it", f)
+		}
+	}
+}
