@@ -1034,14 +1034,18 @@ int sl_from_host(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
+	/* The settings are one array entry, always there; older verifiers (6.1) cannot tell, so
+	 * every program checks the lookup once, before anything reads it. */
+	struct cfg *c = config();
+	if (!c)
+		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 1, 0);
+		int rc = icmp_error(skb, &p, c, 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
 		return TC_ACT_OK;
-	struct cfg *c = config();
-	if (c && p.proto == IPPROTO_UDP && p.dport == c->vxlan_port)
+	if (p.proto == IPPROTO_UDP && p.dport == c->vxlan_port)
 		return tunnel_in(skb, &p, c);
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
@@ -1058,13 +1062,15 @@ int sl_from_wep(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
+	struct cfg *c = config();
+	if (!c)
+		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 1, 0);
+		int rc = icmp_error(skb, &p, c, 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
 		return TC_ACT_OK;
-	struct cfg *c = config();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v) {
@@ -1074,8 +1080,6 @@ int sl_from_wep(struct __sk_buff *skb)
 			v->last_seen = bpf_ktime_get_ns();
 			tcp_track(v, &p, 1);
 			__be32 peer = v->nat_addr;
-			if (!c)
-				return TC_ACT_SHOT;
 			int rc = oversize(skb, &p, c);
 			if (rc >= 0)
 				return rc;
@@ -1104,8 +1108,11 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
+	struct cfg *c = config();
+	if (!c)
+		return TC_ACT_OK;
 	if (p.proto == IPPROTO_ICMP) {
-		int rc = icmp_error(skb, &p, config(), 0, 0);
+		int rc = icmp_error(skb, &p, c, 0, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	if (!is_l4(&p))
@@ -1129,9 +1136,6 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 		v->last_seen = bpf_ktime_get_ns();
 		tcp_track(v, &p, 1);
 		__be32 peer = v->nat_addr;
-		struct cfg *c = config();
-		if (!c)
-			return TC_ACT_SHOT;
 		int rc = oversize(skb, &p, c);
 		if (rc >= 0)
 			return rc;
