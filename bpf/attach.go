@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultHostInterfaces matches a node's NICs, bonds and VLANs as Calico's
@@ -52,31 +53,41 @@ func (c Conflict) String() string {
 	return s
 }
 
-// Attacher keeps sluice's programs attached through TCX links on the host interfaces (by
-// pattern) and the workload interfaces (named by calc's routes). Ownership rule: a link is
-// sluice's when it is pinned under <pin dir>/links; links are pinned as <iface>_<direction>,
-// so a restarted agent finds them and swaps its new programs in atomically (link update),
-// and traffic never meets an interface without a program.
+// Attacher keeps sluice's programs attached on the host interfaces (by pattern) and the
+// workload interfaces (named by calc's routes), through TCX links or classic tc filters
+// (mode). Ownership rules: a TCX link is sluice's when it is pinned under <pin dir>/links as
+// <iface>_<direction>, so a restarted agent finds it and swaps its new programs in atomically
+// (link update); a classic filter is sluice's by its slot (TCPriority, TCHandle, a program
+// named sl_*), replaced in place by a restarted agent. Either way traffic never meets an
+// interface without a program. Switching modes removes the other mode's objects once the new
+// ones are in place.
 type Attacher struct {
 	dir            string
+	mode           AttachMode // tcx or tc, resolved
 	objs           *Objects
 	hostPattern    *regexp.Regexp
 	cleanConflicts bool
 	links          map[Hook]link.Link
-	ours           map[ebpf.ProgramID]bool
-	// Repairs counts links found detached or missing and attached again, and held links
-	// whose pin was removed, pinned again.
+	// filters are the hooks holding sluice's classic filter after the last Sync (tc mode).
+	filters map[Hook]bool
+	ours    map[ebpf.ProgramID]bool
+	// Repairs counts links found detached or missing and attached again, held links whose
+	// pin was removed, pinned again, and classic filters found removed and put back.
 	Repairs int
 }
 
-// NewAttacher returns an attacher for objs, pinning links under pinDir/links.
-func NewAttacher(pinDir string, objs *Objects, hostPattern *regexp.Regexp, cleanConflicts bool) (*Attacher, error) {
+// NewAttacher returns an attacher for objs in mode (tcx or tc: resolve auto first), pinning
+// links under pinDir/links.
+func NewAttacher(pinDir string, mode AttachMode, objs *Objects, hostPattern *regexp.Regexp, cleanConflicts bool) (*Attacher, error) {
+	if mode != AttachTCX && mode != AttachTC {
+		return nil, fmt.Errorf("attach mode %q: want tcx or tc", mode)
+	}
 	dir := filepath.Join(pinDir, "links")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating link pin directory: %w", err)
 	}
-	a := &Attacher{dir: dir, objs: objs, hostPattern: hostPattern, cleanConflicts: cleanConflicts,
-		links: map[Hook]link.Link{}, ours: map[ebpf.ProgramID]bool{}}
+	a := &Attacher{dir: dir, mode: mode, objs: objs, hostPattern: hostPattern, cleanConflicts: cleanConflicts,
+		links: map[Hook]link.Link{}, filters: map[Hook]bool{}, ours: map[ebpf.ProgramID]bool{}}
 	for _, p := range []*ebpf.Program{objs.SlFromHost, objs.SlToHost, objs.SlFromWep, objs.SlToWep} {
 		info, err := p.Info()
 		if err != nil {
@@ -89,16 +100,19 @@ func NewAttacher(pinDir string, objs *Objects, hostPattern *regexp.Regexp, clean
 	return a, nil
 }
 
-func (a *Attacher) program(h Hook, wep bool) *ebpf.Program {
+// Mode is how the attacher attaches: tcx or tc.
+func (a *Attacher) Mode() AttachMode { return a.mode }
+
+func (a *Attacher) program(h Hook, wep bool) (*ebpf.Program, string) {
 	switch {
 	case !wep && h.Egress:
-		return a.objs.SlToHost
+		return a.objs.SlToHost, "sl_to_host"
 	case !wep:
-		return a.objs.SlFromHost
+		return a.objs.SlFromHost, "sl_from_host"
 	case h.Egress:
-		return a.objs.SlToWep
+		return a.objs.SlToWep, "sl_to_wep"
 	default:
-		return a.objs.SlFromWep
+		return a.objs.SlFromWep, "sl_from_wep"
 	}
 }
 
@@ -135,18 +149,59 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 		hooks = append(hooks, h)
 	}
 	sort.Slice(hooks, func(i, j int) bool { return hooks[i].String() < hooks[j].String() })
+	// The classic filters on every interface: sluice's own (held in tc mode; left by the
+	// other mode otherwise) and other programs' (conflicts on the hooks sluice holds).
+	filters := map[Hook][]tcFilter{}
+	for _, l := range links {
+		for _, egress := range []bool{false, true} {
+			h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
+			fs, err := tcFilters(h)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			filters[h] = fs
+		}
+	}
 	for _, h := range hooks {
-		if err := a.attach(h, a.program(h, want[h])); err != nil {
+		prog, name := a.program(h, want[h])
+		var err error
+		if a.mode == AttachTC {
+			err = a.attachTC(h, prog, name, filters[h])
+		} else {
+			err = a.attach(h, prog)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("attaching to %s: %w", h, err))
 		}
 	}
-	// Whatever is pinned or held and not wanted goes: interfaces removed or renamed, workloads gone.
+	// Sluice's classic filters where none is wanted: interfaces no longer sluice's, or every
+	// one in TCX mode (left by the tc mode), once the links above are in place.
+	for h, fs := range filters {
+		for _, f := range fs {
+			if _, wanted := want[h]; f.ours() && (a.mode == AttachTCX || !wanted) {
+				if err := delTCFilter(h); err != nil {
+					errs = append(errs, err)
+				}
+				delete(a.filters, h)
+			}
+		}
+	}
+	for h := range a.filters {
+		if _, ok := want[h]; !ok {
+			delete(a.filters, h)
+		}
+	}
+	// Whatever is pinned or held and not wanted goes: interfaces removed or renamed, workloads
+	// gone, and every link in tc mode (left by the TCX mode), once the filters are in place.
 	held := map[string]bool{}
-	for h := range want {
-		held[filepath.Base(a.pin(h))] = true
+	if a.mode == AttachTCX {
+		for h := range want {
+			held[filepath.Base(a.pin(h))] = true
+		}
 	}
 	for h, l := range a.links {
-		if _, ok := want[h]; !ok {
+		if _, ok := want[h]; !ok || a.mode == AttachTC {
 			// An interface gone and back under its name (a new ifindex) has its new link
 			// pinned at the old one's path by now: that pin stays.
 			if !held[filepath.Base(a.pin(h))] {
@@ -166,6 +221,12 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 			continue
 		}
 		if !held[e.Name()] {
+			// Detached first: the last reference dropped with the pin lets the kernel
+			// detach the link only later, from a work queue.
+			if l, err := link.LoadPinnedLink(filepath.Join(a.dir, e.Name()), nil); err == nil {
+				_ = l.Detach()
+				_ = l.Close()
+			}
 			if err := os.Remove(filepath.Join(a.dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("removing stale link pin %s: %w", e.Name(), err))
 			}
@@ -173,9 +234,43 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 	}
 	var conflicts []Conflict
 	for _, h := range hooks {
-		conflicts = append(conflicts, a.conflicts(h)...)
+		conflicts = append(conflicts, a.conflicts(h, filters[h])...)
 	}
 	return conflicts, errors.Join(errs...)
+}
+
+// attachTC makes h run prog through sluice's classic filter, given the filters on h now: kept
+// when it runs one of this agent's programs, replaced in place when it runs another (a
+// previous run's), created when missing (a repair when this attacher had put it there).
+func (a *Attacher) attachTC(h Hook, prog *ebpf.Program, name string, on []tcFilter) error {
+	for _, f := range on {
+		if f.Priority == TCPriority && f.Handle == TCHandle && !f.ours() {
+			return fmt.Errorf("%s holds sluice's slot (pref %d handle %#x): remove it, or it stays", f, TCPriority, TCHandle)
+		}
+		if f.ours() && a.ours[f.ProgID] {
+			a.filters[h] = true
+			return nil
+		}
+	}
+	found := false
+	for _, f := range on {
+		found = found || f.ours()
+	}
+	if !found && a.filters[h] {
+		a.Repairs++
+	}
+	if !found {
+		if err := ensureClsact(h.Ifindex); err != nil {
+			delete(a.filters, h)
+			return err
+		}
+	}
+	if err := setTCFilter(h, prog, name); err != nil {
+		delete(a.filters, h)
+		return err
+	}
+	a.filters[h] = true
+	return nil
 }
 
 // attach makes h run prog through a pinned TCX link, reusing (and updating in place) a link
@@ -246,9 +341,10 @@ func holdLink(path string, held link.Link, valid func(*link.Info) bool, ours map
 	return nl, repaired, nil
 }
 
-// conflicts lists other software's programs on h: TCX programs that are not sluice's, and
-// classic tc bpf filters (clsact) on the same direction. With cleanConflicts they are removed.
-func (a *Attacher) conflicts(h Hook) []Conflict {
+// conflicts lists other software's programs on h: TCX programs that are not sluice's (they
+// run before classic filters, so in either mode), and the classic bpf filters (clsact) on
+// the hook that are not sluice's, given as on. With cleanConflicts they are removed.
+func (a *Attacher) conflicts(h Hook, on []tcFilter) []Conflict {
 	var out []Conflict
 	attach := ebpf.AttachTCXIngress
 	if h.Egress {
@@ -276,26 +372,14 @@ func (a *Attacher) conflicts(h Hook) []Conflict {
 			out = append(out, c)
 		}
 	}
-	nl, err := netlink.LinkByIndex(h.Ifindex)
-	if err != nil {
-		return out
-	}
-	parent := uint32(netlink.HANDLE_MIN_INGRESS)
-	if h.Egress {
-		parent = netlink.HANDLE_MIN_EGRESS
-	}
-	filters, err := netlink.FilterList(nl, parent)
-	if err != nil {
-		return out
-	}
-	for _, f := range filters {
-		bf, ok := f.(*netlink.BpfFilter)
-		if !ok {
+	for _, f := range on {
+		if f.ours() {
 			continue
 		}
-		c := Conflict{Hook: h, What: fmt.Sprintf("tc filter pref %d bpf %s", bf.Attrs().Priority, strings.TrimSpace(bf.Name))}
+		c := Conflict{Hook: h, What: fmt.Sprintf("tc filter pref %d bpf %s", f.Priority, f.Name)}
 		if a.cleanConflicts {
-			c.Err = netlink.FilterDel(f)
+			c.Err = netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: h.Ifindex,
+				Parent: tcParent(h.Egress), Handle: f.Handle, Priority: f.Priority, Protocol: unix.ETH_P_ALL}})
 			c.Removed = c.Err == nil
 		}
 		out = append(out, c)
@@ -305,8 +389,11 @@ func (a *Attacher) conflicts(h Hook) []Conflict {
 
 // Hooks returns the hooks held now, sorted.
 func (a *Attacher) Hooks() []Hook {
-	out := make([]Hook, 0, len(a.links))
+	out := make([]Hook, 0, len(a.links)+len(a.filters))
 	for h := range a.links {
+		out = append(out, h)
+	}
+	for h := range a.filters {
 		out = append(out, h)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
@@ -321,7 +408,8 @@ func (a *Attacher) Close() {
 	a.links = map[Hook]link.Link{}
 }
 
-// RemoveAll detaches every program sluice attached and removes every pin under pinDir: the
+// RemoveAll detaches every program sluice attached (links pinned under pinDir, and sluice's
+// classic filters on this namespace's interfaces) and removes every pin under pinDir: the
 // service stage turned off leaves nothing behind.
 func RemoveAll(pinDir string) error {
 	var errs []error
@@ -338,6 +426,28 @@ func RemoveAll(pinDir string) error {
 		}
 	}
 	_ = os.Remove(dir)
+	// Sluice's classic filters, on every interface (clsact stays: other filters may use it).
+	if links, err := dataplane.DumpAgain(netlink.LinkList); err == nil {
+		for _, l := range links {
+			for _, egress := range []bool{false, true} {
+				h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
+				fs, err := tcFilters(h)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				for _, f := range fs {
+					if f.ours() {
+						if err := delTCFilter(h); err != nil {
+							errs = append(errs, err)
+						}
+					}
+				}
+			}
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("listing interfaces: %w", err))
+	}
 	spec, err := loadSluice()
 	if err == nil {
 		for name := range spec.Maps {

@@ -742,9 +742,6 @@ func (t *benchTraffic) counters() string {
 // connection keeps its own port and does not meet this.
 func BenchmarkNodePortTraffic(b *testing.B) {
 	benchGate(b)
-	if err := CheckKernel(); err != nil {
-		b.Skip(err)
-	}
 	t := benchTrafficWorld(b)
 	stages := t.stages
 	nodePort := func(s int) string { return netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort+s)).String() }

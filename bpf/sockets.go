@@ -91,8 +91,16 @@ func (h *SocketHooks) Close() {
 	h.links = map[string]link.Link{}
 }
 
+// DefaultCgroupMount is where sluice mounts a cgroup2 hierarchy of its own on a host that has
+// none mounted (cgroup v1 hosts), as Calico mounts /run/calico/cgroup and Cilium
+// /run/cilium/cgroupv2.
+const DefaultCgroupMount = "/run/sluice/cgroup"
+
+// ErrNoCgroup2: no cgroup v2 hierarchy is mounted.
+var ErrNoCgroup2 = errors.New("no cgroup v2 hierarchy is mounted (the node's own connections to services need one; option cgroup-path)")
+
 // CgroupV2Root returns where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup on unified
-// hosts, /sys/fs/cgroup/unified on hybrid ones).
+// hosts, /sys/fs/cgroup/unified on hybrid ones, or sluice's own).
 func CgroupV2Root() (string, error) {
 	f, err := os.Open("/proc/self/mounts")
 	if err != nil {
@@ -106,7 +114,27 @@ func CgroupV2Root() (string, error) {
 			return fields[1], nil
 		}
 	}
-	return "", errors.New("no cgroup v2 hierarchy is mounted (the node's own connections to services need one; option cgroup-path)")
+	return "", ErrNoCgroup2
+}
+
+// EnsureCgroup2 returns where the cgroup v2 hierarchy is mounted, mounting it at mountAt when
+// none is; it says whether it mounted. Every process is in the hierarchy's root cgroup
+// unless moved, also on cgroup v1 hosts, so socket programs attached there see every socket.
+func EnsureCgroup2(mountAt string) (string, bool, error) {
+	p, err := CgroupV2Root()
+	if err == nil {
+		return p, false, nil
+	}
+	if !errors.Is(err, ErrNoCgroup2) {
+		return "", false, err
+	}
+	if err := os.MkdirAll(mountAt, 0o755); err != nil {
+		return "", false, fmt.Errorf("no cgroup v2 hierarchy is mounted, and creating %s for one failed: %w", mountAt, err)
+	}
+	if err := unix.Mount("cgroup2", mountAt, "cgroup2", 0, ""); err != nil {
+		return "", false, fmt.Errorf("no cgroup v2 hierarchy is mounted, and mounting one on %s failed: %w", mountAt, err)
+	}
+	return mountAt, true, nil
 }
 
 // NetnsCookie returns the cookie of the calling thread's network namespace.

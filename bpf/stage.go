@@ -16,7 +16,6 @@ import (
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // StageConfig configures the service stage of the agent.
@@ -29,8 +28,22 @@ type StageConfig struct {
 	// TunnelMTU 0 means the MTU of the interface holding the node's address, less 50.
 	TunnelMTU int
 	// CgroupPath is the cgroup v2 directory the socket programs attach to: "" finds the
-	// hierarchy's root, "none" leaves the node's own connections to services alone.
-	CgroupPath      string
+	// hierarchy's root (mounting one at CgroupMount when none is mounted), "none" leaves the
+	// node's own connections to services alone.
+	CgroupPath string
+	// CgroupMount is where a cgroup2 hierarchy of sluice's own is mounted when the host has
+	// none mounted ("": DefaultCgroupMount).
+	CgroupMount string
+	// Attach is how programs are attached to interfaces (auto: TCX where the kernel has it).
+	Attach AttachMode
+	// Health, when set, is the health-check state the stage answers through (the agent
+	// serves the proxy health port from it before the stage starts); else the stage makes one.
+	Health *healthcheck.Servers
+	// LoadFault, when set, is asked before the programs are loaded and fails the start with
+	// its error: a test's stand-in for a kernel that refuses them.
+	LoadFault func() error
+	// OnMounted is told of each file system the stage mounted (bpffs, cgroup2) and where.
+	OnMounted       func(fs, path string)
 	Timeouts        Timeouts
 	CleanupInterval time.Duration
 	ResyncInterval  time.Duration
@@ -49,7 +62,7 @@ type Stage struct {
 	Objs *Objects
 	Svc  *Services
 	att  *Attacher
-	sock *SocketHooks // nil with cgroup-path none
+	sock *SocketHooks // nil with cgroup-path none, and until a cgroup v2 hierarchy is there
 	CT   *Conntrack
 	// Health serves the health-check node ports and the proxy health answer.
 	Health *healthcheck.Servers
@@ -63,6 +76,8 @@ type Stage struct {
 	mu        sync.Mutex
 	conflicts map[string]bool
 	hostIP    netip.Addr
+	// why is what keeps the stage from doing its whole job after the last apply ("": nothing).
+	why       string
 	hooks     []Hook
 	lastClean CleanStats
 	// Repins counts map pins found removed and put back.
@@ -78,43 +93,55 @@ type Stage struct {
 	repairs  Repairs
 }
 
+// StartError is why the service stage could not start, by step: "attach-mode" (the kernel
+// lacks what the option asks), "bpffs" (the pin directory cannot be on bpffs), "load" (the
+// kernel refused a map or program: too old, a verifier refusal, no memory for a map) or
+// "attach" (the attacher could not be set up).
+type StartError struct {
+	Step string
+	Err  error
+}
+
+func (e *StartError) Error() string { return e.Err.Error() }
+func (e *StartError) Unwrap() error { return e.Err }
+
 // StartStage mounts bpffs under the pin directory if needed, loads (or adopts) the maps and
 // programs and returns the stage; nothing is written or attached before the first full
-// update.
+// update. Its errors are *StartError.
 func StartStage(cfg StageConfig) (*Stage, error) {
-	if err := CheckKernel(); err != nil {
-		return nil, err
+	mode, err := cfg.Attach.Resolve()
+	if err != nil {
+		return nil, &StartError{"attach-mode", err}
 	}
-	if _, err := EnsureBPFFS(cfg.PinDir); err != nil {
-		return nil, err
+	cfg.Attach = mode
+	mounted, err := EnsureBPFFS(cfg.PinDir)
+	if err != nil {
+		return nil, &StartError{"bpffs", err}
+	}
+	if mounted && cfg.OnMounted != nil {
+		cfg.OnMounted("bpf", cfg.PinDir)
+	}
+	if cfg.LoadFault != nil {
+		if err := cfg.LoadFault(); err != nil {
+			return nil, &StartError{"load", fmt.Errorf("loading the eBPF programs: %w", err)}
+		}
 	}
 	objs, err := Load(cfg.PinDir, cfg.Sizes)
 	if err != nil {
-		return nil, err
+		return nil, &StartError{"load", err}
 	}
 	if len(objs.Resized) > 0 && cfg.OnResized != nil {
 		cfg.OnResized(objs.Resized)
 	}
-	att, err := NewAttacher(cfg.PinDir, objs, cfg.HostInterfaces, cfg.CleanConflicts)
+	att, err := NewAttacher(cfg.PinDir, mode, objs, cfg.HostInterfaces, cfg.CleanConflicts)
 	if err != nil {
 		objs.Close()
-		return nil, err
+		return nil, &StartError{"attach", err}
 	}
-	var sock *SocketHooks
 	if cfg.CgroupPath != "none" {
-		if cfg.CgroupPath == "" {
-			if cfg.CgroupPath, err = CgroupV2Root(); err != nil {
-				objs.Close()
-				return nil, err
-			}
-		}
 		if cfg.Services.NetnsCookie, err = NetnsCookie(); err != nil {
 			objs.Close()
-			return nil, err
-		}
-		if sock, err = NewSocketHooks(cfg.PinDir, cfg.CgroupPath, objs); err != nil {
-			objs.Close()
-			return nil, err
+			return nil, &StartError{"load", err}
 		}
 	}
 	if cfg.MinInterval == 0 {
@@ -130,16 +157,63 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	if cfg.CleanupInterval == 0 {
 		cfg.CleanupInterval = 10 * time.Second
 	}
+	if cfg.CgroupMount == "" {
+		cfg.CgroupMount = DefaultCgroupMount
+	}
+	health := cfg.Health
+	if health == nil {
+		health = healthcheck.New()
+	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
-		Svc: NewServices(KernelTables(objs), cfg.Services), sock: sock, kick: make(chan struct{}, 1), conflicts: map[string]bool{},
-		Health: healthcheck.New()}
+		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]bool{},
+		Health: health, why: "not programmed yet"}
 	s.CT.Live = s.Svc.LiveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
 		for _, e := range entries {
 			s.running = s.running || isHookPin(e.Name())
 		}
 	}
+	if !s.running {
+		// A previous run in tc mode leaves no pin: its filters say the programs run.
+		s.running = ourFiltersPresent()
+	}
 	return s, nil
+}
+
+// socketHooks returns the socket hooks, set up at the first call that can: the cgroup v2
+// hierarchy is found (or mounted) then, so one mounted later brings them up.
+func (s *Stage) socketHooks() (*SocketHooks, error) {
+	if s.sock != nil || s.cfg.CgroupPath == "none" {
+		return s.sock, nil
+	}
+	path := s.cfg.CgroupPath
+	if path == "" {
+		p, mounted, err := EnsureCgroup2(s.cfg.CgroupMount)
+		if err != nil {
+			return nil, err
+		}
+		if mounted && s.cfg.OnMounted != nil {
+			s.cfg.OnMounted("cgroup2", p)
+		}
+		path = p
+	}
+	sock, err := NewSocketHooks(s.cfg.PinDir, path, s.Objs)
+	if err != nil {
+		return nil, err
+	}
+	s.sock = sock
+	return sock, nil
+}
+
+// Mode is how the stage attaches its programs to interfaces: tcx or tc.
+func (s *Stage) Mode() AttachMode { return s.cfg.Attach }
+
+// Status says whether the stage does its whole job now (programs on every hook, the
+// node's own connections handled) and, when not, why: what the last apply could not do.
+func (s *Stage) Status() (bool, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.why == "", s.why
 }
 
 // OnUpdate takes a calc update.
@@ -217,7 +291,9 @@ func (s *Stage) apply(hooks bool) (int, error) {
 		// Node ports are this node's addresses: programming before they are known would
 		// erase every node port for a moment (Calico #12192). Nothing is written or
 		// attached until etcd gives the node an address.
-		return 0, fmt.Errorf("%w: node %q has no address in etcd", ErrNoNodeAddress, s.cfg.Services.NodeName)
+		err := fmt.Errorf("%w: node %q has no address in etcd", ErrNoNodeAddress, s.cfg.Services.NodeName)
+		s.setWhy(err.Error())
+		return 0, err
 	}
 	before := s.Svc.Stats().Writes
 	if ip := s.Svc.HostIP(); ip != s.hostIP {
@@ -238,11 +314,20 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	s.mu.Unlock()
 	if err != nil && !s.running {
 		// Maps first: programs attached over a half-written table would answer wrongly.
+		s.setWhy("writing the service maps before the programs are attached: " + err.Error())
 		return writes, err
 	}
 	var aerr, perr, serr error
 	if workloads := s.Svc.Workloads(); hooks || !s.running || !s.hooksOK || !maps.Equal(workloads, s.synced) {
 		aerr, perr, serr = s.checkHooks(workloads)
+		switch {
+		case aerr != nil:
+			s.setWhy(fmt.Sprintf("attaching the programs (%s): %v", s.cfg.Attach, aerr))
+		case serr != nil:
+			s.setWhy("the node's own connections to services are not handled: " + serr.Error())
+		default:
+			s.setWhy("")
+		}
 	}
 	if aerr != nil || err == nil {
 		s.Health.SetHealthy(aerr == nil)
@@ -260,8 +345,10 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		s.running = true
 	}
 	perr = s.repin()
-	if s.sock != nil {
-		serr = s.sock.Sync()
+	if sock, err := s.socketHooks(); err != nil {
+		serr = err
+	} else if sock != nil {
+		serr = sock.Sync()
 	}
 	s.mu.Lock()
 	s.repairs.Links = s.att.Repairs
@@ -282,6 +369,12 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 	s.mu.Unlock()
 	s.hooksOK = aerr == nil && perr == nil && serr == nil
 	return aerr, perr, serr
+}
+
+func (s *Stage) setWhy(why string) {
+	s.mu.Lock()
+	s.why = why
+	s.mu.Unlock()
 }
 
 // Repairs counts drift the stage found and repaired.
@@ -424,25 +517,4 @@ func (s *Stage) Close() {
 		s.sock.Close()
 	}
 	s.Objs.Close()
-}
-
-// MinKernel is the oldest Linux the service stage runs on: TCX links (6.6) carry its
-// programs.
-var MinKernel = [2]int{6, 6}
-
-// CheckKernel refuses kernels older than MinKernel with a message that says so.
-func CheckKernel() error {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return fmt.Errorf("reading the kernel version: %w", err)
-	}
-	rel := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
-		return fmt.Errorf("reading the kernel version %q: %w", rel, err)
-	}
-	if major < MinKernel[0] || major == MinKernel[0] && minor < MinKernel[1] {
-		return fmt.Errorf("the service stage needs Linux %d.%d or later (TCX program links); this kernel is %s: upgrade, or run with --services=false", MinKernel[0], MinKernel[1], rel)
-	}
-	return nil
 }

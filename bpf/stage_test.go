@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -67,9 +68,6 @@ func stNewEnv(t *testing.T) *stEnv {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
-	}
-	if err := CheckKernel(); err != nil {
-		t.Skip(err)
 	}
 	runtime.LockOSThread()
 	orig, err := netns.Get()
@@ -195,9 +193,19 @@ func (e *stEnv) ifindex(name string) int {
 	return l.Attrs().Index
 }
 
+// stAttach is the attach mode the stage tests run in: SLUICE_BPF_ATTACH (auto, tcx or tc) as
+// the agent reads it; `make test` runs them in both modes.
+func stAttach() AttachMode {
+	m, err := ParseAttachMode(os.Getenv("SLUICE_BPF_ATTACH"))
+	if err != nil {
+		panic("SLUICE_BPF_ATTACH: " + err.Error())
+	}
+	return m
+}
+
 func stConfig(pin string) StageConfig {
 	return StageConfig{PinDir: pin, Sizes: stSizes, HostInterfaces: regexp.MustCompile(DefaultHostInterfaces),
-		CgroupPath: "none", Timeouts: DefaultTimeouts,
+		CgroupPath: "none", Timeouts: DefaultTimeouts, Attach: stAttach(),
 		Services: Config{NodeName: stNodeName, VXLANPort: DefaultVXLANPort, VNI: DefaultVNI, PSNATMin: DefaultPSNATMin, PSNATMax: DefaultPSNATMax}}
 }
 
@@ -373,21 +381,42 @@ func stProgID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 	return id
 }
 
-// hook returns the TCX programs on an interface's direction, in the order they run.
+// stMode is the mode the stage tests' stages attach in, auto resolved for this kernel.
+func stMode(t *testing.T) AttachMode {
+	t.Helper()
+	m, err := stAttach().Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// hook returns the programs on an interface's direction, in the order they run: the TCX
+// programs (where the kernel has TCX), then the classic bpf filters by priority.
 func (e *stEnv) hook(iface string, egress bool) []stAttached {
 	e.t.Helper()
 	attach := ebpf.AttachTCXIngress
 	if egress {
 		attach = ebpf.AttachTCXEgress
 	}
-	res, err := link.QueryPrograms(link.QueryOptions{Target: e.ifindex(iface), Attach: attach})
-	if err != nil {
-		e.t.Fatalf("querying %s: %v", iface, err)
-	}
 	var out []stAttached
-	for _, p := range res.Programs {
-		lid, _ := p.LinkID()
-		out = append(out, stAttached{Name: stProgName(e.t, p.ID), Prog: p.ID, Link: lid})
+	if HaveTCX() == nil {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: e.ifindex(iface), Attach: attach})
+		if err != nil {
+			e.t.Fatalf("querying %s: %v", iface, err)
+		}
+		for _, p := range res.Programs {
+			lid, _ := p.LinkID()
+			out = append(out, stAttached{Name: stProgName(e.t, p.ID), Prog: p.ID, Link: lid})
+		}
+	}
+	fs, err := tcFilters(Hook{Iface: iface, Ifindex: e.ifindex(iface), Egress: egress})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sort.SliceStable(fs, func(i, j int) bool { return fs[i].Priority < fs[j].Priority })
+	for _, f := range fs {
+		out = append(out, stAttached{Name: stProgName(e.t, f.ProgID), Prog: f.ProgID})
 	}
 	return out
 }
@@ -463,9 +492,28 @@ func (e *stEnv) linkPins() map[string]link.ID {
 
 // wantPinnedHooks checks that every hook in want runs one program through the link pinned
 // as <iface>_<direction>, and that no other link is pinned. It returns the link IDs by hook.
+//
+// In tc mode it checks instead that each runs sluice's classic filter (its slot, its
+// program) and that no link is pinned; the IDs it returns are then all 0.
 func (e *stEnv) wantPinnedHooks(want map[string][]string) map[string]link.ID {
 	e.t.Helper()
 	pins := e.linkPins()
+	if stMode(e.t) == AttachTC {
+		for h := range want {
+			iface, dir, _ := strings.Cut(h, " ")
+			fs, err := tcFilters(Hook{Iface: iface, Ifindex: e.ifindex(iface), Egress: dir == "egress"})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			if len(fs) != 1 || !fs[0].ours() {
+				e.t.Errorf("%s has classic filters %v, want sluice's alone", h, fs)
+			}
+		}
+		if len(pins) > 0 {
+			e.t.Errorf("links pinned in tc mode: %v", pins)
+		}
+		return map[string]link.ID{}
+	}
 	ids := map[string]link.ID{}
 	for h := range want {
 		iface, dir, _ := strings.Cut(h, " ")
@@ -620,6 +668,14 @@ func TestStageDriftProgramDetached(t *testing.T) {
 		e.apply(s)
 		ids := e.wantPinnedHooks(stStandardHooks)
 		for _, h := range []string{"eth0 ingress", "cali-w1 egress"} {
+			if stMode(t) == AttachTC {
+				// The classic filter deleted, as `tc filter del` would.
+				iface, dir, _ := strings.Cut(h, " ")
+				if err := delTCFilter(Hook{Iface: iface, Ifindex: e.ifindex(iface), Egress: dir == "egress"}); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
 			l, err := link.NewFromID(ids[h])
 			if err != nil {
 				t.Fatal(err)
@@ -636,7 +692,7 @@ func TestStageDriftProgramDetached(t *testing.T) {
 		e.wantHooks(stStandardHooks)
 		again := e.wantPinnedHooks(stStandardHooks)
 		for _, h := range []string{"eth0 ingress", "cali-w1 egress"} {
-			if again[h] == ids[h] {
+			if stMode(t) == AttachTCX && again[h] == ids[h] {
 				t.Errorf("%s: still the detached link %d", h, ids[h])
 			}
 		}
@@ -649,6 +705,9 @@ func TestStageDriftProgramDetached(t *testing.T) {
 	})
 	t.Run("unpinned", func(t *testing.T) {
 		e := stNewEnv(t)
+		if stMode(t) == AttachTC {
+			t.Skip("tc mode: classic filters are held by the kernel, not by pins (TestStageTC covers its drift)")
+		}
 		cfg := stConfig(e.pin)
 		s, stop := e.start(cfg)
 		s.OnUpdate(stStandard())
@@ -968,14 +1027,28 @@ func TestStageConflicts(t *testing.T) {
 			for _, p := range e.hook("eth0", false) {
 				names = append(names, p.Name)
 			}
-			if clean {
-				if !slices.Equal(names, []string{"sl_from_host"}) || e.classicFilters("eth0") != 0 {
+			// Sluice's own classic filter, in tc mode, is no conflict.
+			ours := 0
+			if stMode(t) == AttachTC {
+				ours = 1
+			}
+			switch {
+			case clean:
+				if !slices.Equal(names, []string{"sl_from_host"}) || e.classicFilters("eth0") != ours {
 					t.Errorf("after cleaning eth0 ingress runs %v and %d classic filters", names, e.classicFilters("eth0"))
 				}
-			} else {
-				// Left in place, behind sluice's program at the head.
-				if !slices.Equal(names, []string{"sl_from_host", "foreign"}) || e.classicFilters("eth0") != 1 {
+			case ours == 0:
+				// Left in place: sluice's TCX program at the head, then the foreign one; the
+				// classic filter after both.
+				if !slices.Equal(names, []string{"sl_from_host", "foreign", "foreign"}) || e.classicFilters("eth0") != 1 {
 					t.Errorf("eth0 ingress runs %v and %d classic filters, want sluice's then the foreign one, and the filter", names, e.classicFilters("eth0"))
+				}
+			default:
+				// Left in place: the foreign TCX program runs first (TCX before classic tc),
+				// then sluice's classic filter, added after the foreign one at the same
+				// priority, then the foreign filter.
+				if !slices.Equal(names, []string{"foreign", "sl_from_host", "foreign"}) || e.classicFilters("eth0") != 2 {
+					t.Errorf("eth0 ingress runs %v and %d classic filters, want the foreign TCX program, sluice's filter, the foreign filter", names, e.classicFilters("eth0"))
 				}
 			}
 			// Reported once, not at every apply.
@@ -1261,7 +1334,9 @@ func TestStageRunFollowsInterfaces(t *testing.T) {
 	waitFor("cali-w1 attached", attached("cali-w1"))
 	e.workload("cali-w2")
 	waitFor("cali-w2 attached", attached("cali-w2"))
-	waitFor("cali-w2 pinned", func() bool { _, ok := e.linkPins()["cali-w2_egress"]; return ok })
+	if stMode(t) == AttachTCX {
+		waitFor("cali-w2 pinned", func() bool { _, ok := e.linkPins()["cali-w2_egress"]; return ok })
+	}
 
 	// Cleanup runs on the agent's clock: an unanswered UDP flow idle for longer than its
 	// timeout goes.
@@ -1436,4 +1511,169 @@ func TestStageWaitsForNodeAddress(t *testing.T) {
 	if fe, err := s.Svc.t.Frontends.Dump(); err != nil || len(fe) == 0 {
 		t.Fatalf("no frontends once the address is known: %v", err)
 	}
+}
+
+// stTCEvents records the classic filter events of the test's namespace (RTNLGRP_TC) until
+// stop: the filters made (RTM_NEWTFILTER) and deleted (RTM_DELTFILTER) at sluice's slot.
+func stTCEvents(t *testing.T) (stop func() (made, deleted int)) {
+	t.Helper()
+	sock, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_TC)
+	if err != nil {
+		t.Fatalf("subscribing to tc events: %v", err)
+	}
+	if err := sock.SetReceiveTimeout(&unix.Timeval{Usec: 100000}); err != nil {
+		t.Fatal(err)
+	}
+	var made, deleted int
+	done := make(chan struct{})
+	var quit atomicBool
+	go func() {
+		defer close(done)
+		for {
+			msgs, _, err := sock.Receive()
+			if err != nil {
+				// The timeout: nothing queued. Stopped, every event is counted.
+				if quit.get() {
+					return
+				}
+				continue
+			}
+			for _, m := range msgs {
+				if len(m.Data) < 20 {
+					continue
+				}
+				handle := nl.NativeEndian().Uint32(m.Data[8:12])
+				prio := nl.NativeEndian().Uint32(m.Data[16:20]) >> 16
+				if handle != TCHandle || prio != TCPriority {
+					continue
+				}
+				switch m.Header.Type {
+				case unix.RTM_NEWTFILTER:
+					made++
+				case unix.RTM_DELTFILTER:
+					deleted++
+				}
+			}
+		}
+	}()
+	return func() (int, int) {
+		quit.set()
+		<-done
+		sock.Close()
+		return made, deleted
+	}
+}
+
+type atomicBool struct {
+	mu sync.Mutex
+	v  bool
+}
+
+func (b *atomicBool) set() { b.mu.Lock(); b.v = true; b.mu.Unlock() }
+func (b *atomicBool) get() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.v
+}
+
+// TestStageTC covers what only the classic tc path does, in both test passes: a restart
+// replaces each filter's program in place (the kernel says so: filters made, none deleted,
+// and the hooks run the new stage's programs); another program's filter at sluice's slot is
+// refused by name and left; the service stage switched from TCX to tc and back leaves only
+// the current mode's objects (where the kernel has TCX).
+func TestStageTC(t *testing.T) {
+	t.Run("restart-in-place", func(t *testing.T) {
+		e := stNewEnv(t)
+		cfg := stConfig(e.pin)
+		cfg.Attach = AttachTC
+		s1, stop1 := e.start(cfg)
+		s1.OnUpdate(stStandard())
+		e.apply(s1)
+		e.wantHooks(stStandardHooks)
+		old := stProgID(t, s1.Objs.SlFromHost)
+		stop1()
+		e.wantHooks(stStandardHooks) // the kernel holds the filters
+
+		events := stTCEvents(t)
+		s2, _ := e.start(cfg)
+		s2.OnUpdate(stStandard())
+		e.apply(s2)
+		made, deleted := events()
+		if made != len(stStandardHooks) || deleted != 0 {
+			t.Errorf("the restart made %d filters and deleted %d at sluice's slot, want %d replaced in place and none deleted", made, deleted, len(stStandardHooks))
+		}
+		e.wantHooks(stStandardHooks)
+		if p := e.hook("eth0", false); len(p) != 1 || p[0].Prog != stProgID(t, s2.Objs.SlFromHost) || p[0].Prog == old {
+			t.Errorf("eth0 ingress runs %+v after the restart; the new stage's program is %d, the old one %d", p, stProgID(t, s2.Objs.SlFromHost), old)
+		}
+		if s2.att.Repairs != 0 {
+			t.Errorf("the restart counted %d repairs", s2.att.Repairs)
+		}
+		// Nothing changed: another apply makes no filter.
+		events = stTCEvents(t)
+		e.apply(s2)
+		if made, deleted := events(); made != 0 || deleted != 0 {
+			t.Errorf("an apply with nothing changed made %d and deleted %d filters", made, deleted)
+		}
+	})
+	t.Run("foreign-at-our-slot", func(t *testing.T) {
+		e := stNewEnv(t)
+		foreign := stForeign(t)
+		h := Hook{Iface: "eth0", Ifindex: e.ifindex("eth0")}
+		if err := ensureClsact(h.Ifindex); err != nil {
+			t.Fatal(err)
+		}
+		if err := setTCFilter(h, foreign, "foreign"); err != nil {
+			t.Fatal(err)
+		}
+		cfg := stConfig(e.pin)
+		cfg.Attach = AttachTC
+		s, _ := e.start(cfg)
+		s.OnUpdate(stStandard())
+		_, err := s.Apply()
+		if err == nil || !strings.Contains(err.Error(), "tc filter pref 1 handle 0x5c1 bpf foreign") {
+			t.Errorf("apply: %v, want the foreign filter at sluice's slot named", err)
+		}
+		if ok, why := s.Status(); ok || !strings.Contains(why, "foreign") {
+			t.Errorf("status %v %q, want not ready naming the foreign filter", ok, why)
+		}
+		if p := e.hook("eth0", false); len(p) != 1 || p[0].Name != "foreign" {
+			t.Errorf("eth0 ingress runs %+v, want the foreign filter left", p)
+		}
+		if p := e.hook("eth1", false); len(p) != 1 || p[0].Name != "sl_from_host" {
+			t.Errorf("eth1 ingress runs %+v, want sluice's filter (one hook's failure is contained)", p)
+		}
+	})
+	t.Run("mode-switch", func(t *testing.T) {
+		if err := HaveTCX(); err != nil {
+			t.Skip(err)
+		}
+		e := stNewEnv(t)
+		cfg := stConfig(e.pin)
+		for _, mode := range []AttachMode{AttachTCX, AttachTC, AttachTCX} {
+			cfg.Attach = mode
+			s, stop := e.start(cfg)
+			s.OnUpdate(stStandard())
+			e.apply(s)
+			e.wantHooks(stStandardHooks)
+			pins := e.linkPins()
+			filters := 0
+			for _, iface := range []string{"eth0", "eth1", "cali-w1"} {
+				for _, eg := range []bool{false, true} {
+					fs, err := tcFilters(Hook{Iface: iface, Ifindex: e.ifindex(iface), Egress: eg})
+					if err != nil {
+						t.Fatal(err)
+					}
+					filters += len(fs)
+				}
+			}
+			if mode == AttachTC && (len(pins) != 0 || filters != 6) {
+				t.Errorf("tc mode after tcx: %d link pins and %d classic filters, want 0 and 6", len(pins), filters)
+			}
+			if mode == AttachTCX && (len(pins) != 6 || filters != 0) {
+				t.Errorf("tcx mode: %d link pins and %d classic filters, want 6 and 0", len(pins), filters)
+			}
+			stop()
+		}
+	})
 }
