@@ -949,7 +949,10 @@ func (s *Services) readLocked() error {
 	return nil
 }
 
-// Counts returns desired and programmed entries per map, for metrics.
+// TableNames are the names Counts gives its figures under.
+var TableNames = []string{"frontends", "backends", "source_ranges", "cluster_nets"}
+
+// Counts returns desired and programmed entries per map (named as in TableNames), for metrics.
 func (s *Services) Counts() map[string][2]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

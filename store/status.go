@@ -24,7 +24,10 @@ type NodeStatus struct {
 	BadValues        int64 `json:"badValues"`
 	// Problems is how many inputs the agent cannot act on (a block whose node has no tunnel
 	// address, say); its log and `sluicectl plan` name them.
-	Problems  int       `json:"problems"`
+	Problems int `json:"problems"`
+	// Services is the eBPF service stage's state: "running", "down: <why>" (the agent runs
+	// and programs routes, but node ports and cluster IPs do not work), or "" with services off.
+	Services  string    `json:"services,omitempty"`
 	LastError string    `json:"lastError,omitempty"`
 	Updated   time.Time `json:"updated"`
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -67,14 +68,15 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tLAST-ERROR")
+	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tSERVICES\tLAST-ERROR")
 	for _, r := range rows {
 		if r.Status == nil {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
 			continue
 		}
 		s := r.Status
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems, or(s.LastError, "-"))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems,
+			or(s.Services, "off"), or(s.LastError, "-"))
 	}
 	return tw.Flush()
 }
@@ -139,6 +141,8 @@ func nodeStatuses(ctx context.Context, cli *clientv3.Client, latest int64) ([]st
 		switch {
 		case s.LastError != "":
 			r.State = "failing"
+		case strings.HasPrefix(s.Services, "down"):
+			r.State = "services down (routes programmed)"
 		case !s.InSync:
 			r.State = "not in sync with etcd"
 		case !s.Ready && s.AppliedRevision == 0:

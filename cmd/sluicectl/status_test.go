@@ -31,11 +31,14 @@ func TestStatus(t *testing.T) {
 	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
 	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, BadValues: 1, Problems: 2})
 	put(store.NodeStatus{Node: "node-x", Revision: latest, AppliedRevision: latest, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
+	put(store.NodeStatus{Node: "node-y", Revision: latest, AppliedRevision: latest, InSync: true, RoutesDesired: 3, RoutesProgrammed: 3,
+		Services: "down: loading the eBPF programs: invalid argument"})
 	out := table(c.mustCtl("status", "--settle", "0"))
 	for _, want := range []string{
-		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LAST-ERROR",
+		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS SERVICES LAST-ERROR",
 		"node-a in sync", "7/7",
-		"node-b lagging by 3", "0/0 1 2 -", // one bad value, two inputs it cannot act on
+		"node-b lagging by 3", "0/0 1 2 off -", // one bad value, two inputs it cannot act on
+		"node-y services down (routes programmed)", "3/3 0 0 down: loading the eBPF programs: invalid argument -",
 		"node-c no agent (none ever reported)",
 		"node-z gone (its agent last started 2026-12-04T05:00:00Z)",
 		"node-x failing", "no such device",
@@ -45,7 +48,7 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	var rows []statusRow
-	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json", "--settle", "0")), &rows); err != nil || len(rows) != 5 || rows[1].Lag != 3 {
+	if err := json.Unmarshal([]byte(c.mustCtl("status", "-o", "json", "--settle", "0")), &rows); err != nil || len(rows) != 6 || rows[1].Lag != 3 {
 		t.Fatalf("json: %v %+v", err, rows)
 	}
 }

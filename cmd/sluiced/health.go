@@ -33,7 +33,7 @@ type agentState struct {
 	problems    atomic.Int64
 	selfMissing atomic.Bool
 	nodeName    string
-	svc         *bpf.Stage
+	svc         *serviceStage // nil with --services=false
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
 	// restored is the etcd revision at which etcd was found to hold the keys the state kept
@@ -66,7 +66,8 @@ const stuckIntake = 2 * time.Minute
 // live is what /livez and the systemd watchdog follow: the apply loops, and an intake not
 // stuck in its handler. An agent cut off from etcd is live (restarting it would not help).
 func (a *agentState) live() bool {
-	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (a.svc == nil || a.svc.Alive(10*time.Second)) && !a.intakeStuck()
+	st := a.svc.running()
+	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (st == nil || st.Alive(10*time.Second)) && !a.intakeStuck()
 }
 
 func (a *agentState) intakeStuck() bool {
@@ -82,8 +83,23 @@ func (a *agentState) ready() bool {
 	return ok
 }
 
-// readiness says whether the node is ready and, when not, why.
+// readiness says whether the node is ready and, when not, why: its routes (routesReadiness)
+// and, with services on, the service stage. A node whose node ports are dead is not ready,
+// though its routes are programmed: whatever watches /readyz must see it.
 func (a *agentState) readiness() (bool, string) {
+	if ok, why := a.routesReadiness(); !ok {
+		return false, why
+	}
+	if a.svc != nil {
+		if ok, _, why := a.svc.status(); !ok {
+			return false, "service stage not working (routes are programmed; node ports and cluster IPs are not): " + why
+		}
+	}
+	return true, ""
+}
+
+// routesReadiness says whether the dataplane is programmed from etcd's state and, when not, why.
+func (a *agentState) routesReadiness() (bool, string) {
 	switch {
 	case a.intake == nil:
 		return false, "not started"
@@ -252,25 +268,35 @@ func (a *agentState) registry() *prometheus.Registry {
 		gauge("sluice_nexthops_programmed", "Nexthop objects sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedNexthops) })
 	}
 	if a.svc != nil {
+		r.MustRegister(newReadyCollector(a.svc))
 		a.registerServices(r)
 	}
 	return r
 }
 
 // registerServices adds the service stage's figures: map fill, tracked flows, drops by reason.
+// The stage may start after the registry is built (or never): each figure reads it when
+// scraped, 0 while it is not running.
 func (a *agentState) registerServices(r *prometheus.Registry) {
-	svc := a.svc
-	counts := svc.Svc.Counts()
-	for name := range counts {
+	of := func(f func(*bpf.Stage) float64) func() float64 {
+		return func() float64 {
+			if st := a.svc.running(); st != nil {
+				return f(st)
+			}
+			return 0
+		}
+	}
+	for _, name := range bpf.TableNames {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_entries",
 			Help: "Entries sluice knows each service map holds.", ConstLabels: prometheus.Labels{"map": name}},
-			func() float64 { return float64(svc.Svc.Counts()[name][1]) }))
+			of(func(st *bpf.Stage) float64 { return float64(st.Svc.Counts()[name][1]) })))
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_desired_entries",
 			Help: "Entries calc wants in each service map.", ConstLabels: prometheus.Labels{"map": name}},
-			func() float64 { return float64(svc.Svc.Counts()[name][0]) }))
+			of(func(st *bpf.Stage) float64 { return float64(st.Svc.Counts()[name][0]) })))
 	}
-	for name, m := range map[string]int{"frontends": int(svc.Objs.SlFeV4.MaxEntries()), "backends": int(svc.Objs.SlBeV4.MaxEntries()),
-		"conntrack": int(svc.Objs.SlCtV4.MaxEntries()), "affinity": int(svc.Objs.SlAffV4.MaxEntries())} {
+	sizes := a.svc.cfg.Sizes
+	for name, m := range map[string]int{"frontends": sizes.Frontends, "backends": sizes.Backends,
+		"conntrack": sizes.Conntrack, "affinity": sizes.Affinity} {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_max_entries",
 			Help: "Size of each service map (options bpf-map-size-*).", ConstLabels: prometheus.Labels{"map": name}},
 			func() float64 { return float64(m) }))
@@ -282,17 +308,17 @@ func (a *agentState) registerServices(r *prometheus.Registry) {
 	} {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_drift_repairs_total",
 			Help: driftHelp, ConstLabels: prometheus.Labels{"kind": kind}},
-			func() float64 { return float64(f(svc.Repairs())) }))
+			of(func(st *bpf.Stage) float64 { return float64(f(st.Repairs())) })))
 	}
 	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_bpf_map_full_total",
-		Help: "Service map writes refused because the map was full."}, func() float64 { return float64(svc.Svc.Stats().MapFull) }))
+		Help: "Service map writes refused because the map was full."}, of(func(st *bpf.Stage) float64 { return float64(st.Svc.Stats().MapFull) })))
 	for _, typ := range []string{"forward", "reverse", "tunnel"} {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_conntrack_entries",
 			Help: "Connection-tracking entries at the last cleanup, by kind.", ConstLabels: prometheus.Labels{"kind": typ}},
-			func() float64 { return float64(svc.LastClean().ByType[typ]) }))
+			of(func(st *bpf.Stage) float64 { return float64(st.LastClean().ByType[typ]) })))
 	}
 	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_conntrack_forwarded_flows",
-		Help: "Live flows forwarded to or from another node at the last cleanup."}, func() float64 { return float64(svc.LastClean().Forwards) }))
+		Help: "Live flows forwarded to or from another node at the last cleanup."}, of(func(st *bpf.Stage) float64 { return float64(st.LastClean().Forwards) })))
 	for _, name := range bpf.CounterNames {
 		metric, label := "sluice_bpf_packets_total", "event"
 		if strings.HasPrefix(name, "drop_") || strings.HasPrefix(name, "reject_") {
@@ -300,13 +326,13 @@ func (a *agentState) registerServices(r *prometheus.Registry) {
 		}
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metric,
 			Help: "Packets counted by the service programs, by " + label + ".", ConstLabels: prometheus.Labels{label: name}},
-			func() float64 {
-				c, err := bpf.Counters(svc.Objs)
+			of(func(st *bpf.Stage) float64 {
+				c, err := bpf.Counters(st.Objs)
 				if err != nil {
 					return 0
 				}
 				return float64(c[name])
-			}))
+			})))
 	}
 }
 

@@ -94,11 +94,8 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
 		if c.Services {
-			svc, swait, err := startServices(ctx, c, log, state)
-			if err != nil {
-				return err
-			}
-			plan.svc = svc
+			// Never fatal: the service stage starts (and is retried) beside the routes.
+			svc, swait := startServices(ctx, c, plan, log, state)
 			state.svc = svc
 			background.Add(1)
 			go func() { defer background.Done(); swait() }()

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"net/netip"
@@ -26,7 +25,6 @@ type planner struct {
 	graph *calc.Graph
 	log   zerolog.Logger
 	dp    *dataplane.Dataplane // nil with --dataplane=false
-	svc   *bpf.Stage           // nil with --services=false
 	// problems is how many inputs calc cannot act on, for metrics and the status key.
 	problems *atomic.Int64
 	// selfMissing is set while, in sync, this agent's own Node is not in etcd.
@@ -37,17 +35,25 @@ type planner struct {
 	// read by anyone), the kept one never is.
 	mu       sync.Mutex
 	fromCalc *atomic.Bool
+	// svc is the service stage once it has started (set under mu: it may start at any time),
+	// and kept the state restored from the last run, for a stage that starts before calc's
+	// first update.
+	svc  *bpf.Stage
+	kept *calc.Update
 }
 
 func (p *planner) OnEvents(batch []store.Event) {
+	// Under mu: a service stage that starts now reads the graph's whole state.
+	p.mu.Lock()
 	u := p.graph.OnEvents(batch)
 	p.problems.Store(int64(p.graph.ProblemCount()))
 	p.selfMissing.Store(p.graph.SelfMissing())
 	if u == nil {
+		p.mu.Unlock()
 		return
 	}
-	p.mu.Lock()
 	p.fromCalc.Store(true)
+	p.kept = nil
 	p.handOver(u)
 	p.mu.Unlock()
 	for _, pr := range u.Problems {
@@ -101,8 +107,24 @@ func (p *planner) restore(u *calc.Update, checked int64, restored *atomic.Int64)
 		return false
 	}
 	restored.Store(checked) // before the dataplane can have applied it
+	p.kept = u
 	p.handOver(u)
 	return true
+}
+
+// attachServices hands a service stage that has just started the whole desired state as it
+// stands (calc's, or the state kept by the last run before calc's first update; nothing
+// before either), then every update that follows.
+func (p *planner) attachServices(st *bpf.Stage) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.fromCalc.Load():
+		st.OnUpdate(p.graph.State().Update())
+	case p.kept != nil:
+		st.OnUpdate(p.kept)
+	}
+	p.svc = st
 }
 
 func describe(op calc.Op) string {
@@ -206,19 +228,26 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	}, nil
 }
 
-// startServices loads (or adopts) the eBPF service stage and runs it until ctx ends; stopping
-// leaves programs, links and maps pinned, so connections live through a restart.
-func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logger, state *agentState) (*bpf.Stage, func(), error) {
+// startServices runs the eBPF service stage (loaded, or adopted from pins) until ctx ends,
+// starting it with backoff while the kernel refuses it; stopping leaves programs, links and
+// maps in place, so connections live through a restart. The proxy health port is served from
+// the start: 503 while the stage is not running. The returned wait blocks until all of it
+// has stopped.
+func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, log zerolog.Logger, state *agentState) (*serviceStage, func()) {
 	cfg := c.BPF
 	cfg.OnResized = func(maps []string) {
 		log.Warn().Strs("maps", maps).Msg("map size options changed: maps resized, their entries kept")
 	}
+	cfg.OnMounted = func(fs, path string) {
+		log.Info().Str("fs", fs).Str("path", path).Msg("mounted for the service stage: the host had none mounted")
+	}
+	cfg.LoadFault = serviceLoadFault
 	var mu sync.Mutex
 	var lastLog time.Time
-	var stage *bpf.Stage
+	var svc *serviceStage
 	var lastRepairs bpf.Repairs
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
-		if stage != nil {
+		if stage := svc.running(); stage != nil {
 			// Drift is logged once for each time it is found.
 			if r := stage.Repairs(); r != lastRepairs {
 				log.Warn().Int("map_entries", r.MapEntries-lastRepairs.MapEntries).Int("links", r.Links-lastRepairs.Links).
@@ -260,14 +289,13 @@ func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logge
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
 	}
-	var err error
-	stage, err = bpf.StartStage(cfg)
-	if err != nil {
-		return nil, nil, fmt.Errorf("starting the service stage (option services=false turns it off): %w", err)
+	svc = newServiceStage(cfg, plan, log)
+	if serviceRetry > 0 {
+		svc.retryMin, svc.retryMax = serviceRetry, serviceRetry
 	}
 	var loops sync.WaitGroup
 	loops.Add(1)
-	go func() { defer loops.Done(); stage.Run(ctx) }()
+	go func() { defer loops.Done(); svc.run(ctx) }()
 	if c.ProxyHealthListen != "" {
 		ln, err := net.Listen("tcp", c.ProxyHealthListen)
 		if err != nil {
@@ -276,14 +304,21 @@ func startServices(ctx context.Context, c *agentconfig.Config, log zerolog.Logge
 			loops.Add(1)
 			go func() {
 				defer loops.Done()
-				if err := healthcheck.ServeProxyHealth(ctx, ln, stage.Health); err != nil {
+				if err := healthcheck.ServeProxyHealth(ctx, ln, svc.health); err != nil {
 					log.Error().Err(err).Msg("proxy health check failed")
 				}
 			}()
 		}
 	}
-	return stage, func() { loops.Wait(); stage.Close() }, nil
+	return svc, loops.Wait
 }
+
+// serviceLoadFault and serviceRetry are the tests' hooks: a load that fails while the first
+// returns an error, and a fixed time between start attempts.
+var (
+	serviceLoadFault func() error
+	serviceRetry     time.Duration
+)
 
 // routeConflicts logs and counts what the route table found of other programs where sluice's
 // objects go: a route at exactly a desired route's destination and metric (replaced), and a

@@ -127,8 +127,15 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 		s.InSync = a.synced() // the intake's, or a kept state found current before its first
 	}
 	s.Ready = a.ready()
-	if s.Ready {
+	if ok, _ := a.routesReadiness(); ok {
+		// The routes are etcd's at this revision even while the service stage is down.
 		*applied, _ = a.syncedAt() // the kept state's revision, before the intake's first in-sync
+	}
+	if a.svc != nil {
+		s.Services = "running"
+		if ok, _, why := a.svc.status(); !ok {
+			s.Services = "down: " + why
+		}
 	}
 	s.AppliedRevision = *applied
 	s.Problems = int(a.problems.Load())

@@ -283,7 +283,9 @@ func optionTable() []option {
 				c.BPF.Services.PSNATMin, c.BPF.Services.PSNATMax = uint16(a), uint16(b)
 				return nil
 			}},
-		{name: "cgroup-path", env: "SLUICE_CGROUP_PATH", key: "cgroupPath", accepts: "a cgroup v2 directory, empty for the hierarchy's root, or none", help: "where the socket programs attach that point the node's own connections to services at a backend; none leaves them alone",
+		{name: "bpf-attach", env: "SLUICE_BPF_ATTACH", key: "bpfAttach", def: "auto", accepts: "auto, tcx or tc", help: "how the service programs are attached to interfaces: tcx (TCX links, Linux 6.6 or later), tc (classic clsact and cls_bpf filters, every supported kernel), auto (tcx where the kernel has it, else tc)",
+			set: func(c *Config, v string) (err error) { c.BPF.Attach, err = bpf.ParseAttachMode(v); return }},
+		{name: "cgroup-path", env: "SLUICE_CGROUP_PATH", key: "cgroupPath", accepts: "a cgroup v2 directory, empty for the hierarchy's root, or none", help: "where the socket programs attach that point the node's own connections to services at a backend (empty: the cgroup v2 root, mounted at /run/sluice/cgroup when the host has none mounted); none leaves them alone",
 			set: func(c *Config, v string) error { c.BPF.CgroupPath = v; return nil }},
 		{name: "profiling", env: "SLUICE_PROFILING", key: "profiling", def: "false", boolean: true, accepts: "true or false", help: "also serve Go's CPU, heap and trace profiles under /debug/pprof/ on the health address",
 			set: func(c *Config, v string) (err error) { c.Profiling, err = parseBool(v); return }},

@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/bpf/healthcheck"
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
+)
+
+// TestServiceStageContained: the service stage cannot start (its program load fails, through
+// the test hook), then can. While it cannot, it is reported everywhere the agent reports (the
+// stage's status, sluice_services_ready with the step, /readyz's reason, the status key, the
+// proxy health port's 503) and tried again; once the cause is gone it starts by itself, is
+// handed calc's whole desired state computed before it started, programs its maps, attaches
+// its programs, and everything says ready. The stage runs in a network namespace of its own
+// (a goroutine locked to it); calc is fed by a real intake from etcd holding the sample
+// cluster.
+func TestServiceStageContained(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
+	}
+	_, cli, _ := loadedEtcd(t)
+	graph, err := calc.New(calc.DefaultConfig("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := newAgentState()
+	state.nodeName = "node-a"
+	plan := &planner{graph: graph, log: zerolog.Nop(), problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
+	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: store.Fanout{plan, state}, Prefixes: store.NodePrefixes("node-a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state.intake = intake
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	intakeDone := make(chan struct{})
+	go func() { defer close(intakeDone); _ = intake.Run(ctx) }()
+	defer func() { cancel(); <-intakeDone }()
+	// calc's first update is handed over before the stage exists: the stage must get it later.
+	waitUntil(t, "calc's first update", 10*time.Second, state.fromCalc.Load)
+
+	fs := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(fs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mounting bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(fs, unix.MNT_DETACH) })
+
+	var failing atomic.Bool
+	failing.Store(true)
+	fault := errors.New("the kernel refused the programs (test)")
+	cfg := bpf.StageConfig{PinDir: filepath.Join(fs, "sluice"), Sizes: bpf.MapSizes{Frontends: 64, Backends: 256, SourceRanges: 64,
+		ClusterNets: 64, Affinity: 64, Conntrack: 1024}, HostInterfaces: regexp.MustCompile(bpf.DefaultHostInterfaces),
+		CgroupPath: "none", Attach: testAttachMode(t),
+		Services: bpf.Config{NodeName: "node-a", VXLANPort: bpf.DefaultVXLANPort, VNI: bpf.DefaultVNI, PSNATMin: bpf.DefaultPSNATMin, PSNATMax: bpf.DefaultPSNATMax},
+		LoadFault: func() error {
+			if failing.Load() {
+				return fault
+			}
+			return nil
+		}}
+	var logs logBuffer
+	svc := newServiceStage(cfg, plan, zerolog.New(&logs))
+	svc.retryMin, svc.retryMax = 20*time.Millisecond, 20*time.Millisecond
+	state.svc = svc
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newReadyCollector(svc))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyDone := make(chan struct{})
+	go func() { defer close(proxyDone); _ = healthcheck.ServeProxyHealth(ctx, ln, svc.health) }()
+	defer func() { cancel(); <-proxyDone }()
+
+	// The stage's node: its own network namespace with eth0 holding node-a's address.
+	stageDone := make(chan struct{})
+	nsReady := make(chan netns.NsHandle, 1)
+	go func() {
+		defer close(stageDone)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine, and its namespace with it
+		ns, err := netns.New()
+		if err != nil {
+			t.Errorf("creating a network namespace: %v", err)
+			close(nsReady)
+			return
+		}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "up-eth0"}); err != nil {
+			t.Errorf("adding eth0: %v", err)
+		}
+		for _, name := range []string{"eth0", "up-eth0", "lo"} {
+			if l, err := netlink.LinkByName(name); err == nil {
+				_ = netlink.LinkSetUp(l)
+			}
+		}
+		if l, err := netlink.LinkByName("eth0"); err == nil {
+			a, _ := netlink.ParseAddr("192.168.10.11/24")
+			_ = netlink.AddrAdd(l, a)
+		}
+		nsReady <- ns
+		svc.run(ctx)
+	}()
+	ns, ok := <-nsReady
+	if !ok {
+		t.FailNow()
+	}
+	defer ns.Close()
+	defer func() { cancel(); <-stageDone }()
+
+	// Cannot start: said, counted, tried again.
+	waitUntil(t, "a few start attempts", 10*time.Second, func() bool {
+		svc.mu.Lock()
+		defer svc.mu.Unlock()
+		return svc.attempts >= 3
+	})
+	if ok, step, why := svc.status(); ok || step != "load" || !strings.Contains(why, fault.Error()) {
+		t.Errorf("status %v %q %q, want not ok at step load naming the fault", ok, step, why)
+	}
+	if got := testutil.ToFloat64(newReadyCollector(svc)); got != 0 {
+		t.Errorf("sluice_services_ready %v while the stage cannot start", got)
+	}
+	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric(0, "load")), "sluice_services_ready"); err != nil {
+		t.Error(err)
+	}
+	if ok, why := state.readiness(); ok || !strings.Contains(why, "service stage not working") || !strings.Contains(why, fault.Error()) {
+		t.Errorf("readiness %v %q, want not ready naming the service stage and the fault", ok, why)
+	}
+	if ok, _ := state.routesReadiness(); !ok {
+		t.Error("the routes' readiness follows the service stage")
+	}
+	var applied int64
+	if st := state.status("node-a", &applied); st.Services == "" || !strings.HasPrefix(st.Services, "down: ") || applied == 0 {
+		t.Errorf("status key: services %q, applied revision %d; want down with the reason, and the routes' revision", st.Services, applied)
+	}
+	if code, body := get(t, "http://"+ln.Addr().String()+"/healthz"); code != 503 {
+		t.Errorf("proxy health %d %s while the stage cannot start, want 503", code, body)
+	}
+	if n := len(logs.matching(t, "the service stage cannot start: routes are programmed, services are not (node ports, cluster IPs); retrying with backoff", nil)); n != 1 {
+		t.Errorf("the start failure logged %d times, want once for one reason", n)
+	}
+
+	// The cause goes: the stage starts by itself with calc's whole state, and attaches.
+	failing.Store(false)
+	waitUntil(t, "the stage running and ready", 10*time.Second, func() bool { ok, _, _ := svc.status(); return ok })
+	st := svc.running()
+	if c := st.Svc.Counts()["frontends"]; c[0] == 0 || c[0] != c[1] {
+		t.Errorf("frontends desired/programmed %v: the late stage was not handed calc's state", c)
+	}
+	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric(1, "")), "sluice_services_ready"); err != nil {
+		t.Error(err)
+	}
+	if ok, why := state.readiness(); !ok {
+		t.Errorf("not ready once the stage runs: %s", why)
+	}
+	if code, body := get(t, "http://"+ln.Addr().String()+"/healthz"); code != 200 {
+		t.Errorf("proxy health %d %s once the stage runs, want 200", code, body)
+	}
+	if logs.waitFor(t, "service stage started", nil) == nil {
+		t.Error("no line says the stage started")
+	}
+	// Its programs are on eth0 in the stage's namespace.
+	if got := hookPrograms(t, ns, "eth0"); got != "sl_from_host" {
+		t.Errorf("eth0 ingress runs %q, want sl_from_host", got)
+	}
+	// A later update reaches the started stage too.
+	before := st.Svc.Counts()["frontends"][0]
+	if _, err := cli.Delete(context.Background(), store.ServicePrefix, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the service's removal to reach the stage", 10*time.Second, func() bool { return st.Svc.Counts()["frontends"][0] < before })
+	cancel()
+	<-stageDone
+	if err := bpf.RemoveAll(cfg.PinDir); err != nil {
+		t.Errorf("removing the stage's pins: %v", err)
+	}
+}
+
+func readyMetric(v int, reason string) string {
+	val := "0"
+	if v == 1 {
+		val = "1"
+	}
+	return "# HELP sluice_services_ready " + servicesReadyHelp + "\n# TYPE sluice_services_ready gauge\nsluice_services_ready{reason=\"" + reason + "\"} " + val + "\n"
+}
+
+// hookPrograms names the programs on an interface's ingress in ns: TCX programs, then
+// classic filters. It looks from a thread in ns (TCX queries name the interface by index).
+func hookPrograms(t *testing.T, ns netns.NsHandle, iface string) string {
+	t.Helper()
+	var names []string
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err = netns.Set(ns); err != nil {
+			return
+		}
+		var l netlink.Link
+		if l, err = netlink.LinkByName(iface); err != nil {
+			return
+		}
+		name := func(id ebpf.ProgramID) {
+			p, perr := ebpf.NewProgramFromID(id)
+			if perr != nil {
+				err = perr
+				return
+			}
+			defer p.Close()
+			info, _ := p.Info()
+			names = append(names, info.Name)
+		}
+		if bpf.HaveTCX() == nil {
+			res, qerr := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+			if qerr != nil {
+				err = qerr
+				return
+			}
+			for _, p := range res.Programs {
+				name(p.ID)
+			}
+		}
+		if fs, ferr := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS); ferr == nil {
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok {
+					name(ebpf.ProgramID(bf.Id))
+				}
+			}
+		}
+	}()
+	<-done
+	if err != nil {
+		t.Fatalf("reading %s's hooks: %v", iface, err)
+	}
+	return strings.Join(names, " ")
+}
+
+func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testAttachMode is SLUICE_BPF_ATTACH's mode (auto when unset): `make test` runs the service
+// tests in both.
+func testAttachMode(t *testing.T) bpf.AttachMode {
+	m, err := bpf.ParseAttachMode(os.Getenv("SLUICE_BPF_ATTACH"))
+	if err != nil {
+		t.Fatalf("SLUICE_BPF_ATTACH: %v", err)
+	}
+	return m
+}
