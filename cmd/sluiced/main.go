@@ -85,6 +85,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
 	if c.Dataplane {
+		logKernel(log)
 		dp, wait, err := startDataplane(ctx, c, log, state)
 		if err != nil {
 			return err
@@ -178,6 +179,12 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 func main() {
 	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version" || os.Args[1] == "version") {
 		fmt.Println("sluiced", buildinfo.Read())
+		return
+	}
+	if len(os.Args) == 2 && (os.Args[1] == "--check-kernel" || os.Args[1] == "-check-kernel") {
+		if !checkKernel(os.Stdout) {
+			os.Exit(1)
+		}
 		return
 	}
 	c, err := agentconfig.ParseEnv(os.Args[1:], os.LookupEnv, os.Stderr)

@@ -279,3 +279,34 @@ func testAttachMode(t *testing.T) bpf.AttachMode {
 	}
 	return m
 }
+
+// TestCheckKernel: sluiced --check-kernel lists every feature the agent asks of the kernel,
+// each found or not with the probe's answer, and says the kernel does the whole job exactly
+// when every feature but TCX (for which classic tc stands in) is found.
+func TestCheckKernel(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the probes load programs: root")
+	}
+	var out strings.Builder
+	whole := checkKernel(&out)
+	want := true
+	for _, f := range kernelFeatures() {
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(l, f.Name+" ") {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Errorf("no line for %s:\n%s", f.Name, out.String())
+			continue
+		}
+		if f.Found() != strings.Contains(line, " yes ") {
+			t.Errorf("%s found %v, line %q", f.Name, f.Found(), line)
+		}
+		want = want && (f.Found() || f.Name == "tcx")
+	}
+	if whole != want || strings.Contains(out.String(), "whole job on this kernel") != want {
+		t.Errorf("whole job %v, want %v:\n%s", whole, want, out.String())
+	}
+}

@@ -515,6 +515,13 @@ func WriteOptionTable(w io.Writer) {
 // the same as a table.)
 func WriteHelp(w io.Writer) {
 	fmt.Fprint(w, `usage: sluiced [flags]
+       sluiced --check-kernel   what this kernel has of what sluice uses
+       sluiced --version
+
+Kernels: routes and VXLAN on any (nexthop objects from Linux 5.3); the eBPF
+service stage from 5.14 (proven on 6.1, 6.12 and 6.18: make test-kernels),
+through TCX links from 6.6 and classic tc filters before (option bpf-attach). A
+service stage the kernel refuses leaves the rest running; /readyz says why.
 
 Every option is also an environment variable and a key of the configuration
 file; precedence: flags, then environment, then file, then defaults. A variable
