@@ -293,6 +293,7 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	if serviceRetry > 0 {
 		svc.retryMin, svc.retryMax = serviceRetry, serviceRetry
 	}
+	svc.start(svc.retryMin)
 	var loops sync.WaitGroup
 	loops.Add(1)
 	go func() { defer loops.Done(); svc.run(ctx) }()

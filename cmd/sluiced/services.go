@@ -77,50 +77,66 @@ func (s *serviceStage) status() (ok bool, step, why string) {
 	return false, s.step, s.reason
 }
 
-// run starts the stage, with backoff until it starts, then runs it until ctx ends. It returns
-// when everything it started has stopped; a stage that never started leaves nothing behind.
+// start makes one attempt at starting the stage: started, it is handed the desired state
+// and kept; refused, the reason is kept, and logged when it is new (retry says when the next
+// attempt comes). The agent makes the first attempt before the intake reads etcd, so on a
+// kernel that takes the stage services are ready with the routes, as before it could fail.
+func (s *serviceStage) start(retry time.Duration) bool {
+	st, err := bpf.StartStage(s.cfg)
+	if err == nil {
+		s.mu.Lock()
+		s.step, s.reason = "", ""
+		attempts := s.attempts
+		s.mu.Unlock()
+		s.stage.Store(st)
+		s.plan.attachServices(st)
+		ev := s.log.Info().Str("attach", string(st.Mode()))
+		if attempts > 0 {
+			ev = ev.Int("failed_attempts", attempts)
+		}
+		ev.Msg("service stage started")
+		return true
+	}
+	step := "load"
+	var se *bpf.StartError
+	if errors.As(err, &se) {
+		step = se.Step
+	}
+	s.mu.Lock()
+	s.attempts++
+	changed := s.reason != err.Error()
+	s.step, s.reason = step, err.Error()
+	s.mu.Unlock()
+	if changed {
+		// Once per reason: a kernel that refuses the programs refuses them every time.
+		s.log.Error().Err(err).Str("step", step).Dur("retry_in", retry).
+			Msg("the service stage cannot start: routes are programmed, services are not (node ports, cluster IPs); retrying with backoff")
+	}
+	return false
+}
+
+// run starts the stage unless it has started, with backoff until it starts, then runs it
+// until ctx ends. It returns when everything it started has stopped; a stage that never
+// started leaves nothing behind.
 func (s *serviceStage) run(ctx context.Context) {
 	backoff := s.retryMin
-	for {
-		st, err := bpf.StartStage(s.cfg)
-		if err == nil {
-			s.mu.Lock()
-			s.step, s.reason = "", ""
-			attempts := s.attempts
-			s.mu.Unlock()
-			s.stage.Store(st)
-			s.plan.attachServices(st)
-			ev := s.log.Info().Str("attach", string(st.Mode()))
-			if attempts > 0 {
-				ev = ev.Int("failed_attempts", attempts)
-			}
-			ev.Msg("service stage started")
-			st.Run(ctx)
-			st.Close()
-			return
-		}
-		step := "load"
-		var se *bpf.StartError
-		if errors.As(err, &se) {
-			step = se.Step
-		}
+	for s.running() == nil {
 		s.mu.Lock()
-		s.attempts++
-		changed := s.reason != err.Error()
-		s.step, s.reason = step, err.Error()
+		tried := s.attempts > 0
 		s.mu.Unlock()
-		if changed {
-			// Once per reason: a kernel that refuses the programs refuses them every time.
-			s.log.Error().Err(err).Str("step", step).Dur("retry_in", backoff).
-				Msg("the service stage cannot start: routes are programmed, services are not (node ports, cluster IPs); retrying with backoff")
+		if tried {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, s.retryMax)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, s.retryMax)
+		s.start(backoff)
 	}
+	st := s.running()
+	st.Run(ctx)
+	st.Close()
 }
 
 // readyCollector is sluice_services_ready: 1 when the service stage does its whole job, else
