@@ -69,6 +69,12 @@ type CleanStats struct {
 // by the sl_ct_clean program, which deletes an entry only if its last_seen is still what was
 // judged: a packet that refreshes a flow while it is being judged keeps it (never a race with
 // live traffic, as Felix's BPF cleaner).
+//
+// Hazard: before Linux 5.14 there are no syscall programs and Cleaner is nil; user space then
+// reads each judged entry again and deletes it when its last_seen has not moved. A packet
+// that lands between that read and the delete (microseconds, on a flow idle for its whole
+// timeout) loses its flow, as with Calico's user-space cleaner; the next packet of a TCP
+// flow that is not a SYN is then passed on untranslated.
 type Conntrack struct {
 	CT       *ebpf.Map
 	Queue    *ebpf.Map
@@ -124,6 +130,11 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 	var q sluiceCtCleanCtxV4
 	flush := func() error {
 		if q.N == 0 {
+			return nil
+		}
+		if c.Cleaner == nil {
+			c.cleanFromUserSpace(&q, &st)
+			q = sluiceCtCleanCtxV4{}
 			return nil
 		}
 		if err := c.Queue.Put(uint32(0), &q); err != nil {
@@ -186,6 +197,27 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 		}
 	}
 	return st, flush()
+}
+
+// cleanFromUserSpace does what sl_ct_clean does, from user space (kernels before 5.14).
+func (c *Conntrack) cleanFromUserSpace(q *sluiceCtCleanCtxV4, st *CleanStats) {
+	for i := range q.N {
+		r := q.Req[i]
+		var v ConntrackValue
+		if err := c.CT.Lookup(&r.Key, &v); err != nil {
+			continue
+		}
+		if v.LastSeen != r.Seen {
+			st.Kept++
+			continue
+		}
+		if err := c.CT.Delete(&r.Key); err == nil {
+			st.Deleted++
+		}
+		if r.Pair.Proto != 0 {
+			_ = c.CT.Delete(&r.Pair)
+		}
+	}
 }
 
 // Counters sums the per-CPU drop and event counters by name.

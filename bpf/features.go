@@ -42,7 +42,7 @@ func ProbeFeatures() []Feature {
 		{Name: "lpm-trie-maps", Since: "4.11", Without: "no service stage", Err: features.HaveMapType(ebpf.LPMTrie)},
 		{Name: "fib-lookup", Since: "4.18", Without: "no service stage", Err: helper(ebpf.SchedCLS, asm.FnFibLookup)},
 		{Name: "redirect-neigh", Since: "5.10", Without: "no service stage", Err: helper(ebpf.SchedCLS, asm.FnRedirectNeigh)},
-		{Name: "syscall-programs", Since: "5.14", Without: "no service stage (the connection table's cleaner)", Err: features.HaveProgramType(ebpf.Syscall)},
+		{Name: "syscall-programs", Since: "5.14", Without: "the connection table is cleaned from user space (a flow refreshed in the microseconds between its read and its delete is lost)", Err: haveSyscallPrograms()},
 		{Name: "socket-hooks", Since: "4.17", Without: "no service stage", Err: features.HaveProgramType(ebpf.CGroupSockAddr)},
 		{Name: "netns-cookie", Since: "5.7", Without: "no service stage", Err: helper(ebpf.CGroupSockAddr, asm.FnGetNetnsCookie)},
 	}

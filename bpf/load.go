@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 )
 
@@ -78,7 +80,7 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) {
 			}
 		}
 	}
-	if err := spec.LoadAndAssign(&o.sluiceObjects, opts); err != nil {
+	if err := loadObjects(spec, opts, o); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("loading the eBPF programs: %+v", ve)
@@ -86,6 +88,34 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) {
 		return nil, fmt.Errorf("loading the eBPF programs: %w", err)
 	}
 	return o, nil
+}
+
+// haveSyscallPrograms probes for syscall programs (Linux 5.14); a test stands in for an older kernel.
+var haveSyscallPrograms = func() error { return features.HaveProgramType(ebpf.Syscall) }
+
+// loadObjects loads spec into o. Before Linux 5.14 the kernel has no syscall programs: the
+// connection table's cleaner (sl_ct_clean) is left out, and Conntrack deletes from user
+// space instead (its comment says what that costs).
+func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, o *Objects) error {
+	if haveSyscallPrograms() == nil {
+		return spec.LoadAndAssign(&o.sluiceObjects, opts)
+	}
+	delete(spec.Programs, "sl_ct_clean")
+	coll, err := ebpf.NewCollectionWithOptions(spec, *opts)
+	if err != nil {
+		return err
+	}
+	defer coll.Close() // what was not taken below
+	if err := coll.Assign(&o.sluiceMaps); err != nil {
+		return err
+	}
+	progs := reflect.ValueOf(&o.sluicePrograms).Elem()
+	for i := range progs.NumField() {
+		if p := coll.DetachProgram(progs.Type().Field(i).Tag.Get("ebpf")); p != nil {
+			progs.Field(i).Set(reflect.ValueOf(p))
+		}
+	}
+	return nil
 }
 
 // resizePinned replaces a pinned map whose max entries differ from spec by a new map of the

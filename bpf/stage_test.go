@@ -1175,10 +1175,19 @@ func stLocalFlow(name string, proto uint8, sport uint16, tcp uint8, seen uint64)
 // 8. Connection cleanup judged at chosen times: each kind of flow lives exactly as long as its
 // idle timeout, and a flow goes with its pair.
 func TestStageConntrackCleanup(t *testing.T) {
+	t.Run("cleaner-program", func(t *testing.T) { testConntrackCleanup(t, false) })
+	// Kernels before 5.14 have no syscall programs: user space deletes, the same entries.
+	t.Run("user-space", func(t *testing.T) { testConntrackCleanup(t, true) })
+}
+
+func testConntrackCleanup(t *testing.T, userSpace bool) {
 	e := stNewEnv(t)
 	s, _ := e.start(stConfig(e.pin))
 	s.OnUpdate(stStandard())
 	e.apply(s)
+	if userSpace {
+		s.CT.Cleaner = nil
+	}
 	// Idle timeouts alone: every endpoint counts as live here (TestStageConntrackStale
 	// judges flows whose endpoint went).
 	s.CT.Live = func(netip.Addr, uint16) bool { return true }
@@ -1676,4 +1685,36 @@ func TestStageTC(t *testing.T) {
 			stop()
 		}
 	})
+}
+
+// TestLoadWithoutSyscallPrograms: on a kernel without syscall programs (before 5.14, stood in
+// for by the probe) every program but the cleaner loads, and the stage programs its maps,
+// attaches, and cleans the connection table from user space.
+func TestLoadWithoutSyscallPrograms(t *testing.T) {
+	e := stNewEnv(t)
+	probe := haveSyscallPrograms
+	haveSyscallPrograms = func() error { return ebpf.ErrNotSupported }
+	defer func() { haveSyscallPrograms = probe }()
+	s, _ := e.start(stConfig(e.pin))
+	if s.Objs.SlCtClean != nil || s.CT.Cleaner != nil {
+		t.Error("the cleaner program was loaded")
+	}
+	for name, p := range map[string]*ebpf.Program{"sl_from_host": s.Objs.SlFromHost, "sl_to_host": s.Objs.SlToHost,
+		"sl_from_wep": s.Objs.SlFromWep, "sl_to_wep": s.Objs.SlToWep, "sl_sock_connect4": s.Objs.SlSockConnect4,
+		"sl_sock_sendmsg4": s.Objs.SlSockSendmsg4, "sl_sock_recvmsg4": s.Objs.SlSockRecvmsg4} {
+		if p == nil {
+			t.Errorf("%s not loaded", name)
+		}
+	}
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	e.wantHooks(stStandardHooks)
+	s.CT.Live = func(netip.Addr, uint16) bool { return true }
+	now := Monotonic()
+	f := stLocalFlow("old", ProtoUDP, 31000, 0, now)
+	f.put(t, s.Objs.SlCtV4)
+	st, err := s.CT.Clean(now + uint64(DefaultTimeouts.UDP) + uint64(time.Second))
+	if err != nil || st.Deleted != 1 || len(e.conntrack()) != 0 {
+		t.Errorf("clean: %+v %v, %d entries left; want the idle flow deleted from user space", st, err, len(e.conntrack()))
+	}
 }

@@ -29,8 +29,8 @@ func kernelFeatures() []bpf.Feature {
 }
 
 // checkKernel prints what the kernel has of what sluice uses (sluiced --check-kernel) and
-// reports whether sluice can do its whole job on it: everything found, but TCX, for which
-// classic tc stands in.
+// reports whether sluice can do its whole job on it: everything found, but TCX and syscall
+// programs, for which classic tc and a user-space cleaner stand in.
 func checkKernel(w io.Writer) bool {
 	fmt.Fprintf(w, "Linux %s\n\n", bpf.KernelRelease())
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -40,7 +40,7 @@ func checkKernel(w io.Writer) bool {
 		found := "yes"
 		if !f.Found() {
 			found = "no: " + f.Err.Error()
-			whole = whole && f.Name == "tcx"
+			whole = whole && hasStandIn(f.Name)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Name, f.Since, found, f.Without)
 	}
@@ -70,3 +70,6 @@ func logKernel(log zerolog.Logger) {
 	ev.Str("kernel", bpf.KernelRelease()).Str("found", strings.Join(found, ",")).Str("missing", strings.Join(missing, ",")).
 		Msg("kernel features (sluiced --check-kernel explains each)")
 }
+
+// hasStandIn says whether sluice does the feature's job another way where the kernel lacks it.
+func hasStandIn(feature string) bool { return feature == "tcx" || feature == "syscall-programs" }

@@ -282,7 +282,7 @@ func testAttachMode(t *testing.T) bpf.AttachMode {
 
 // TestCheckKernel: sluiced --check-kernel lists every feature the agent asks of the kernel,
 // each found or not with the probe's answer, and says the kernel does the whole job exactly
-// when every feature but TCX (for which classic tc stands in) is found.
+// when every feature without a stand-in is found.
 func TestCheckKernel(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the probes load programs: root")
@@ -304,7 +304,7 @@ func TestCheckKernel(t *testing.T) {
 		if f.Found() != strings.Contains(line, " yes ") {
 			t.Errorf("%s found %v, line %q", f.Name, f.Found(), line)
 		}
-		want = want && (f.Found() || f.Name == "tcx")
+		want = want && (f.Found() || hasStandIn(f.Name))
 	}
 	if whole != want || strings.Contains(out.String(), "whole job on this kernel") != want {
 		t.Errorf("whole job %v, want %v:\n%s", whole, want, out.String())
