@@ -166,22 +166,34 @@ func delTCFilter(h Hook) error {
 	return nil
 }
 
-// ourFiltersPresent says whether sluice's classic filter is on any interface of this
-// namespace: a previous run in tc mode left its programs running.
-func ourFiltersPresent() bool {
+// SluiceFilters returns the hooks of this namespace's interfaces that hold sluice's classic
+// filter (left by a run in tc mode).
+func SluiceFilters() ([]Hook, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
-		return false
+		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
+	var out []Hook
 	for _, l := range links {
 		for _, egress := range []bool{false, true} {
-			fs, _ := tcFilters(Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress})
+			h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
+			fs, err := tcFilters(h)
+			if err != nil {
+				return out, err
+			}
 			for _, f := range fs {
 				if f.ours() {
-					return true
+					out = append(out, h)
 				}
 			}
 		}
 	}
-	return false
+	return out, nil
+}
+
+// ourFiltersPresent says whether sluice's classic filter is on any interface of this
+// namespace: a previous run in tc mode left its programs running.
+func ourFiltersPresent() bool {
+	hooks, _ := SluiceFilters()
+	return len(hooks) > 0
 }

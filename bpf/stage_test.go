@@ -915,9 +915,15 @@ func TestStageRemoveAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.wantHooks(stStandardHooks)
+	if hooks, err := SluiceFilters(); err != nil || (len(hooks) == len(stStandardHooks)) != (stMode(t) == AttachTC) {
+		t.Errorf("sluice's classic filters %v (%v) in %s mode", hooks, err, stMode(t))
+	}
 	stop()
 	if err := RemoveAll(e.pin); err != nil {
 		t.Fatalf("RemoveAll: %v", err)
+	}
+	if hooks, err := SluiceFilters(); err != nil || len(hooks) != 0 {
+		t.Errorf("sluice's classic filters left after RemoveAll: %v (%v)", hooks, err)
 	}
 	entries, err := os.ReadDir(e.pin)
 	if err != nil {

@@ -161,8 +161,8 @@ func diffLines(want, have string) (missing, extra []string) {
 	return missing, extra
 }
 
-// leftoverPins lists what the service stage pinned under pinDir: sluiced removes it all when
-// the stage is off.
+// leftoverPins lists what the service stage pinned under pinDir, and its classic filters on
+// this node's interfaces: sluiced removes it all when the stage is off.
 func leftoverPins(pinDir string) []string {
 	var out []string
 	for _, name := range bpf.PinnedMapNames {
@@ -174,6 +174,10 @@ func leftoverPins(pinDir string) []string {
 	links, _ := os.ReadDir(filepath.Join(pinDir, "links"))
 	for _, l := range links {
 		out = append(out, fmt.Sprintf("program link %s (option services is off: sluiced removes it)", filepath.Join(pinDir, "links", l.Name())))
+	}
+	hooks, _ := bpf.SluiceFilters()
+	for _, h := range hooks {
+		out = append(out, fmt.Sprintf("tc filter pref %d handle %#x on %s (option services is off: sluiced removes it)", bpf.TCPriority, bpf.TCHandle, h))
 	}
 	return out
 }
