@@ -1295,7 +1295,9 @@ func TestProgTrafficPolicy(t *testing.T) {
 func TestProgSessionAffinity(t *testing.T) {
 	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 	vip := netip.MustParseAddr("10.96.0.30")
-	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 4, Local: 4, AffinitySec: 60})
+	// A 10 s timeout: entries are aged by moving their stamp back on the monotonic clock, which
+	// must be older than that (a VM that booted seconds ago: the kernel matrix).
+	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 4, Local: 4, AffinitySec: 10})
 	a.backends(1, tpBackend(tpAP("10.65.0.10:8080"), tpNodeA, true), tpBackend(tpAP("10.65.0.11:8080"), tpNodeA, true),
 		tpBackend(tpAP("10.65.0.12:8080"), tpNodeA, true), tpBackend(tpAP("10.65.0.13:8080"), tpNodeA, true))
 	flow := func(client netip.Addr) func(uint16) (uint32, []byte) {
@@ -1344,7 +1346,7 @@ func TestProgSessionAffinity(t *testing.T) {
 	}
 	// Within the timeout, however long ago: kept.
 	for i := 0; i < 20; i++ {
-		age(59e9)
+		age(9e9)
 		if got := one(31000 + uint16(i)); got != chosen {
 			t.Fatalf("within the timeout the client moved from %v to %v", chosen, got)
 		}
@@ -1352,7 +1354,7 @@ func TestProgSessionAffinity(t *testing.T) {
 	// After it: chosen afresh, and the new choice is kept.
 	moved := false
 	for i := 0; i < 64 && !moved; i++ {
-		age(61e9)
+		age(11e9)
 		before := aff().Seen
 		got := one(32000 + uint16(i))
 		v := aff()
