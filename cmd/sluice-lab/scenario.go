@@ -350,12 +350,19 @@ func (l *lab) floatingIPs() error {
 		[]string{"ip", "-n", nsRouter, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-b"]},
 		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
 		// node-b answers sl-ext by its default route, the gateway: for this step only, the
-		// gateway knows sl-ext's network is behind the router (later steps rely on it not).
+		// gateway knows sl-ext's network is behind the router (later steps rely on it not),
+		// and forwards. Said outright: a new namespace takes IPv4 forwarding from the host's
+		// (net.core.devconf_inherit_init_net 0), so without it this step passed or failed
+		// with the host's net.ipv4.ip_forward.
 		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.40.0/24", "via", "192.168.10.1"},
+		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
 	); err != nil {
 		return err
 	}
-	defer func() { _, _ = sh("ip", "-n", nsGateway, "route", "del", "192.168.40.0/24") }()
+	defer func() {
+		_, _ = sh("ip", "-n", nsGateway, "route", "del", "192.168.40.0/24")
+		_, _ = sh("ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=0")
+	}()
 	// web-b answers on 8090, web-c on 8091: which port answers says which workload it is.
 	for w, port := range map[string]string{"web-b": "8090", "web-c": "8091"} {
 		if p, err := l.start(wlNS(l.workload(w)), "whoami "+w+" fip", false, l.tool(), "tcp-whoami", l.workload(w).addr+":"+port); err != nil || !p.waitFor(5*time.Second, "READY") {
