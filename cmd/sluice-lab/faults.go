@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -50,6 +51,8 @@ func (l *lab) faults(ctx context.Context) error {
 		{"the agent restarted (stopped, then killed) under a stream of changes", l.faultRestartUnderStream},
 		{"the agent killed during a storm of connections through its node port", l.faultKilledUnderConnections},
 		{"the service stage damaged by hand: frontends deleted, a program detached, a map pin removed", l.faultServiceDrift},
+		{"the service stage cannot start (its pin directory unusable), then can", l.faultServiceStageDown},
+		{"no cgroup v2 hierarchy visible to the agent", l.faultNoCgroup2},
 	} {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -751,4 +754,125 @@ func (l *lab) faultServiceDrift() error {
 	pin, _ := os.Stat(filepath.Join(l.dir, "bpf", "node-a", "sl_be_v4"))
 	l.check(pin != nil, "the backend map is pinned again")
 	return nil
+}
+
+// faultServiceStageDown starts node-a's agent with the service stage unable to start (its pin
+// directory lies under a regular file, so bpffs can be neither found nor mounted there) on a
+// node cleaned of every service program: the routes are programmed all the same, and the
+// failure shows in the log, /readyz, the metric, sluicectl status and the proxy health port.
+// The file removed, the stage starts by itself and node-a's node port works.
+func (l *lab) faultServiceStageDown() error {
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped")
+	// A clean slate: --services=false removes node-a's programs, links and pins.
+	clean, err := l.startAgent("node-a", "--services=false")
+	if err != nil {
+		return err
+	}
+	l.check(clean.waitFor(30*time.Second, "dataplane updated"), "sluiced --services=false on node-a removed its service programs and applied")
+	l.check(clean.stop() == nil, "and stopped")
+	blocked := filepath.Join(l.dir, "blocked")
+	if err := os.WriteFile(blocked, []byte("in the way\n"), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(blocked)
+	// A route deleted by hand while the agent is down: the new agent must put it back.
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "del", "10.65.0.128/26"); err != nil {
+		return err
+	}
+	agent, err := l.startAgent("node-a", "--bpf-pin-dir", filepath.Join(blocked, "node-a"))
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "the agent applied its routes with the service stage down")
+	l.check(agent.waitFor(10*time.Second, "the service stage cannot start") && len(agent.matching("step=bpffs")) > 0,
+		"it says in one line why the service stage cannot start: %s", oneLine(strings.Join(agent.matching("the service stage cannot start"), " ")))
+	l.check(hasRoute("node-a", "10.65.0.128/26"), "the route deleted while it was down is back")
+	l.check(l.ping("web-a", "web-c") == nil, "web-a (node-a) pings web-c (node-c) through VXLAN")
+	_, body, ok := l.waitReady("node-a", 503, 10*time.Second)
+	l.check(ok && strings.Contains(body, "service stage not working") && strings.Contains(body, "pin directory"),
+		"/readyz answers 503 and says why: %s", oneLine(body))
+	l.check(l.metricOf("node-a", `sluice_services_ready{reason="bpffs"}`) == "0", "sluice_services_ready{reason=\"bpffs\"} is 0")
+	out, _ := l.ctl("status", "--settle", "0")
+	l.check(lineWith(out, "node-a", "services down (routes programmed)"), "sluicectl status shows node-a's services down, its routes programmed")
+	proxy, _ := nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
+	l.check(strings.HasPrefix(proxy, "status 503"), "the proxy health port answers 503, so load balancers steer away: %s", oneLine(proxy))
+	front := nodeIPs["node-a"] + ":30090"
+	_, err = nsRun(nsExt, l.tool(), "tcp-check", front)
+	l.check(err != nil, "node-a's node port does not answer while the stage is down")
+
+	start := time.Now()
+	if err := os.Remove(blocked); err != nil {
+		return err
+	}
+	l.check(agent.waitFor(90*time.Second, "service stage started"), "the file removed, the service stage starts by itself, without a restart (%v)", time.Since(start).Round(100*time.Millisecond))
+	took, body, ok := l.waitReady("node-a", 200, 20*time.Second)
+	l.check(ok, "/readyz answers 200 %v later: %s", took.Round(100*time.Millisecond), oneLine(body))
+	_, err = retry(10*time.Second, func() error {
+		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+		return err
+	})
+	l.check(err == nil, "node-a's node port answers (endpoint on node-b)")
+	proxy, _ = nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
+	l.check(strings.HasPrefix(proxy, "status 200"), "the proxy health port answers 200: %s", oneLine(proxy))
+	l.check(l.metricOf("node-a", `sluice_services_ready{reason=""}`) == "1", "sluice_services_ready is 1")
+	// Back to the lab's own pin directory (this agent's bpffs went with its mount namespace).
+	l.check(agent.stop() == nil, "stopped")
+	agent, err = l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(agent.waitFor(30*time.Second, "service stage started"), "started again with the lab's pin directory")
+	_, _, ok = l.waitReady("node-a", 200, 20*time.Second)
+	l.check(ok, "and ready")
+	return nil
+}
+
+// faultNoCgroup2 starts node-a's agent in a mount namespace of its own where every cgroup2
+// mount is unmounted, as on a cgroup v1 host (util-linux's unshare and umount), with the
+// option that finds the hierarchy itself. The agent mounts one of its own and node-a itself
+// reaches a cluster IP through the socket programs.
+func (l *lab) faultNoCgroup2() error {
+	_, existed := os.Stat(bpf.DefaultCgroupMount)
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped")
+	l.agentWrap = []string{"unshare", "--mount", "--propagation", "slave", "sh", "-c", `umount -a -l -t cgroup2 && exec "$@"`, "sh"}
+	agent, err := l.startAgent("node-a", "--cgroup-path", "")
+	l.agentWrap = nil
+	if err != nil {
+		return err
+	}
+	if existed != nil {
+		defer os.Remove(bpf.DefaultCgroupMount) // the directory, left on the host's /run; the mount went with the agent
+		defer os.Remove(filepath.Dir(bpf.DefaultCgroupMount))
+	}
+	l.check(agent.waitFor(30*time.Second, "mounted for the service stage") && len(agent.matching("fs=cgroup2")) > 0,
+		"it mounts a cgroup2 hierarchy of its own and says so: %s", oneLine(strings.Join(agent.matching("mounted for the service stage"), " ")))
+	_, _, ok := l.waitReady("node-a", 200, 30*time.Second)
+	l.check(ok, "node-a is ready")
+	_, err = retry(10*time.Second, func() error {
+		_, err := nsRun(nodeNS("node-a"), l.tool(), "tcp-check", "10.96.0.20:80")
+		return err
+	})
+	l.check(err == nil, "node-a itself reaches cluster IP 10.96.0.20:80 (socket programs on sluice's own cgroup2 mount)")
+	l.check(agent.stop() == nil, "stopped")
+	agent, err = l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	_, _, ok = l.waitReady("node-a", 200, 30*time.Second)
+	l.check(ok, "started again with the lab's cgroup2, and ready")
+	return nil
+}
+
+// lineWith says whether one line of out holds every part.
+func lineWith(out string, parts ...string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }

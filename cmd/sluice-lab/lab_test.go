@@ -24,7 +24,7 @@ func runLab(t *testing.T, run func(l *lab, ctx context.Context) error) string {
 	}
 	var out bytes.Buffer
 	l := &lab{bin: bin, testdata: "../../testdata/sample", out: &out, agents: map[string]*proc{}, outage: 10 * time.Second}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	err := run(l, ctx)
 	t.Log(out.String())
@@ -48,10 +48,25 @@ func TestDemo(t *testing.T) {
 	runLab(t, func(l *lab, ctx context.Context) error { return l.demo(ctx, false) })
 }
 
+// TestDemoClassicTC runs the whole lab with every agent attaching its programs as classic tc
+// filters (bpf-attach tc, the path of kernels before 6.6): every check passes on that path too.
+func TestDemoClassicTC(t *testing.T) {
+	t.Setenv("SLUICE_BPF_ATTACH", "tc")
+	out := runLab(t, func(l *lab, ctx context.Context) error { return l.demo(ctx, false) })
+	if n := strings.Count(out, "service stage started attach=tc"); n < 3 || strings.Contains(out, "attach=tcx") {
+		t.Fatalf("%d agents said they attach through classic tc; want every one, none through TCX", n)
+	}
+}
+
+// TestSmoke runs the kernel matrix's scenario (`sluice-lab smoke`) on this machine's kernel.
+func TestSmoke(t *testing.T) {
+	runLab(t, func(l *lab, ctx context.Context) error { return l.smoke(ctx) })
+}
+
 // TestFaults runs the fault suite as `make faults` does, to its last case.
 func TestFaults(t *testing.T) {
 	out := runLab(t, func(l *lab, ctx context.Context) error { return l.faults(ctx) })
-	if !strings.Contains(out, "fault: the service stage damaged by hand") {
+	if !strings.Contains(out, "fault: no cgroup v2 hierarchy visible to the agent") {
 		t.Fatal("the suite did not reach its last case")
 	}
 }

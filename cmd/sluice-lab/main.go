@@ -36,6 +36,8 @@ type lab struct {
 	etcd     *proc // the etcd serving the lab
 	// outage is how long the fault suite keeps the link to etcd cut after the agent noticed.
 	outage time.Duration
+	// agentWrap, when set, is the command sluiced runs under (the fault suite's).
+	agentWrap []string
 }
 
 func (l *lab) step(format string, args ...any) {
@@ -225,7 +227,8 @@ func routeLayout(node string) string {
 	return "nexthops"
 }
 
-func (l *lab) startAgent(node string) (*proc, error) {
+// startAgent starts node's sluiced with the lab's options; extra ones come last (and so win).
+func (l *lab) startAgent(node string, extra ...string) (*proc, error) {
 	// One bpffs for the lab, mounted here in the host's mount namespace: `ip netns exec` gives
 	// each agent a mount namespace of its own, and a bpffs mounted there would vanish with
 	// the agent, pins and all. Each agent pins under a directory of its own.
@@ -248,10 +251,10 @@ func (l *lab) startAgent(node string) (*proc, error) {
 			return nil, fmt.Errorf("mounting cgroup2 for the lab: %w", err)
 		}
 	}
-	p, err := l.start(nodeNS(node), "sluiced "+node, true, filepath.Join(l.bin, "sluiced"), "--node-name", node,
+	p, err := l.start(nodeNS(node), "sluiced "+node, true, append(append(slices.Clone(l.agentWrap), filepath.Join(l.bin, "sluiced"), "--node-name", node,
 		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
 		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s", "--state-file", filepath.Join(l.dir, node+".desired-state"),
-		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node))
+		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node)), extra...)...)
 	if err == nil {
 		l.agents[node] = p
 	}
@@ -319,6 +322,7 @@ func main() {
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet,
 			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
+			"smoke": toolSmoke, // the kernel matrix's scenario (smoke.go): the lab and a few checks
 		}
 		if t, ok := tools[os.Args[1]]; ok {
 			if err := t(os.Args[2:]); err != nil {

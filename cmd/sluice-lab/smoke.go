@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// toolSmoke runs the smoke scenario (`sluice-lab smoke [--testdata DIR]`, as root): the lab,
+// then the few checks that say sluice works on this kernel at all. It is what the kernel
+// matrix (cmd/sluice-vmtest) runs inside each guest, and it passes on the host as well.
+func toolSmoke(args []string) error {
+	fs := flag.NewFlagSet("sluice-lab smoke", flag.ExitOnError)
+	testdata := fs.String("testdata", "testdata/sample", "directory of the sample cluster's manifests")
+	_ = fs.Parse(args)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}}
+	ctx, stop := signalContext()
+	defer stop()
+	start := time.Now()
+	err = l.smoke(ctx)
+	fmt.Fprintf(l.out, "\n%d checks, %d failed (%v)\n", l.checks, l.failures, time.Since(start).Round(100*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	if l.failures > 0 {
+		return fmt.Errorf("%d of %d checks failed", l.failures, l.checks)
+	}
+	return nil
+}
+
+// smoke builds the lab (every node in sync with its sluiced), then checks, one PASS/FAIL line
+// each: pod traffic between node-a and node-b (ping and TCP through VXLAN); a node port to a
+// local endpoint (node-b's) and to a remote one (node-a's, forwarded to node-b), the endpoint
+// seeing the outside client's own address; sluiced restarted on the ingress node (node-a)
+// under a TCP stream through its node port, which survives. Everything it made is torn down.
+func (l *lab) smoke(ctx context.Context) error {
+	defer l.cleanup()
+	if err := l.setup(); err != nil {
+		return err
+	}
+	if l.failures > 0 {
+		// Without etcd's data or an agent in sync every check below would only time out.
+		return fmt.Errorf("the lab is not up (%d of %d setup checks failed): the traffic checks were not run", l.failures, l.checks)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	l.step("pod traffic between node-a and node-b through VXLAN")
+	for _, w := range []string{"web-a", "web-b"} {
+		wl := l.workload(w)
+		p, err := l.start(wlNS(wl), "tcp "+w, false, l.tool(), "tcp-serve", wl.addr+":8080")
+		if err != nil {
+			return err
+		}
+		if !p.waitFor(10*time.Second, "READY") {
+			return fmt.Errorf("the echo server on %s did not start: %s", w, p.transcript())
+		}
+	}
+	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}} {
+		_, err := retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
+		l.check(err == nil, "ping %s -> %s through VXLAN%s", p[0], p[1], errSuffix(err))
+		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
+		l.check(err == nil, "TCP %s -> %s through VXLAN%s", p[0], p[1], errSuffix(err))
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	l.step("node ports from a client outside the cluster (192.168.40.100); the only endpoint is web-b on node-b")
+	webB := wlNS(l.workload("web-b"))
+	echo, err := l.start(webB, "echo web-b:8081", false, l.tool(), "tcp-serve", "10.65.0.65:8081")
+	if err != nil {
+		return err
+	}
+	who, err := l.start(webB, "whoami web-b", false, l.tool(), "tcp-whoami", "10.65.0.65:8082")
+	if err != nil {
+		return err
+	}
+	if !echo.waitFor(10*time.Second, "READY") || !who.waitFor(10*time.Second, "READY") {
+		return fmt.Errorf("the servers on web-b did not start: %s; %s", echo.transcript(), who.transcript())
+	}
+	if err := l.apply("seed-services.yaml", seedServices); err != nil {
+		return err
+	}
+	for _, c := range []struct{ node, where string }{{"node-b", "local"}, {"node-a", "remote"}} {
+		addr := nodeIPs[c.node] + ":30092"
+		// Until the node's service stage has the service, the port refuses.
+		_, _ = retry(20*time.Second, func() error {
+			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+			return err
+		})
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
+			"20 of 20 connections to %s's node port %s reach the %s endpoint (web-b), which sees the client's own address: %s", c.node, addr, c.where, oneLine(out))
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	l.step("sluiced restarted on the ingress node (node-a) while a TCP stream crosses its node port to web-b")
+	stream, err := l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")
+	if err != nil {
+		return err
+	}
+	if !l.check(stream.waitFor(10*time.Second, "READY"), "a TCP stream from the client through node-a's node port 30090 to web-b is running") {
+		fmt.Fprintf(l.out, "the stream: %s\n", stream.transcript())
+		return nil
+	}
+	time.Sleep(500 * time.Millisecond)
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
+	time.Sleep(time.Second)
+	restarted, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(restarted.waitFor(30*time.Second, "dataplane updated"), "the new sluiced on node-a is in sync and has applied")
+	time.Sleep(time.Second)
+	l.check(stream.finish(), "the stream through node-a's node port never broke across the restart: %s", stream.transcript())
+	out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "5")
+	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 5"), "node-a's node port still answers after the restart, the client's address kept: %s", oneLine(out))
+	return nil
+}
+
+// errSuffix is ": err" for a failed check's line, "" for a passed one.
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ": " + oneLine(err.Error())
+}
