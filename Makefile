@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check
+.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check test-kernels
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -34,8 +34,11 @@ generate-check: generate
 	@git diff --exit-code --stat -- bpf/ || { echo "bpf: the committed object or generated Go is not what bpf/c produces: run make generate and commit"; exit 1; }
 
 # Every test, against real embedded etcd servers; the fuzz corpus in store/testdata runs as seeds.
+# Then the service stage's real-kernel tests again with the programs attached as classic tc
+# filters (bpf-attach tc, the path of kernels before 6.6; the first run takes TCX here).
 test: fmt-check vet
 	$(GO) test -count=1 -timeout 15m $(PKGS)
+	SLUICE_BPF_ATTACH=tc $(GO) test -count=1 -timeout 10m -run 'Stage|ServiceStage' ./bpf/ ./cmd/sluiced/
 
 # The lab, as root: three nodes as network namespaces, etcd, the sample cluster loaded with
 # sluicectl, one sluiced per node, and real traffic checked. DEMO_FLAGS=--keep leaves it up.
@@ -127,3 +130,17 @@ install: build
 
 clean:
 	rm -rf $(BIN)
+
+# The kernel matrix (docs/kernels.md): Debian's stock kernels booted in qemu (KVM where it
+# works, TCG otherwise), each running the bpf package's tests and `sluice-lab smoke` inside
+# the guest; one summary row per kernel. Kernels are downloaded with apt-get (never
+# installed) into ~/.cache/sluice-vmtest. KERNELS picks the series (newest package of each),
+# ATTACH sets SLUICE_BPF_ATTACH (auto, tcx or tc) in the guest, VMTEST_FLAGS adds flags.
+# The default: Debian 12's 6.1 (newest and 6.1.170, a point release whose verifier refused
+# what 6.1.192's accepts) and 6.12.
+KERNELS ?= 6.1 linux-image-6.1.0-47-cloud-amd64 6.12
+ATTACH ?=
+VMTEST_FLAGS ?=
+test-kernels: build
+	CGO_ENABLED=0 $(GO) test -c -o $(BIN)/bpf.test ./bpf
+	./$(BIN)/sluice-vmtest --kernels "$(KERNELS)" --testdata testdata/sample --bpf-src bpf $(if $(ATTACH),--attach $(ATTACH)) $(VMTEST_FLAGS)
