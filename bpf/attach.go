@@ -151,17 +151,9 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 	sort.Slice(hooks, func(i, j int) bool { return hooks[i].String() < hooks[j].String() })
 	// The classic filters on every interface: sluice's own (held in tc mode; left by the
 	// other mode otherwise) and other programs' (conflicts on the hooks sluice holds).
-	filters := map[Hook][]tcFilter{}
-	for _, l := range links {
-		for _, egress := range []bool{false, true} {
-			h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
-			fs, err := tcFilters(h)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			filters[h] = fs
-		}
+	filters, err := linkFilters(links)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	for _, h := range hooks {
 		prog, name := a.program(h, want[h])
@@ -427,26 +419,14 @@ func RemoveAll(pinDir string) error {
 	}
 	_ = os.Remove(dir)
 	// Sluice's classic filters, on every interface (clsact stays: other filters may use it).
-	if links, err := dataplane.DumpAgain(netlink.LinkList); err == nil {
-		for _, l := range links {
-			for _, egress := range []bool{false, true} {
-				h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
-				fs, err := tcFilters(h)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				for _, f := range fs {
-					if f.ours() {
-						if err := delTCFilter(h); err != nil {
-							errs = append(errs, err)
-						}
-					}
-				}
-			}
+	hooks, err := SluiceFilters()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, h := range hooks {
+		if err := delTCFilter(h); err != nil {
+			errs = append(errs, err)
 		}
-	} else {
-		errs = append(errs, fmt.Errorf("listing interfaces: %w", err))
 	}
 	spec, err := loadSluice()
 	if err == nil {

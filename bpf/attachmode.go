@@ -3,11 +3,13 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -166,29 +168,43 @@ func delTCFilter(h Hook) error {
 	return nil
 }
 
-// SluiceFilters returns the hooks of this namespace's interfaces that hold sluice's classic
-// filter (left by a run in tc mode).
-func SluiceFilters() ([]Hook, error) {
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("listing interfaces: %w", err)
-	}
-	var out []Hook
+// linkFilters lists the bpf filters on both hooks of every interface in links. An interface
+// it cannot read is left out and named in the error.
+func linkFilters(links []netlink.Link) (map[Hook][]tcFilter, error) {
+	out := map[Hook][]tcFilter{}
+	var errs []error
 	for _, l := range links {
 		for _, egress := range []bool{false, true} {
 			h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
 			fs, err := tcFilters(h)
 			if err != nil {
-				return out, err
+				errs = append(errs, err)
+				continue
 			}
-			for _, f := range fs {
-				if f.ours() {
-					out = append(out, h)
-				}
+			out[h] = fs
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// SluiceFilters returns the hooks of this namespace's interfaces that hold sluice's classic
+// filter (left by a run in tc mode).
+func SluiceFilters() ([]Hook, error) {
+	links, err := dataplane.DumpAgain(netlink.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	filters, err := linkFilters(links)
+	var out []Hook
+	for h, fs := range filters {
+		for _, f := range fs {
+			if f.ours() {
+				out = append(out, h)
 			}
 		}
 	}
-	return out, nil
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, err
 }
 
 // ourFiltersPresent says whether sluice's classic filter is on any interface of this

@@ -241,7 +241,6 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	cfg.OnMounted = func(fs, path string) {
 		log.Info().Str("fs", fs).Str("path", path).Msg("mounted for the service stage: the host had none mounted")
 	}
-	cfg.LoadFault = serviceLoadFault
 	var mu sync.Mutex
 	var lastLog time.Time
 	var svc *serviceStage
@@ -290,9 +289,6 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 		}
 	}
 	svc = newServiceStage(cfg, plan, log)
-	if serviceRetry > 0 {
-		svc.retryMin, svc.retryMax = serviceRetry, serviceRetry
-	}
 	svc.start(svc.retryMin)
 	var loops sync.WaitGroup
 	loops.Add(1)
@@ -313,13 +309,6 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	}
 	return svc, loops.Wait
 }
-
-// serviceLoadFault and serviceRetry are the tests' hooks: a load that fails while the first
-// returns an error, and a fixed time between start attempts.
-var (
-	serviceLoadFault func() error
-	serviceRetry     time.Duration
-)
 
 // routeConflicts logs and counts what the route table found of other programs where sluice's
 // objects go: a route at exactly a desired route's destination and metric (replaced), and a
