@@ -15,7 +15,8 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=on-failure", "CapabilityBoundingSet=CAP_NET_ADMIN", "ProtectSystem=strict", "NoNewPrivileges=yes", "KillSignal=SIGTERM"} {
+	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=on-failure", "CapabilityBoundingSet=CAP_NET_ADMIN CAP_BPF CAP_PERFMON CAP_SYS_ADMIN",
+		"ProtectSystem=strict", "NoNewPrivileges=yes", "KillSignal=SIGTERM", "SystemCallFilter=@system-service bpf @mount", "-/sys/fs/bpf", "LimitMEMLOCK=infinity"} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("the unit lacks %s", want)
 		}
