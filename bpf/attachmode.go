@@ -59,6 +59,7 @@ func (m AttachMode) Resolve() (AttachMode, error) {
 // HaveTCX probes for TCX links: creating one on no interface fails with ENODEV where the
 // kernel knows the attach type, with EINVAL where it does not (cilium/ebpf's own probe).
 func HaveTCX() error {
+	raiseMemlock()
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
 	if err != nil {

@@ -27,6 +27,7 @@ func (f Feature) Found() bool { return f.Err == nil }
 // uses. The stage itself needs every feature but the first (TCX, for which classic tc stands
 // in); what it lacks keeps the stage from starting, and the agent says which.
 func ProbeFeatures() []Feature {
+	raiseMemlock()
 	helper := func(pt ebpf.ProgramType, fn asm.BuiltinFunc) error {
 		err := features.HaveProgramHelper(pt, fn)
 		if errors.Is(err, ebpf.ErrNotSupported) {
@@ -45,6 +46,7 @@ func ProbeFeatures() []Feature {
 		{Name: "syscall-programs", Since: "5.14", Without: "the connection table is cleaned from user space (a flow refreshed in the microseconds between its read and its delete is lost)", Err: haveSyscallPrograms()},
 		{Name: "socket-hooks", Since: "4.17", Without: "no service stage", Err: features.HaveProgramType(ebpf.CGroupSockAddr)},
 		{Name: "netns-cookie", Since: "5.7", Without: "no service stage", Err: helper(ebpf.CGroupSockAddr, asm.FnGetNetnsCookie)},
+		{Name: "netns-cookie-sockopt", Since: "5.14", Without: "the node's own connections to services are not handled (the agent cannot name its namespace to the socket programs); /readyz says so until cgroup-path is none", Err: netnsCookieErr()},
 	}
 }
 
@@ -55,4 +57,9 @@ func KernelRelease() string {
 		return "unknown"
 	}
 	return unix.ByteSliceToString(u.Release[:])
+}
+
+func netnsCookieErr() error {
+	_, err := NetnsCookie()
+	return err
 }

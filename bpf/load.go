@@ -7,9 +7,11 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,6 +59,7 @@ func (o *Objects) Close() error { return o.sluiceObjects.Close() }
 // longer matches its option is replaced by one of the new size holding the same entries.
 // Without one (tests), every map is new and private.
 func Load(pinDir string, sizes MapSizes) (*Objects, error) {
+	raiseMemlock()
 	spec, err := loadSluice()
 	if err != nil {
 		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
@@ -89,6 +92,12 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) {
 	}
 	return o, nil
 }
+
+// raiseMemlock lifts RLIMIT_MEMLOCK once, before the first map or program is made: before
+// Linux 5.11 the kernel charges them to it (64 KiB by default, which not one of sluice's maps
+// fits); from 5.11 it charges the memory cgroup and this does nothing. Raising it needs
+// CAP_SYS_RESOURCE; without it a load fails saying what the kernel refused.
+var raiseMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
 
 // haveSyscallPrograms probes for syscall programs (Linux 5.14); a test stands in for an older kernel.
 var haveSyscallPrograms = func() error { return features.HaveProgramType(ebpf.Syscall) }

@@ -150,6 +150,9 @@ func TestSockNAT(t *testing.T) {
 	})
 	ns := skNetns(t)
 	cookie, err := NetnsCookie()
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		t.Skip("no SO_NETNS_COOKIE (before Linux 5.14): sluiced leaves the socket programs off there (TestStageWithoutNetnsCookie)")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

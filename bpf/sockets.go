@@ -137,6 +137,9 @@ func EnsureCgroup2(mountAt string) (string, bool, error) {
 	return mountAt, true, nil
 }
 
+// netnsCookie is NetnsCookie, or a test's stand-in for a kernel without SO_NETNS_COOKIE.
+var netnsCookie = NetnsCookie
+
 // NetnsCookie returns the cookie of the calling thread's network namespace.
 func NetnsCookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)

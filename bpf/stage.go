@@ -63,7 +63,9 @@ type Stage struct {
 	Svc  *Services
 	att  *Attacher
 	sock *SocketHooks // nil with cgroup-path none, and until a cgroup v2 hierarchy is there
-	CT   *Conntrack
+	// sockUnusable is why the socket programs cannot run on this kernel at all (nil: they can).
+	sockUnusable error
+	CT           *Conntrack
 	// Health serves the health-check node ports and the proxy health answer.
 	Health *healthcheck.Servers
 	kick   chan struct{}
@@ -138,10 +140,12 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		objs.Close()
 		return nil, &StartError{"attach", err}
 	}
+	// The socket programs act only on sockets of the agent's network namespace, named by its
+	// cookie; a kernel that cannot say it (before 5.14) leaves them off, and only them.
+	var sockUnusable error
 	if cfg.CgroupPath != "none" {
-		if cfg.Services.NetnsCookie, err = NetnsCookie(); err != nil {
-			objs.Close()
-			return nil, &StartError{"load", err}
+		if cfg.Services.NetnsCookie, err = netnsCookie(); err != nil {
+			sockUnusable = fmt.Errorf("%w (SO_NETNS_COOKIE: Linux 5.14 or later; option cgroup-path none turns the socket programs off)", err)
 		}
 	}
 	if cfg.MinInterval == 0 {
@@ -166,7 +170,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
 		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]bool{},
-		Health: health, why: "not programmed yet"}
+		Health: health, why: "not programmed yet", sockUnusable: sockUnusable}
 	s.CT.Live = s.Svc.LiveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
 		for _, e := range entries {
@@ -185,6 +189,9 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 func (s *Stage) socketHooks() (*SocketHooks, error) {
 	if s.sock != nil || s.cfg.CgroupPath == "none" {
 		return s.sock, nil
+	}
+	if s.sockUnusable != nil {
+		return nil, s.sockUnusable
 	}
 	path := s.cfg.CgroupPath
 	if path == "" {

@@ -1386,34 +1386,16 @@ func TestStageRunFollowsInterfaces(t *testing.T) {
 // restart finds them (the same links), and RemoveAll detaches them.
 func TestStageSocketHookPins(t *testing.T) {
 	e := stNewEnv(t)
-	root, err := CgroupV2Root()
-	if errors.Is(err, ErrNoCgroup2) {
-		// A host without one (cgroup v1, a bare VM): a private mount, as sluiced would make.
-		root = filepath.Join(t.TempDir(), "cgroup2")
-		if err := os.Mkdir(root, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("cgroup2", root, "cgroup2", 0, ""); err != nil {
-			t.Fatalf("mounting cgroup2: %v", err)
-		}
-		// Registered first, so it runs after the cleanup below has removed the test's cgroup.
-		t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
-	} else if err != nil {
-		t.Fatal(err)
+	if _, err := NetnsCookie(); errors.Is(err, unix.ENOPROTOOPT) {
+		t.Skip("no SO_NETNS_COOKIE (before Linux 5.14): sluiced leaves the socket programs off there (TestStageWithoutNetnsCookie)")
 	}
-	cg, err := os.MkdirTemp(root, "sluice-test-")
-	if err != nil {
-		t.Skipf("cannot make a cgroup: %v", err)
-	}
+	cg := stCgroup(t)
 	cfg := stConfig(e.pin)
 	cfg.CgroupPath = cg
 	t.Cleanup(func() {
-		// After the stages closed: detach, then remove the cgroup.
+		// After the stages closed: detach, before the cgroup is removed.
 		if err := RemoveAll(e.pin); err != nil {
 			t.Errorf("RemoveAll: %v", err)
-		}
-		if err := os.Remove(cg); err != nil {
-			t.Errorf("removing cgroup %s: %v", cg, err)
 		}
 	})
 	query := func() []stAttached {
@@ -1744,5 +1726,64 @@ func TestLoadWithoutSyscallPrograms(t *testing.T) {
 	st, err := s.CT.Clean(now + uint64(DefaultTimeouts.UDP) + uint64(time.Second))
 	if err != nil || st.Deleted != 1 || len(e.conntrack()) != 0 {
 		t.Errorf("clean: %+v %v, %d entries left; want the idle flow deleted from user space", st, err, len(e.conntrack()))
+	}
+}
+
+// stCgroup makes a cgroup for the test under the cgroup v2 root, mounting a private hierarchy
+// where none is (cgroup v1 hosts, a bare VM) as sluiced would; all removed at the end, after
+// the cleanups the test registers later.
+func stCgroup(t *testing.T) string {
+	t.Helper()
+	root, err := CgroupV2Root()
+	if errors.Is(err, ErrNoCgroup2) {
+		root = filepath.Join(t.TempDir(), "cgroup2")
+		if err := os.Mkdir(root, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mount("cgroup2", root, "cgroup2", 0, ""); err != nil {
+			t.Fatalf("mounting cgroup2: %v", err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(root, unix.MNT_DETACH) })
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.MkdirTemp(root, "sluice-test-")
+	if err != nil {
+		t.Fatalf("making a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(cg); err != nil {
+			t.Errorf("removing cgroup %s: %v", cg, err)
+		}
+	})
+	return cg
+}
+
+// TestStageWithoutNetnsCookie: a kernel that cannot name the agent's network namespace to the
+// socket programs (SO_NETNS_COOKIE, before 5.14; stood in for here) still runs the stage: its
+// maps written, its tc programs attached, the socket programs left off, and Status says why.
+func TestStageWithoutNetnsCookie(t *testing.T) {
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	cfg.CgroupPath = stCgroup(t)
+	t.Cleanup(func() { _ = RemoveAll(e.pin) })
+	real := netnsCookie
+	netnsCookie = func() (uint64, error) { return 0, unix.ENOPROTOOPT }
+	defer func() { netnsCookie = real }()
+	s, _ := e.start(cfg)
+	s.OnUpdate(stStandard())
+	_, err := s.Apply()
+	if err == nil || !strings.Contains(err.Error(), "SO_NETNS_COOKIE") {
+		t.Errorf("apply: %v, want the socket programs' reason", err)
+	}
+	e.wantHooks(stStandardHooks)
+	if got, want := e.kernelRender(), stFakeRender(t, cfg, stStandard()); got != want {
+		t.Errorf("kernel maps\n%s\nwant\n%s", got, want)
+	}
+	if ok, why := s.Status(); ok || !strings.Contains(why, "own connections to services are not handled") {
+		t.Errorf("status %v %q, want not ready saying the node's own connections are not handled", ok, why)
+	}
+	if s.sock != nil {
+		t.Error("socket programs set up without the cookie")
 	}
 }

@@ -436,9 +436,12 @@ static __always_inline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst
 static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
 {
 	__u32 inner = skb->len - ETH_HLEN;
-	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH |
-		      BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
-	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) < 0) {
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	/* ENCAP_L2_ETH (the inner protocol is Ethernet) is Linux 5.12's: an older kernel refuses
+	 * the flag, and takes the rest; its GSO then segments the inner IP packet behind the
+	 * inner Ethernet header all the same (inner_mac_len is set). */
+	if (bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags | BPF_F_ADJ_ROOM_ENCAP_L2_ETH) < 0 &&
+	    bpf_skb_adjust_room(skb, ENCAP_LEN, BPF_ADJ_ROOM_MAC, flags) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
@@ -671,7 +674,9 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 			return TC_ACT_SHOT;
 		__builtin_memcpy(rev.mac_local, m, 6);
 		__builtin_memcpy(rev.mac_peer, m + 6, 6);
-		rev.ifindex = skb->ingress_ifindex;
+		/* On the ingress hook both name the same interface; a test run before 5.15 cannot set
+		 * ingress_ifindex, so fall back as the FIB lookups do. */
+		rev.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
 		rev.flags |= CT_F_REDIRECT;
 	}
 	tcp_track(&rev, p, 0);
