@@ -136,9 +136,10 @@ clean:
 # the guest; one summary row per kernel. Kernels are downloaded with apt-get (never
 # installed) into ~/.cache/sluice-vmtest. KERNELS picks the series (newest package of each),
 # ATTACH sets SLUICE_BPF_ATTACH (auto, tcx or tc) in the guest, VMTEST_FLAGS adds flags.
-# The default: Debian 12's 6.1 (newest and 6.1.170, a point release whose verifier refused
-# what 6.1.192's accepts) and 6.12.
-KERNELS ?= 6.1 linux-image-6.1.0-47-cloud-amd64 6.12
+# The default: Debian 11's 5.10 (the floor, and the strictest verifier: from the bullseye
+# suite, fetched through a private apt state), Debian 12's 6.1 and 6.12. A point release can
+# be named too: linux-image-6.1.0-47-cloud-amd64 (6.1.170) refused what 6.1.192 accepts.
+KERNELS ?= bullseye/5.10 6.1 6.12
 ATTACH ?=
 VMTEST_FLAGS ?=
 test-kernels: build

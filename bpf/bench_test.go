@@ -360,7 +360,7 @@ func (n *benchNet) h(ns netns.NsHandle) *netlink.Handle {
 	if h := n.handles[ns]; h != nil {
 		return h
 	}
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		n.b.Fatalf("netlink handle: %v", err)
 	}

@@ -267,7 +267,7 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 		t.Fatalf("%s: creating a network namespace: %v", name, err)
 	}
 	t.Cleanup(func() { ns.Close() })
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatalf("%s: netlink handle: %v", name, err)
 	}

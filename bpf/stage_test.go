@@ -104,7 +104,7 @@ func stNewEnv(t *testing.T) *stEnv {
 			t.Errorf("unmounting bpffs: %v", err)
 		}
 	})
-	h, err := netlink.NewHandleAt(ns)
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatalf("netlink handle: %v", err)
 	}

@@ -32,9 +32,12 @@ func kernelPackageRE(series, flavour string) *regexp.Regexp {
 }
 
 // apt runs an apt command and returns its output, the command and its output in the error.
-func apt(args ...string) (string, error) {
+func apt(args ...string) (string, error) { return aptWith(nil, args...) }
+
+// aptWith runs an apt command with env added (a private APT_CONFIG, say).
+func aptWith(env []string, args ...string) (string, error) {
 	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
+	cmd.Env = append(append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"), env...)
 	var out strings.Builder
 	cmd.Stdout = &out
 	cmd.Stderr = &out
@@ -45,8 +48,8 @@ func apt(args ...string) (string, error) {
 }
 
 // newestKernel returns the newest package of the series that apt offers, with its version.
-func newestKernel(series, flavour string) (pkg, version string, err error) {
-	out, err := apt("apt-cache", "pkgnames", "linux-image-"+series+".")
+func newestKernel(env []string, series, flavour string) (pkg, version string, err error) {
+	out, err := aptWith(env, "apt-cache", "pkgnames", "linux-image-"+series+".")
 	if err != nil {
 		return "", "", err
 	}
@@ -61,7 +64,7 @@ func newestKernel(series, flavour string) (pkg, version string, err error) {
 		return "", "", nil
 	}
 	sort.Strings(names)
-	out, err = apt(append([]string{"apt-cache", "policy"}, names...)...)
+	out, err = aptWith(env, append([]string{"apt-cache", "policy"}, names...)...)
 	if err != nil {
 		return "", "", err
 	}
@@ -211,15 +214,69 @@ func oneLineURIs(text, codename string) []string {
 	return out
 }
 
+// suiteApt returns the environment that points apt at a private state under cache holding
+// the Debian suite alone (bullseye, for Debian 11's 5.10), from the URIs of the system's own
+// Debian sources: the system's sources and lists are not touched. It refreshes the suite's
+// lists once a day.
+func suiteApt(cache, suite string, say func(string, ...any)) ([]string, error) {
+	uris := debianURIs(osReleaseField("VERSION_CODENAME"))
+	if len(uris) == 0 {
+		return nil, fmt.Errorf("no Debian apt source found to fetch %s from", suite)
+	}
+	dir := filepath.Join(cache, "apt", suite)
+	for _, d := range []string{"lists/partial", "cache/archives/partial"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	var list strings.Builder
+	for _, u := range uris {
+		fmt.Fprintf(&list, "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s %s main\n", u, suite)
+	}
+	conf := fmt.Sprintf("Dir::Etc::SourceList %q;\nDir::Etc::SourceParts \"/dev/null\";\nDir::State::Lists %q;\nDir::Cache %q;\n",
+		filepath.Join(dir, "sources.list"), filepath.Join(dir, "lists"), filepath.Join(dir, "cache"))
+	if err := os.WriteFile(filepath.Join(dir, "sources.list"), []byte(list.String()), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "apt.conf"), []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	env := []string{"APT_CONFIG=" + filepath.Join(dir, "apt.conf")}
+	stamp := filepath.Join(dir, "updated")
+	if st, err := os.Stat(stamp); err != nil || time.Since(st.ModTime()) > 24*time.Hour {
+		say("reading the %s suite's package lists (private to %s)", suite, dir)
+		args := []string{"apt-get", "update"}
+		if os.Geteuid() == 0 {
+			args = append(args, "-o", "APT::Sandbox::User=root")
+		}
+		if _, err := aptWith(env, args...); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(stamp, nil, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return env, nil
+}
+
 // fetchKernel finds the newest kernel of the series, downloads it with apt-get download and
 // unpacks it with dpkg-deb -x under cache (never installing it), unless it is there already.
 //
-// A series that names a package itself (linux-image-6.1.0-47-cloud-amd64) takes that one.
+// A series that names a package itself (linux-image-6.1.0-47-cloud-amd64) takes that one; one
+// written SUITE/SERIES (bullseye/5.10) is looked for in that Debian suite alone (suiteApt).
 func fetchKernel(cache, series, flavour string, say func(string, ...any)) (*kernel, error) {
-	pkg, version, err := newestKernel(series, flavour)
+	var env []string
+	if suite, s, ok := strings.Cut(series, "/"); ok {
+		var err error
+		if env, err = suiteApt(cache, suite, say); err != nil {
+			return nil, fmt.Errorf("download: %w", err)
+		}
+		series = s
+	}
+	pkg, version, err := newestKernel(env, series, flavour)
 	if strings.HasPrefix(series, "linux-image-") {
 		pkg, version, err = series, "", nil
-		out, perr := apt("apt-cache", "policy", pkg)
+		out, perr := aptWith(env, "apt-cache", "policy", pkg)
 		if perr != nil {
 			return nil, fmt.Errorf("download: looking up %s: %w", pkg, perr)
 		}
@@ -230,6 +287,9 @@ func fetchKernel(cache, series, flavour string, say func(string, ...any)) (*kern
 	if err != nil {
 		return nil, fmt.Errorf("download: looking up Linux %s: %w", series, err)
 	}
+	if pkg == "" && env != nil {
+		return nil, fmt.Errorf("download: apt offers no linux-image-%s.*-%s package in that suite", series, flavour)
+	}
 	if pkg == "" {
 		if _, statErr := os.Stat(backportsSource); statErr == nil {
 			return nil, fmt.Errorf("download: apt offers no linux-image-%s.*-%s package, even with %s", series, flavour, backportsSource)
@@ -238,7 +298,7 @@ func fetchKernel(cache, series, flavour string, say func(string, ...any)) (*kern
 		if err := addBackports(say); err != nil {
 			return nil, fmt.Errorf("download: %w", err)
 		}
-		if pkg, version, err = newestKernel(series, flavour); err != nil {
+		if pkg, version, err = newestKernel(env, series, flavour); err != nil {
 			return nil, fmt.Errorf("download: looking up Linux %s: %w", series, err)
 		}
 		if pkg == "" {
@@ -265,7 +325,7 @@ func fetchKernel(cache, series, flavour string, say func(string, ...any)) (*kern
 		}
 		cmd := exec.Command(args[0], append(args[1:], pkg+"="+version)...)
 		cmd.Dir = debs
-		cmd.Env = append(os.Environ(), "LC_ALL=C")
+		cmd.Env = append(append(os.Environ(), "LC_ALL=C"), env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("download: apt-get download %s=%s: %v: %s", pkg, version, err, lastLines(string(out), 5))
 		}

@@ -519,7 +519,7 @@ func WriteHelp(w io.Writer) {
        sluiced --version
 
 Kernels: routes and VXLAN on any (nexthop objects from Linux 5.3); the eBPF
-service stage from 5.10 (proven on 6.1, 6.12 and 6.18: make test-kernels),
+service stage from 5.10 (proven on 5.10, 6.1, 6.12 and 6.18: make test-kernels),
 through TCX links from 6.6 and classic tc filters before (option bpf-attach). A
 service stage the kernel refuses leaves the rest running; /readyz says why.
 
