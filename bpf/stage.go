@@ -332,6 +332,8 @@ func (s *Stage) apply(hooks bool) (int, error) {
 			s.setWhy(fmt.Sprintf("attaching the programs (%s): %v", s.cfg.Attach, aerr))
 		case serr != nil:
 			s.setWhy("the node's own connections to services are not handled: " + serr.Error())
+		case s.sockUnusable != nil:
+			s.setWhy("the node's own connections to services are not handled: " + s.sockUnusable.Error())
 		default:
 			s.setWhy("")
 		}
@@ -352,9 +354,14 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		s.running = true
 	}
 	perr = s.repin()
-	if sock, err := s.socketHooks(); err != nil {
+	sock, err := s.socketHooks()
+	switch {
+	case s.sockUnusable != nil:
+		// A kernel that lacks what they need: said by Status, not an apply error retried
+		// (with a full reread of the maps) for as long as the agent runs.
+	case err != nil:
 		serr = err
-	} else if sock != nil {
+	case sock != nil:
 		serr = sock.Sync()
 	}
 	s.mu.Lock()
