@@ -63,29 +63,38 @@ func (c *cpioWriter) dirs(name string) error {
 	return c.Dir(dir)
 }
 
-// Dir adds a directory (and its parents).
-func (c *cpioWriter) Dir(p string) error {
-	name := cpioName(p)
+// claim names p in the archive, adds its parent directories and marks it added. When p is
+// there already it reports it as done (again: true), or, for a file, an error.
+func (c *cpioWriter) claim(p string, file bool) (name string, again bool, err error) {
+	name = cpioName(p)
 	if c.seen[name] {
-		return nil
+		if file {
+			return name, true, fmt.Errorf("cpio: %s added twice", name)
+		}
+		return name, true, nil
 	}
 	if err := c.dirs(name); err != nil {
-		return err
+		return name, false, err
 	}
 	c.seen[name] = true
+	return name, false, nil
+}
+
+// Dir adds a directory (and its parents).
+func (c *cpioWriter) Dir(p string) error {
+	name, again, err := c.claim(p, false)
+	if again || err != nil {
+		return err
+	}
 	return c.header(name, cpioDir|0o755, 0, 0, 0)
 }
 
 // Bytes adds a regular file with the given content and permissions.
 func (c *cpioWriter) Bytes(p string, data []byte, perm uint32) error {
-	name := cpioName(p)
-	if c.seen[name] {
-		return fmt.Errorf("cpio: %s added twice", name)
-	}
-	if err := c.dirs(name); err != nil {
+	name, _, err := c.claim(p, true)
+	if err != nil {
 		return err
 	}
-	c.seen[name] = true
 	if err := c.header(name, cpioFile|perm, len(data), 0, 0); err != nil {
 		return err
 	}
@@ -106,14 +115,10 @@ func (c *cpioWriter) File(p, src string) error {
 	if err != nil {
 		return err
 	}
-	name := cpioName(p)
-	if c.seen[name] {
-		return fmt.Errorf("cpio: %s added twice", name)
-	}
-	if err := c.dirs(name); err != nil {
+	name, _, err := c.claim(p, true)
+	if err != nil {
 		return err
 	}
-	c.seen[name] = true
 	if err := c.header(name, cpioFile|uint32(st.Mode().Perm()), int(st.Size()), 0, 0); err != nil {
 		return err
 	}
@@ -129,14 +134,10 @@ func (c *cpioWriter) File(p, src string) error {
 
 // Symlink adds a symbolic link p pointing at target.
 func (c *cpioWriter) Symlink(p, target string) error {
-	name := cpioName(p)
-	if c.seen[name] {
-		return nil
-	}
-	if err := c.dirs(name); err != nil {
+	name, again, err := c.claim(p, false)
+	if again || err != nil {
 		return err
 	}
-	c.seen[name] = true
 	if err := c.header(name, cpioSymlink|0o777, len(target), 0, 0); err != nil {
 		return err
 	}
