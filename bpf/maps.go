@@ -56,6 +56,8 @@ const (
 	TCPFinFwd  = 1 << 2
 	TCPFinRev  = 1 << 3
 	TCPRst     = 1 << 4
+	TCPLiveFwd = 1 << 5 // after an RST: a packet of the client's direction that was no RST
+	TCPLiveRev = 1 << 6 // after an RST: a reply that was no RST
 )
 
 // HairpinAddr is HAIRPIN_ADDR of c/sluice.h: the source a workload's flow to itself through
@@ -83,6 +85,7 @@ var counters = []struct{ name, meaning string }{
 	{"reply_translated", "replies translated back"},
 	{"socket_connected", "host sockets connected straight to a backend"},
 	{"reject_socket", "host sockets refused: no endpoint or unknown port"},
+	{"conntrack_superseded", "a new connection (a SYN) took a tuple from a closed or unrelated flow's state"},
 }
 
 // CounterNames are the counters' names, in the order of enum counter; CounterMeanings say

@@ -62,6 +62,8 @@ const (
 	tpTCPFinFwd  = TCPFinFwd
 	tpTCPFinRev  = TCPFinRev
 	tpTCPRst     = TCPRst
+	tpTCPLiveFwd = TCPLiveFwd
+	tpTCPLiveRev = TCPLiveRev
 )
 
 // Counters, in the order of enum counter.
@@ -81,12 +83,15 @@ const (
 	tpCRejectPort
 	tpCICMPTooBig
 	tpCRevNat
+	tpCSockNat
+	tpCRejectSock
+	tpCCtSuperseded
 	tpCNum
 )
 
 var tpCounterNames = []string{"C_NAT_NEW", "C_NAT_FWD_REMOTE", "C_TUN_IN", "C_DROP_FORGED_TUNNEL",
 	"C_DROP_NO_LOCAL", "C_DROP_SRC_RANGE", "C_DROP_CT_FULL", "C_DROP_TOO_BIG", "C_DROP_COLLISION",
-	"C_DROP_FIB", "C_DROP_MALFORMED", "C_REJECT_NO_BACKEND", "C_REJECT_PORT", "C_ICMP_TOO_BIG", "C_REV_NAT", "C_SOCK_NAT", "C_REJECT_SOCK"}
+	"C_DROP_FIB", "C_DROP_MALFORMED", "C_REJECT_NO_BACKEND", "C_REJECT_PORT", "C_ICMP_TOO_BIG", "C_REV_NAT", "C_SOCK_NAT", "C_REJECT_SOCK", "C_CT_SUPERSEDED"}
 
 // tc verdicts.
 const (
@@ -683,7 +688,8 @@ func TestProgHeaderConstants(t *testing.T) {
 		"BE_LOCAL": tpBeLocal, "BE_ROUTED": tpBeRouted, "CNET_POOL": tpCnetPool, "CNET_HOST": tpCnetHost, "CNET_SELF": tpCnetSelf,
 		"CT_FWD": tpCtFwd, "CT_REV": tpCtRev, "CT_TUN": tpCtTun, "CT_F_REMOTE": tpCtRemote,
 		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
-		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst} {
+		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst,
+		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev} {
 		if got, ok := defines[name]; !ok || got != v {
 			t.Errorf("%s: header says %d (found %v), the driver uses %d", name, got, ok, v)
 		}

@@ -238,8 +238,17 @@ static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int re
 		t |= TCP_REPLIED;
 	if (f & TH_FIN)
 		t |= reply ? TCP_FIN_REV : TCP_FIN_FWD;
-	if (f & TH_RST)
+	if (f & TH_RST) {
 		t |= TCP_RST;
+		t &= ~(TCP_LIVE_FWD | TCP_LIVE_REV);
+	} else if (t & TCP_RST) {
+		/* Sequence numbers are not tracked, so an RST out of window (or a middlebox's the
+		 * peers ignore) sets the bit too; traffic of both directions after it says the
+		 * connection lives on, and gives it its established timeout back. */
+		t |= reply ? TCP_LIVE_REV : TCP_LIVE_FWD;
+		if ((t & (TCP_LIVE_FWD | TCP_LIVE_REV)) == (TCP_LIVE_FWD | TCP_LIVE_REV))
+			t &= ~(TCP_RST | TCP_LIVE_FWD | TCP_LIVE_REV);
+	}
 	if (t != v->tcp)
 		v->tcp = t;
 }
@@ -253,6 +262,51 @@ static __always_inline int closed(struct ct_val_v4 *v)
 static __always_inline int is_syn(struct pkt *p)
 {
 	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN;
+}
+
+static __always_inline int is_synack(struct pkt *p)
+{
+	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK | TH_RST)) == (TH_SYN | TH_ACK);
+}
+
+/* ct_drop deletes a reverse or tunnel entry and, for a reverse entry, its forward pair: the
+ * state of a flow that a new connection on the same tuple supersedes. */
+static __always_inline void ct_drop(struct ct_key_v4 *k, struct ct_val_v4 *v)
+{
+	if (v->type == CT_REV) {
+		struct ct_key_v4 fk = {.src = v->nat_saddr ? v->nat_saddr : k->dst, .dst = v->nat_addr,
+				       .sport = v->nat_sport, .dport = v->nat_port, .proto = k->proto};
+		bpf_map_delete_elem(&sl_ct_v4, &fk);
+	}
+	bpf_map_delete_elem(&sl_ct_v4, k);
+	count(C_CT_SUPERSEDED);
+}
+
+/* stale_reply says whether a packet that matched a reverse or tunnel entry (k, v) in the
+ * reply direction belongs to another connection than the entry's flow: a SYN (a new
+ * connection opened from the backend's side), or a SYN-ACK while the flow is closed (an
+ * answer to a new connection whose SYN came some other way: straight to the backend's own
+ * address; a SYN through the service would have renewed the entry). Such state is dropped,
+ * and the packet goes on untranslated. */
+static __always_inline int stale_reply(struct pkt *p, struct ct_key_v4 *k, struct ct_val_v4 *v)
+{
+	if (!(is_syn(p) || (is_synack(p) && closed(v))))
+		return 0;
+	ct_drop(k, v);
+	return 1;
+}
+
+/* supersede drops the reverse or tunnel state of the tuple a SYN that is addressed to no
+ * frontend opens: a client reusing a port towards an endpoint's own address after a flow
+ * through a service must never have its answers translated by the old flow's state. */
+static __always_inline void supersede(struct pkt *p)
+{
+	if (!is_syn(p))
+		return;
+	struct ct_key_v4 rk = {.src = p->dst, .dst = p->src, .sport = p->dport, .dport = p->sport, .proto = p->proto};
+	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+	if (v && (v->type == CT_REV || v->type == CT_TUN))
+		ct_drop(&rk, v);
 }
 
 static __always_inline struct cnet_val *cluster_net(__be32 addr)
@@ -571,6 +625,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		struct fe_key_v4 ak = {.addr = p->dst};
 		if (bpf_map_lookup_elem(&sl_fe_v4, &ak))
 			return reject(skb, p, C_REJECT_PORT);
+		supersede(p);
 		return TC_ACT_OK;
 	}
 	int outside = 0;
@@ -991,6 +1046,13 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	struct ct_key_v4 tk = {.src = p.dst, .dst = p.src, .sport = p.dport, .dport = p.sport, .proto = p.proto};
 	struct ct_val_v4 *t = bpf_map_lookup_elem(&sl_ct_v4, &tk);
 	if (t && t->type == CT_TUN && t->nat_addr == outer->src) {
+		/* The ingress node sends a SYN on a closed flow's tuple only for a new connection,
+		 * which it starts afresh: so does this node, or the new flow would inherit the closed
+		 * one's timeout. */
+		if (is_syn(&p) && closed(t)) {
+			t->created = now;
+			t->tcp = 0;
+		}
 		t->last_seen = now;
 		tcp_track(t, &p, 0);
 	} else if (t && !(t->type == CT_TUN && (closed(t) || (is_syn(&p) && !(t->tcp & TCP_REPLIED))))) {
@@ -1054,8 +1116,11 @@ int sl_from_host(struct __sk_buff *skb)
 		return tunnel_in(skb, &p, c);
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
-	if (v && v->type == CT_REV)
-		return reply(skb, &p, v, 1);
+	if (v && v->type == CT_REV) {
+		if (!stale_reply(&p, &k, v))
+			return reply(skb, &p, v, 1);
+		v = 0;
+	}
 	return client_flow(skb, &p, c, &k, v, FROM_HOST);
 }
 
@@ -1078,6 +1143,8 @@ int sl_from_wep(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
+	if (v && (v->type == CT_REV || v->type == CT_TUN) && stale_reply(&p, &k, v))
+		v = 0;
 	if (v) {
 		if (v->type == CT_REV)
 			return reply(skb, &p, v, 1);
@@ -1123,8 +1190,20 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
+	if (!host && is_syn(&p)) {
+		/* A SYN on its way to a workload after the translation (or straight to its address)
+		 * on the tuple of a closed flow: a new connection, which the closed flow's state must
+		 * not answer for. A SYN through the service renewed that state before it got here. */
+		struct ct_key_v4 rk = {.src = p.dst, .dst = p.src, .sport = p.dport, .dport = p.sport, .proto = p.proto};
+		struct ct_val_v4 *r = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+		if (r && (r->type == CT_REV || r->type == CT_TUN) && closed(r))
+			ct_drop(&rk, r);
+		return TC_ACT_OK;
+	}
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (!v)
+		return TC_ACT_OK;
+	if ((v->type == CT_REV || v->type == CT_TUN) && stale_reply(&p, &k, v))
 		return TC_ACT_OK;
 	if (v->type == CT_REV && !host)
 		return (v->flags & CT_F_REDIRECT) ? TC_ACT_OK : reply(skb, &p, v, 0);

@@ -120,6 +120,10 @@ struct ct_key_v4 {
 #define TCP_FIN_FWD  (1 << 2)
 #define TCP_FIN_REV  (1 << 3)
 #define TCP_RST      (1 << 4)
+/* After an RST, a packet of each direction that is no RST: both set means the peers talked
+ * past the reset (out of window, or a middlebox's), and the flow is established again. */
+#define TCP_LIVE_FWD (1 << 5)
+#define TCP_LIVE_REV (1 << 6)
 
 struct ct_val_v4 {
 	__u64 created;   /* ns, CLOCK_MONOTONIC */
@@ -196,6 +200,7 @@ enum counter {
 	C_REV_NAT,            /* replies translated back */
 	C_SOCK_NAT,           /* host sockets connected straight to a backend */
 	C_REJECT_SOCK,        /* host socket refused: no endpoint or unknown port */
+	C_CT_SUPERSEDED,      /* a new connection (a SYN) took a tuple from a closed or unrelated flow's state */
 	C_NUM,
 };
 

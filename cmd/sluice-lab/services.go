@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -123,6 +124,16 @@ func (l *lab) seed000() error {
 		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 50"),
 			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
+	}
+
+	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")
+	// sl-client routes pod addresses through node-a: the second connection passes node-a and
+	// reaches web-b by node-b, which must answer it as itself, not through the closed flow.
+	for i, how := range []string{"fin", "rst"} {
+		port := strconv.Itoa(47001 + i)
+		out, err := nsRun(nsClient, l.tool(), "tcp-reuse", nodeIPs["node-a"]+":30092", "10.65.0.65:8082", how, port)
+		l.check(err == nil && strings.Contains(out, "first 192.168.10.100") && strings.Contains(out, "second 192.168.10.100"),
+			"from port %s: node-a's node port, closed with %s, then web-b's own address 2 s later: both answered: %s", port, strings.ToUpper(how), oneLine(out))
 	}
 
 	l.step("a host-networked endpoint (node-b's own address): its replies leave by host interfaces")

@@ -413,3 +413,50 @@ func toolNftTable(args []string) error {
 	fmt.Println("absent")
 	return nil
 }
+
+// toolTCPReuse connects from one source port to FIRST, reads its line and closes (with a FIN
+// or an RST), then two seconds later connects from the same port to SECOND and reads its
+// line: a client reusing a port towards two addresses, one a service's and one an endpoint's
+// own (issue #25).
+func toolTCPReuse(args []string) error {
+	if len(args) != 4 || (args[2] != "fin" && args[2] != "rst") {
+		return errors.New("usage: tcp-reuse FIRST SECOND fin|rst SOURCE-PORT")
+	}
+	port, err := strconv.Atoi(args[3])
+	if err != nil {
+		return fmt.Errorf("source port %q: %v", args[3], err)
+	}
+	ask := func(addr string, close string) (string, error) {
+		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: port},
+			Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				_ = rc.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+				})
+				return serr
+			}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return "", err
+		}
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if close == "rst" {
+			_ = c.(*net.TCPConn).SetLinger(0)
+		}
+		_ = c.Close()
+		return strings.TrimSpace(line), err
+	}
+	first, err := ask(args[0], args[2])
+	if err != nil {
+		return fmt.Errorf("first connection, to %s: %v", args[0], err)
+	}
+	fmt.Println("first", first)
+	time.Sleep(2 * time.Second)
+	second, err := ask(args[1], "fin")
+	if err != nil {
+		return fmt.Errorf("second connection, from the same port %d to %s: %v", port, args[1], err)
+	}
+	fmt.Println("second", second)
+	return nil
+}
