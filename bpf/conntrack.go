@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -181,10 +182,13 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 			if v.Flags&ConntrackRemote != 0 || v.Type == ConntrackTun {
 				st.Forwards++
 			}
-			stale := c.Live != nil && !c.Live(HostAddr(k.Src), HostPort(k.Sport))
-			if stale {
+			if c.stale(k, v) {
+				// Deleted at once below, not through the last-seen check: traffic to an
+				// endpoint that is gone keeps refreshing its flow.
 				st.Stale++
-			} else if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
+				continue
+			}
+			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
 				continue
 			}
 			pair := ConntrackKey{}
@@ -196,7 +200,80 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 			}
 		}
 	}
-	return st, flush()
+	if err := flush(); err != nil {
+		return st, err
+	}
+	if c.Live != nil {
+		n, err := c.deleteStale(all)
+		st.Deleted += n
+		return st, err
+	}
+	return st, nil
+}
+
+// stale says whether the entry's flow goes to an endpoint its service no longer names: the
+// backend is the source of a reverse or tunnel entry's key and the destination a forward
+// entry translates to.
+func (c *Conntrack) stale(k ConntrackKey, v ConntrackValue) bool {
+	if c.Live == nil {
+		return false
+	}
+	switch v.Type {
+	case ConntrackRev, ConntrackTun:
+		return !c.Live(HostAddr(k.Src), HostPort(k.Sport))
+	case ConntrackFwd:
+		return !c.Live(HostAddr(v.NatAddr), HostPort(v.NatPort))
+	}
+	return false
+}
+
+// deleteStale deletes every entry of all whose flow goes to an endpoint that is gone, with
+// its pair, whatever its state and however busy: as kube-proxy deletes a removed UDP
+// endpoint's conntrack entries at the sync that removes it, the client's next packet meets a
+// live backend (a DNS resolver sending from one port would otherwise keep reaching the
+// removed one until the flow idles out). It returns how many entries went.
+func (c *Conntrack) deleteStale(all map[ConntrackKey]ConntrackValue) (int, error) {
+	n := 0
+	var errs []error
+	for k, v := range all {
+		if !c.stale(k, v) {
+			continue
+		}
+		for _, key := range []ConntrackKey{k, PairKey(k, v)} {
+			if key.Proto == 0 {
+				continue
+			}
+			err := c.CT.Delete(&key)
+			switch {
+			case err == nil:
+				n++
+			case !errors.Is(err, ebpf.ErrKeyNotExist):
+				errs = append(errs, fmt.Errorf("deleting the flow %v to a removed endpoint: %w", key, err))
+			}
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// SweepStale deletes the flows to endpoints that are gone, at once: the stage calls it at the
+// apply that removed an endpoint from its service.
+func (c *Conntrack) SweepStale() (int, error) {
+	if c.Live == nil {
+		return 0, nil
+	}
+	all := map[ConntrackKey]ConntrackValue{}
+	var k ConntrackKey
+	var v ConntrackValue
+	it := c.CT.Iterate()
+	for it.Next(&k, &v) {
+		if c.stale(k, v) {
+			all[k] = v
+		}
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("reading the connection table: %w", err)
+	}
+	return c.deleteStale(all)
 }
 
 // cleanFromUserSpace does what sl_ct_clean does, from user space (kernels before 5.14).

@@ -135,14 +135,17 @@ type Services struct {
 	liveSets  map[string]*liveSet
 	live      map[netip.AddrPort]struct{}
 	liveStale bool
-	liveBuf   []byte
-	beBuf     []BackendValue
-	wepDst    map[netip.Prefix]string
-	weps      map[string]int
-	problems  map[calc.FrontendKey]string
-	full      bool
-	resync    bool
-	stats     Stats
+	// liveShrunk: a set of endpoints was let go since EndpointsGone last said so; an endpoint
+	// may have left its service, and its flows must go at once (SweepStale).
+	liveShrunk bool
+	liveBuf    []byte
+	beBuf      []BackendValue
+	wepDst     map[netip.Prefix]string
+	weps       map[string]int
+	problems   map[calc.FrontendKey]string
+	full       bool
+	resync     bool
+	stats      Stats
 
 	// heldLists counts the frontends in the map (as written or read) pointing at each list:
 	// a list is not deleted while one does.
@@ -177,6 +180,8 @@ func (s *Services) reset() {
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
 	s.heldLists = map[uint64]int{}
 	s.self = map[netip.Prefix]bool{}
+	// A full update may leave out endpoints the last state named: their flows must go.
+	s.liveShrunk = s.liveShrunk || len(s.liveSets) > 0
 	s.liveSets = map[string]*liveSet{}
 	s.liveStale = true
 	s.wepDst = map[netip.Prefix]string{}
@@ -420,6 +425,17 @@ func (s *Services) releaseLiveLocked(ls *liveSet) {
 	}
 	delete(s.liveSets, ls.key)
 	s.liveStale = true
+	s.liveShrunk = true
+}
+
+// EndpointsGone says whether an endpoint may have left its service since it last said so:
+// the stage then deletes the flows to endpoints that are gone (Conntrack.SweepStale).
+func (s *Services) EndpointsGone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	gone := s.liveShrunk
+	s.liveShrunk = false
+	return gone
 }
 
 // setAddrOnlyLocked wants the address-only entry of cluster IP a while a cluster-IP frontend

@@ -52,7 +52,9 @@ type StageConfig struct {
 	OnApply    func(err error, writes int, took time.Duration)
 	OnConflict func(Conflict)
 	OnClean    func(CleanStats, error)
-	OnResized  func(maps []string)
+	// OnSweep is told how many entries of flows to removed endpoints went at an apply.
+	OnSweep   func(deleted int)
+	OnResized func(maps []string)
 }
 
 // Stage is the running service stage: the loaded programs and maps, the map driver, the
@@ -313,6 +315,16 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	}
 	err := s.Svc.Apply()
 	writes := int(s.Svc.Stats().Writes - before)
+	if s.Svc.EndpointsGone() && s.running {
+		// Flows to an endpoint that left its service go now, not at the next cleanup: a client
+		// sending from a fixed port (every DNS resolver) reaches a live endpoint with its next
+		// datagram, as kube-proxy's sync deletes a removed endpoint's conntrack entries.
+		if n, serr := s.CT.SweepStale(); serr != nil {
+			err = errors.Join(err, serr)
+		} else if n > 0 && s.cfg.OnSweep != nil {
+			s.cfg.OnSweep(n)
+		}
+	}
 	s.mu.Lock()
 	if s.periodic {
 		s.repairs.MapEntries += writes

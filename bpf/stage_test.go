@@ -1785,3 +1785,54 @@ func TestStageWithoutNetnsCookie(t *testing.T) {
 		t.Error("socket programs set up without the cookie")
 	}
 }
+
+// A UDP service's only endpoint is replaced while a client keeps sending from one source port
+// (a DNS resolver): the apply that removes the endpoint deletes its flow at once, so the next
+// datagram reaches the new endpoint; it would otherwise keep going to the removed one until
+// the flow idles out (kube-proxy deletes such entries at the same sync).
+func TestStageUDPEndpointSwap(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	vip := netip.MustParseAddr("10.96.0.53")
+	dns := func(ep netip.Addr) calc.Frontend {
+		return calc.Frontend{Key: calc.FrontendKey{Addr: vip, Port: 53, Protocol: store.ProtocolUDP},
+			Kind: calc.FrontendClusterIP, Service: "kube-system/dns", ServiceID: 0xd050001, LocalBackends: 1,
+			Backends: []calc.Backend{{Addr: ep, Port: 53, Node: stNodeName, NodeAddr: stHostIP}},
+			Present:  []netip.AddrPort{netip.AddrPortFrom(ep, 53)}}
+	}
+	weps := map[string]netip.Addr{"cali-w1": stPodA}
+	s.OnUpdate(stUpdate(weps, dns(stPodA)))
+	e.apply(s)
+	client := netip.AddrPortFrom(netip.MustParseAddr("10.65.0.7"), 5353)
+	query := func() netip.Addr {
+		t.Helper()
+		f := tpUDPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip, 53), []byte("query"))
+		out := make([]byte, 4096)
+		opts := &ebpf.RunOptions{Data: f.build(), DataOut: out, Context: tpSkb{Ifindex: uint32(e.ifindex("cali-w1"))}}
+		rc, err := s.Objs.SlFromWep.Run(opts)
+		if err != nil || rc != tpOK {
+			t.Fatalf("query: verdict %d, %v", rc, err)
+		}
+		got, bad, err := tpDecode(opts.DataOut, tpVXLANPort)
+		if err != nil || len(bad) > 0 {
+			t.Fatalf("query: %v %v", err, bad)
+		}
+		return got.IP.Dst
+	}
+	for range 3 {
+		if got := query(); got != stPodA {
+			t.Fatalf("query went to %s, want the endpoint %s", got, stPodA)
+		}
+	}
+	// The endpoint is replaced by another; one apply later the next query reaches it.
+	s.OnUpdate(stUpdate(weps, dns(stPodA2)))
+	e.apply(s)
+	if got := query(); got != stPodA2 {
+		t.Fatalf("the first query after the endpoint was replaced went to %s, want the new endpoint %s", got, stPodA2)
+	}
+	for k, v := range e.conntrack() {
+		if v.Type == ConntrackRev && HostAddr(k.Src) == stPodA {
+			t.Errorf("a flow to the removed endpoint stayed: %v %+v", k, v)
+		}
+	}
+}

@@ -87,6 +87,32 @@ ports:
 - {name: who, protocol: TCP, port: 8083}
 `
 
+// seedDNS is a UDP service, cluster IP 10.96.0.23:53, whose one endpoint is addr:5353 on node.
+func seedDNS(addr, node string) string {
+	return `apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: seed}
+spec:
+  clusterIPs: [10.96.0.23]
+  ports:
+  - {name: dns, protocol: UDP, port: 53, targetPort: 5353}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: dns}
+addressType: IPv4
+endpoints:
+- addresses: [` + addr + `]
+  conditions: {ready: true}
+  nodeName: ` + node + `
+ports:
+- {name: dns, protocol: UDP, port: 5353}
+`
+}
+
 var nodeIPs = map[string]string{"node-a": "192.168.10.11", "node-b": "192.168.10.12", "node-c": "192.168.20.13"}
 
 // seed000 runs the first user report's story with real traffic: node ports whose endpoint
@@ -263,6 +289,30 @@ func (l *lab) seed000() error {
 	_ = loop.stdin.Close()
 	<-loop.done
 	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating, web-c was added and web-b was removed: %s", oneLine(strings.Join(loop.lines, " ")))
+
+	l.step("a UDP service's only endpoint replaced while a resolver sends from one source port")
+	for _, w := range []struct{ name, addr string }{{"web-b", "10.65.0.65"}, {"web-c", "10.65.0.129"}} {
+		if p, err := l.start(wlNS(l.workload(w.name)), "udp-who "+w.name, false, l.tool(), "udp-who", w.addr+":5353", w.name); err != nil || !p.waitFor(5*time.Second, "READY") {
+			return fmt.Errorf("udp-who on %s: %v", w.name, err)
+		}
+	}
+	if err := l.apply("seed-dns.yaml", seedDNS("10.65.0.65", "node-b")); err != nil {
+		return err
+	}
+	resolver, err := l.start(wlNS(l.workload("web-a")), "resolver", false, l.tool(), "udp-resolver", "10.96.0.23:53", "5300")
+	if err != nil {
+		return err
+	}
+	l.check(resolver.waitFor(10*time.Second, "answer web-b"), "web-a's resolver, from port 5300, gets answers from web-b through cluster IP 10.96.0.23:53: %s", oneLine(strings.Join(resolver.lines, " ")))
+	if err := l.apply("seed-dns.yaml", seedDNS("10.65.0.129", "node-c")); err != nil {
+		return err
+	}
+	applied := time.Now()
+	answered := resolver.waitFor(5*time.Second, "answer web-c")
+	swapped := time.Since(applied)
+	l.check(answered && swapped < time.Second, "after web-b was replaced by web-c, the resolver's next answers come from web-c within a second (%v; cleanup runs every 2 s)", swapped.Round(10*time.Millisecond))
+	_ = resolver.stdin.Close()
+	<-resolver.done
 
 	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
 	stream, err = l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")

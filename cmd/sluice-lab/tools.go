@@ -460,3 +460,71 @@ func toolTCPReuse(args []string) error {
 	fmt.Println("second", second)
 	return nil
 }
+
+// toolUDPWho answers every datagram on addr with name, until killed.
+func toolUDPWho(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: udp-who IP:PORT NAME")
+	}
+	c, err := net.ListenPacket("udp", args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Println("READY")
+	buf := make([]byte, 65536)
+	for {
+		_, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		_, _ = c.WriteTo([]byte(args[1]), from)
+	}
+}
+
+// toolUDPResolver sends a datagram to addr every 50 ms from one source port, as a DNS
+// resolver does, and prints "answer NAME" each time the answering server changes, until
+// stdin closes; then the count of datagrams sent and answered.
+func toolUDPResolver(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: udp-resolver IP:PORT SOURCE-PORT")
+	}
+	sport, err := strconv.Atoi(args[1])
+	if err != nil {
+		return fmt.Errorf("source port %q: %v", args[1], err)
+	}
+	raddr, err := net.ResolveUDPAddr("udp", args[0])
+	if err != nil {
+		return err
+	}
+	c, err := net.DialUDP("udp", &net.UDPAddr{Port: sport}, raddr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	fmt.Println("READY")
+	sent, answered, last := 0, 0, ""
+	buf := make([]byte, 1500)
+	for {
+		select {
+		case <-stop:
+			fmt.Println("sent", sent, "answered", answered)
+			return nil
+		default:
+		}
+		sent++
+		_, _ = c.Write([]byte("query"))
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		n, err := c.Read(buf)
+		if err != nil {
+			continue
+		}
+		answered++
+		if name := string(buf[:n]); name != last {
+			fmt.Println("answer", name)
+			last = name
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -288,6 +288,10 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
 	}
+	cfg.OnSweep = func(n int) {
+		state.conntrackDeleted.Add(float64(n))
+		log.Debug().Int("deleted", n).Msg("flows to removed endpoints deleted")
+	}
 	svc = newServiceStage(cfg, plan, log)
 	svc.start(svc.retryMin)
 	var loops sync.WaitGroup
