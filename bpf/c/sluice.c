@@ -328,7 +328,8 @@ static __always_inline int swap_macs(struct __sk_buff *skb)
 
 /* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
  * fragmentation needed) from the address it was sent to, out of the interface it came in on. */
-static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, const __u32 q)
+static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, const __u32 q,
+				       __u64 back)
 {
 	/* The quote is cut first: its length is a constant of each inlined copy. */
 	if (bpf_skb_change_tail(skb, ETH_HLEN + q, 0) < 0)
@@ -357,27 +358,28 @@ static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &ic, sizeof(ic), 0) < 0 || swap_macs(skb) < 0)
 		return TC_ACT_SHOT;
-	return bpf_redirect(skb->ifindex, 0);
+	return bpf_redirect(skb->ifindex, back);
 }
 
 /* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
- * fragmentation needed) from the address it was sent to, out of the interface it came in on.
- * It quotes the IP header and 28 bytes beyond when the packet has them (a whole TCP header:
+ * fragmentation needed) from the address it was sent to: back is 0 for a packet that came in
+ * (the answer leaves by the same interface) and BPF_F_INGRESS for one leaving by it (the
+ * answer goes up to the host's own stack, which sent it). It quotes the IP header and 28 bytes beyond when the packet has them (a whole TCP header:
  * a packet from a local TCP stack still owes its checksum, and the kernel will not cut into
  * it), else the IP header and 20 bytes (TCP) or 8 (UDP, the minimum). */
-static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu)
+static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, __u64 back)
 {
 	if (skb->len >= ETH_HLEN + 48)
-		return icmp_back_q(skb, p, code, mtu, 48);
+		return icmp_back_q(skb, p, code, mtu, 48, back);
 	if (p->proto == IPPROTO_TCP)
-		return icmp_back_q(skb, p, code, mtu, 40);
-	return icmp_back_q(skb, p, code, mtu, 28);
+		return icmp_back_q(skb, p, code, mtu, 40, back);
+	return icmp_back_q(skb, p, code, mtu, 28, back);
 }
 
 /* too_big_back answers an oversized packet with fragmentation-needed, counted when sent. */
-static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, __u16 mtu)
+static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, __u16 mtu, __u64 back)
 {
-	int rc = icmp_back(skb, p, ICMP_FRAG_NEEDED, mtu);
+	int rc = icmp_back(skb, p, ICMP_FRAG_NEEDED, mtu, back);
 	if (rc == TC_ACT_REDIRECT)
 		count(C_ICMP_TOO_BIG);
 	return rc;
@@ -440,22 +442,40 @@ static __always_inline int reject(struct __sk_buff *skb, struct pkt *p, __u32 wh
 			return TC_ACT_SHOT;
 		return tcp_rst(skb, p);
 	}
-	return icmp_back(skb, p, ICMP_PORT_UNREACH, 0);
+	return icmp_back(skb, p, ICMP_PORT_UNREACH, 0, 0);
 }
 
 /* oversize answers a packet that cannot cross the tunnel whole: fragmentation-needed back
- * when it may not be fragmented, else a counted drop. It returns -1 when the packet fits. A
- * segmented (GSO) packet is judged by its segments, which the kernel cuts to fit after
- * encapsulation. */
-static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c)
+ * (see icmp_back for back) when it may not be fragmented, else a counted drop. It returns -1
+ * when the packet fits. A segmented packet (GSO: a local stack's, or GRO's merge of received
+ * ones) is cut after encapsulation with its segment size kept (BPF_F_ADJ_ROOM_FIXED_GSO), so
+ * one segment must fit: judged by gso_size, as the kernel's forwarding judges it (gso_segs is
+ * no guide: VM tap devices leave it 0). */
+static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __u64 back)
 {
-	if (c && (skb->gso_segs > 1 || p->tot_len <= c->tunnel_mtu))
-		return -1;
-	if (!c || !(p->frag & IP_DF)) {
+	if (!c) {
 		count(C_DROP_TOO_BIG);
 		return TC_ACT_SHOT;
 	}
-	return too_big_back(skb, p, c->tunnel_mtu);
+	__u32 len = p->tot_len;
+	__u32 gso = skb->gso_size;
+	if (gso) {
+		__u32 l4 = sizeof(struct udphdr);
+		if (p->proto == IPPROTO_TCP) {
+			__u8 doff;
+			if (bpf_skb_load_bytes(skb, L4_OFF + 12, &doff, 1) < 0)
+				return TC_ACT_SHOT;
+			l4 = (doff >> 4) * 4;
+		}
+		len = sizeof(struct iphdr) + l4 + gso;
+	}
+	if (len <= c->tunnel_mtu)
+		return -1;
+	if (!(p->frag & IP_DF)) {
+		count(C_DROP_TOO_BIG);
+		return TC_ACT_SHOT;
+	}
+	return too_big_back(skb, p, c->tunnel_mtu, back);
 }
 
 /* fib_out sends the packet, whose IP header is at the standard offset, to its destination
@@ -490,7 +510,11 @@ static __always_inline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst
 static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
 {
 	__u32 inner = skb->len - ETH_HLEN;
-	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN);
+	/* FIXED_GSO: a segmented packet keeps its segment size (oversize judged it against the
+	 * tunnel MTU); without it the kernel shrinks TCP segments and refuses UDP ones (UDP-GSO's
+	 * segment size delimits datagrams). */
+	__u64 flags = BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN) |
+		      BPF_F_ADJ_ROOM_FIXED_GSO;
 	/* ENCAP_L2_ETH (the inner protocol is Ethernet) is Linux 5.12's: an older kernel refuses
 	 * the flag, and takes the rest; its GSO then segments the inner IP packet behind the
 	 * inner Ethernet header all the same (inner_mac_len is set). */
@@ -674,7 +698,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	if (remote && !c)
 		return TC_ACT_SHOT;
 	if (remote) {
-		int rc = oversize(skb, p, c);
+		int rc = oversize(skb, p, c, 0);
 		if (rc >= 0)
 			return rc;
 	}
@@ -773,7 +797,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 	}
 	int remote = fwd.flags & CT_F_REMOTE;
 	if (remote) {
-		int rc = oversize(skb, p, c);
+		int rc = oversize(skb, p, c, 0);
 		if (rc >= 0)
 			return rc;
 	}
@@ -1152,7 +1176,7 @@ int sl_from_wep(struct __sk_buff *skb)
 			v->last_seen = bpf_ktime_get_ns();
 			tcp_track(v, &p, 1);
 			__be32 peer = v->nat_addr;
-			int rc = oversize(skb, &p, c);
+			int rc = oversize(skb, &p, c, 0);
 			if (rc >= 0)
 				return rc;
 			return encap(skb, &p, c, peer);
@@ -1220,7 +1244,7 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 		v->last_seen = bpf_ktime_get_ns();
 		tcp_track(v, &p, 1);
 		__be32 peer = v->nat_addr;
-		int rc = oversize(skb, &p, c);
+		int rc = oversize(skb, &p, c, BPF_F_INGRESS);
 		if (rc >= 0)
 			return rc;
 		return encap(skb, &p, c, peer);

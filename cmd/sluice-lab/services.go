@@ -70,6 +70,7 @@ spec:
   clusterIPs: [10.96.0.22]
   ports:
   - {name: who, protocol: TCP, port: 83, targetPort: 8083, nodePort: 30094}
+  - {name: echo, protocol: TCP, port: 84, targetPort: 8084, nodePort: 30095}
   externalTrafficPolicy: Cluster
 ---
 apiVersion: discovery.k8s.io/v1
@@ -85,6 +86,7 @@ endpoints:
   nodeName: node-b
 ports:
 - {name: who, protocol: TCP, port: 8083}
+- {name: echo, protocol: TCP, port: 8084}
 `
 
 // seedDNS is a UDP service, cluster IP 10.96.0.23:53, whose one endpoint is addr:5353 on node.
@@ -175,6 +177,24 @@ func (l *lab) seed000() error {
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
 			"20 of 20 connections to %s's node port reach the server in node-b's host namespace, which sees the client's own address: %s", n, oneLine(out))
 	}
+	// Bulk both ways through node-a: node-b's host stack sends full-size segments (TSO on),
+	// too large for the tunnel back to node-a; fragmentation-needed must reach that stack
+	// (not leave by the NIC), which then sends segments that fit.
+	if p, err := l.start(nodeNS("node-b"), "echo node-b host", false, l.tool(), "tcp-serve", nodeIPs["node-b"]+":8084"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("echo server in node-b's host namespace: %v", err)
+	}
+	out, err := nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
+	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, segmented (TSO) both ways: %s", oneLine(out))
+	// The same with segmentation off on node-b's NIC (as on a VM without offloads): every
+	// full-size segment is a packet of its own.
+	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "1"); err != nil {
+		return err
+	}
+	out, err = nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
+	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, without segmentation offload: %s", oneLine(out))
+	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "65535"); err != nil {
+		return err
+	}
 	for _, w := range []string{"web-a", "web-b"} {
 		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.22:83", "10")
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
@@ -192,7 +212,7 @@ func (l *lab) seed000() error {
 	}
 	eth0.waitFor(2*time.Second, "READY")
 	eth1.waitFor(2*time.Second, "READY")
-	out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
+	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
 	<-eth0.done
 	<-eth1.done
 	l.check(err == nil, "10 connections through node-a succeed although its default route leads out of eth1: %s", oneLine(out))

@@ -528,3 +528,47 @@ func toolUDPResolver(args []string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// toolTCPBulk sends BYTES bytes to an echo server and reads them back, within 20 s, and
+// prints how long it took: a bulk transfer both ways, with full-size segments.
+func toolTCPBulk(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: tcp-bulk IP:PORT BYTES")
+	}
+	n, err := strconv.Atoi(args[1])
+	if err != nil {
+		return fmt.Errorf("bytes %q: %v", args[1], err)
+	}
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", args[0], 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	sent := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for left := n; left > 0; {
+			k, err := c.Write(buf[:min(left, len(buf))])
+			if err != nil {
+				sent <- err
+				return
+			}
+			left -= k
+		}
+		sent <- c.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.Copy(io.Discard, c)
+	if serr := <-sent; serr != nil && err == nil {
+		err = serr
+	}
+	fmt.Println("bulk", got, "of", n, "bytes back in", time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		return err
+	}
+	if int(got) != n {
+		return fmt.Errorf("%d of %d bytes came back", got, n)
+	}
+	return nil
+}
