@@ -46,9 +46,10 @@ func ieIP(frame []byte) []byte { return append([]byte(nil), frame[14:]...) }
 // packet as built from as, cut to quoted's length, with quoted's transport checksum kept.
 func ieRequote(quoted []byte, as tpFrame) []byte {
 	b := ieIP(as.build())[:len(quoted)]
-	off := 20 + 6
+	hlen := int(b[0]&0x0f) * 4
+	off := hlen + 6
 	if as.IP.Proto == tpProtoTCP {
-		off = 20 + 16
+		off = hlen + 16
 	}
 	if len(quoted) >= off+2 {
 		copy(b[off:off+2], quoted[off:off+2])
@@ -61,14 +62,15 @@ func ieRequote(quoted []byte, as tpFrame) []byte {
 func ieQuoted(t *testing.T, f tpFrame) (src, dst netip.AddrPort, proto uint8) {
 	t.Helper()
 	q := f.Payload
-	if len(q) < 28 || q[0] != 0x45 {
+	if len(q) < 1 || q[0]>>4 != 4 || q[0]&0x0f < 5 || len(q) < int(q[0]&0x0f)*4+8 {
 		t.Fatalf("quoted packet %x is not an IPv4 header and 8 bytes", q)
 	}
-	if c := tpChecksum(q[:20]); c != 0 {
+	hlen := int(q[0]&0x0f) * 4
+	if c := tpChecksum(q[:hlen]); c != 0 {
 		t.Errorf("quoted IP header checksum %#04x does not verify", binary.BigEndian.Uint16(q[10:]))
 	}
-	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[12:16])), binary.BigEndian.Uint16(q[20:]))
-	dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[16:20])), binary.BigEndian.Uint16(q[22:]))
+	src = netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[12:16])), binary.BigEndian.Uint16(q[hlen:]))
+	dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(q[16:20])), binary.BigEndian.Uint16(q[hlen+2:]))
 	return src, dst, q[9]
 }
 

@@ -7,10 +7,11 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"testing"
 )
 
-// A small packet builder and decoder for the program tests: Ethernet, IPv4 without options,
-// TCP, UDP, ICMP and VXLAN (an Ethernet frame inside UDP). Building always computes lengths
+// A small packet builder and decoder for the program tests: Ethernet, IPv4 (with options and
+// fragments), TCP, UDP, ICMP and VXLAN (an Ethernet frame inside UDP). Building always computes lengths
 // and checksums from scratch; decoding checks every checksum by recomputing it, so an
 // output compared byte for byte with a built frame has correct checksums, and a decoded
 // one says which checksum is wrong when it is not.
@@ -45,6 +46,8 @@ type tpIPv4 struct {
 	Check  uint16 // set by build
 	Src    netip.Addr
 	Dst    netip.Addr
+	// Options follow the fixed header (a multiple of 4 bytes: the header length grows).
+	Options []byte
 }
 
 type tpTCP struct {
@@ -167,13 +170,18 @@ func (f tpFrame) build() []byte {
 	default:
 		l4 = append(l4, f.Payload...)
 	}
-	ip := []byte{0x45, f.IP.TOS}
-	ip = binary.BigEndian.AppendUint16(ip, uint16(20+len(l4)))
+	if len(f.IP.Options)%4 != 0 || len(f.IP.Options) > 40 {
+		panic("IP options must be a multiple of 4 bytes, at most 40")
+	}
+	hlen := 20 + len(f.IP.Options)
+	ip := []byte{0x40 | byte(hlen/4), f.IP.TOS}
+	ip = binary.BigEndian.AppendUint16(ip, uint16(hlen+len(l4)))
 	ip = binary.BigEndian.AppendUint16(ip, f.IP.ID)
 	ip = binary.BigEndian.AppendUint16(ip, f.IP.Frag)
 	ip = append(ip, f.IP.TTL, f.IP.Proto, 0, 0)
 	ip = append(ip, f.IP.Src.AsSlice()...)
 	ip = append(ip, f.IP.Dst.AsSlice()...)
+	ip = append(ip, f.IP.Options...)
 	binary.BigEndian.PutUint16(ip[10:], tpChecksum(ip))
 
 	b := make([]byte, 0, 14+len(ip)+len(l4))
@@ -197,20 +205,30 @@ func tpDecode(b []byte, vxlanPort uint16) (f tpFrame, bad []string, err error) {
 		return f, nil, fmt.Errorf("ethertype %#04x, want IPv4", et)
 	}
 	ip := b[14:]
-	if ip[0] != 0x45 {
-		return f, nil, fmt.Errorf("IP version/ihl byte %#02x, want 0x45", ip[0])
+	hlen := int(ip[0]&0x0f) * 4
+	if ip[0]>>4 != 4 || hlen < 20 || hlen > len(ip) {
+		return f, nil, fmt.Errorf("IP version/ihl byte %#02x, want IPv4 with a header in the frame", ip[0])
 	}
 	f.IP = tpIPv4{TOS: ip[1], TotLen: binary.BigEndian.Uint16(ip[2:]), ID: binary.BigEndian.Uint16(ip[4:]),
 		Frag: binary.BigEndian.Uint16(ip[6:]), TTL: ip[8], Proto: ip[9], Check: binary.BigEndian.Uint16(ip[10:]),
 		Src: netip.AddrFrom4([4]byte(ip[12:16])), Dst: netip.AddrFrom4([4]byte(ip[16:20]))}
+	if hlen > 20 {
+		f.IP.Options = bytes.Clone(ip[20:hlen])
+	}
 	if int(f.IP.TotLen) != len(ip) {
 		return f, nil, fmt.Errorf("IP total length %d, but %d bytes follow the Ethernet header", f.IP.TotLen, len(ip))
 	}
-	if tpChecksum(ip[:20]) != 0 {
+	if tpChecksum(ip[:hlen]) != 0 {
 		bad = append(bad, fmt.Sprintf("IP checksum %#04x", f.IP.Check))
 	}
-	l4 := ip[20:]
-	switch f.IP.Proto {
+	l4 := ip[hlen:]
+	proto := f.IP.Proto
+	if f.IP.Frag&0x3fff != 0 {
+		// A fragment: its transport header, if it has one, is checked on the reassembled
+		// datagram (tpReassemble).
+		proto = 0
+	}
+	switch proto {
 	case tpProtoTCP:
 		if len(l4) < 20 {
 			return f, bad, errors.New("short TCP header")
@@ -319,4 +337,94 @@ func tpVXLANFrame(srcMAC, dstMAC tpMAC, src, dst netip.Addr, sport, dport uint16
 		IP:      tpIPv4{TTL: 64, Proto: tpProtoUDP, Src: src, Dst: dst},
 		UDP:     tpUDP{Sport: sport, Dport: dport, ZeroCheck: true},
 		VXFlags: 0x08, VNI: vni, Inner: &inner}
+}
+
+// tpFragments cuts f's IP datagram into fragments carrying at most size bytes of it each
+// (a multiple of 8 but the last), with f's ID; every fragment keeps f's Ethernet header.
+func tpFragments(f tpFrame, size int) [][]byte {
+	whole := f.build()
+	hlen := int(whole[14]&0x0f) * 4
+	hdr, data := whole[:14+hlen], whole[14+hlen:]
+	var out [][]byte
+	for off := 0; off < len(data); off += size {
+		end := min(off+size, len(data))
+		b := append(bytes.Clone(hdr), data[off:end]...)
+		ip := b[14:]
+		binary.BigEndian.PutUint16(ip[2:], uint16(hlen+end-off))
+		frag := uint16(off / 8)
+		if end < len(data) {
+			frag |= 0x2000
+		}
+		binary.BigEndian.PutUint16(ip[6:], frag)
+		binary.BigEndian.PutUint16(ip[10:], 0)
+		binary.BigEndian.PutUint16(ip[10:], tpChecksum(ip[:hlen]))
+		out = append(out, b)
+	}
+	return out
+}
+
+// tpReassemble puts fragments (as frames, any order) back into one frame and decodes it; the
+// fragments must agree on addresses, protocol and ID, have right IP checksums, and cover the
+// datagram exactly once.
+func tpReassemble(t *testing.T, frags [][]byte) tpFrame {
+	t.Helper()
+	type piece struct {
+		off  int
+		data []byte
+	}
+	var pieces []piece
+	var first []byte
+	total := -1
+	for i, b := range frags {
+		f, bad, err := tpDecode(b, 0)
+		if err != nil || len(bad) > 0 {
+			t.Fatalf("fragment %d: %v %v", i, err, bad)
+		}
+		hlen := int(b[14]&0x0f) * 4
+		off := int(f.IP.Frag&0x1fff) * 8
+		if off == 0 {
+			first = b[:14+hlen]
+		}
+		if f.IP.Frag&0x2000 == 0 {
+			total = off + len(b) - 14 - hlen
+		}
+		pieces = append(pieces, piece{off, b[14+hlen:]})
+		if i > 0 {
+			ref, _, _ := tpDecode(frags[0], 0)
+			if f.IP.Src != ref.IP.Src || f.IP.Dst != ref.IP.Dst || f.IP.ID != ref.IP.ID || f.IP.Proto != ref.IP.Proto {
+				t.Fatalf("fragment %d (%v) is not of the datagram of fragment 0 (%v)", i, f, ref)
+			}
+		}
+	}
+	if first == nil || total < 0 {
+		t.Fatalf("%d fragments without a first or a last one", len(frags))
+	}
+	data := make([]byte, total)
+	covered := make([]int, total)
+	for _, p := range pieces {
+		if p.off+len(p.data) > total {
+			t.Fatalf("fragment at %d+%d runs past the datagram's end %d", p.off, len(p.data), total)
+		}
+		copy(data[p.off:], p.data)
+		for i := range p.data {
+			covered[p.off+i]++
+		}
+	}
+	for i, c := range covered {
+		if c != 1 {
+			t.Fatalf("byte %d of the datagram is in %d fragments", i, c)
+		}
+	}
+	b := append(bytes.Clone(first), data...)
+	ip := b[14:]
+	hlen := int(ip[0]&0x0f) * 4
+	binary.BigEndian.PutUint16(ip[2:], uint16(hlen+total))
+	binary.BigEndian.PutUint16(ip[6:], 0)
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], tpChecksum(ip[:hlen]))
+	f, bad, err := tpDecode(b, 0)
+	if err != nil || len(bad) > 0 {
+		t.Fatalf("reassembled datagram: %v %v", err, bad)
+	}
+	return f
 }

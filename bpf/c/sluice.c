@@ -118,6 +118,7 @@ struct pkt {
 	__u16 tot_len;  /* host order */
 	__u8 tos;
 	__u8 ttl;
+	__u16 l4;       /* offset of the transport header: after the IP header and its options */
 };
 
 #define TH_FIN 0x01
@@ -138,14 +139,14 @@ static __always_inline struct cfg *config(void)
 	return bpf_map_lookup_elem(&sl_cfg, &zero);
 }
 
-/* parse reads the IPv4 and transport headers at the standard offsets. Returns 0 when the
- * packet is IPv4 without options; ports are read only for TCP and UDP first fragments. */
+/* parse reads the IPv4 header at ip_off and the transport header after it and its options.
+ * Returns 0 when the packet is IPv4; ports are read only for TCP and UDP first fragments. */
 static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt *p)
 {
 	struct iphdr ip;
 	if (bpf_skb_load_bytes(skb, ip_off, &ip, sizeof(ip)) < 0)
 		return -1;
-	if (ip.version != 4 || ip.ihl != 5)
+	if (ip.version != 4 || ip.ihl < 5)
 		return -1;
 	p->src = ip.saddr;
 	p->dst = ip.daddr;
@@ -156,9 +157,10 @@ static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt
 	p->ttl = ip.ttl;
 	p->sport = p->dport = 0;
 	p->tcp_flags = 0;
+	__u32 l4 = ip_off + ip.ihl * 4;
+	p->l4 = l4;
 	if (p->frag & IP_OFFMASK)
 		return 0;
-	__u32 l4 = ip_off + sizeof(struct iphdr);
 	if (p->proto == IPPROTO_TCP) {
 		__u8 th[14];
 		if (bpf_skb_load_bytes(skb, l4, th, sizeof(th)) < 0)
@@ -188,12 +190,12 @@ static __always_inline __u16 csum_fold(__u32 csum)
 	return (__u16)~csum;
 }
 
-/* rewrite changes the source (dst_side 0) or destination address and port of the packet at
- * the standard offsets, fixing the IP and transport checksums incrementally. */
+/* rewrite changes the source (dst_side 0) or destination address and port of the packet
+ * (IP header at the standard offset), fixing the IP and transport checksums incrementally. */
 static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int dst_side,
 				   __be32 addr, __be16 port)
 {
-	__u32 csum_off = L4_OFF + (p->proto == IPPROTO_TCP ? 16 : 6);
+	__u32 csum_off = p->l4 + (p->proto == IPPROTO_TCP ? 16 : 6);
 	__u64 mangle = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__be32 old_addr = dst_side ? p->dst : p->src;
 	__be16 old_port = dst_side ? p->dport : p->sport;
@@ -208,7 +210,7 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int dst
 	if (old_port != port) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangle | 2) < 0)
 			return -1;
-		if (bpf_skb_store_bytes(skb, L4_OFF + (dst_side ? 2 : 0), &port, 2, 0) < 0)
+		if (bpf_skb_store_bytes(skb, p->l4 + (dst_side ? 2 : 0), &port, 2, 0) < 0)
 			return -1;
 	}
 	if (dst_side) {
@@ -349,7 +351,7 @@ static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u
 	ic.type = ICMP_DEST_UNREACH;
 	ic.code = code;
 	ic.mtu = bpf_htons(mtu);
-	__u8 quote[48];
+	__u8 quote[68];
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote, q) < 0)
 		return TC_ACT_SHOT;
 	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote, q, 0);
@@ -369,6 +371,9 @@ static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u
  * it), else the IP header and 20 bytes (TCP) or 8 (UDP, the minimum). */
 static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, __u64 back)
 {
+	/* With IP options, the longest header (60 bytes) and 8 bytes beyond. */
+	if (p->l4 > L4_OFF && skb->len >= ETH_HLEN + 68)
+		return icmp_back_q(skb, p, code, mtu, 68, back);
 	if (skb->len >= ETH_HLEN + 48)
 		return icmp_back_q(skb, p, code, mtu, 48, back);
 	if (p->proto == IPPROTO_TCP)
@@ -389,9 +394,9 @@ static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, __
 static __always_inline int tcp_rst(struct __sk_buff *skb, struct pkt *p)
 {
 	struct tcphdr th;
-	if (bpf_skb_load_bytes(skb, L4_OFF, &th, sizeof(th)) < 0)
+	if (bpf_skb_load_bytes(skb, p->l4, &th, sizeof(th)) < 0)
 		return TC_ACT_SHOT;
-	__u32 payload = p->tot_len - sizeof(struct iphdr) - th.doff * 4;
+	__u32 payload = p->tot_len - (p->l4 - IP_OFF) - th.doff * 4;
 	__u32 seq = bpf_ntohl(th.seq), ack = 0;
 	if (th.syn)
 		payload++;
@@ -463,11 +468,11 @@ static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct
 		__u32 l4 = sizeof(struct udphdr);
 		if (p->proto == IPPROTO_TCP) {
 			__u8 doff;
-			if (bpf_skb_load_bytes(skb, L4_OFF + 12, &doff, 1) < 0)
+			if (bpf_skb_load_bytes(skb, p->l4 + 12, &doff, 1) < 0)
 				return TC_ACT_SHOT;
 			l4 = (doff >> 4) * 4;
 		}
-		len = sizeof(struct iphdr) + l4 + gso;
+		len = (p->l4 - IP_OFF) + l4 + gso;
 	}
 	if (len <= c->tunnel_mtu)
 		return -1;
@@ -867,12 +872,12 @@ static __always_inline __u16 csum_replace2(__u16 check, __u16 from, __u16 to)
 	return csum_fold(sum);
 }
 
-/* An ICMP error's quoted packet (after the outer IP and the 8-byte ICMP header). */
-#define Q_IP (L4_OFF + 8)
-#define Q_L4 (Q_IP + sizeof(struct iphdr))
+/* An ICMP error's quoted packet starts after the outer IP header and the 8-byte ICMP header;
+ * q->l4 is the offset of its transport header. */
+#define Q_IP(outer) ((outer)->l4 + 8)
 
 /* quoted reads the packet an ICMP error quotes: 0 when it is an IPv4 TCP or UDP packet
- * without options whose ports are there. Only the ports are read: a quote may end 8 bytes into
+ * whose ports are there (after its options, if any). Only the ports are read: a quote may end 8 bytes into
  * the transport header (RFC 792; routers still send such), which is enough for Linux to
  * match an error to a TCP socket too. */
 static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, struct pkt *q)
@@ -880,15 +885,16 @@ static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, stru
 	if (outer->proto != IPPROTO_ICMP || (outer->frag & IP_OFFMASK))
 		return -1;
 	__u8 type;
-	if (bpf_skb_load_bytes(skb, L4_OFF, &type, 1) < 0)
+	if (bpf_skb_load_bytes(skb, outer->l4, &type, 1) < 0)
 		return -1;
 	if (type != ICMP_DEST_UNREACH && type != 11 /* time exceeded */ && type != 12 /* parameter problem */)
 		return -1;
 	struct iphdr ip;
-	if (bpf_skb_load_bytes(skb, Q_IP, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, Q_IP(outer), &ip, sizeof(ip)) < 0)
 		return -1;
-	if (ip.version != 4 || ip.ihl != 5)
+	if (ip.version != 4 || ip.ihl < 5)
 		return -1;
+	q->l4 = Q_IP(outer) + ip.ihl * 4;
 	q->src = ip.saddr;
 	q->dst = ip.daddr;
 	q->proto = ip.protocol;
@@ -896,7 +902,7 @@ static __always_inline int quoted(struct __sk_buff *skb, struct pkt *outer, stru
 	if (!is_l4(q))
 		return -1;
 	__be16 ports[2];
-	if (bpf_skb_load_bytes(skb, Q_L4, ports, sizeof(ports)) < 0)
+	if (bpf_skb_load_bytes(skb, q->l4, ports, sizeof(ports)) < 0)
 		return -1;
 	q->sport = ports[0];
 	q->dport = ports[1];
@@ -912,23 +918,24 @@ static __always_inline int icmp_rewrite(struct __sk_buff *skb, struct pkt *outer
 	__be32 old_addr = quoted_dst ? q->dst : q->src;
 	__be16 old_port = quoted_dst ? q->dport : q->sport;
 	__u16 qcheck, icheck;
-	if (bpf_skb_load_bytes(skb, Q_IP + 10, &qcheck, 2) < 0 || bpf_skb_load_bytes(skb, L4_OFF + 2, &icheck, 2) < 0)
+	__u32 qip = Q_IP(outer);
+	if (bpf_skb_load_bytes(skb, qip + 10, &qcheck, 2) < 0 || bpf_skb_load_bytes(skb, outer->l4 + 2, &icheck, 2) < 0)
 		return -1;
 	if (old_addr != addr) {
 		__u16 nq = csum_replace4(qcheck, old_addr, addr);
 		icheck = csum_replace4(icheck, old_addr, addr);
 		icheck = csum_replace2(icheck, qcheck, nq);
 		qcheck = nq;
-		if (bpf_skb_store_bytes(skb, Q_IP + (quoted_dst ? 16 : 12), &addr, 4, 0) < 0 ||
-		    bpf_skb_store_bytes(skb, Q_IP + 10, &qcheck, 2, 0) < 0)
+		if (bpf_skb_store_bytes(skb, qip + (quoted_dst ? 16 : 12), &addr, 4, 0) < 0 ||
+		    bpf_skb_store_bytes(skb, qip + 10, &qcheck, 2, 0) < 0)
 			return -1;
 	}
 	if (old_port != port) {
 		icheck = csum_replace2(icheck, old_port, port);
-		if (bpf_skb_store_bytes(skb, Q_L4 + (quoted_dst ? 2 : 0), &port, 2, 0) < 0)
+		if (bpf_skb_store_bytes(skb, q->l4 + (quoted_dst ? 2 : 0), &port, 2, 0) < 0)
 			return -1;
 	}
-	if (bpf_skb_store_bytes(skb, L4_OFF + 2, &icheck, 2, 0) < 0)
+	if (bpf_skb_store_bytes(skb, outer->l4 + 2, &icheck, 2, 0) < 0)
 		return -1;
 	__be32 old_outer = outer_dst ? outer->dst : outer->src;
 	if (old_outer != outer_addr) {
@@ -1030,11 +1037,17 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 		return TC_ACT_SHOT;
 	}
 	__u8 vx[8];
-	if (bpf_skb_load_bytes(skb, L4_OFF + sizeof(struct udphdr), vx, sizeof(vx)) < 0)
+	if (bpf_skb_load_bytes(skb, outer->l4 + sizeof(struct udphdr), vx, sizeof(vx)) < 0)
 		return TC_ACT_OK;
 	__u32 vni = ((__u32)vx[4] << 16) | ((__u32)vx[5] << 8) | vx[6];
 	if (vni != c->vni)
 		return TC_ACT_OK;
+	if (outer->l4 != L4_OFF) {
+		/* Nodes send the tunnel's outer header without options; the unwrapping below
+		 * takes off exactly ENCAP_LEN bytes. */
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
 	struct pkt p = {};
 	if (parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0 || !(is_l4(&p) || p.proto == IPPROTO_ICMP)) {
 		count(C_DROP_MALFORMED);
@@ -1045,6 +1058,7 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 		return TC_ACT_SHOT;
 	}
 	count(C_TUN_IN);
+	p.l4 -= ENCAP_LEN;
 	if (p.proto == IPPROTO_ICMP) {
 		/* Only errors about flows between this node and the sender travel the tunnel: the
 		 * backend's about a flow forwarded there, the ingress node's about a reply. */

@@ -154,6 +154,13 @@ func (l *lab) seed000() error {
 			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
 	}
 
+	l.step("IPv4 options: every packet of the connection with Record Route, both ways")
+	for _, n := range []string{"node-a", "node-b"} {
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")
+		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 10"),
+			"10 of 10 connections with IP options to %s's node port reach web-b, which sees the client's own address: %s", n, oneLine(out))
+	}
+
 	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")
 	// sl-client routes pod addresses through node-a: the second connection passes node-a and
 	// reaches web-b by node-b, which must answer it as itself, not through the closed flow.

@@ -572,3 +572,50 @@ func toolTCPBulk(args []string) error {
 	}
 	return nil
 }
+
+// toolTCPAskOpts is tcp-ask with the IPv4 Record Route option on the client's socket: every
+// packet carries 40 bytes of options, and the server's replies carry them back (Linux
+// answers a connection that came with Record Route with the option reversed).
+func toolTCPAskOpts(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: tcp-ask-opts IP:PORT N")
+	}
+	n, _ := strconv.Atoi(args[1])
+	rr := make([]byte, 40)
+	rr[0], rr[1], rr[2] = 7, 39, 4 // Record Route, 39 bytes, first slot; then End of options
+	answers := map[string]int{}
+	failed := 0
+	var last error
+	for range n {
+		line, err := func() (string, error) {
+			d := net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				_ = rc.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_IP, syscall.IP_OPTIONS, string(rr))
+				})
+				return serr
+			}}
+			c, err := d.Dial("tcp4", args[0])
+			if err != nil {
+				return "", err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+			return bufio.NewReader(c).ReadString('\n')
+		}()
+		if err != nil {
+			failed++
+			last = err
+			continue
+		}
+		answers[strings.TrimSpace(line)]++
+	}
+	fmt.Println("failed", failed)
+	for a, c := range answers {
+		fmt.Println("answer", a, c)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d connections failed, last: %v", failed, n, last)
+	}
+	return nil
+}
