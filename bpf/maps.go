@@ -86,6 +86,7 @@ var counters = []struct{ name, meaning string }{
 	{"socket_connected", "host sockets connected straight to a backend"},
 	{"reject_socket", "host sockets refused: no endpoint or unknown port"},
 	{"conntrack_superseded", "a new connection (a SYN) took a tuple from a closed or unrelated flow's state"},
+	{"fragment_split", "packets too large for the tunnel that may be fragmented, cut in two"},
 }
 
 // CounterNames are the counters' names, in the order of enum counter; CounterMeanings say

@@ -133,6 +133,26 @@ type sluiceFeVal struct {
 	Pad          uint32
 }
 
+type sluiceFragKeyV4 struct {
+	_     structs.HostLayout
+	Src   uint32
+	Dst   uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sluiceFragValV4 struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
+type sluiceQuoteBuf struct {
+	_ structs.HostLayout
+	B [68]uint8
+}
+
 type sluiceSockKeyV4 struct {
 	_      structs.HostLayout
 	Cookie uint64
@@ -170,6 +190,8 @@ const (
 	sluiceMapSlCtCleanq      = "sl_ct_cleanq"
 	sluiceMapSlCtV4          = "sl_ct_v4"
 	sluiceMapSlFeV4          = "sl_fe_v4"
+	sluiceMapSlFragV4        = "sl_frag_v4"
+	sluiceMapSlScratch       = "sl_scratch"
 	sluiceMapSlSockV4        = "sl_sock_v4"
 	sluiceMapSlSrcV4         = "sl_src_v4"
 	sluiceProgSlCtClean      = "sl_ct_clean"
@@ -246,6 +268,8 @@ type sluiceMapSpecs struct {
 	SlCtCleanq *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
 	SlCtV4     *ebpf.MapSpec `ebpf:"sl_ct_v4"`
 	SlFeV4     *ebpf.MapSpec `ebpf:"sl_fe_v4"`
+	SlFragV4   *ebpf.MapSpec `ebpf:"sl_frag_v4"`
+	SlScratch  *ebpf.MapSpec `ebpf:"sl_scratch"`
 	SlSockV4   *ebpf.MapSpec `ebpf:"sl_sock_v4"`
 	SlSrcV4    *ebpf.MapSpec `ebpf:"sl_src_v4"`
 }
@@ -284,6 +308,8 @@ type sluiceMaps struct {
 	SlCtCleanq *ebpf.Map `ebpf:"sl_ct_cleanq"`
 	SlCtV4     *ebpf.Map `ebpf:"sl_ct_v4"`
 	SlFeV4     *ebpf.Map `ebpf:"sl_fe_v4"`
+	SlFragV4   *ebpf.Map `ebpf:"sl_frag_v4"`
+	SlScratch  *ebpf.Map `ebpf:"sl_scratch"`
 	SlSockV4   *ebpf.Map `ebpf:"sl_sock_v4"`
 	SlSrcV4    *ebpf.Map `ebpf:"sl_src_v4"`
 }
@@ -298,6 +324,8 @@ func (m *sluiceMaps) Close() error {
 		m.SlCtCleanq,
 		m.SlCtV4,
 		m.SlFeV4,
+		m.SlFragV4,
+		m.SlScratch,
 		m.SlSockV4,
 		m.SlSrcV4,
 	)

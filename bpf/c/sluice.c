@@ -22,6 +22,7 @@
 #define IP_OFF ETH_HLEN
 #define L4_OFF (ETH_HLEN + sizeof(struct iphdr))
 #define ENCAP_LEN (sizeof(struct iphdr) + sizeof(struct udphdr) + 8 + ETH_HLEN)
+#define IP_RF 0x8000
 #define IP_DF 0x4000
 #define IP_MF 0x2000
 #define IP_OFFMASK 0x1fff
@@ -93,6 +94,28 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_ct_v4 SEC(".maps");
 
+/* Scratch space for an ICMP error's quote (up to 68 bytes: the longest IPv4 header and 8
+ * bytes beyond), off the stack the inlined programs share. */
+struct quote_buf {
+	__u8 b[68];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct quote_buf);
+	__uint(max_entries, 1);
+} sl_scratch SEC(".maps");
+
+/* Not pinned: a datagram's fragments arrive within milliseconds; a restart that loses this
+ * loses at most the datagrams in flight. An LRU: old datagrams make room. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key_v4);
+	__type(value, struct frag_val_v4);
+	__uint(max_entries, 8192);
+} sl_frag_v4 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
@@ -119,6 +142,8 @@ struct pkt {
 	__u8 tos;
 	__u8 ttl;
 	__u16 l4;       /* offset of the transport header: after the IP header and its options */
+	__be16 id;      /* IP identification */
+	__u8 later;     /* a later fragment: no transport header, ports from the first fragment */
 };
 
 #define TH_FIN 0x01
@@ -155,6 +180,8 @@ static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt
 	p->tot_len = bpf_ntohs(ip.tot_len);
 	p->tos = ip.tos;
 	p->ttl = ip.ttl;
+	p->id = ip.id;
+	p->later = 0;
 	p->sport = p->dport = 0;
 	p->tcp_flags = 0;
 	__u32 l4 = ip_off + ip.ihl * 4;
@@ -180,7 +207,29 @@ static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt
 
 static __always_inline int is_l4(struct pkt *p)
 {
-	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && !(p->frag & IP_OFFMASK);
+	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && (!(p->frag & IP_OFFMASK) || p->later);
+}
+
+/* frag_track gives a later fragment of a TCP or UDP datagram the ports of its first fragment,
+ * as the first fragment arrived at this hook (so it is translated as the first was), and
+ * remembers a first fragment's ports. A later fragment that comes before its first is left
+ * without ports: passed on untranslated, as Cilium does. */
+static __always_inline void frag_track(struct pkt *p)
+{
+	if (!(p->frag & (IP_MF | IP_OFFMASK)) || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
+		return;
+	struct frag_key_v4 k = {.src = p->src, .dst = p->dst, .id = p->id, .proto = p->proto};
+	if (!(p->frag & IP_OFFMASK)) {
+		struct frag_val_v4 v = {.sport = p->sport, .dport = p->dport};
+		bpf_map_update_elem(&sl_frag_v4, &k, &v, BPF_ANY);
+		return;
+	}
+	struct frag_val_v4 *v = bpf_map_lookup_elem(&sl_frag_v4, &k);
+	if (!v)
+		return;
+	p->sport = v->sport;
+	p->dport = v->dport;
+	p->later = 1;
 }
 
 static __always_inline __u16 csum_fold(__u32 csum)
@@ -199,15 +248,18 @@ static __always_inline int rewrite(struct __sk_buff *skb, struct pkt *p, int dst
 	__u64 mangle = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
 	__be32 old_addr = dst_side ? p->dst : p->src;
 	__be16 old_port = dst_side ? p->dport : p->sport;
+	/* A later fragment carries no transport header: the first fragment's rewrite covers the
+	 * whole datagram's checksum and ports; here only the addresses change. */
+	int l4 = !p->later;
 	if (old_addr != addr) {
-		if (bpf_l4_csum_replace(skb, csum_off, old_addr, addr, BPF_F_PSEUDO_HDR | mangle | 4) < 0)
+		if (l4 && bpf_l4_csum_replace(skb, csum_off, old_addr, addr, BPF_F_PSEUDO_HDR | mangle | 4) < 0)
 			return -1;
 		if (bpf_l3_csum_replace(skb, IP_OFF + 10, old_addr, addr, 4) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, IP_OFF + (dst_side ? 16 : 12), &addr, 4, 0) < 0)
 			return -1;
 	}
-	if (old_port != port) {
+	if (old_port != port && l4) {
 		if (bpf_l4_csum_replace(skb, csum_off, old_port, port, mangle | 2) < 0)
 			return -1;
 		if (bpf_skb_store_bytes(skb, p->l4 + (dst_side ? 2 : 0), &port, 2, 0) < 0)
@@ -328,12 +380,25 @@ static __always_inline int swap_macs(struct __sk_buff *skb)
 	return bpf_skb_store_bytes(skb, 0, s, 12, 0);
 }
 
-/* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
- * fragmentation needed) from the address it was sent to, out of the interface it came in on. */
-static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, const __u32 q,
-				       __u64 back)
+
+/* icmp_back answers the packet with an ICMP error (type 3: port unreachable or fragmentation
+ * needed) from the address it was sent to: back is 0 for a packet that came in (the answer
+ * leaves by the same interface) and BPF_F_INGRESS for one leaving by it (the answer goes up to
+ * the host's own stack, which sent it). It quotes the IP header and 28 bytes beyond when the
+ * packet has them (a whole TCP header: a packet from a local TCP stack still owes its checksum,
+ * and the kernel will not cut into it), else the IP header and 20 bytes (TCP) or 8 (UDP, the
+ * minimum); with IP options, the longest header (60 bytes) and 8 bytes beyond. A slow path, as
+ * the resets, the fragment cutting, ICMP errors and the tunnel's unwrapping are: functions of
+ * their own (BPF-to-BPF calls), whose stack is not the programs' (512 bytes in all). */
+static __noinline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, __u64 back)
 {
-	/* The quote is cut first: its length is a constant of each inlined copy. */
+	__u32 q = 28;
+	if (p->l4 > L4_OFF && skb->len >= ETH_HLEN + 68)
+		q = 68;
+	else if (skb->len >= ETH_HLEN + 48)
+		q = 48;
+	else if (p->proto == IPPROTO_TCP)
+		q = 40;
 	if (bpf_skb_change_tail(skb, ETH_HLEN + q, 0) < 0)
 		return TC_ACT_SHOT;
 	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct icmphdr), BPF_ADJ_ROOM_MAC, 0) < 0)
@@ -351,34 +416,17 @@ static __always_inline int icmp_back_q(struct __sk_buff *skb, struct pkt *p, __u
 	ic.type = ICMP_DEST_UNREACH;
 	ic.code = code;
 	ic.mtu = bpf_htons(mtu);
-	__u8 quote[68];
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote, q) < 0)
+	__u32 zero = 0;
+	struct quote_buf *quote = bpf_map_lookup_elem(&sl_scratch, &zero);
+	if (!quote || bpf_skb_load_bytes(skb, ETH_HLEN + 28, quote->b, q) < 0)
 		return TC_ACT_SHOT;
-	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote, q, 0);
+	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)quote->b, q, 0);
 	cs = bpf_csum_diff(0, 0, (__be32 *)&ic, sizeof(ic), cs);
 	ic.checksum = csum_fold(cs);
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(ip), &ic, sizeof(ic), 0) < 0 || swap_macs(skb) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, back);
-}
-
-/* icmp_back answers the packet with an ICMP error (type 3: port unreachable or
- * fragmentation needed) from the address it was sent to: back is 0 for a packet that came in
- * (the answer leaves by the same interface) and BPF_F_INGRESS for one leaving by it (the
- * answer goes up to the host's own stack, which sent it). It quotes the IP header and 28 bytes beyond when the packet has them (a whole TCP header:
- * a packet from a local TCP stack still owes its checksum, and the kernel will not cut into
- * it), else the IP header and 20 bytes (TCP) or 8 (UDP, the minimum). */
-static __always_inline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code, __u16 mtu, __u64 back)
-{
-	/* With IP options, the longest header (60 bytes) and 8 bytes beyond. */
-	if (p->l4 > L4_OFF && skb->len >= ETH_HLEN + 68)
-		return icmp_back_q(skb, p, code, mtu, 68, back);
-	if (skb->len >= ETH_HLEN + 48)
-		return icmp_back_q(skb, p, code, mtu, 48, back);
-	if (p->proto == IPPROTO_TCP)
-		return icmp_back_q(skb, p, code, mtu, 40, back);
-	return icmp_back_q(skb, p, code, mtu, 28, back);
 }
 
 /* too_big_back answers an oversized packet with fragmentation-needed, counted when sent. */
@@ -391,7 +439,7 @@ static __always_inline int too_big_back(struct __sk_buff *skb, struct pkt *p, __
 }
 
 /* tcp_rst answers a TCP segment with a reset, as a closed port does. */
-static __always_inline int tcp_rst(struct __sk_buff *skb, struct pkt *p)
+static __noinline int tcp_rst(struct __sk_buff *skb, struct pkt *p)
 {
 	struct tcphdr th;
 	if (bpf_skb_load_bytes(skb, p->l4, &th, sizeof(th)) < 0)
@@ -450,13 +498,81 @@ static __always_inline int reject(struct __sk_buff *skb, struct pkt *p, __u32 wh
 	return icmp_back(skb, p, ICMP_PORT_UNREACH, 0, 0);
 }
 
-/* oversize answers a packet that cannot cross the tunnel whole: fragmentation-needed back
- * (see icmp_back for back) when it may not be fragmented, else a counted drop. It returns -1
- * when the packet fits. A segmented packet (GSO: a local stack's, or GRO's merge of received
- * ones) is cut after encapsulation with its segment size kept (BPF_F_ADJ_ROOM_FIXED_GSO), so
- * one segment must fit: judged by gso_size, as the kernel's forwarding judges it (gso_segs is
- * no guide: VM tap devices leave it 0). */
-static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __u64 back)
+/* frag_split cuts a packet too large for the tunnel that may be fragmented (no DF) in two,
+ * as a router fragments: the packet becomes the first part, which fits, and the caller goes on
+ * with it (-1); a copy marked with the reserved flag goes back into this hook (the same
+ * interface, the same direction), where frag_rest makes it the rest of the datagram: a later
+ * fragment, translated as the first part was, cut again if it is still too large. Only a
+ * 20-byte header is cut (options would have to be sorted into those copied and those not). */
+static __noinline int frag_split(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int egress)
+{
+	__u32 hlen = p->l4 - IP_OFF;
+	__u32 cut = (c->tunnel_mtu - sizeof(struct iphdr)) & ~7;
+	if (hlen != sizeof(struct iphdr) || cut < 8 || p->tot_len <= hlen + cut || p->tot_len > 0xffff) {
+		count(C_DROP_TOO_BIG);
+		return TC_ACT_SHOT;
+	}
+	if (!(p->frag & IP_OFFMASK) && (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP)) {
+		/* The rest carries no ports: it finds the first part's, as any later fragment does. */
+		struct frag_key_v4 k = {.src = p->src, .dst = p->dst, .id = p->id, .proto = p->proto};
+		struct frag_val_v4 v = {.sport = p->sport, .dport = p->dport};
+		bpf_map_update_elem(&sl_frag_v4, &k, &v, BPF_ANY);
+	}
+	__be16 old = bpf_htons(p->frag), marked = bpf_htons(p->frag | IP_RF);
+	if (bpf_l3_csum_replace(skb, IP_OFF + 10, old, marked, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 6, &marked, 2, 0) < 0 ||
+	    bpf_clone_redirect(skb, skb->ifindex, egress ? 0 : BPF_F_INGRESS) < 0) {
+		count(C_DROP_TOO_BIG);
+		return TC_ACT_SHOT;
+	}
+	__u16 frag = (p->frag & ~IP_RF) | IP_MF, tot = hlen + cut;
+	__be16 nfrag = bpf_htons(frag), otot = bpf_htons(p->tot_len), ntot = bpf_htons(tot);
+	if (bpf_l3_csum_replace(skb, IP_OFF + 10, marked, nfrag, 2) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_OFF + 10, otot, ntot, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 6, &nfrag, 2, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 2, &ntot, 2, 0) < 0 ||
+	    bpf_skb_change_tail(skb, ETH_HLEN + tot, 0) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	p->frag = frag;
+	p->tot_len = tot;
+	count(C_FRAG_SPLIT);
+	return -1;
+}
+
+/* frag_rest makes a copy frag_split marked the rest of its datagram: the bytes the first part
+ * carries are taken out and the header says where the rest begins. Returns -1 when the packet
+ * is that rest (reparsed into p), a verdict otherwise. */
+static __noinline int frag_rest(struct __sk_buff *skb, struct pkt *p, struct cfg *c)
+{
+	__u32 hlen = p->l4 - IP_OFF;
+	__u32 cut = (c->tunnel_mtu - sizeof(struct iphdr)) & ~7;
+	if (hlen != sizeof(struct iphdr) || cut < 8 || p->tot_len <= hlen + cut) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	__u16 frag = (((p->frag & IP_OFFMASK) + cut / 8) & IP_OFFMASK) | (p->frag & IP_MF), tot = p->tot_len - cut;
+	__be16 ofrag = bpf_htons(p->frag), nfrag = bpf_htons(frag), otot = bpf_htons(p->tot_len), ntot = bpf_htons(tot);
+	if (bpf_skb_adjust_room(skb, -(__s32)cut, BPF_ADJ_ROOM_NET, 0) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_OFF + 10, ofrag, nfrag, 2) < 0 ||
+	    bpf_l3_csum_replace(skb, IP_OFF + 10, otot, ntot, 2) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 6, &nfrag, 2, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + 2, &ntot, 2, 0) < 0 || parse(skb, IP_OFF, p) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	return -1;
+}
+
+/* oversize answers a packet that cannot cross the tunnel whole: one that may be fragmented
+ * (no DF) is cut (frag_split), one that may not gets fragmentation-needed back: out of the
+ * interface it came in by, or, on an egress hook, up into the host's own stack that sent it.
+ * It returns -1 when the packet (or its first part) fits. A segmented packet (GSO: a local
+ * stack's, or GRO's merge of received ones) is cut after encapsulation with its segment size
+ * kept (BPF_F_ADJ_ROOM_FIXED_GSO), so one segment must fit: judged by gso_size, as the
+ * kernel's forwarding judges it (gso_segs is no guide: VM tap devices leave it 0). */
+static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int egress)
 {
 	if (!c) {
 		count(C_DROP_TOO_BIG);
@@ -477,17 +593,20 @@ static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct
 	if (len <= c->tunnel_mtu)
 		return -1;
 	if (!(p->frag & IP_DF)) {
-		count(C_DROP_TOO_BIG);
-		return TC_ACT_SHOT;
+		if (gso) {
+			count(C_DROP_TOO_BIG);
+			return TC_ACT_SHOT;
+		}
+		return frag_split(skb, p, c, egress);
 	}
-	return too_big_back(skb, p, c->tunnel_mtu, back);
+	return too_big_back(skb, p, c->tunnel_mtu, egress ? BPF_F_INGRESS : 0);
 }
 
 /* fib_out sends the packet, whose IP header is at the standard offset, to its destination
  * through the kernel's FIB: the MACs are filled in and the packet leaves by the route's
  * interface without passing the kernel's forwarding path (no rp_filter on a multi-homed
  * node, no dependence on routes back to the client). */
-static __always_inline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int fallback_ok)
+static __noinline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int fallback_ok)
 {
 	struct bpf_fib_lookup fib = {};
 	fib.family = AF_INET;
@@ -510,9 +629,9 @@ static __always_inline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst
 	return TC_ACT_SHOT;
 }
 
-/* encap wraps the packet (IP header at the standard offset) in VXLAN to the node at dst and
- * sends it there. */
-static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
+/* encap wraps the packet (IP header at the standard offset) in VXLAN to the node at dst:
+ * 0 when done, a verdict (drop) when it cannot be. */
+static __noinline int encap(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
 {
 	__u32 inner = skb->len - ETH_HLEN;
 	/* FIXED_GSO: a segmented packet keeps its segment size (oversize judged it against the
@@ -541,8 +660,7 @@ static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cf
 	h.ip.tot_len = bpf_htons(inner + ENCAP_LEN);
 	h.ip.saddr = c->host_ip;
 	h.ip.daddr = dst;
-	struct iphdr ip = h.ip;
-	h.ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	h.ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&h, sizeof(h.ip), 0));
 	/* The source port spreads flows over ECMP paths and receive queues, as VXLAN does. */
 	__u32 hash = p->src ^ p->dst ^ ((__u32)p->sport << 16 | p->dport);
 	hash ^= hash >> 16;
@@ -558,6 +676,16 @@ static __always_inline int encap(struct __sk_buff *skb, struct pkt *p, struct cf
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
+	return 0;
+}
+
+/* encap_out wraps the packet and sends it to the node at dst. The two steps are two calls of
+ * the caller's: one after the other, their stack frames are not stacked. */
+static __always_inline int encap_out(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __be32 dst)
+{
+	int rc = encap(skb, p, c, dst);
+	if (rc)
+		return rc;
 	return fib_out(skb, c->host_ip, dst, 0);
 }
 
@@ -646,7 +774,7 @@ static __always_inline struct fe_val *lookup_frontend(struct __sk_buff *skb, str
 /* new_flow translates the first packet of a flow to a service: picks a backend, records the
  * flow, rewrites the packet and sends it on. Returns a tc verdict; TC_ACT_OK when the packet
  * is not for a service. */
-static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int from, int retry)
+static __noinline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int from, int retry)
 {
 	struct fe_key_v4 fk;
 	struct fe_val *fe = lookup_frontend(skb, p, &fk);
@@ -734,24 +862,18 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 			return TC_ACT_SHOT;
 		}
 	}
-	struct ct_val_v4 rev = {.created = now, .last_seen = now, .type = CT_REV, .nat_addr = p->dst,
+	/* One entry on the stack, written as the reverse entry and then as the forward one. */
+	__u8 flags = 0;
+	if (remote)
+		flags |= CT_F_REMOTE;
+	if (sport != p->sport)
+		flags |= CT_F_PSNAT;
+	struct ct_val_v4 rev = {.created = now, .last_seen = now, .type = CT_REV, .flags = flags, .nat_addr = p->dst,
 				.nat_port = p->dport, .nat_sport = p->sport};
-	struct ct_val_v4 fwd = {.created = now, .last_seen = now, .type = CT_FWD, .nat_addr = be.addr,
-				.nat_port = be.port, .nat_sport = sport};
-	if (hairpin) {
+	if (hairpin)
 		rev.nat_saddr = p->src;
-		fwd.nat_saddr = saddr;
-	}
-	if (remote) {
-		rev.flags |= CT_F_REMOTE;
-		fwd.flags |= CT_F_REMOTE;
+	if (remote)
 		rev.tun_addr = be.node_addr;
-		fwd.tun_addr = be.node_addr;
-	}
-	if (sport != p->sport) {
-		rev.flags |= CT_F_PSNAT;
-		fwd.flags |= CT_F_PSNAT;
-	}
 	if (from == FROM_HOST) {
 		__u8 m[12];
 		if (bpf_skb_load_bytes(skb, 0, m, 12) < 0)
@@ -764,11 +886,29 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 		rev.flags |= CT_F_REDIRECT;
 	}
 	tcp_track(&rev, p, 0);
-	struct ct_key_v4 fk2 = {.src = p->src, .dst = p->dst, .sport = p->sport, .dport = p->dport, .proto = p->proto};
 	if (ct_put(&rk, &rev, BPF_NOEXIST) < 0)
 		return TC_ACT_SHOT;
-	if (ct_put(&fk2, &fwd, BPF_ANY) < 0) {
-		bpf_map_delete_elem(&sl_ct_v4, &rk);
+	struct ct_val_v4 *fwd = &rev;
+	__builtin_memset(fwd, 0, sizeof(*fwd));
+	fwd->created = now;
+	fwd->last_seen = now;
+	fwd->type = CT_FWD;
+	fwd->flags = flags;
+	fwd->nat_addr = be.addr;
+	fwd->nat_port = be.port;
+	fwd->nat_sport = sport;
+	if (hairpin)
+		fwd->nat_saddr = saddr;
+	if (remote)
+		fwd->tun_addr = be.node_addr;
+	struct ct_key_v4 *fk2 = &rk; /* the reverse key is in the map: its stack slot is reused */
+	fk2->src = p->src;
+	fk2->dst = p->dst;
+	fk2->sport = p->sport;
+	fk2->dport = p->dport;
+	if (ct_put(fk2, fwd, BPF_ANY) < 0) {
+		struct ct_key_v4 undo = {.src = be.addr, .dst = saddr, .sport = be.port, .dport = sport, .proto = p->proto};
+		bpf_map_delete_elem(&sl_ct_v4, &undo);
 		return TC_ACT_SHOT;
 	}
 	count(C_NAT_NEW);
@@ -778,7 +918,7 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 	}
 	if (remote) {
 		count(C_NAT_FWD_REMOTE);
-		return encap(skb, p, c, be.node_addr);
+		return encap_out(skb, p, c, be.node_addr);
 	}
 	/* A hairpin packet goes straight back to the workload's interface: to the kernel's
 	 * forwarding it is a link-local source coming in from a workload, which a strict
@@ -791,28 +931,29 @@ static __always_inline int new_flow(struct __sk_buff *skb, struct pkt *p, struct
 /* forward handles a packet of a known flow in the client's direction. */
 static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct cfg *c, struct ct_val_v4 *f, int from)
 {
-	struct ct_val_v4 fwd = *f;
-	__be32 saddr = fwd.nat_saddr ? fwd.nat_saddr : p->src;
-	struct ct_key_v4 rk = {.src = fwd.nat_addr, .dst = saddr, .sport = fwd.nat_port, .dport = fwd.nat_sport, .proto = p->proto};
+	/* The entry is read in place: a copy would cost the programs' stack 64 bytes. */
+	struct ct_val_v4 *fwd = f;
+	__be32 saddr = fwd->nat_saddr ? fwd->nat_saddr : p->src;
+	struct ct_key_v4 rk = {.src = fwd->nat_addr, .dst = saddr, .sport = fwd->nat_port, .dport = fwd->nat_sport, .proto = p->proto};
 	struct ct_val_v4 *rev = bpf_map_lookup_elem(&sl_ct_v4, &rk);
 	__u64 now = bpf_ktime_get_ns();
 	if (rev) {
 		rev->last_seen = now;
 		tcp_track(rev, p, 0);
 	}
-	int remote = fwd.flags & CT_F_REMOTE;
+	int remote = fwd->flags & CT_F_REMOTE;
 	if (remote) {
 		int rc = oversize(skb, p, c, 0);
 		if (rc >= 0)
 			return rc;
 	}
-	if (rewrite(skb, p, 1, fwd.nat_addr, fwd.nat_port) < 0 || rewrite(skb, p, 0, saddr, fwd.nat_sport) < 0) {
+	if (rewrite(skb, p, 1, fwd->nat_addr, fwd->nat_port) < 0 || rewrite(skb, p, 0, saddr, fwd->nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
 	if (remote)
-		return encap(skb, p, c, fwd.tun_addr);
-	if (from == FROM_HOST || fwd.nat_saddr)
+		return encap_out(skb, p, c, fwd->tun_addr);
+	if (from == FROM_HOST || fwd->nat_saddr)
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }
@@ -838,16 +979,16 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 {
 	r->last_seen = bpf_ktime_get_ns();
 	tcp_track(r, p, 1);
-	struct ct_val_v4 rev = *r;
+	struct ct_val_v4 *rev = r;
 	/* A hairpin reply is addressed to HAIRPIN_ADDR: it goes to the client's own address. */
-	__be32 client = rev.nat_saddr ? rev.nat_saddr : p->dst;
-	if (rewrite(skb, p, 0, rev.nat_addr, rev.nat_port) < 0 || rewrite(skb, p, 1, client, rev.nat_sport) < 0) {
+	__be32 client = rev->nat_saddr ? rev->nat_saddr : p->dst;
+	if (rewrite(skb, p, 0, rev->nat_addr, rev->nat_port) < 0 || rewrite(skb, p, 1, client, rev->nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
 	count(C_REV_NAT);
-	if (rev.flags & CT_F_REDIRECT) {
-		return redirect_back(skb, &rev);
+	if (rev->flags & CT_F_REDIRECT) {
+		return redirect_back(skb, rev);
 	}
 	if (route)
 		return fib_out(skb, p->src, p->dst, 1);
@@ -957,7 +1098,7 @@ static __always_inline int icmp_rewrite(struct __sk_buff *skb, struct pkt *outer
  * the backend as if about the reply it sent. tun_src is the node that tunnelled the error
  * here (0: it did not come through the tunnel): only the node a flow was forwarded to, or
  * from, may send errors about it. Returns -1 when it is not such an error. */
-static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, int route,
+static __noinline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, int route,
 				      __be32 tun_src)
 {
 	struct pkt q = {};
@@ -982,23 +1123,23 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 		return fib_out(skb, outer->src, outer->dst, 1);
 	}
 	if (v && v->type == CT_REV) {
-		struct ct_val_v4 rev = *v;
-		if (tun_src && (!(rev.flags & CT_F_REMOTE) || rev.tun_addr != tun_src)) {
+		struct ct_val_v4 *rev = v;
+		if (tun_src && (!(rev->flags & CT_F_REMOTE) || rev->tun_addr != tun_src)) {
 			count(C_DROP_FORGED_TUNNEL);
 			return TC_ACT_SHOT;
 		}
 		/* The backend itself answering speaks for the frontend; a router keeps its address.
 		 * An error about a hairpin packet goes to the client's own address. */
-		__be32 src = outer->src == q.dst ? rev.nat_addr : outer->src;
-		__be32 client = rev.nat_saddr ? rev.nat_saddr : q.src;
-		if (icmp_rewrite(skb, outer, &q, 1, rev.nat_addr, rev.nat_port, 0, src) < 0 ||
-		    icmp_rewrite(skb, outer, &q, 0, client, rev.nat_sport, 1, rev.nat_saddr ? client : outer->dst) < 0) {
+		__be32 src = outer->src == q.dst ? rev->nat_addr : outer->src;
+		__be32 client = rev->nat_saddr ? rev->nat_saddr : q.src;
+		if (icmp_rewrite(skb, outer, &q, 1, rev->nat_addr, rev->nat_port, 0, src) < 0 ||
+		    icmp_rewrite(skb, outer, &q, 0, client, rev->nat_sport, 1, rev->nat_saddr ? client : outer->dst) < 0) {
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
 		count(C_REV_NAT);
-		if (rev.flags & CT_F_REDIRECT) {
-			return redirect_back(skb, &rev);
+		if (rev->flags & CT_F_REDIRECT) {
+			return redirect_back(skb, rev);
 		}
 		if (route)
 			return fib_out(skb, outer->src, outer->dst, 1);
@@ -1006,19 +1147,19 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 	}
 	if (v && v->type == CT_TUN && c) {
 		/* On the backend's node: back through the tunnel, translated by the ingress node. */
-		return encap(skb, outer, c, v->nat_addr);
+		return encap_out(skb, outer, c, v->nat_addr);
 	}
 	if (v && v->type == CT_FWD) {
-		struct ct_val_v4 fwd = *v;
+		struct ct_val_v4 *fwd = v;
 		/* About a reply to a hairpin flow: from the client as the backend knows it. */
-		__be32 saddr = fwd.nat_saddr ? fwd.nat_saddr : q.dst;
-		if (icmp_rewrite(skb, outer, &q, 0, fwd.nat_addr, fwd.nat_port, 1, fwd.nat_addr) < 0 ||
-		    icmp_rewrite(skb, outer, &q, 1, saddr, fwd.nat_sport, 0, fwd.nat_saddr ? saddr : outer->src) < 0) {
+		__be32 saddr = fwd->nat_saddr ? fwd->nat_saddr : q.dst;
+		if (icmp_rewrite(skb, outer, &q, 0, fwd->nat_addr, fwd->nat_port, 1, fwd->nat_addr) < 0 ||
+		    icmp_rewrite(skb, outer, &q, 1, saddr, fwd->nat_sport, 0, fwd->nat_saddr ? saddr : outer->src) < 0) {
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
-		if ((fwd.flags & CT_F_REMOTE) && c)
-			return encap(skb, outer, c, fwd.tun_addr);
+		if ((fwd->flags & CT_F_REMOTE) && c)
+			return encap_out(skb, outer, c, fwd->tun_addr);
 		if (route)
 			return fib_out(skb, outer->src, outer->dst, 1);
 		return TC_ACT_OK;
@@ -1026,10 +1167,13 @@ static __always_inline int icmp_error(struct __sk_buff *skb, struct pkt *outer, 
 	return -1;
 }
 
+#define TUN_ICMP (-2) /* tunnel_in unwrapped an ICMP error: the caller translates it */
+
 /* tunnel_in takes a VXLAN packet arriving on a host interface: any from an address that is
  * no known node is dropped; node-port forwarding (our VNI) is unwrapped here, the rest is
- * left to the kernel's VXLAN device. */
-static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct cfg *c)
+ * left to the kernel's VXLAN device. An unwrapped ICMP error is left in in (which may be outer
+ * itself, not read after that) for the caller, whose stack frame is not under this one's. */
+static __noinline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct cfg *c, struct pkt *in)
 {
 	struct cnet_val *peer = cluster_net(outer->src);
 	if (!peer || !(peer->flags & CNET_HOST)) {
@@ -1049,7 +1193,10 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 		return TC_ACT_SHOT;
 	}
 	struct pkt p = {};
-	if (parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0 || !(is_l4(&p) || p.proto == IPPROTO_ICMP)) {
+	int bad = parse(skb, ETH_HLEN + ENCAP_LEN, &p) < 0;
+	if (!bad)
+		frag_track(&p);
+	if (bad || !(is_l4(&p) || p.proto == IPPROTO_ICMP)) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
@@ -1060,14 +1207,8 @@ static __always_inline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, s
 	count(C_TUN_IN);
 	p.l4 -= ENCAP_LEN;
 	if (p.proto == IPPROTO_ICMP) {
-		/* Only errors about flows between this node and the sender travel the tunnel: the
-		 * backend's about a flow forwarded there, the ingress node's about a reply. */
-		int rc = icmp_error(skb, &p, c, 1, outer->src);
-		if (rc < 0) {
-			count(C_DROP_MALFORMED);
-			return TC_ACT_SHOT;
-		}
-		return rc;
+		*in = p;
+		return TUN_ICMP;
 	}
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
@@ -1116,6 +1257,8 @@ static __always_inline int client_flow(struct __sk_buff *skb, struct pkt *p, str
 				       struct ct_val_v4 *v, int from)
 {
 	int retry = 0;
+	if (p->later && !(v && v->type == CT_FWD))
+		return TC_ACT_OK; /* a later fragment never starts a flow */
 	if (v && v->type == CT_FWD) {
 		if (!is_syn(p))
 			return forward(skb, p, c, v, from);
@@ -1148,10 +1291,33 @@ int sl_from_host(struct __sk_buff *skb)
 		int rc = icmp_error(skb, &p, c, 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
+	if (p.frag & IP_RF) {
+		int rc = frag_rest(skb, &p, c);
+		if (rc >= 0)
+			return rc;
+	}
+	frag_track(&p);
 	if (!is_l4(&p))
 		return TC_ACT_OK;
-	if (p.proto == IPPROTO_UDP && p.dport == c->vxlan_port)
-		return tunnel_in(skb, &p, c);
+	if (p.proto == IPPROTO_UDP && p.dport == c->vxlan_port) {
+		/* The tunnel's outer header is never cut by sluice; a fragment of it (an underlay
+		 * router fragmented it) cannot be unwrapped piecewise: the kernel's reassembly gets it. */
+		if (p.frag & (IP_MF | IP_OFFMASK))
+			return TC_ACT_OK;
+		/* The unwrapped ICMP error comes back in p (the outer header is not needed after). */
+		__be32 tun_src = p.src;
+		int rc = tunnel_in(skb, &p, c, &p);
+		if (rc != TUN_ICMP)
+			return rc;
+		/* Only errors about flows between this node and the sender travel the tunnel: the
+		 * backend's about a flow forwarded there, the ingress node's about a reply. */
+		rc = icmp_error(skb, &p, c, 1, tun_src);
+		if (rc < 0) {
+			count(C_DROP_MALFORMED);
+			return TC_ACT_SHOT;
+		}
+		return rc;
+	}
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
 	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &k);
 	if (v && v->type == CT_REV) {
@@ -1177,6 +1343,12 @@ int sl_from_wep(struct __sk_buff *skb)
 		int rc = icmp_error(skb, &p, c, 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
+	if (p.frag & IP_RF) {
+		int rc = frag_rest(skb, &p, c);
+		if (rc >= 0)
+			return rc;
+	}
+	frag_track(&p);
 	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
@@ -1193,7 +1365,7 @@ int sl_from_wep(struct __sk_buff *skb)
 			int rc = oversize(skb, &p, c, 0);
 			if (rc >= 0)
 				return rc;
-			return encap(skb, &p, c, peer);
+			return encap_out(skb, &p, c, peer);
 		}
 	}
 	return client_flow(skb, &p, c, &k, v, FROM_WEP);
@@ -1225,6 +1397,12 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 		int rc = icmp_error(skb, &p, c, 0, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
+	if (p.frag & IP_RF) {
+		int rc = frag_rest(skb, &p, c);
+		if (rc >= 0)
+			return rc;
+	}
+	frag_track(&p);
 	if (!is_l4(&p))
 		return TC_ACT_OK;
 	struct ct_key_v4 k = {.src = p.src, .dst = p.dst, .sport = p.sport, .dport = p.dport, .proto = p.proto};
@@ -1258,10 +1436,10 @@ static __always_inline int leaving(struct __sk_buff *skb, int host)
 		v->last_seen = bpf_ktime_get_ns();
 		tcp_track(v, &p, 1);
 		__be32 peer = v->nat_addr;
-		int rc = oversize(skb, &p, c, BPF_F_INGRESS);
+		int rc = oversize(skb, &p, c, 1);
 		if (rc >= 0)
 			return rc;
-		return encap(skb, &p, c, peer);
+		return encap_out(skb, &p, c, peer);
 	}
 	return TC_ACT_OK;
 }

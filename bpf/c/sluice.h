@@ -153,6 +153,21 @@ struct ct_val_v4 {
  * the reverse translation instead of staying inside its own namespace. */
 #define HAIRPIN_ADDR 0xa9fe2a01
 
+/* IP fragments: the ports of a datagram's first fragment, for its later fragments (which
+ * carry none), by the datagram as the fragments arrive at a hook. */
+struct frag_key_v4 {
+	__be32 src;
+	__be32 dst;
+	__be16 id;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct frag_val_v4 {
+	__be16 sport;
+	__be16 dport;
+};
+
 /* Global settings, one entry. */
 struct cfg {
 	__be32 host_ip;     /* this node's underlay address: outer source of tunnelled packets */
@@ -201,6 +216,7 @@ enum counter {
 	C_SOCK_NAT,           /* host sockets connected straight to a backend */
 	C_REJECT_SOCK,        /* host socket refused: no endpoint or unknown port */
 	C_CT_SUPERSEDED,      /* a new connection (a SYN) took a tuple from a closed or unrelated flow's state */
+	C_FRAG_SPLIT,         /* packets too large for the tunnel that may be fragmented, cut in two */
 	C_NUM,
 };
 

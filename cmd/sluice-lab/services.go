@@ -89,6 +89,32 @@ ports:
 - {name: echo, protocol: TCP, port: 8084}
 `
 
+// seedBig is a UDP echo service, cluster IP 10.96.0.24:7 and node port 30097, whose one
+// endpoint is web-b:7007.
+const seedBig = `apiVersion: v1
+kind: Service
+metadata: {name: big, namespace: seed}
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.24]
+  ports:
+  - {name: echo, protocol: UDP, port: 7, targetPort: 7007, nodePort: 30097}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: big-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: big}
+addressType: IPv4
+endpoints:
+- addresses: [10.65.0.65]
+  conditions: {ready: true}
+  nodeName: node-b
+ports:
+- {name: echo, protocol: UDP, port: 7007}
+`
+
 // seedDNS is a UDP service, cluster IP 10.96.0.23:53, whose one endpoint is addr:5353 on node.
 func seedDNS(addr, node string) string {
 	return `apiVersion: v1
@@ -159,6 +185,27 @@ func (l *lab) seed000() error {
 		out, err := nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 10"),
 			"10 of 10 connections with IP options to %s's node port reach web-b, which sees the client's own address: %s", n, oneLine(out))
+	}
+
+	l.step("UDP datagrams of 4,000 bytes, as IP fragments both ways, through a cluster IP and a node port")
+	if p, err := l.start(webB, "udp-echo web-b", false, l.tool(), "udp-echo", "10.65.0.65:7007"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("udp-echo on web-b: %v", err)
+	}
+	if err := l.apply("seed-big.yaml", seedBig); err != nil {
+		return err
+	}
+	_, _ = retry(10*time.Second, func() error {
+		_, err := nsRun(nsExt, l.tool(), "udp-big", nodeIPs["node-b"]+":30097", "100", "1")
+		return err
+	})
+	for _, c := range []struct{ ns, to, what string }{
+		{wlNS(l.workload("db-b")), "10.96.0.24:7", "db-b to the cluster IP, endpoint on its own node"},
+		{wlNS(l.workload("web-a")), "10.96.0.24:7", "web-a to the cluster IP, endpoint on node-b (tunnel)"},
+		{nsExt, nodeIPs["node-b"] + ":30097", "the outside client to node-b's node port, endpoint local"},
+		{nsExt, nodeIPs["node-a"] + ":30097", "the outside client to node-a's node port, endpoint on node-b (tunnel)"},
+	} {
+		out, err := nsRun(c.ns, l.tool(), "udp-big", c.to, "4000", "20")
+		l.check(err == nil, "%s: 20 datagrams of 4,000 bytes echoed whole: %s", c.what, oneLine(out))
 	}
 
 	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")

@@ -619,3 +619,59 @@ func toolTCPAskOpts(args []string) error {
 	}
 	return nil
 }
+
+// toolUDPEcho sends every datagram on addr back to its sender, until killed.
+func toolUDPEcho(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: udp-echo IP:PORT")
+	}
+	c, err := net.ListenPacket("udp4", args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Println("READY")
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		_, _ = c.WriteTo(buf[:n], from)
+	}
+}
+
+// toolUDPBig sends N datagrams of SIZE bytes to an echo server, one at a time, and counts
+// those that come back whole: larger than the MTU, they travel as IP fragments both ways.
+func toolUDPBig(args []string) error {
+	if len(args) != 3 {
+		return errors.New("usage: udp-big IP:PORT SIZE N")
+	}
+	size, err1 := strconv.Atoi(args[1])
+	n, err2 := strconv.Atoi(args[2])
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	c, err := net.Dial("udp4", args[0])
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	out, in := make([]byte, size), make([]byte, 65536)
+	echoed := 0
+	for i := range n {
+		for j := range out {
+			out[j] = byte(i + j)
+		}
+		_, _ = c.Write(out)
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		k, err := c.Read(in)
+		if err == nil && k == size && string(in[:k]) == string(out) {
+			echoed++
+		}
+	}
+	fmt.Println("echoed", echoed, "of", n)
+	if echoed != n {
+		return fmt.Errorf("%d of %d datagrams of %d bytes came back whole", echoed, n, size)
+	}
+	return nil
+}
