@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -66,6 +67,7 @@ type Attacher struct {
 	mode           AttachMode // tcx or tc, resolved
 	objs           *Objects
 	hostPattern    *regexp.Regexp
+	tunnels        []string // overlay devices: egress only (StageConfig.TunnelDevices)
 	cleanConflicts bool
 	links          map[Hook]link.Link
 	// filters are the hooks holding sluice's classic filter after the last Sync (tc mode).
@@ -116,7 +118,14 @@ func (a *Attacher) program(h Hook, wep bool) (*ebpf.Program, string) {
 	}
 }
 
-func (a *Attacher) pin(h Hook) string { return filepath.Join(a.dir, h.Iface+"_"+h.dir()) }
+func (a *Attacher) pin(h Hook) string { return filepath.Join(a.dir, pinSafe(h.Iface)+"_"+h.dir()) }
+
+// pinSafe escapes an interface name for a bpffs file name, which may not hold a dot (bpffs
+// refuses it: EPERM) while interface names may: VLAN devices (eth0.100), sluice's own
+// vxlan.sluice. '%' and '.' become %25 and %2e, so no two names meet.
+func pinSafe(iface string) string {
+	return strings.NewReplacer("%", "%25", ".", "%2e").Replace(iface)
+}
 
 // isHookPin says whether a pin under the link directory is an interface hook's.
 func isHookPin(name string) bool {
@@ -140,6 +149,8 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = true
 		case a.hostPattern != nil && a.hostPattern.MatchString(name):
 			want[Hook{Iface: name, Ifindex: attrs.Index}] = false
+			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = false
+		case slices.Contains(a.tunnels, name):
 			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = false
 		}
 	}

@@ -121,7 +121,7 @@ func TestICMPErrorFromLocalBackend(t *testing.T) {
 
 	q := tpUDPFrame(tpMACPodA7, tpMACWepA1, client, front, []byte("query"))
 	rc, out := a.fromWep("wep1", q)
-	tpWant(t, rc, out, tpOK, tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod))
+	tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
 	sent := ieIP(out) // the datagram as the backend got it
 
 	// The backend quotes the whole datagram, as Linux does; the error reaches the client from
@@ -138,7 +138,7 @@ func TestICMPErrorFromLocalBackend(t *testing.T) {
 	// TCP: a reset would be usual, but an error quoting a segment is translated the same way.
 	syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tpPodA7, 33333), netip.AddrPortFrom(vip, 80), tpSYN, 7000, 0, nil)
 	rc, out = a.fromWep("wep1", syn)
-	tpWantVerdict(t, rc, tpOK)
+	tpWantVerdict(t, rc, tpRedirect)
 	sent = ieIP(out)
 	unr = ieAbout(tpMACPodA5, tpMACWepA0, tpPodA5, tpPodA7, ieUnreach, iePortUnr, 0, sent, 0)
 	rc, out = a.fromWep("wep0", unr)
@@ -160,7 +160,7 @@ func TestICMPErrorNodePortLocal(t *testing.T) {
 	q := tpUDPFrame(tpMACEdge, tpMACA1, client, front, []byte("ping"))
 	rc, out := a.fromHost("nic1", q)
 	tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
-	rev := a.wantCT(tpKey(pod, client, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect,
+	rev := a.wantCT(tpKey(pod, client, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), NatPort: tpP(30080), NatSport: tpP(41000),
 		MacLocal: tpMACA1, MacPeer: tpMACEdge})
 	sent := ieIP(out)
@@ -255,7 +255,7 @@ func TestICMPErrorFromRouter(t *testing.T) {
 	setup := func(t *testing.T) (*tpNode, tpFrame, []byte) {
 		a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 		a.frontend(vip, 443, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
-		a.backends(1, tpBackend(far, tpNodeA, true))
+		a.backends(1, tpRoutedBackend(far)) // on no node: the kernel routes it
 		data := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpSYN, 1000, 0, make([]byte, 1400))
 		rc, out := a.fromWep("wep1", data)
 		tpWant(t, rc, out, tpOK, tpNAT(data, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, far))
@@ -316,7 +316,7 @@ func TestICMPErrorAboutReply(t *testing.T) {
 		wc := netip.AddrPortFrom(tpPodA7, 40053)
 		dns := netip.AddrPortFrom(vip, 53)
 		rc, _ = a.fromWep("wep1", tpUDPFrame(tpMACPodA7, tpMACWepA1, wc, dns, []byte("query")))
-		tpWantVerdict(t, rc, tpOK)
+		tpWantVerdict(t, rc, tpRedirect)
 		r = tpUDPFrame(tpMACPodA5, tpMACWepA0, pod, wc, []byte("answer"))
 		rc, out = a.fromWep("wep0", r)
 		tpWant(t, rc, out, tpRedirect, tpNAT(r, tpMACWepA1, tpMACPodA7, dns, netip.AddrPort{}))
@@ -382,7 +382,7 @@ func TestICMPNotOurs(t *testing.T) {
 	a.backends(1, tpBackend(tpAP("10.65.0.5:5353"), tpNodeA, true))
 	// A live flow, so that the tables are not empty.
 	rc, _ := a.fromWep("wep1", tpUDPFrame(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tpPodA7, 40053), netip.AddrPortFrom(vip, 53), []byte("q")))
-	tpWantVerdict(t, rc, tpOK)
+	tpWantVerdict(t, rc, tpRedirect)
 
 	other := ieIP(tpUDPFrame(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tpPodA7, 40054), tpAP("10.65.0.5:5353"), []byte("q")).build())
 	echo := tpFrame{Dst: tpMACWepA1, Src: tpMACPodA7, IP: tpIPv4{TTL: 64, Proto: tpProtoICMP, Src: tpPodA7, Dst: vip},

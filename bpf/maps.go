@@ -50,6 +50,7 @@ const (
 	ConntrackRemote   = 1 << 0
 	ConntrackRedirect = 1 << 1
 	ConntrackPSNAT    = 1 << 2
+	ConntrackLocal    = 1 << 3 // the backend is a workload on this node
 
 	TCPSyn     = 1 << 0
 	TCPReplied = 1 << 1

@@ -122,7 +122,7 @@ func ConntrackFlagNames(f uint8) []string {
 	for _, b := range []struct {
 		bit  uint8
 		name string
-	}{{ConntrackRemote, "forwarded"}, {ConntrackRedirect, "redirect"}, {ConntrackPSNAT, "psnat"}} {
+	}{{ConntrackRemote, "forwarded"}, {ConntrackRedirect, "redirect"}, {ConntrackPSNAT, "psnat"}, {ConntrackLocal, "local"}} {
 		if f&b.bit != 0 {
 			out = append(out, b.name)
 		}

@@ -72,7 +72,17 @@ func TestProgFragments(t *testing.T) {
 		q := tpUDPFrame(tpMACPodA7, tpMACWepA1, client, front, frPayload(4000))
 		q.IP.ID = 0x1234
 		frags := tpFragments(q, frSize)
-		outs := frRun(t, frags, tpOK, func(b []byte) (uint32, []byte) { return a.runBytes(a.o.SlFromWep, "wep1", false, b) })
+		// Sent through the FIB to the endpoint's interface: each fragment gets its MACs.
+		wantToPod := func(outs [][]byte) {
+			t.Helper()
+			for i, o := range outs {
+				if f := tpDecodeOK(t, o); f.Src != tpMACWepA0 || f.Dst != tpMACPodA5 {
+					t.Errorf("fragment %d sent %v>%v, want %v>%v", i, f.Src, f.Dst, tpMACWepA0, tpMACPodA5)
+				}
+			}
+		}
+		outs := frRun(t, frags, tpRedirect, func(b []byte) (uint32, []byte) { return a.runBytes(a.o.SlFromWep, "wep1", false, b) })
+		wantToPod(outs)
 		frWantDatagram(t, tpReassemble(t, outs), client, pod, q.Payload)
 		// The answer, fragmented by the endpoint: every fragment back from the frontend.
 		r := tpUDPFrame(tpMACPodA5, tpMACWepA0, pod, client, frPayload(3500))
@@ -83,7 +93,8 @@ func TestProgFragments(t *testing.T) {
 		// has no ports to go by and passes on as it is).
 		frags = tpFragments(q, frSize)
 		frags[1], frags[2] = frags[2], frags[1]
-		outs = frRun(t, frags, tpOK, func(b []byte) (uint32, []byte) { return a.runBytes(a.o.SlFromWep, "wep1", false, b) })
+		outs = frRun(t, frags, tpRedirect, func(b []byte) (uint32, []byte) { return a.runBytes(a.o.SlFromWep, "wep1", false, b) })
+		wantToPod(outs)
 		frWantDatagram(t, tpReassemble(t, outs), client, pod, q.Payload)
 		other := tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPortFrom(tpPodA7, 40054), netip.AddrPort{})
 		other.IP.ID = 0x7777

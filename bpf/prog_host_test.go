@@ -28,7 +28,7 @@ func TestProgHostBackend(t *testing.T) {
 		rc, out := a.fromHost("nic1", syn)
 		tpWant(t, rc, out, tpOK, tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, host))
 		revKey := tpKey(host, client, tpProtoTCP)
-		revWant := sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect, Tcp: tpTCPSyn, Ifindex: uint32(a.ifindex["nic1"]),
+		revWant := sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal, Tcp: tpTCPSyn, Ifindex: uint32(a.ifindex["nic1"]),
 			NatAddr: tpA(tpEdgeA), NatPort: tpP(30080), NatSport: tpP(40000), MacLocal: tpMACA1, MacPeer: tpMACEdge}
 		a.wantCT(revKey, revWant)
 

@@ -47,7 +47,7 @@ func TestProgIPOptions(t *testing.T) {
 		client := netip.AddrPortFrom(tpPodA7, 40053)
 		q := ioWith(tpUDPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip, 53), []byte("query")))
 		rc, out := a.fromWep("wep1", q)
-		tpWant(t, rc, out, tpOK, tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, tpAP("10.65.0.5:5353")))
+		tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, tpAP("10.65.0.5:5353")))
 		// The backend's port unreachable quoting the datagram with its options reaches the
 		// client as about the datagram it sent.
 		sent := ieIP(out)

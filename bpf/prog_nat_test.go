@@ -27,16 +27,16 @@ func TestProgUDPReplied(t *testing.T) {
 
 		q := tpUDPFrame(tpMACPodA7, tpMACWepA1, answered, dns, []byte("query"))
 		rc, out := a.fromWep("wep1", q)
-		tpWant(t, rc, out, tpOK, tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod))
+		tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
 		revKey := tpKey(pod, answered, tpProtoUDP)
-		rev := a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
+		rev := a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
 		if got := DefaultTimeouts.Idle(ProtoUDP, rev.Tcp); got != DefaultTimeouts.UDP {
 			t.Errorf("an unanswered flow's timeout is %v, want %v", got, DefaultTimeouts.UDP)
 		}
 		r := tpUDPFrame(tpMACPodA5, tpMACWepA0, pod, answered, []byte("answer"))
 		rc, out = a.fromWep("wep0", r)
 		tpWant(t, rc, out, tpRedirect, tpNAT(r, tpMACWepA1, tpMACPodA7, dns, netip.AddrPort{}))
-		rev = a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
+		rev = a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
 		if got := DefaultTimeouts.Idle(ProtoUDP, rev.Tcp); got != DefaultTimeouts.UDPStream {
 			t.Errorf("an answered flow's timeout is %v, want %v", got, DefaultTimeouts.UDPStream)
 		}
@@ -45,12 +45,12 @@ func TestProgUDPReplied(t *testing.T) {
 		}
 		// The client's next datagram keeps the mark.
 		rc, _ = a.fromWep("wep1", q)
-		tpWantVerdict(t, rc, tpOK)
-		rev = a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
+		tpWantVerdict(t, rc, tpRedirect)
+		rev = a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40053)})
 
 		q2 := tpUDPFrame(tpMACPodA7, tpMACWepA1, unanswered, dns, []byte("query"))
 		rc, _ = a.fromWep("wep1", q2)
-		tpWantVerdict(t, rc, tpOK)
+		tpWantVerdict(t, rc, tpRedirect)
 		seen2, _ := a.ct(tpKey(pod, unanswered, tpProtoUDP))
 
 		// The cleaner, 60 s after the last packet of each: the answered flow stays, the
@@ -75,10 +75,10 @@ func TestProgUDPReplied(t *testing.T) {
 		// A reply reaching the client only through sl_to_wep marks the flow the same way.
 		r2 := tpUDPFrame(tpMACWepA1, tpMACPodA7, pod, unanswered, []byte("answer"))
 		rc, _ = a.fromWep("wep1", q2)
-		tpWantVerdict(t, rc, tpOK)
+		tpWantVerdict(t, rc, tpRedirect)
 		rc, out = a.toWep("wep1", r2)
 		tpWant(t, rc, out, tpOK, tpNAT(r2, tpZeroMAC, tpZeroMAC, dns, netip.AddrPort{}))
-		a.wantCT(tpKey(pod, unanswered, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40054)})
+		a.wantCT(tpKey(pod, unanswered, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53), NatSport: tpP(40054)})
 	})
 
 	t.Run("tunnelled", func(t *testing.T) {
@@ -235,8 +235,8 @@ func TestProgHairpin(t *testing.T) {
 		toPod := tpNAT(syn, tpMACWepA0, tpMACPodA5, hpClient, pod)
 		tpWant(t, rc, out, tpRedirect, toPod)
 		fwdKey, revKey := tpKey(client, front, tpProtoTCP), tpKey(pod, hpClient, tpProtoTCP)
-		fwd := a.wantCT(fwdKey, sluiceCtValV4{Type: tpCtFwd, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(40000), NatSaddr: tpA(hp)})
-		revWant := sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(40000), NatSaddr: tpA(tpPodA5)}
+		fwd := a.wantCT(fwdKey, sluiceCtValV4{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(40000), NatSaddr: tpA(hp)})
+		revWant := sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(40000), NatSaddr: tpA(tpPodA5)}
 		rev := a.wantCT(revKey, revWant)
 		if PairKey(fwdKey, fwd) != revKey || PairKey(revKey, rev) != fwdKey {
 			t.Errorf("pair keys %+v and %+v, want %+v and %+v", PairKey(fwdKey, fwd), PairKey(revKey, rev), revKey, fwdKey)
@@ -305,9 +305,9 @@ func TestProgHairpin(t *testing.T) {
 			t.Fatalf("second flow's source port %d, want one of %d-%d", sport, tpPsnatMin, tpPsnatMax)
 		}
 		tpWant(t, rc, out, tpRedirect, tpNAT(syn2, tpMACWepA0, tpMACPodA5, netip.AddrPortFrom(hp, sport), pod))
-		a.wantCT(tpKey(client, netip.AddrPortFrom(vip2, 80), tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtPsnat,
+		a.wantCT(tpKey(client, netip.AddrPortFrom(vip2, 80), tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtPsnat | tpCtLocal,
 			NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(sport), NatSaddr: tpA(hp)})
-		a.wantCT(tpKey(pod, netip.AddrPortFrom(hp, sport), tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtPsnat, Tcp: tpTCPSyn,
+		a.wantCT(tpKey(pod, netip.AddrPortFrom(hp, sport), tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtPsnat | tpCtLocal, Tcp: tpTCPSyn,
 			NatAddr: tpA(vip2), NatPort: tpP(80), NatSport: tpP(40000), NatSaddr: tpA(tpPodA5)})
 		synack := tpTCPFrame(tpMACPodA5, tpMACWepA0, pod, netip.AddrPortFrom(hp, sport), tpSYN|tpACK, 1, 2, nil)
 		rc, out = a.fromWep("wep0", synack)
@@ -319,10 +319,10 @@ func TestProgHairpin(t *testing.T) {
 		other := netip.AddrPortFrom(tpPodA7, 33333)
 		syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, other, front, tpSYN, 1, 0, nil)
 		rc, out := a.fromWep("wep1", syn)
-		tpWant(t, rc, out, tpOK, tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod))
+		tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
 		fwdKey, revKey := tpKey(other, front, tpProtoTCP), tpKey(pod, other, tpProtoTCP)
-		fwd := a.wantCT(fwdKey, sluiceCtValV4{Type: tpCtFwd, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(33333)})
-		rev := a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
+		fwd := a.wantCT(fwdKey, sluiceCtValV4{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(33333)})
+		rev := a.wantCT(revKey, sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
 		if fwd.NatSaddr != 0 || rev.NatSaddr != 0 || PairKey(fwdKey, fwd) != revKey || PairKey(revKey, rev) != fwdKey {
 			t.Errorf("a flow of another workload: forward %+v, reverse %+v", fwd, rev)
 		}
@@ -364,7 +364,7 @@ func TestProgHairpin(t *testing.T) {
 		rc, out = a.fromWep("wep0", r)
 		asGot := tpNAT(r, tpMACWepA0, tpMACPodA5, dns, uclient)
 		tpWant(t, rc, out, tpRedirect, asGot)
-		a.wantCT(tpKey(be, hpClient, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53),
+		a.wantCT(tpKey(be, hpClient, tpProtoUDP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPReplied, NatAddr: tpA(vip), NatPort: tpP(53),
 			NatSport: tpP(40053), NatSaddr: tpA(tpPodA5)})
 		got2 := ieIP(out)
 		unr = ieAbout(tpMACPodA5, tpMACWepA0, tpPodA5, vip, ieUnreach, iePortUnr, 0, got2, 0)

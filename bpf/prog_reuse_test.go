@@ -159,7 +159,7 @@ func TestProgRSTTalkedPast(t *testing.T) {
 		t.Helper()
 		f := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, flags, 1, 1, nil)
 		rc, out := a.fromWep("wep1", f)
-		tpWant(t, rc, out, tpOK, tpNAT(f, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, x))
+		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
 	}
 	fromX := func(flags uint8) {
 		t.Helper()

@@ -56,6 +56,7 @@ const (
 	tpCtRemote   = ConntrackRemote
 	tpCtRedirect = ConntrackRedirect
 	tpCtPsnat    = ConntrackPSNAT
+	tpCtLocal    = ConntrackLocal
 
 	tpTCPSyn     = TCPSyn
 	tpTCPReplied = TCPReplied
@@ -697,7 +698,7 @@ func TestProgHeaderConstants(t *testing.T) {
 		"FE_SRC_RANGES": tpFeSrcRanges, "FE_ADDR_ONLY": tpFeAddrOnly, "FE_NODE_PORT": tpFeNodePort,
 		"BE_LOCAL": tpBeLocal, "BE_ROUTED": tpBeRouted, "CNET_POOL": tpCnetPool, "CNET_HOST": tpCnetHost, "CNET_SELF": tpCnetSelf,
 		"CT_FWD": tpCtFwd, "CT_REV": tpCtRev, "CT_TUN": tpCtTun, "CT_F_REMOTE": tpCtRemote,
-		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
+		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "CT_F_LOCAL": tpCtLocal, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
 		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst,
 		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev} {
 		if got, ok := defines[name]; !ok || got != v {
@@ -771,8 +772,8 @@ func TestProgNodePortLocalBackend(t *testing.T) {
 	syn.TCP.Options = []byte{2, 4, 5, 0xb4} // MSS 1460
 	rc, out := a.fromHost("nic1", syn)
 	tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
-	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(40000)})
-	a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect, Tcp: tpTCPSyn,
+	a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(40000)})
+	a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal, Tcp: tpTCPSyn,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), NatPort: tpP(30080), NatSport: tpP(40000),
 		MacLocal: tpMACA1, MacPeer: tpMACEdge})
 
@@ -781,7 +782,7 @@ func TestProgNodePortLocalBackend(t *testing.T) {
 	synack := tpTCPFrame(tpMACPodA5, tpMACWepA0, pod, client, tpSYN|tpACK, 5000, 1001, nil)
 	rc, out = a.fromWep("wep0", synack)
 	tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, netip.AddrPort{}))
-	rev := a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect, Tcp: tpTCPSyn | tpTCPReplied,
+	rev := a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), NatPort: tpP(30080), NatSport: tpP(40000),
 		MacLocal: tpMACA1, MacPeer: tpMACEdge})
 
@@ -829,9 +830,9 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		pod := netip.AddrPortFrom(tpPodA5, 8080)
 		syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpSYN, 7000, 0, nil)
 		rc, out := a.fromWep("wep1", syn)
-		tpWant(t, rc, out, tpOK, tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod))
-		a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(33333)})
-		a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
+		tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
+		a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tpA(tpPodA5), NatPort: tpP(8080), NatSport: tpP(33333)})
+		a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
 		// The backend's answer is translated back as it leaves the backend's interface and
 		// sent straight to the client's interface through the FIB.
 		synack := tpTCPFrame(tpMACPodA5, tpMACWepA0, pod, client, tpSYN|tpACK, 9000, 7001, nil)
@@ -841,7 +842,7 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		dns := netip.AddrPortFrom(vip, 53)
 		q := tpUDPFrame(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tpPodA7, 40053), dns, []byte("query"))
 		rc, out = a.fromWep("wep1", q)
-		tpWant(t, rc, out, tpOK, tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, netip.AddrPortFrom(tpPodA5, 5353)))
+		tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, netip.AddrPortFrom(tpPodA5, 5353)))
 		r := tpUDPFrame(tpMACPodA5, tpMACWepA0, netip.AddrPortFrom(tpPodA5, 5353), netip.AddrPortFrom(tpPodA7, 40053), []byte("answer"))
 		rc, out = a.fromWep("wep0", r)
 		tpWant(t, rc, out, tpRedirect, tpNAT(r, tpMACWepA1, tpMACPodA7, dns, netip.AddrPort{}))
@@ -849,7 +850,7 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		q.UDP.ZeroCheck = true
 		q.UDP.Sport = 40054
 		rc, out = a.fromWep("wep1", q)
-		tpWant(t, rc, out, tpOK, tpNAT(q, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, netip.AddrPortFrom(tpPodA5, 5353)))
+		tpWant(t, rc, out, tpRedirect, tpNAT(q, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, netip.AddrPortFrom(tpPodA5, 5353)))
 		a.wantCounters(map[int]uint64{tpCNatNew: 3, tpCRevNat: 2})
 	})
 
@@ -868,7 +869,7 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		synack := tpTCPFrame(tpMACWepA1, tpMACPodA7, host, client, tpSYN|tpACK, 9000, 7001, nil)
 		rc, out = a.toWep("wep1", synack)
 		tpWant(t, rc, out, tpOK, tpNAT(synack, tpZeroMAC, tpZeroMAC, front, netip.AddrPort{}))
-		a.wantCT(tpKey(host, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPSyn | tpTCPReplied, NatAddr: tpA(api), NatPort: tpP(443), NatSport: tpP(33333)})
+		a.wantCT(tpKey(host, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied, NatAddr: tpA(api), NatPort: tpP(443), NatSport: tpP(33333)})
 		// Traffic that is no reply passes untouched.
 		other := tpTCPFrame(tpMACWepA1, tpMACPodA7, netip.AddrPortFrom(tpNodeA, 22), client, tpACK, 1, 1, nil)
 		rc, out = a.toWep("wep1", other)
@@ -1487,7 +1488,7 @@ func TestProgConntrackCleaner(t *testing.T) {
 	open := func(sport uint16) (fwd, rev sluiceCtKeyV4) {
 		c := netip.AddrPortFrom(tpPodA7, sport)
 		rc, _ := a.fromWep("wep1", tpTCPFrame(tpMACPodA7, tpMACWepA1, c, front, tpSYN, 1, 0, nil))
-		tpWantVerdict(t, rc, tpOK)
+		tpWantVerdict(t, rc, tpRedirect)
 		return tpKey(c, front, tpProtoTCP), tpKey(pod, c, tpProtoTCP)
 	}
 	fwd1, rev1 := open(30001)
@@ -1562,7 +1563,7 @@ func TestProgClosedTupleReuse(t *testing.T) {
 				t.Helper()
 				f := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, flags, 1, 1, nil)
 				rc, out := a.fromWep("wep1", f)
-				tpWant(t, rc, out, tpOK, tpNAT(f, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, x))
+				tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
 			}
 			fromX := func(flags uint8) {
 				t.Helper()
@@ -1590,10 +1591,10 @@ func TestProgClosedTupleReuse(t *testing.T) {
 			// A SYN on the closed tuple: the new endpoint, fresh state.
 			syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpSYN, 500, 0, nil)
 			rc, out := a.fromWep("wep1", syn)
-			tpWant(t, rc, out, tpOK, tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, y))
+			tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA2, tpMACPodA6, netip.AddrPort{}, y))
 			a.wantNoCT(tpKey(x, client, tpProtoTCP))
-			a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, NatAddr: tpA(tpPodA6), NatPort: tpP(8080), NatSport: tpP(33333)})
-			a.wantCT(tpKey(y, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
+			a.wantCT(tpKey(client, front, tpProtoTCP), sluiceCtValV4{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tpA(tpPodA6), NatPort: tpP(8080), NatSport: tpP(33333)})
+			a.wantCT(tpKey(y, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn, NatAddr: tpA(vip), NatPort: tpP(80), NatSport: tpP(33333)})
 			if n := a.ctLen(); n != 2 {
 				t.Errorf("%d conntrack entries, want 2", n)
 			}
@@ -1615,11 +1616,11 @@ func TestProgSharedBackendTuple(t *testing.T) {
 	a.backends(1, tpBackend(x, tpNodeA, true))
 	f1 := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip1, 80), tpSYN, 1, 0, nil)
 	rc, out := a.fromWep("wep1", f1)
-	tpWant(t, rc, out, tpOK, tpNAT(f1, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, x))
+	tpWant(t, rc, out, tpRedirect, tpNAT(f1, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
 	f2 := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, netip.AddrPortFrom(vip2, 80), tpSYN, 1, 0, nil)
 	rc, _ = a.fromWep("wep1", f2)
-	if rc != tpOK {
-		t.Fatalf("second flow: verdict %d, want %d", rc, tpOK)
+	if rc != tpRedirect {
+		t.Fatalf("second flow: verdict %d, want %d", rc, tpRedirect)
 	}
 	fwd2, ok := a.ct(tpKey(client, netip.AddrPortFrom(vip2, 80), tpProtoTCP))
 	if !ok || fwd2.Flags&tpCtPsnat == 0 {

@@ -23,6 +23,12 @@ type StageConfig struct {
 	PinDir         string
 	Sizes          MapSizes
 	HostInterfaces *regexp.Regexp
+	// TunnelDevices are the overlay's VXLAN devices (the routes' own): their egress gets the
+	// host program too, so that a host-networked endpoint's answer routed into the overlay
+	// (to a pod client on another node) still goes back through the service tunnel to the
+	// flow's ingress node, as its request came, and never meets that node's forwarding path
+	// (whose conntrack, having seen no request, would call it INVALID).
+	TunnelDevices  []string
 	CleanConflicts bool
 	Services       Config
 	// TunnelMTU 0 means the MTU of the interface holding the node's address, less 50.
@@ -138,6 +144,9 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		cfg.OnResized(objs.Resized)
 	}
 	att, err := NewAttacher(cfg.PinDir, mode, objs, cfg.HostInterfaces, cfg.CleanConflicts)
+	if att != nil {
+		att.tunnels = cfg.TunnelDevices
+	}
 	if err != nil {
 		objs.Close()
 		return nil, &StartError{"attach", err}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -518,7 +519,7 @@ func (e *stEnv) wantPinnedHooks(want map[string][]string) map[string]link.ID {
 	for h := range want {
 		iface, dir, _ := strings.Cut(h, " ")
 		ps := e.hook(iface, dir == "egress")
-		pin := iface + "_" + dir
+		pin := pinSafe(iface) + "_" + dir
 		if len(ps) != 1 {
 			e.t.Errorf("%s runs %d programs", h, len(ps))
 			continue
@@ -1834,5 +1835,37 @@ func TestStageUDPEndpointSwap(t *testing.T) {
 		if v.Type == ConntrackRev && HostAddr(k.Src) == stPodA {
 			t.Errorf("a flow to the removed endpoint stayed: %v %+v", k, v)
 		}
+	}
+}
+
+// An interface whose name has a dot (a VLAN device, eth0.100; sluice's own vxlan.sluice) gets
+// its programs and pins like any other (bpffs refuses dots in file names: the pins' names
+// escape them), and the overlay's VXLAN devices get the host program on egress only.
+func TestStageDottedAndTunnelInterfaces(t *testing.T) {
+	e := stNewEnv(t)
+	e.hostIface("eth2.7", "203.0.113.7/24")
+	e.hostIface("vxlan.t", "203.0.114.7/24") // stands for the overlay device
+	cfg := stConfig(e.pin)
+	cfg.TunnelDevices = []string{"vxlan.t"}
+	s, _ := e.start(cfg)
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	want := maps.Clone(stStandardHooks)
+	want["eth2.7 ingress"] = []string{"sl_from_host"}
+	want["eth2.7 egress"] = []string{"sl_to_host"}
+	want["vxlan.t egress"] = []string{"sl_to_host"}
+	e.wantHooks(want)
+	e.wantPinnedHooks(want)
+	if stMode(t) == AttachTC {
+		return // classic tc filters have no pins
+	}
+	pins := e.linkPins()
+	for _, p := range []string{"eth2%2e7_ingress", "eth2%2e7_egress", "vxlan%2et_egress"} {
+		if _, ok := pins[p]; !ok {
+			t.Errorf("no link pin %s among %v", p, pins)
+		}
+	}
+	if pinSafe("a%2eb") == pinSafe("a.b") {
+		t.Error("pin names of a%2eb and a.b meet")
 	}
 }

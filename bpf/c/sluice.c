@@ -868,6 +868,8 @@ static __noinline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg 
 		flags |= CT_F_REMOTE;
 	if (sport != p->sport)
 		flags |= CT_F_PSNAT;
+	if (be.flags & BE_LOCAL)
+		flags |= CT_F_LOCAL;
 	struct ct_val_v4 rev = {.created = now, .last_seen = now, .type = CT_REV, .flags = flags, .nat_addr = p->dst,
 				.nat_port = p->dport, .nat_sport = p->sport};
 	if (hairpin)
@@ -922,8 +924,12 @@ static __noinline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg 
 	}
 	/* A hairpin packet goes straight back to the workload's interface: to the kernel's
 	 * forwarding it is a link-local source coming in from a workload, which a strict
-	 * rp_filter drops. */
-	if (from == FROM_HOST || hairpin)
+	 * rp_filter drops. A workload's flow to a workload here goes the same way: its replies
+	 * are sent around the kernel's forwarding path (reply), so the requests must be too, or
+	 * conntrack, seeing one direction only, calls the client's ACKs INVALID and firewalls that
+	 * drop those (kube-proxy's KUBE-FORWARD) break the flow. A routed endpoint's flow (on no
+	 * node) keeps the kernel's path: outgoing NAT may have to masquerade it. */
+	if (from == FROM_HOST || hairpin || (be.flags & BE_LOCAL))
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }
@@ -953,7 +959,7 @@ static __always_inline int forward(struct __sk_buff *skb, struct pkt *p, struct 
 	}
 	if (remote)
 		return encap_out(skb, p, c, fwd->tun_addr);
-	if (from == FROM_HOST || fwd->nat_saddr)
+	if (from == FROM_HOST || fwd->nat_saddr || (fwd->flags & CT_F_LOCAL))
 		return fib_out(skb, p->src, p->dst, 1);
 	return TC_ACT_OK;
 }

@@ -112,6 +112,7 @@ struct ct_key_v4 {
 #define CT_F_REMOTE    (1 << 0) /* forwarded to the backend's node through the tunnel */
 #define CT_F_REDIRECT  (1 << 1) /* REV: replies leave by ifindex with macs (came in from outside) */
 #define CT_F_PSNAT     (1 << 2) /* the source port was rewritten to nat_sport */
+#define CT_F_LOCAL     (1 << 3) /* the backend is a workload on this node */
 
 /* TCP state bits, kept in REV and TUN entries. Flows of other protocols (UDP) keep
  * TCP_REPLIED only: an answered one gets the longer timeout, as the kernel's "stream". */

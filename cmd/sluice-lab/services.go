@@ -161,6 +161,14 @@ func (l *lab) seed000() error {
 	if err := l.apply("seed-services.yaml", seedServices); err != nil {
 		return err
 	}
+	// Every node drops conntrack-INVALID packets in forward, input and output, as
+	// kube-proxy's KUBE-FORWARD and most host firewalls do: every service path below must
+	// work with it.
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		if _, err := nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "add"); err != nil {
+			return fmt.Errorf("firewall on %s: %v", n, err)
+		}
+	}
 	// node-a becomes multi-homed: its default route now leads out of eth1 to a gateway
 	// that knows no client; replies must still leave by eth0, where requests come in.
 	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "replace", "default", "via", "192.168.30.254", "dev", "eth1"); err != nil {
@@ -209,8 +217,13 @@ func (l *lab) seed000() error {
 	}
 
 	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")
-	// sl-client routes pod addresses through node-a: the second connection passes node-a and
-	// reaches web-b by node-b, which must answer it as itself, not through the closed flow.
+	// The second connection goes straight to web-b's node (a route of the client's own, so
+	// that both directions pass node-b, as the firewall below wants), which must answer it as
+	// web-b itself, not through the closed flow's state.
+	if _, err := sh("ip", "-n", nsClient, "route", "add", "10.65.0.64/26", "via", nodeIPs["node-b"]); err != nil {
+		return err
+	}
+	defer func() { _, _ = sh("ip", "-n", nsClient, "route", "del", "10.65.0.64/26") }()
 	for i, how := range []string{"fin", "rst"} {
 		port := strconv.Itoa(47001 + i)
 		out, err := nsRun(nsClient, l.tool(), "tcp-reuse", nodeIPs["node-a"]+":30092", "10.65.0.65:8082", how, port)
@@ -318,7 +331,7 @@ func (l *lab) seed000() error {
 	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "from inside the cluster (web-a) the same node port on node-a is treated as Cluster: %s", oneLine(out))
 
 	l.step("cluster IPs from workloads; unknown ports rejected at once")
-	for _, w := range []string{"web-a", "web-c", "db-a"} {
+	for _, w := range []string{"web-a", "web-c", "db-a", "db-b"} {
 		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
 			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
@@ -387,6 +400,11 @@ func (l *lab) seed000() error {
 	l.check(answered && swapped < time.Second, "after web-b was replaced by web-c, the resolver's next answers come from web-c within a second (%v; cleanup runs every 2 s)", swapped.Round(10*time.Millisecond))
 	_ = resolver.stdin.Close()
 	<-resolver.done
+
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		out, _ := nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "count")
+		fmt.Fprintf(l.out, "%s's firewall dropped as conntrack-INVALID: %s\n", n, strings.TrimSpace(out))
+	}
 
 	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
 	stream, err = l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")

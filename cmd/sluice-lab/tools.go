@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"io"
 	"net"
 	"net/http"
@@ -674,4 +675,52 @@ func toolUDPBig(args []string) error {
 		return fmt.Errorf("%d of %d datagrams of %d bytes came back whole", echoed, n, size)
 	}
 	return nil
+}
+
+// toolNftDropInvalid adds (add) a table "lab-firewall" that drops conntrack-INVALID packets in
+// the forward, input and output hooks, as kube-proxy's KUBE-FORWARD and most host firewalls
+// do, or prints (count) how many packets it dropped.
+func toolNftDropInvalid(args []string) error {
+	if len(args) != 1 || (args[0] != "add" && args[0] != "count") {
+		return errors.New("usage: nft-drop-invalid add|count")
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyINet, Name: "lab-firewall"}
+	hooks := map[string]*nftables.ChainHook{"forward": nftables.ChainHookForward, "input": nftables.ChainHookInput, "output": nftables.ChainHookOutput}
+	if args[0] == "count" {
+		total := uint64(0)
+		for name := range hooks {
+			rules, err := c.GetRules(table, &nftables.Chain{Name: name, Table: table})
+			if err != nil {
+				return err
+			}
+			for _, r := range rules {
+				for _, e := range r.Exprs {
+					if ctr, ok := e.(*expr.Counter); ok {
+						total += ctr.Packets
+					}
+				}
+			}
+		}
+		fmt.Println("dropped", total)
+		return nil
+	}
+	c.AddTable(table)
+	accept := nftables.ChainPolicyAccept
+	for name, hook := range hooks {
+		ch := c.AddChain(&nftables.Chain{Name: name, Table: table, Type: nftables.ChainTypeFilter, Hooknum: hook,
+			Priority: nftables.ChainPriorityFilter, Policy: &accept})
+		c.AddRule(&nftables.Rule{Table: table, Chain: ch, Exprs: []expr.Any{
+			&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitINVALID), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+			&expr.Counter{},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}})
+	}
+	return c.Flush()
 }

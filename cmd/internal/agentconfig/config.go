@@ -442,6 +442,7 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 	}
 	c.BPF.Services.NodeName = c.NodeName
 	c.BPF.Services.VXLANPort = uint16(c.DP.VXLAN.Port)
+	c.BPF.TunnelDevices = []string{c.Calc.VXLANDevice, c.Calc.VXLANDeviceV6}
 	c.BPF.CleanConflicts = c.DP.CleanConflicts
 	if c.BPF.Services.VNI == uint32(c.DP.VXLAN.VNI) {
 		return nil, fmt.Errorf("options nodeport-vni and vxlan-vni are both %d: node-port forwarding needs a VNI of its own", c.DP.VXLAN.VNI)
