@@ -82,6 +82,8 @@ type Stage struct {
 	// running: programs run on the maps (this stage attached them, or a previous run's
 	// links were pinned at start). Only Apply touches it.
 	running bool
+	// mtuProblem says why the tunnel MTU option was not used (empty when it was, or unset).
+	mtuProblem string
 
 	mu        sync.Mutex
 	conflicts map[string]bool
@@ -316,9 +318,24 @@ func (s *Stage) apply(hooks bool) (int, error) {
 	before := s.Svc.Stats().Writes
 	if ip := s.Svc.HostIP(); ip != s.hostIP {
 		s.hostIP = ip
-		if s.cfg.TunnelMTU == 0 {
-			if mtu, err := mtuOf(ip); err == nil {
+		s.mtuProblem = ""
+		if mtu, err := mtuOf(ip); err != nil {
+			if s.cfg.TunnelMTU > 0 {
+				s.Svc.SetTunnelMTU(s.cfg.TunnelMTU)
+			}
+		} else {
+			switch {
+			case s.cfg.TunnelMTU == 0:
 				s.Svc.SetTunnelMTU(mtu - 50)
+			case s.cfg.TunnelMTU > mtu-50:
+				// Refused: wrapped packets of that size would not cross the underlay (the FIB
+				// answers "fragmentation needed", and they are dropped). The most it carries is
+				// used instead, and the stage says why until the option is mended.
+				s.mtuProblem = fmt.Sprintf("option nodeport-tunnel-mtu %d is more than the underlay carries: the interface of %s has MTU %d, so at most %d; using %d",
+					s.cfg.TunnelMTU, ip, mtu, mtu-50, mtu-50)
+				s.Svc.SetTunnelMTU(mtu - 50)
+			default:
+				s.Svc.SetTunnelMTU(s.cfg.TunnelMTU)
 			}
 		}
 	}
@@ -356,7 +373,7 @@ func (s *Stage) apply(hooks bool) (int, error) {
 		case s.sockUnusable != nil:
 			s.setWhy("the node's own connections to services are not handled: " + s.sockUnusable.Error())
 		default:
-			s.setWhy("")
+			s.setWhy(s.mtuProblem)
 		}
 	}
 	if aerr != nil || err == nil {

@@ -1869,3 +1869,28 @@ func TestStageDottedAndTunnelInterfaces(t *testing.T) {
 		t.Error("pin names of a%2eb and a.b meet")
 	}
 }
+
+// The tunnel MTU option is used when the underlay carries it, and refused (the most the
+// underlay carries used instead, and the stage says why) when it does not.
+func TestStageTunnelMTUOption(t *testing.T) {
+	for _, tc := range []struct {
+		option, want int
+		problem      bool
+	}{{0, 1450, false}, {1400, 1400, false}, {1450, 1450, false}, {1451, 1450, true}, {9000, 1450, true}} {
+		t.Run(fmt.Sprint(tc.option), func(t *testing.T) {
+			e := stNewEnv(t)
+			cfg := stConfig(e.pin)
+			cfg.TunnelMTU = tc.option
+			s, _ := e.start(cfg)
+			s.OnUpdate(stStandard())
+			e.apply(s)
+			if got := e.settings().TunnelMtu; int(got) != tc.want {
+				t.Errorf("tunnel MTU %d, want %d (eth0 carries 1500)", got, tc.want)
+			}
+			ok, why := s.Status()
+			if tc.problem != (!ok && strings.Contains(why, "nodeport-tunnel-mtu")) {
+				t.Errorf("status %v %q; want a complaint about the option: %v", ok, why, tc.problem)
+			}
+		})
+	}
+}

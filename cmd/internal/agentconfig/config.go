@@ -264,7 +264,7 @@ func optionTable() []option {
 				c.BPF.Sizes.ClusterNets, err = parseIntRange(v, 16, 1<<24)
 				return
 			}},
-		{name: "nodeport-tunnel-mtu", env: "SLUICE_NODEPORT_TUNNEL_MTU", key: "nodeportTunnelMTU", def: "0", accepts: "0, or 576 to 65485", help: "largest packet forwarded to another node's endpoint; 0 means the node interface's MTU minus 50; larger ones get ICMP fragmentation-needed",
+		{name: "nodeport-tunnel-mtu", env: "SLUICE_NODEPORT_TUNNEL_MTU", key: "nodeportTunnelMTU", def: "0", accepts: "0, or 576 to 65485", help: "largest packet forwarded to another node's endpoint; 0 means the node interface's MTU minus 50, which is also the most it may be (a larger value is refused, said in the service stage's status); larger packets get ICMP fragmentation-needed, or are cut when they may be fragmented",
 			set: zeroOr(576, 65485, func(c *Config) *int { return &c.BPF.TunnelMTU })},
 		{name: "nodeport-vni", env: "SLUICE_NODEPORT_VNI", key: "nodeportVNI", def: strconv.Itoa(bpf.DefaultVNI), accepts: "1 to 16777215, not the overlay's VNI", help: "VXLAN network identifier of node-port forwarding between nodes (on the VXLAN port)",
 			set: func(c *Config, v string) (err error) {
