@@ -78,7 +78,7 @@ var counters = []struct{ name, meaning string }{
 	{"drop_conntrack_full", "connection table full"},
 	{"drop_too_big", "too large for the tunnel and not allowed to fragment"},
 	{"drop_tunnel_collision", "a flow's tuple is taken by a live one (another node's, or no free source port)"},
-	{"drop_no_route", "no route for a translated or tunnelled packet"},
+	{"drop_no_route", "no route for a translated or tunnelled packet (unreachable, or not forwarded)"},
 	{"drop_malformed", "headers that could not be read or rewritten"},
 	{"reject_no_endpoint", "service without usable endpoint: RST or ICMP unreachable"},
 	{"reject_unknown_port", "cluster IP on a port the service does not have"},
@@ -88,6 +88,10 @@ var counters = []struct{ name, meaning string }{
 	{"reject_socket", "host sockets refused: no endpoint or unknown port"},
 	{"conntrack_superseded", "a new connection (a SYN) took a tuple from a closed or unrelated flow's state"},
 	{"fragment_split", "packets too large for the tunnel that may be fragmented, cut in two"},
+	{"drop_route_blackhole", "the route to the destination is a blackhole"},
+	{"drop_route_prohibit", "the route to the destination is prohibit"},
+	{"drop_route_mtu", "larger than the route's interface carries: nodeport-tunnel-mtu past the underlay"},
+	{"drop_route_other", "forwarding disabled on the interface, or a route the lookup cannot use"},
 }
 
 // CounterNames are the counters' names, in the order of enum counter; CounterMeanings say

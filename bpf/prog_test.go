@@ -88,12 +88,17 @@ const (
 	tpCRejectSock
 	tpCCtSuperseded
 	tpCFragSplit
+	tpCDropFibBlackhole
+	tpCDropFibProhibit
+	tpCDropFibFrag
+	tpCDropFibOther
 	tpCNum
 )
 
 var tpCounterNames = []string{"C_NAT_NEW", "C_NAT_FWD_REMOTE", "C_TUN_IN", "C_DROP_FORGED_TUNNEL",
 	"C_DROP_NO_LOCAL", "C_DROP_SRC_RANGE", "C_DROP_CT_FULL", "C_DROP_TOO_BIG", "C_DROP_COLLISION",
-	"C_DROP_FIB", "C_DROP_MALFORMED", "C_REJECT_NO_BACKEND", "C_REJECT_PORT", "C_ICMP_TOO_BIG", "C_REV_NAT", "C_SOCK_NAT", "C_REJECT_SOCK", "C_CT_SUPERSEDED", "C_FRAG_SPLIT"}
+	"C_DROP_FIB", "C_DROP_MALFORMED", "C_REJECT_NO_BACKEND", "C_REJECT_PORT", "C_ICMP_TOO_BIG", "C_REV_NAT", "C_SOCK_NAT", "C_REJECT_SOCK", "C_CT_SUPERSEDED", "C_FRAG_SPLIT",
+	"C_DROP_FIB_BLACKHOLE", "C_DROP_FIB_PROHIBIT", "C_DROP_FIB_FRAG", "C_DROP_FIB_OTHER"}
 
 // tc verdicts.
 const (
@@ -1671,4 +1676,52 @@ func TestProgForwardedSYNRetryNewPort(t *testing.T) {
 	}
 	rc, out = a.fromWep("wep1", wsyn)
 	tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(wsyn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), true)
+}
+
+// Every answer of the FIB that stops a tunnelled packet has a counter of its own: a
+// blackhole, a prohibit and an unreachable route to the endpoint's node, and a tunnel MTU the
+// underlay cannot carry (the wrapped packet is larger than nic0's 1500: "fragmentation
+// needed"), which was counted as "no route".
+func TestProgFIBResultsNamed(t *testing.T) {
+	a, _ := tpRemoteNodePort(t)
+	h, err := netlink.NewHandleAt(a.ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	front := netip.AddrPortFrom(tpEdgeA, 30080)
+	for i, tc := range []struct {
+		node    string
+		typ     int
+		counter int
+	}{{"192.0.2.101", unix.RTN_BLACKHOLE, tpCDropFibBlackhole}, {"192.0.2.102", unix.RTN_PROHIBIT, tpCDropFibProhibit},
+		{"192.0.2.103", unix.RTN_UNREACHABLE, tpCDropFib}} {
+		node := netip.MustParseAddr(tc.node)
+		r := &netlink.Route{Dst: &net.IPNet{IP: node.AsSlice(), Mask: net.CIDRMask(32, 32)}, Type: tc.typ}
+		if err := h.RouteAdd(r); err != nil {
+			t.Fatalf("route to %s: %v", node, err)
+		}
+		a.backends(1, tpBackend(tpAP("10.65.1.5:8080"), node, false))
+		before := a.counter(tc.counter)
+		syn := tpTCPFrame(tpMACEdge, tpMACA1, netip.AddrPortFrom(tpClient, uint16(43000+i)), front, tpSYN, 1, 0, nil)
+		rc, _ := a.fromHost("nic1", syn)
+		tpWantVerdict(t, rc, tpShot)
+		if got := a.counter(tc.counter); got != before+1 {
+			t.Errorf("route type %d to the endpoint's node: counter %s went %d -> %d, want one more", tc.typ, tpCounterNames[tc.counter], before, got)
+		}
+	}
+	// A tunnel MTU of 1500 on a 1500-byte underlay: a full packet wraps to 1550.
+	a.backends(1, tpBackend(tpAP("10.65.1.5:8080"), tpNodeB, false))
+	var c sluiceCfg
+	if err := a.o.SlCfg.Lookup(uint32(0), &c); err != nil {
+		t.Fatal(err)
+	}
+	c.TunnelMtu = 1500
+	a.put(a.o.SlCfg, uint32(0), c)
+	big := tpTCPFrame(tpMACEdge, tpMACA1, netip.AddrPortFrom(tpClient, 43010), front, tpSYN, 1, 0, make([]byte, 1460))
+	rc, _ := a.fromHost("nic1", big)
+	tpWantVerdict(t, rc, tpShot)
+	if got := a.counter(tpCDropFibFrag); got != 1 {
+		t.Errorf("a wrapped packet larger than the underlay: %s = %d, want 1 (no route: %d)", tpCounterNames[tpCDropFibFrag], got, a.counter(tpCDropFib))
+	}
 }

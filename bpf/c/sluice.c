@@ -625,7 +625,25 @@ static __noinline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int
 	}
 	if (fallback_ok)
 		return TC_ACT_OK;
-	count(C_DROP_FIB);
+	/* Each answer of the lookup its own counter: "no route" alone misled operators whose
+	 * tunnel MTU the underlay could not carry. */
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_BLACKHOLE:
+		count(C_DROP_FIB_BLACKHOLE);
+		break;
+	case BPF_FIB_LKUP_RET_PROHIBIT:
+		count(C_DROP_FIB_PROHIBIT);
+		break;
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		count(C_DROP_FIB_FRAG);
+		break;
+	case BPF_FIB_LKUP_RET_UNREACHABLE:
+	case BPF_FIB_LKUP_RET_NOT_FWDED:
+		count(C_DROP_FIB);
+		break;
+	default:
+		count(C_DROP_FIB_OTHER);
+	}
 	return TC_ACT_SHOT;
 }
 

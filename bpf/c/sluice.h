@@ -208,7 +208,7 @@ enum counter {
 	C_DROP_CT_FULL,       /* connection table full */
 	C_DROP_TOO_BIG,       /* too large for the tunnel and not allowed to fragment */
 	C_DROP_COLLISION,     /* a flow's tuple is taken by a live one (another node's, or no free source port) */
-	C_DROP_FIB,           /* no route for a translated or tunnelled packet */
+	C_DROP_FIB,           /* no route for a translated or tunnelled packet (unreachable, or not forwarded) */
 	C_DROP_MALFORMED,     /* headers that could not be read or rewritten */
 	C_REJECT_NO_BACKEND,  /* service without usable endpoint: RST or ICMP unreachable */
 	C_REJECT_PORT,        /* cluster IP on a port the service does not have */
@@ -218,6 +218,10 @@ enum counter {
 	C_REJECT_SOCK,        /* host socket refused: no endpoint or unknown port */
 	C_CT_SUPERSEDED,      /* a new connection (a SYN) took a tuple from a closed or unrelated flow's state */
 	C_FRAG_SPLIT,         /* packets too large for the tunnel that may be fragmented, cut in two */
+	C_DROP_FIB_BLACKHOLE, /* the route to the destination is a blackhole */
+	C_DROP_FIB_PROHIBIT,  /* the route to the destination is prohibit */
+	C_DROP_FIB_FRAG,      /* larger than the route's interface carries: nodeport-tunnel-mtu past the underlay */
+	C_DROP_FIB_OTHER,     /* forwarding disabled on the interface, or a route the lookup cannot use */
 	C_NUM,
 };
 
