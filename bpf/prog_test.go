@@ -1725,3 +1725,25 @@ func TestProgFIBResultsNamed(t *testing.T) {
 		t.Errorf("a wrapped packet larger than the underlay: %s = %d, want 1 (no route: %d)", tpCounterNames[tpCDropFibFrag], got, a.counter(tpCDropFib))
 	}
 }
+
+// A host socket whose ephemeral port is a node port's number (30080) talks to a server
+// outside: the server's answers reach that port of the node's address. A TCP segment that is
+// no SYN and belongs to no flow is such an answer, never a new client: it goes to the host's
+// stack untouched, and no flow is made.
+func TestProgNodePortHostSocketReply(t *testing.T) {
+	a, _ := tpRemoteNodePort(t)
+	server := netip.AddrPortFrom(tpClient, 443)
+	for _, flags := range []uint8{tpSYN | tpACK, tpACK, tpACK | tpPSH, tpFIN | tpACK, tpRST} {
+		f := tpTCPFrame(tpMACEdge, tpMACA1, server, netip.AddrPortFrom(tpEdgeA, 30080), flags, 7, 8, nil)
+		rc, out := a.fromHost("nic1", f)
+		tpWant(t, rc, out, tpOK, f)
+	}
+	if n := a.ctLen(); n != 0 {
+		t.Errorf("%d conntrack entries made for answers to a host socket", n)
+	}
+	// A client's SYN to the same node port still starts a flow.
+	syn := tpTCPFrame(tpMACEdge, tpMACA1, netip.AddrPortFrom(tpClient, 44000), netip.AddrPortFrom(tpEdgeA, 30080), tpSYN, 1, 0, nil)
+	rc, _ := a.fromHost("nic1", syn)
+	tpWantVerdict(t, rc, tpRedirect)
+	a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCNatFwdRemote: 1})
+}

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +30,10 @@ type StageConfig struct {
 	// (to a pod client on another node) still goes back through the service tunnel to the
 	// flow's ingress node, as its request came, and never meets that node's forwarding path
 	// (whose conntrack, having seen no request, would call it INVALID).
-	TunnelDevices  []string
+	TunnelDevices []string
+	// ReservePorts is the node-port range, added to net.ipv4.ip_local_reserved_ports so that
+	// the node's own sockets never take such a source port (zero: the setting is left alone).
+	ReservePorts   [2]uint16
 	CleanConflicts bool
 	Services       Config
 	// TunnelMTU 0 means the MTU of the interface holding the node's address, less 50.
@@ -81,9 +86,12 @@ type Stage struct {
 	links  atomic.Bool
 	// running: programs run on the maps (this stage attached them, or a previous run's
 	// links were pinned at start). Only Apply touches it.
-	running bool
+	running  bool
+	reserved bool // ReservePorts is in ip_local_reserved_ports
 	// mtuProblem says why the tunnel MTU option was not used (empty when it was, or unset).
 	mtuProblem string
+	// reserveProblem says why ReservePorts could not be reserved.
+	reserveProblem string
 
 	mu        sync.Mutex
 	conflicts map[string]bool
@@ -316,6 +324,16 @@ func (s *Stage) apply(hooks bool) (int, error) {
 		return 0, err
 	}
 	before := s.Svc.Stats().Writes
+	if r := s.cfg.ReservePorts; r[0] != 0 && !s.reserved {
+		// Not fatal: TCP answers to host sockets are told apart without it; tried again at
+		// the next apply, said in the status meanwhile.
+		s.reserveProblem = ""
+		if err := ReserveLocalPorts(r[0], r[1]); err != nil {
+			s.reserveProblem = err.Error()
+		} else {
+			s.reserved = true
+		}
+	}
 	if ip := s.Svc.HostIP(); ip != s.hostIP {
 		s.hostIP = ip
 		s.mtuProblem = ""
@@ -373,7 +391,7 @@ func (s *Stage) apply(hooks bool) (int, error) {
 		case s.sockUnusable != nil:
 			s.setWhy("the node's own connections to services are not handled: " + s.sockUnusable.Error())
 		default:
-			s.setWhy(s.mtuProblem)
+			s.setWhy(strings.Join(slices.DeleteFunc([]string{s.mtuProblem, s.reserveProblem}, func(p string) bool { return p == "" }), "; "))
 		}
 	}
 	if aerr != nil || err == nil {

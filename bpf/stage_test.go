@@ -1894,3 +1894,30 @@ func TestStageTunnelMTUOption(t *testing.T) {
 		})
 	}
 }
+
+// The node-port range is added to the namespace's ip_local_reserved_ports, keeping what
+// other software reserved there, and written once.
+func TestStageReservesNodePorts(t *testing.T) {
+	e := stNewEnv(t) // a namespace of its own: its own setting
+	if err := os.WriteFile(reservedPortsFile, []byte("8080,9000-9001"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := stConfig(e.pin)
+	cfg.ReservePorts = [2]uint16{30000, 32767}
+	s, _ := e.start(cfg)
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	got, err := os.ReadFile(reservedPortsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(got)) != "8080,9000-9001,30000-32767" {
+		t.Errorf("reserved ports %q, want 8080,9000-9001,30000-32767", got)
+	}
+	if !portsCover("1,29990-32767", 30000, 32767) || portsCover("30000-32766", 30000, 32767) {
+		t.Error("portsCover misjudges a list")
+	}
+	if ok, why := s.Status(); !ok {
+		t.Errorf("status: %s", why)
+	}
+}

@@ -803,6 +803,13 @@ static __noinline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg 
 		supersede(p);
 		return TC_ACT_OK;
 	}
+	/* A node port is one of the node's own ports: a host socket whose ephemeral port falls in
+	 * the node-port range gets its answers there. A TCP segment that opens no connection (no
+	 * SYN) and belongs to no flow is such an answer, never a client's new flow: it goes to the
+	 * host's stack. (UDP cannot be told apart: sluiced reserves the range for the node's own
+	 * sockets, ip_local_reserved_ports.) */
+	if ((fe->flags & FE_NODE_PORT) && p->proto == IPPROTO_TCP && !is_syn(p))
+		return TC_ACT_OK;
 	int outside = 0;
 	if (from == FROM_HOST) {
 		struct cnet_val *cn = cluster_net(p->src);

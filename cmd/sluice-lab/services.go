@@ -195,6 +195,14 @@ func (l *lab) seed000() error {
 			"10 of 10 connections with IP options to %s's node port reach web-b, which sees the client's own address: %s", n, oneLine(out))
 	}
 
+	l.step("the node's own sockets and the node-port range")
+	out, err := sh("ip", "netns", "exec", nodeNS("node-a"), "cat", "/proc/sys/net/ipv4/ip_local_reserved_ports")
+	l.check(err == nil && strings.Contains(out, "30000-32767"), "node-a reserves the node-port range for its own sockets' source ports: %q", strings.TrimSpace(out))
+	// A socket bound to a node port's number by hand (the reservation does not stop that):
+	// its TCP answers are told apart from node-port clients.
+	out, err = nsRun(nodeNS("node-a"), l.tool(), "tcp-reuse", "192.168.10.254:8081", "192.168.10.254:8081", "fin", "30092")
+	l.check(err == nil && strings.Count(out, "192.168.10.11") == 2, "node-a's own connections from port 30092 (node port of np) to the gateway are answered: %s", oneLine(out))
+
 	l.step("UDP datagrams of 4,000 bytes, as IP fragments both ways, through a cluster IP and a node port")
 	if p, err := l.start(webB, "udp-echo web-b", false, l.tool(), "udp-echo", "10.65.0.65:7007"); err != nil || !p.waitFor(5*time.Second, "READY") {
 		return fmt.Errorf("udp-echo on web-b: %v", err)
@@ -250,7 +258,7 @@ func (l *lab) seed000() error {
 	if p, err := l.start(nodeNS("node-b"), "echo node-b host", false, l.tool(), "tcp-serve", nodeIPs["node-b"]+":8084"); err != nil || !p.waitFor(5*time.Second, "READY") {
 		return fmt.Errorf("echo server in node-b's host namespace: %v", err)
 	}
-	out, err := nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
+	out, err = nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
 	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, segmented (TSO) both ways: %s", oneLine(out))
 	// The same with segmentation off on node-b's NIC (as on a VM without offloads): every
 	// full-size segment is a packet of its own.

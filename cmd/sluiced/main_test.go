@@ -64,7 +64,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		ProxyHealthListen: "0.0.0.0:10256",
 		BPF: bpf.StageConfig{PinDir: "/sys/fs/bpf/sluice", Sizes: bpf.DefaultMapSizes, Timeouts: bpf.DefaultTimeouts,
 			CleanupInterval: 10 * time.Second, ResyncInterval: 90 * time.Second, Attach: bpf.AttachAuto,
-			TunnelDevices: []string{"vxlan.sluice", "vxlan-v6.sluice"},
+			TunnelDevices: []string{"vxlan.sluice", "vxlan-v6.sluice"}, ReservePorts: [2]uint16{30000, 32767},
 			Services: bpf.Config{NodeName: strings.ToLower(host), VXLANPort: bpf.DefaultVXLANPort, VNI: bpf.DefaultVNI,
 				PSNATMin: bpf.DefaultPSNATMin, PSNATMax: bpf.DefaultPSNATMax}},
 	}

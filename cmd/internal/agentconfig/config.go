@@ -283,6 +283,21 @@ func optionTable() []option {
 				c.BPF.Services.PSNATMin, c.BPF.Services.PSNATMax = uint16(a), uint16(b)
 				return nil
 			}},
+		{name: "reserve-node-ports", env: "SLUICE_RESERVE_NODE_PORTS", key: "reserveNodePorts", def: "30000-32767", accepts: "a port range LOW-HIGH, or none", help: "the node-port range, added to net.ipv4.ip_local_reserved_ports so that the node's own sockets never take one of its ports as their source (UDP answers to it would be taken for node-port traffic; TCP ones are told apart); none leaves the setting alone",
+			set: func(c *Config, v string) error {
+				if v == "none" {
+					c.BPF.ReservePorts = [2]uint16{}
+					return nil
+				}
+				lo, hi, ok := strings.Cut(v, "-")
+				a, err1 := parseIntRange(lo, 1, 65535)
+				b, err2 := parseIntRange(hi, 1, 65535)
+				if !ok || err1 != nil || err2 != nil || a > b {
+					return errors.New("not a port range")
+				}
+				c.BPF.ReservePorts = [2]uint16{uint16(a), uint16(b)}
+				return nil
+			}},
 		{name: "bpf-attach", env: "SLUICE_BPF_ATTACH", key: "bpfAttach", def: "auto", accepts: "auto, tcx or tc", help: "how the service programs are attached to interfaces: tcx (TCX links, Linux 6.6 or later), tc (classic clsact and cls_bpf filters, every supported kernel), auto (tcx where the kernel has it, else tc)",
 			set: func(c *Config, v string) (err error) { c.BPF.Attach, err = bpf.ParseAttachMode(v); return }},
 		{name: "cgroup-path", env: "SLUICE_CGROUP_PATH", key: "cgroupPath", accepts: "a cgroup v2 directory, empty for the hierarchy's root, or none", help: "where the socket programs attach that point the node's own connections to services at a backend (empty: the cgroup v2 root, mounted at /run/sluice/cgroup when the host has none mounted); none leaves them alone",
