@@ -273,13 +273,19 @@ func toolTCPAsk(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: tcp-ask IP:PORT N")
 	}
-	n, _ := strconv.Atoi(args[1])
+	return askMany(args[0], args[1], &net.Dialer{Timeout: 2 * time.Second})
+}
+
+// askMany makes n connections to addr with d, reads each one's line and prints how many
+// failed and how many gave each answer.
+func askMany(addr, count string, d *net.Dialer) error {
+	n, _ := strconv.Atoi(count)
 	answers := map[string]int{}
 	failed := 0
 	var last error
 	for i := 0; i < n; i++ {
 		line, err := func() (string, error) {
-			c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+			c, err := d.Dial("tcp", addr)
 			if err != nil {
 				return "", err
 			}
@@ -581,44 +587,15 @@ func toolTCPAskOpts(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: tcp-ask-opts IP:PORT N")
 	}
-	n, _ := strconv.Atoi(args[1])
 	rr := make([]byte, 40)
 	rr[0], rr[1], rr[2] = 7, 39, 4 // Record Route, 39 bytes, first slot; then End of options
-	answers := map[string]int{}
-	failed := 0
-	var last error
-	for range n {
-		line, err := func() (string, error) {
-			d := net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
-				var serr error
-				_ = rc.Control(func(fd uintptr) {
-					serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_IP, syscall.IP_OPTIONS, string(rr))
-				})
-				return serr
-			}}
-			c, err := d.Dial("tcp4", args[0])
-			if err != nil {
-				return "", err
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			return bufio.NewReader(c).ReadString('\n')
-		}()
-		if err != nil {
-			failed++
-			last = err
-			continue
-		}
-		answers[strings.TrimSpace(line)]++
-	}
-	fmt.Println("failed", failed)
-	for a, c := range answers {
-		fmt.Println("answer", a, c)
-	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d connections failed, last: %v", failed, n, last)
-	}
-	return nil
+	return askMany(args[0], args[1], &net.Dialer{Timeout: 2 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		_ = rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_IP, syscall.IP_OPTIONS, string(rr))
+		})
+		return serr
+	}})
 }
 
 // toolUDPEcho sends every datagram on addr back to its sender, until killed.
