@@ -508,7 +508,7 @@ static __noinline int frag_split(struct __sk_buff *skb, struct pkt *p, struct cf
 {
 	__u32 hlen = p->l4 - IP_OFF;
 	__u32 cut = (c->tunnel_mtu - sizeof(struct iphdr)) & ~7;
-	if (hlen != sizeof(struct iphdr) || cut < 8 || p->tot_len <= hlen + cut || p->tot_len > 0xffff) {
+	if (hlen != sizeof(struct iphdr) || cut < 8 || p->tot_len <= hlen + cut) {
 		count(C_DROP_TOO_BIG);
 		return TC_ACT_SHOT;
 	}
