@@ -11,8 +11,9 @@ import (
 
 // rtRemoteClosed runs a node-port flow from client through node A to pod B5 on node B, made
 // and closed (closing: the client's and the pod's closing segments, 0 for none), and returns
-// the tunnel entry's key on node B and the reverse entry's key on node A.
-func rtRemoteClosed(t *testing.T, a, b *tpNode, client netip.AddrPort, closing [2]uint8) (tunKey, revKey sluiceCtKeyV4) {
+// the key of the flow's pod-side tuple: the tunnel entry's on node B and, the client's port
+// being kept, the reverse entry's on node A.
+func rtRemoteClosed(t *testing.T, a, b *tpNode, client netip.AddrPort, closing [2]uint8) sluiceCtKeyV4 {
 	t.Helper()
 	front := netip.AddrPortFrom(tpEdgeA, 30080)
 	pod := netip.AddrPortFrom(tpPodB5, 8080)
@@ -45,11 +46,11 @@ func rtRemoteClosed(t *testing.T, a, b *tpNode, client netip.AddrPort, closing [
 	if closing[1] != 0 {
 		fromPod(closing[1])
 	}
-	tunKey = tpKey(pod, client, tpProtoTCP)
+	tunKey := tpKey(pod, client, tpProtoTCP)
 	if v, ok := b.ct(tunKey); closing != [2]uint8{} && (!ok || !(v.Tcp&tpTCPRst != 0 || v.Tcp&(tpTCPFinFwd|tpTCPFinRev) == tpTCPFinFwd|tpTCPFinRev)) {
 		t.Fatalf("node B: the flow is not closed: %+v (found %v)", v, ok)
 	}
-	return tunKey, tpKey(pod, client, tpProtoTCP)
+	return tunKey
 }
 
 var rtCloses = []struct {
@@ -70,7 +71,7 @@ func TestProgDirectAfterNodePort(t *testing.T) {
 		for _, path := range []string{"host interface", "workload egress", "unseen"} {
 			t.Run(cl.name+"/"+path, func(t *testing.T) {
 				a, b := tpRemoteNodePort(t)
-				tunKey, revKey := rtRemoteClosed(t, a, b, client, cl.closing)
+				key := rtRemoteClosed(t, a, b, client, cl.closing)
 				syn := tpTCPFrame(tpMACRouter, tpMACB0, client, pod, tpSYN, 7000, 0, nil)
 				switch path {
 				case "host interface":
@@ -85,7 +86,7 @@ func TestProgDirectAfterNodePort(t *testing.T) {
 				synack := tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, client, tpSYN|tpACK, 9000, 7001, nil)
 				rc, out := b.fromWep("wep0", synack)
 				tpWant(t, rc, out, tpOK, synack)
-				b.wantNoCT(tunKey)
+				b.wantNoCT(key)
 				ack := tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, client, tpACK, 9001, 7001, []byte("data"))
 				rc, out = b.fromWep("wep0", ack)
 				tpWant(t, rc, out, tpOK, ack)
@@ -100,7 +101,7 @@ func TestProgDirectAfterNodePort(t *testing.T) {
 				if rc != tpOK {
 					t.Fatalf("node A: the direct SYN got verdict %d, want %d", rc, tpOK)
 				}
-				a.wantNoCT(revKey)
+				a.wantNoCT(key)
 				a.wantNoCT(tpKey(client, netip.AddrPortFrom(tpEdgeA, 30080), tpProtoTCP))
 			})
 		}
@@ -109,7 +110,7 @@ func TestProgDirectAfterNodePort(t *testing.T) {
 	// SYN-ACK retransmitted while the flow is open go through the tunnel as before.
 	t.Run("live flow kept", func(t *testing.T) {
 		a, b := tpRemoteNodePort(t)
-		tunKey, _ := rtRemoteClosed(t, a, b, client, [2]uint8{})
+		tunKey := rtRemoteClosed(t, a, b, client, [2]uint8{})
 		synack := tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, client, tpSYN|tpACK, 5000, 1001, nil)
 		rc, _ := b.fromWep("wep0", synack)
 		tpWantVerdict(t, rc, tpRedirect)
@@ -126,7 +127,7 @@ func TestProgTupleReuseEndpointNode(t *testing.T) {
 	for _, cl := range rtCloses {
 		t.Run(cl.name, func(t *testing.T) {
 			a, b := tpRemoteNodePort(t)
-			tunKey, _ := rtRemoteClosed(t, a, b, client, cl.closing)
+			tunKey := rtRemoteClosed(t, a, b, client, cl.closing)
 			old, _ := b.ct(tunKey)
 			syn := tpTCPFrame(tpMACEdge, tpMACA1, client, netip.AddrPortFrom(tpEdgeA, 30080), tpSYN, 90000, 0, nil)
 			rc, out := a.fromHost("nic1", syn)
@@ -155,18 +156,7 @@ func TestProgRSTTalkedPast(t *testing.T) {
 	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
 	a.backends(1, tpBackend(x, tpNodeA, true))
-	toX := func(flags uint8) {
-		t.Helper()
-		f := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, flags, 1, 1, nil)
-		rc, out := a.fromWep("wep1", f)
-		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
-	}
-	fromX := func(flags uint8) {
-		t.Helper()
-		f := tpTCPFrame(tpMACPodA5, tpMACWepA0, x, client, flags, 1, 1, nil)
-		rc, out := a.fromWep("wep0", f)
-		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
-	}
+	toX, fromX := tpPodA7ToPodA5(t, a, client, front, x)
 	state := func() uint8 {
 		t.Helper()
 		v, ok := a.ct(tpKey(x, client, tpProtoTCP))

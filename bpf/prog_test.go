@@ -1564,18 +1564,7 @@ func TestProgClosedTupleReuse(t *testing.T) {
 			a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 			a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
 			a.backends(1, tpBackend(x, tpNodeA, true))
-			toX := func(flags uint8) {
-				t.Helper()
-				f := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, flags, 1, 1, nil)
-				rc, out := a.fromWep("wep1", f)
-				tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
-			}
-			fromX := func(flags uint8) {
-				t.Helper()
-				f := tpTCPFrame(tpMACPodA5, tpMACWepA0, x, client, flags, 1, 1, nil)
-				rc, out := a.fromWep("wep0", f)
-				tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
-			}
+			toX, fromX := tpPodA7ToPodA5(t, a, client, front, x)
 			toX(tpSYN)
 			fromX(tpSYN | tpACK)
 			toX(tpACK)
@@ -1746,4 +1735,23 @@ func TestProgNodePortHostSocketReply(t *testing.T) {
 	rc, _ := a.fromHost("nic1", syn)
 	tpWantVerdict(t, rc, tpRedirect)
 	a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCNatFwdRemote: 1})
+}
+
+// tpPodA7ToPodA5 returns senders of one TCP flow of node A's workload pod A7 (client, on
+// wep1) through front to pod A5 (x, on wep0): toX sends a segment of the client's, fromX one
+// of the backend's; each checks the translation and the redirect to the other pod.
+func tpPodA7ToPodA5(t *testing.T, a *tpNode, client, front, x netip.AddrPort) (toX, fromX func(flags uint8)) {
+	toX = func(flags uint8) {
+		t.Helper()
+		f := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, flags, 1, 1, nil)
+		rc, out := a.fromWep("wep1", f)
+		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, x))
+	}
+	fromX = func(flags uint8) {
+		t.Helper()
+		f := tpTCPFrame(tpMACPodA5, tpMACWepA0, x, client, flags, 1, 1, nil)
+		rc, out := a.fromWep("wep0", f)
+		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
+	}
+	return toX, fromX
 }

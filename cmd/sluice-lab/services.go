@@ -89,57 +89,43 @@ ports:
 - {name: echo, protocol: TCP, port: 8084}
 `
 
+// seedUDP is a UDP service seed/<name> on cluster IP ip:port (and nodePort when not 0) whose
+// one endpoint is addr:target on node.
+func seedUDP(name, ip string, port, nodePort int, addr string, target int, node string) string {
+	typ, np := "", ""
+	if nodePort != 0 {
+		typ, np = "\n  type: NodePort", fmt.Sprintf(", nodePort: %d", nodePort)
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: seed}
+spec:%[2]s
+  clusterIPs: [%[3]s]
+  ports:
+  - {name: %[1]s, protocol: UDP, port: %[4]d, targetPort: %[5]d%[6]s}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: %[1]s-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: %[1]s}
+addressType: IPv4
+endpoints:
+- addresses: [%[7]s]
+  conditions: {ready: true}
+  nodeName: %[8]s
+ports:
+- {name: %[1]s, protocol: UDP, port: %[5]d}
+`, name, typ, ip, port, target, np, addr, node)
+}
+
 // seedBig is a UDP echo service, cluster IP 10.96.0.24:7 and node port 30097, whose one
 // endpoint is web-b:7007.
-const seedBig = `apiVersion: v1
-kind: Service
-metadata: {name: big, namespace: seed}
-spec:
-  type: NodePort
-  clusterIPs: [10.96.0.24]
-  ports:
-  - {name: echo, protocol: UDP, port: 7, targetPort: 7007, nodePort: 30097}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: big-1
-  namespace: seed
-  labels: {kubernetes.io/service-name: big}
-addressType: IPv4
-endpoints:
-- addresses: [10.65.0.65]
-  conditions: {ready: true}
-  nodeName: node-b
-ports:
-- {name: echo, protocol: UDP, port: 7007}
-`
+var seedBig = seedUDP("big", "10.96.0.24", 7, 30097, "10.65.0.65", 7007, "node-b")
 
 // seedDNS is a UDP service, cluster IP 10.96.0.23:53, whose one endpoint is addr:5353 on node.
-func seedDNS(addr, node string) string {
-	return `apiVersion: v1
-kind: Service
-metadata: {name: dns, namespace: seed}
-spec:
-  clusterIPs: [10.96.0.23]
-  ports:
-  - {name: dns, protocol: UDP, port: 53, targetPort: 5353}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: dns-1
-  namespace: seed
-  labels: {kubernetes.io/service-name: dns}
-addressType: IPv4
-endpoints:
-- addresses: [` + addr + `]
-  conditions: {ready: true}
-  nodeName: ` + node + `
-ports:
-- {name: dns, protocol: UDP, port: 5353}
-`
-}
+func seedDNS(addr, node string) string { return seedUDP("dns", "10.96.0.23", 53, 0, addr, 5353, node) }
 
 var nodeIPs = map[string]string{"node-a": "192.168.10.11", "node-b": "192.168.10.12", "node-c": "192.168.20.13"}
 

@@ -473,18 +473,24 @@ func toolUDPWho(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: udp-who IP:PORT NAME")
 	}
-	c, err := net.ListenPacket("udp", args[0])
+	return serveUDP(args[0], func([]byte) []byte { return []byte(args[1]) })
+}
+
+// serveUDP listens on addr, says READY, and answers every datagram with what answer makes
+// of it, until killed.
+func serveUDP(addr string, answer func([]byte) []byte) error {
+	c, err := net.ListenPacket("udp4", addr)
 	if err != nil {
 		return err
 	}
 	fmt.Println("READY")
 	buf := make([]byte, 65536)
 	for {
-		_, from, err := c.ReadFrom(buf)
+		n, from, err := c.ReadFrom(buf)
 		if err != nil {
 			return err
 		}
-		_, _ = c.WriteTo([]byte(args[1]), from)
+		_, _ = c.WriteTo(answer(buf[:n]), from)
 	}
 }
 
@@ -603,19 +609,7 @@ func toolUDPEcho(args []string) error {
 	if len(args) != 1 {
 		return errors.New("usage: udp-echo IP:PORT")
 	}
-	c, err := net.ListenPacket("udp4", args[0])
-	if err != nil {
-		return err
-	}
-	fmt.Println("READY")
-	buf := make([]byte, 65536)
-	for {
-		n, from, err := c.ReadFrom(buf)
-		if err != nil {
-			return err
-		}
-		_, _ = c.WriteTo(buf[:n], from)
-	}
+	return serveUDP(args[0], func(b []byte) []byte { return b })
 }
 
 // toolUDPBig sends N datagrams of SIZE bytes to an echo server, one at a time, and counts
