@@ -139,7 +139,7 @@ func benchMedian(d []time.Duration) time.Duration {
 
 // BenchmarkServicesColdApply programs 10,000 services of 10 endpoints from cold: the time
 // from a full calc update handed to the driver (over real, empty, unpinned kernel maps) to
-// Apply returning, beside a bare BatchUpdate of exactly the same frontend and backend entries
+// Apply returning, beside a bare BatchUpdate of exactly the same frontend, backend and index entries
 // into fresh maps (taken from the same driver run over fakes). Each iteration loads fresh
 // maps for both, untimed; the two alternate in order; medians are reported.
 func BenchmarkServicesColdApply(b *testing.B) {
@@ -155,6 +155,7 @@ func BenchmarkServicesColdApply(b *testing.B) {
 	}
 	feK, feV := benchEntries(fakes.Frontends.Entries)
 	beK, beV := benchEntries(fakes.Backends.Entries)
+	ixK, ixV := benchEntries(fakes.BackendIndex.Entries)
 	if len(feK) != 4*benchServices || len(beK) != benchServices*benchEndpoints {
 		b.Fatalf("the driver wants %d frontends and %d backends; want %d and %d", len(feK), len(beK), 4*benchServices, benchServices*benchEndpoints)
 	}
@@ -184,7 +185,8 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		drv, desired = append(drv, took), append(desired, mid)
 		if check { // the kernel holds what the fakes hold
 			for name, pair := range map[string][2]int{"frontends": {len(feK), MapTable[FrontendKey, FrontendValue]{o.SlFeV4}.Len()},
-				"backends": {len(beK), MapTable[BackendKey, BackendValue]{o.SlBeV4}.Len()}} {
+				"backends":      {len(beK), MapTable[BackendKey, BackendValue]{o.SlBeV4}.Len()},
+				"backend index": {len(ixK), MapTable[BackendIndex, uint32]{o.SlBeIdxV4}.Len()}} {
 				if pair[0] != pair[1] {
 					b.Fatalf("%s: %d in the kernel, want %d", name, pair[1], pair[0])
 				}
@@ -213,9 +215,10 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		start := time.Now()
 		n1, err1 := o.SlFeV4.BatchUpdate(feK, feV, nil)
 		n2, err2 := o.SlBeV4.BatchUpdate(beK, beV, nil)
+		n3, err3 := o.SlBeIdxV4.BatchUpdate(ixK, ixV, nil)
 		took := time.Since(start)
-		if err := errors.Join(err1, err2); err != nil || n1 != len(feK) || n2 != len(beK) {
-			b.Fatalf("batch update: %d of %d frontends, %d of %d backends: %v", n1, len(feK), n2, len(beK), err)
+		if err := errors.Join(err1, err2, err3); err != nil || n1 != len(feK) || n2 != len(beK) || n3 != len(ixK) {
+			b.Fatalf("batch update: %d of %d frontends, %d of %d backends, %d of %d index entries: %v", n1, len(feK), n2, len(beK), n3, len(ixK), err)
 		}
 		batch = append(batch, took)
 	}
@@ -231,13 +234,13 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		}
 	}
 	d, ref := benchMedian(drv), benchMedian(batch)
-	b.Logf("driver %v (desired state %v), batch update %v; %d frontends, %d backends", drv, desired, batch, len(feK), len(beK))
+	b.Logf("driver %v (desired state %v), batch update %v; %d frontends, %d backends, %d index entries", drv, desired, batch, len(feK), len(beK), len(ixK))
 	b.ReportMetric(0, "ns/op") // the figures below say it
 	b.ReportMetric(d.Seconds(), "cold-services-s")
 	b.ReportMetric(benchMedian(desired).Seconds(), "cold-desired-s")
 	b.ReportMetric(ref.Seconds(), "cold-batch-s")
 	b.ReportMetric(float64(d)/float64(ref), "cold-services/batch")
-	b.ReportMetric(float64(len(feK)+len(beK)), "entries")
+	b.ReportMetric(float64(len(feK)+len(beK)+len(ixK)), "entries")
 }
 
 // benchEntries returns a fake's entries as key and value slices in one order.

@@ -37,6 +37,7 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 	}
 	set("sl_fe_v4", s.Frontends)
 	set("sl_be_v4", s.Backends)
+	set("sl_be_idx_v4", s.Backends)
 	set("sl_src_v4", s.SourceRanges)
 	set("sl_cnet_v4", s.ClusterNets)
 	set("sl_aff_v4", s.Affinity)
@@ -234,6 +235,6 @@ func EnsureBPFFS(dir string) (bool, error) {
 
 // pinned returns the maps that are pinned by name.
 func (o *Objects) pinned() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{"sl_fe_v4": o.SlFeV4, "sl_be_v4": o.SlBeV4, "sl_src_v4": o.SlSrcV4, "sl_cnet_v4": o.SlCnetV4,
+	return map[string]*ebpf.Map{"sl_fe_v4": o.SlFeV4, "sl_be_v4": o.SlBeV4, "sl_be_idx_v4": o.SlBeIdxV4, "sl_src_v4": o.SlSrcV4, "sl_cnet_v4": o.SlCnetV4,
 		"sl_aff_v4": o.SlAffV4, "sl_ct_v4": o.SlCtV4, "sl_cfg": o.SlCfg, "sl_counters": o.SlCounters, "sl_sock_v4": o.SlSockV4}
 }

@@ -20,6 +20,7 @@ type (
 	FrontendValue  = sluiceFeVal
 	BackendKey     = sluiceBeKey
 	BackendValue   = sluiceBeValV4
+	BackendIndex   = sluiceBeIdxKeyV4
 	SourceRangeKey = sluiceSrcKeyV4
 	ClusterNetKey  = sluiceCnetKeyV4
 	ClusterNetVal  = sluiceCnetVal
@@ -352,8 +353,11 @@ func (t *FakeTable[K, V]) Max() int { return t.Size }
 
 // Tables are the service maps the driver writes.
 type Tables struct {
-	Frontends    Table[FrontendKey, FrontendValue]
-	Backends     Table[BackendKey, BackendValue]
+	Frontends Table[FrontendKey, FrontendValue]
+	Backends  Table[BackendKey, BackendValue]
+	// BackendIndex gives each backend's ordinal in its list by address (client-IP
+	// affinity's lookup); written and repaired with the lists, not rendered.
+	BackendIndex Table[BackendIndex, uint32]
 	SourceRanges Table[SourceRangeKey, uint32]
 	ClusterNets  Table[ClusterNetKey, ClusterNetVal]
 	Settings     Table[uint32, Settings]
@@ -367,6 +371,7 @@ func tablesOf(m map[string]*ebpf.Map) Tables {
 	return Tables{
 		Frontends:    MapTable[FrontendKey, FrontendValue]{m["sl_fe_v4"]},
 		Backends:     MapTable[BackendKey, BackendValue]{m["sl_be_v4"]},
+		BackendIndex: MapTable[BackendIndex, uint32]{m["sl_be_idx_v4"]},
 		SourceRanges: MapTable[SourceRangeKey, uint32]{m["sl_src_v4"]},
 		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{m["sl_cnet_v4"]},
 		Settings:     MapTable[uint32, Settings]{m["sl_cfg"]},
@@ -378,17 +383,19 @@ func FakeTables(s MapSizes) (Tables, *FakeSet) {
 	f := &FakeSet{
 		Frontends:    NewFakeTable[FrontendKey, FrontendValue](s.Frontends),
 		Backends:     NewFakeTable[BackendKey, BackendValue](s.Backends),
+		BackendIndex: NewFakeTable[BackendIndex, uint32](s.Backends),
 		SourceRanges: NewFakeTable[SourceRangeKey, uint32](s.SourceRanges),
 		ClusterNets:  NewFakeTable[ClusterNetKey, ClusterNetVal](s.ClusterNets),
 		Settings:     NewFakeTable[uint32, Settings](1),
 	}
-	return Tables{f.Frontends, f.Backends, f.SourceRanges, f.ClusterNets, f.Settings}, f
+	return Tables{f.Frontends, f.Backends, f.BackendIndex, f.SourceRanges, f.ClusterNets, f.Settings}, f
 }
 
 // FakeSet holds the fakes behind FakeTables.
 type FakeSet struct {
 	Frontends    *FakeTable[FrontendKey, FrontendValue]
 	Backends     *FakeTable[BackendKey, BackendValue]
+	BackendIndex *FakeTable[BackendIndex, uint32]
 	SourceRanges *FakeTable[SourceRangeKey, uint32]
 	ClusterNets  *FakeTable[ClusterNetKey, ClusterNetVal]
 	Settings     *FakeTable[uint32, Settings]

@@ -18,7 +18,7 @@ import (
 var ErrNotPinned = errors.New("service maps not found")
 
 // PinnedMapNames are the maps sluiced pins under its pin directory, by name.
-var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
+var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_be_idx_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
 
 // Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools
 // (sluicectl services, sluicectl diff). It never writes: the maps are opened read-only, so

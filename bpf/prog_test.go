@@ -396,6 +396,9 @@ func (n *tpNode) backends(id uint64, bs ...sluiceBeValV4) {
 	n.t.Helper()
 	for i, b := range bs {
 		n.put(n.o.SlBeV4, sluiceBeKey{ListId: id, Ordinal: uint32(i)}, b)
+		if len(bs) > AffinityScan {
+			n.put(n.o.SlBeIdxV4, sluiceBeIdxKeyV4{ListId: id, Addr: b.Addr, Port: b.Port}, uint32(i))
+		}
 	}
 }
 
@@ -705,7 +708,7 @@ func TestProgHeaderConstants(t *testing.T) {
 		"CT_FWD": tpCtFwd, "CT_REV": tpCtRev, "CT_TUN": tpCtTun, "CT_F_REMOTE": tpCtRemote,
 		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "CT_F_LOCAL": tpCtLocal, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
 		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst,
-		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev} {
+		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev, "AFF_SCAN": AffinityScan} {
 		if got, ok := defines[name]; !ok || got != v {
 			t.Errorf("%s: header says %d (found %v), the driver uses %d", name, got, ok, v)
 		}
@@ -1445,6 +1448,93 @@ func TestProgSessionAffinity(t *testing.T) {
 	}
 	if len(spread) < 2 {
 		t.Errorf("40 clients all went to %q", tpAddrSet(spread))
+	}
+}
+
+// Client-IP affinity holds in a list of any length (not only its first 64 entries), over a
+// change of the list that keeps the endpoint, and only within the set the flow may use.
+func TestProgSessionAffinityLongList(t *testing.T) {
+	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
+	vip := netip.MustParseAddr("10.96.0.31")
+	// 300 endpoints: 200 addresses on this node, the rest on node-b; each its own port.
+	ep := func(i int) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 65, 0, byte(20 + i%200)}), uint16(8000+i))
+	}
+	list := func(id uint64, order []int) {
+		bs := make([]sluiceBeValV4, len(order))
+		for j, i := range order {
+			bs[j] = tpBackend(ep(i), tpNodeA, true)
+		}
+		a.backends(id, bs...)
+	}
+	seq := func(from, to int) []int {
+		var o []int
+		for i := from; i < to; i++ {
+			o = append(o, i)
+		}
+		return o
+	}
+	syn := func(sport uint16) tpFrame {
+		return tpTCPFrame(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tpPodA7, sport), netip.AddrPortFrom(vip, 80), tpSYN, 1, 0, nil)
+	}
+	reached := func(sport uint16) netip.AddrPort {
+		t.Helper()
+		rc, out := a.fromWep("wep1", syn(sport))
+		if rc != tpOK && rc != tpRedirect {
+			t.Fatalf("flow from port %d: verdict %d", sport, rc)
+		}
+		f := tpDecodeOK(t, out)
+		return netip.AddrPortFrom(f.IP.Dst, f.TCP.Dport)
+	}
+	affKey := sluiceAffKeyV4{FeAddr: tpA(vip), FePort: tpP(80), Proto: tpProtoTCP, Client: tpA(tpPodA7)}
+	remember := func(target netip.AddrPort) {
+		t.Helper()
+		var v sluiceAffValV4
+		if err := a.o.SlAffV4.Lookup(&affKey, &v); err != nil {
+			t.Fatalf("affinity entry: %v", err)
+		}
+		v.Addr, v.Port = tpA(target.Addr()), tpP(target.Port())
+		a.put(a.o.SlAffV4, affKey, v)
+	}
+
+	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 300, Local: 300, AffinitySec: 3600})
+	list(1, seq(0, 300))
+	reached(30000) // makes the client's affinity entry
+	// The client is remembered at ordinal 250: every new flow goes there.
+	target := ep(250)
+	remember(target)
+	for i := 0; i < 30; i++ {
+		if got := reached(30001 + uint16(i)); got != target {
+			t.Fatalf("flow %d went to %v; the client is remembered at %v, ordinal 250 of 300", i, got, target)
+		}
+	}
+	// The list changes (another list ID, one more endpoint, the order reversed): still there.
+	order := append(append([]int{300}, seq(200, 300)...), seq(0, 200)...)
+	slices.Reverse(order[1:])
+	list(2, order)
+	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 2, SvcId: 1, Count: 301, Local: 301, AffinitySec: 3600})
+	for i := 0; i < 30; i++ {
+		if got := reached(31000 + uint16(i)); got != target {
+			t.Fatalf("after the list changed, flow %d went to %v; want %v", i, got, target)
+		}
+	}
+	// Outside the set this flow may use (internalTrafficPolicy Local, the endpoint counted as
+	// another node's): chosen afresh among the first 40, and remembered.
+	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 2, SvcId: 1, Count: 301, Local: 40, AffinitySec: 3600, Flags: tpFeIntLocal})
+	got := reached(32000)
+	var v sluiceAffValV4
+	if err := a.o.SlAffV4.Lookup(&affKey, &v); err != nil {
+		t.Fatal(err)
+	}
+	if got == target || v.Addr != tpA(got.Addr()) || v.Port != tpP(got.Port()) {
+		t.Errorf("a flow limited to the local set went to %v (remembered %v:%d); want another endpoint, remembered", got, HostAddr(v.Addr), HostPort(v.Port))
+	}
+	// An endpoint that left the list: chosen afresh.
+	a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 300, Local: 300, AffinitySec: 3600})
+	a.put(a.o.SlBeIdxV4, sluiceBeIdxKeyV4{ListId: 1, Addr: tpA(ep(300).Addr()), Port: tpP(ep(300).Port())}, uint32(7))
+	remember(ep(300)) // in list 2 only; a wrong index entry in list 1 names ordinal 7
+	if got := reached(33000); got == ep(300) {
+		t.Errorf("a flow went to %v, which is not in the frontend's list", got)
 	}
 }
 

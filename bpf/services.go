@@ -116,18 +116,22 @@ type Services struct {
 	// be tracks backend lists, not single entries: a list's identity is a hash of its
 	// content, so it is written and removed whole (a cold start handles 10,000 lists where it
 	// would handle 100,000 entries). An actual list read with a gap holds a zero entry there.
-	be       *dataplane.Tracker[uint64, []BackendValue]
-	beCount  [2]int       // backend entries desired and programmed
-	strays   []BackendKey // backend entries read that no list can hold, to delete
-	src      *dataplane.Tracker[SourceRangeKey, uint32]
-	cnet     *dataplane.Tracker[ClusterNetKey, ClusterNetVal]
-	settings *dataplane.Tracker[uint32, Settings]
-	fronts   map[calc.FrontendKey]wanted
-	lists    map[uint64]*list
-	addrOnly map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
-	svcIDs   map[uint64]idOwner
-	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
-	self     map[netip.Prefix]bool              // this node's own addresses (both families)
+	be      *dataplane.Tracker[uint64, []BackendValue]
+	beCount [2]int       // backend entries desired and programmed
+	strays  []BackendKey // backend entries read that no list can hold, to delete
+	// idxStrays are backend-index entries read that no list's entry names, to delete. The
+	// index is part of a list: an entry whose index entry reads wrong is rewritten with it.
+	idxStrays []BackendIndex
+	firstBuf  map[[6]byte]uint32
+	src       *dataplane.Tracker[SourceRangeKey, uint32]
+	cnet      *dataplane.Tracker[ClusterNetKey, ClusterNetVal]
+	settings  *dataplane.Tracker[uint32, Settings]
+	fronts    map[calc.FrontendKey]wanted
+	lists     map[uint64]*list
+	addrOnly  map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
+	svcIDs    map[uint64]idOwner
+	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
+	self      map[netip.Prefix]bool              // this node's own addresses (both families)
 	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
 	// use); live is their union, the cleaner's test for flows whose endpoint went, rebuilt
 	// when the cleaner asks after a set came or went (not at every change: a cold start
@@ -709,27 +713,41 @@ func (s *Services) Apply() error {
 	var beIDs []uint64
 	var beKeys []BackendKey
 	var beVals []BackendValue
+	var idxKeys []BackendIndex
+	var idxVals []uint32
 	collectBe := func(id uint64, want []BackendValue) bool {
 		beIDs = append(beIDs, id)
 		// Only the entries that differ from the map's are written (a list read back with
-		// one wrong entry is mended by one write).
+		// one wrong entry is mended by one write), each with its index entry.
 		have, _ := s.be.Actual(id)
+		indexed := len(want) > AffinityScan
+		var first map[[6]byte]uint32
+		if indexed {
+			first = s.firstOrdinals(want)
+		}
 		for i, v := range want {
 			if i < len(have) && have[i] == v {
 				continue
 			}
 			beKeys, beVals = append(beKeys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(beVals, v)
+			// The index entry goes with a new address at i (a gap read is one whose
+			// index entry was wrong); a value corrected in place keeps its own.
+			moved := i >= len(have) || have[i] == (BackendValue{}) || addrPortOf(have[i]) != addrPortOf(v)
+			if indexed && moved && (first == nil || first[addrPortOf(v)] == uint32(i)) {
+				idxKeys, idxVals = append(idxKeys, indexKey(id, v)), append(idxVals, uint32(i))
+			}
 		}
 		return true
 	}
 	writeBe := func() {
-		putAll(s.t.Backends, beKeys, beVals, func(int) { wrote(nil) }, func(i int, err error) {
-			k := beKeys[i]
-			if !failedLists[k.ListId] {
-				failedLists[k.ListId] = true
-				fail(fmt.Sprintf("backend list %016x of %s", k.ListId, s.serviceOfListLocked(k.ListId)), s.full1(err, "backends", s.t.Backends.Max()))
+		refused := func(id uint64, err error) {
+			if !failedLists[id] {
+				failedLists[id] = true
+				fail(fmt.Sprintf("backend list %016x of %s", id, s.serviceOfListLocked(id)), s.full1(err, "backends", s.t.Backends.Max()))
 			}
-		})
+		}
+		putAll(s.t.Backends, beKeys, beVals, func(int) { wrote(nil) }, func(i int, err error) { refused(beKeys[i].ListId, err) })
+		putAll(s.t.BackendIndex, idxKeys, idxVals, func(int) { wrote(nil) }, func(i int, err error) { refused(idxKeys[i].ListId, err) })
 		for _, id := range beIDs {
 			if failedLists[id] {
 				s.be.MarkDirty(id)
@@ -742,17 +760,30 @@ func (s *Services) Apply() error {
 				if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
 					fail(fmt.Sprintf("deleting backend %016x #%d", id, i), err)
 				}
+				if v := have[i]; v != (BackendValue{}) && len(have) > AffinityScan && !slices.ContainsFunc(want, func(w BackendValue) bool { return addrPortOf(w) == addrPortOf(v) }) {
+					if err := s.t.BackendIndex.Delete(indexKey(id, v)); err != nil {
+						fail(fmt.Sprintf("deleting backend index %016x %s", id, BackendString(BackendKey{ListId: id, Ordinal: uint32(i)}, v)), err)
+					}
+				}
 			}
 			s.beCount[1] += len(want) - realEntries(have)
 			s.be.SetActual(id, want)
 		}
-		beIDs, beKeys, beVals = beIDs[:0], beKeys[:0], beVals[:0]
+		beIDs, beKeys, beVals, idxKeys, idxVals = beIDs[:0], beKeys[:0], beVals[:0], idxKeys[:0], idxVals[:0]
 	}
 	delBe := func(id uint64, have []BackendValue) bool {
 		if s.heldLists[id] > 0 {
 			return false // a frontend in the map still points at it (moving it failed): later
 		}
-		for i := range have {
+		for i, v := range have {
+			if v != (BackendValue{}) && len(have) > AffinityScan {
+				// The index entry first: one left behind by a failure is a stray the next
+				// read deletes, never a pointer into a list half gone.
+				if err := s.t.BackendIndex.Delete(indexKey(id, v)); err != nil {
+					fail(fmt.Sprintf("deleting backend list %016x", id), err)
+					return false
+				}
+			}
 			if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
 				fail(fmt.Sprintf("deleting backend list %016x", id), err)
 				return false
@@ -803,6 +834,7 @@ func (s *Services) Apply() error {
 	// Adds first: lists and source ranges exist before the frontends that use them.
 	n := max(0, s.beCount[0]-s.beCount[1])
 	beKeys, beVals = make([]BackendKey, 0, n), make([]BackendValue, 0, n)
+	idxKeys, idxVals = make([]BackendIndex, 0, n), make([]uint32, 0, n)
 	s.be.Pending(collectBe, func(uint64, []BackendValue) bool { return false })
 	writeBe()
 	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
@@ -854,6 +886,15 @@ func (s *Services) Apply() error {
 		s.strays = s.strays[:len(s.strays)-1]
 		wrote(nil)
 	}
+	for len(s.idxStrays) > 0 {
+		k := s.idxStrays[len(s.idxStrays)-1]
+		if err := s.t.BackendIndex.Delete(k); err != nil {
+			fail(fmt.Sprintf("deleting stray backend index %016x %v", k.ListId, netip.AddrPortFrom(HostAddr(k.Addr), HostPort(k.Port))), err)
+			break
+		}
+		s.idxStrays = s.idxStrays[:len(s.idxStrays)-1]
+		wrote(nil)
+	}
 	s.src.Pending(setSrc, delSrc)
 	s.fe.Settle()
 	s.be.Settle()
@@ -861,6 +902,59 @@ func (s *Services) Apply() error {
 	s.cnet.Settle()
 	s.settings.Settle()
 	return errors.Join(errs...)
+}
+
+// AffinityScan is the longest list client-IP affinity reads whole (AFF_SCAN); only longer
+// lists have index entries.
+const AffinityScan = 16
+
+// indexKey is the backend index's key of v in list id.
+func indexKey(id uint64, v BackendValue) BackendIndex {
+	return BackendIndex{ListId: id, Addr: v.Addr, Port: v.Port}
+}
+
+func addrPortOf(v BackendValue) [6]byte {
+	return [6]byte{byte(v.Addr), byte(v.Addr >> 8), byte(v.Addr >> 16), byte(v.Addr >> 24), byte(v.Port), byte(v.Port >> 8)}
+}
+
+// firstOrdinals returns, for a list that names one endpoint twice, the first ordinal of each
+// address:port (the one the index holds); nil when every entry's address is its own.
+func (s *Services) firstOrdinals(l []BackendValue) map[[6]byte]uint32 {
+	if len(l) <= 32 {
+		// Short lists (nearly all) are checked pairwise, with no map to fill.
+		dup := false
+		for i := 1; i < len(l) && !dup; i++ {
+			for j := 0; j < i; j++ {
+				if l[i] != (BackendValue{}) && addrPortOf(l[i]) == addrPortOf(l[j]) {
+					dup = true
+					break
+				}
+			}
+		}
+		if !dup {
+			return nil
+		}
+	}
+	if s.firstBuf == nil {
+		s.firstBuf = map[[6]byte]uint32{}
+	}
+	clear(s.firstBuf)
+	dup := false
+	for i, v := range l {
+		if v == (BackendValue{}) {
+			continue
+		}
+		ap := addrPortOf(v)
+		if _, ok := s.firstBuf[ap]; ok {
+			dup = true
+			continue
+		}
+		s.firstBuf[ap] = uint32(i)
+	}
+	if !dup {
+		return nil
+	}
+	return s.firstBuf
 }
 
 // realEntries counts the entries of an actual list that the map holds (not its gaps).
@@ -957,8 +1051,42 @@ func (s *Services) readLocked() error {
 		l[k.Ordinal] = v
 		lists[k.ListId] = l
 	}
+	// A list's entry counts as written only with its index entry right (the first ordinal
+	// of its address); one that is not is read as a gap, and rewritten with its index.
+	idx, err := s.t.BackendIndex.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the backend index map: %w", err)
+	}
+	named := make(map[BackendIndex]bool, len(idx))
+	blanked := 0
+	for id, l := range lists {
+		if len(l) <= AffinityScan {
+			continue
+		}
+		first := s.firstOrdinals(l)
+		for i, v := range l {
+			if v == (BackendValue{}) {
+				continue
+			}
+			k := indexKey(id, v)
+			if first != nil && first[addrPortOf(v)] != uint32(i) {
+				continue
+			}
+			named[k] = true
+			if o, ok := idx[k]; !ok || o != uint32(i) {
+				l[i] = BackendValue{}
+				blanked++
+			}
+		}
+	}
+	s.idxStrays = s.idxStrays[:0]
+	for k := range idx {
+		if !named[k] {
+			s.idxStrays = append(s.idxStrays, k)
+		}
+	}
 	s.be.ReplaceActual(lists)
-	s.beCount[1] = len(be) - len(s.strays)
+	s.beCount[1] = len(be) - len(s.strays) - blanked
 	s.src.ReplaceActual(src)
 	s.cnet.ReplaceActual(cn)
 	s.settings.ReplaceActual(st)

@@ -213,6 +213,10 @@ func (d *svtDriver) apply() {
 	if err := d.s.Apply(); err != nil {
 		d.t.Fatalf("Apply: %v", err)
 	}
+	// A whole apply leaves the backend index exactly the lists' (client-IP affinity reads it).
+	if p := svtIndexProblems(d.fakes); len(p) > 0 {
+		d.t.Fatalf("after an apply the backend index is wrong: %q", p)
+	}
 }
 
 func (d *svtDriver) render() string {
@@ -232,7 +236,7 @@ func svtRender(t *testing.T, tables Tables) string {
 // writes counts the writes the fakes saw.
 func (d *svtDriver) writes() int {
 	f := d.fakes
-	return f.Frontends.Writes + f.Backends.Writes + f.SourceRanges.Writes + f.ClusterNets.Writes + f.Settings.Writes
+	return f.Frontends.Writes + f.Backends.Writes + f.BackendIndex.Writes + f.SourceRanges.Writes + f.ClusterNets.Writes + f.Settings.Writes
 }
 
 // svtFresh is what a driver given only the full update of st programs.
@@ -881,6 +885,7 @@ func newSvtRecorded(t *testing.T, r *svtRecorder) *svtDriver {
 	d.tables = Tables{
 		Frontends:    svtWatched[FrontendKey, FrontendValue]{f.Frontends, check},
 		Backends:     svtWatched[BackendKey, BackendValue]{f.Backends, check},
+		BackendIndex: svtWatched[BackendIndex, uint32]{f.BackendIndex, check},
 		SourceRanges: svtWatched[SourceRangeKey, uint32]{f.SourceRanges, check},
 		ClusterNets:  svtWatched[ClusterNetKey, ClusterNetVal]{f.ClusterNets, check},
 		Settings:     svtWatched[uint32, Settings]{f.Settings, check},
@@ -1166,13 +1171,49 @@ func svtWithout(t *testing.T, text, prefix string) string {
 	return strings.Join(out, "\n")
 }
 
-// writesBy counts the fakes' writes per table.
-func (d *svtDriver) writesBy() [5]int {
-	f := d.fakes
-	return [5]int{f.Frontends.Writes, f.Backends.Writes, f.SourceRanges.Writes, f.ClusterNets.Writes, f.Settings.Writes}
+// svtIndexProblems compares the backend index with the lists: every entry's address names
+// its first ordinal, and nothing else is there.
+func svtIndexProblems(f *FakeSet) []string {
+	return indexProblems(f.Backends.Entries, f.BackendIndex.Entries)
 }
 
-func svtSub(a, b [5]int) [5]int {
+func indexProblems(be map[BackendKey]BackendValue, idx map[BackendIndex]uint32) []string {
+	want := map[BackendIndex]uint32{}
+	length := map[uint64]int{}
+	for k := range be {
+		length[k.ListId]++
+	}
+	for k, v := range be {
+		if length[k.ListId] <= AffinityScan {
+			continue
+		}
+		ik := BackendIndex{ListId: k.ListId, Addr: v.Addr, Port: v.Port}
+		if o, ok := want[ik]; !ok || k.Ordinal < o {
+			want[ik] = k.Ordinal
+		}
+	}
+	var out []string
+	for k, o := range want {
+		if got, ok := idx[k]; !ok || got != o {
+			out = append(out, fmt.Sprintf("%016x %v: %d, %v; want %d", k.ListId, HostAddr(k.Addr), got, ok, o))
+		}
+	}
+	for k, o := range idx {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("%016x %v: %d, not in a list", k.ListId, HostAddr(k.Addr), o))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// writesBy counts the fakes' writes per table.
+func (d *svtDriver) writesBy() [6]int {
+	f := d.fakes
+	return [6]int{f.Frontends.Writes, f.Backends.Writes, f.BackendIndex.Writes, f.SourceRanges.Writes, f.ClusterNets.Writes, f.Settings.Writes}
+}
+
+func svtSub(a, b [6]int) [6]int {
 	for i := range a {
 		a[i] -= b[i]
 	}
@@ -1218,7 +1259,7 @@ func TestServicesFailureContained(t *testing.T) {
 	if err := d.s.Apply(); err == nil || !strings.Contains(err.Error(), "198.51.100.20:443/TCP") {
 		t.Errorf("Apply, still failing: %v; want the frontend's failure", err)
 	}
-	if w := svtSub(d.writesBy(), before); w != [5]int{} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{} {
 		t.Errorf("Apply, still failing, wrote %v; want nothing", w)
 	}
 	if st := d.s.Stats(); st.Failures != beforeStats.Failures+1 || st.Writes != beforeStats.Writes {
@@ -1229,7 +1270,7 @@ func TestServicesFailureContained(t *testing.T) {
 	d.fakes.Frontends.Fail = nil
 	before, beforeStats = d.writesBy(), d.s.Stats()
 	d.apply()
-	if w := svtSub(d.writesBy(), before); w != [5]int{1, 0, 0, 0, 0} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{1, 0, 0, 0, 0, 0} {
 		t.Errorf("the retry wrote %v (frontends, backends, source ranges, cluster nets, settings); want the one frontend", w)
 	}
 	if w := d.s.Stats().Writes - beforeStats.Writes; w != 1 {
@@ -1261,7 +1302,7 @@ func TestServicesFailureContained(t *testing.T) {
 	d.fakes.Frontends.Fail = nil
 	before = d.writesBy()
 	d.apply()
-	if w := svtSub(d.writesBy(), before); w != [5]int{1, 1, 0, 0, 0} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{1, 1, 0, 0, 0, 0} {
 		t.Errorf("the retry wrote %v; want the frontend and its list's one entry deleted", w)
 	}
 	if want, _, _ := svtFresh(t, gone); d.render() != want {
@@ -1334,7 +1375,7 @@ func TestServicesAdoption(t *testing.T) {
 	if w := d.s.Stats().Writes; w != 0 {
 		t.Errorf("adopting maps that hold the desired state counted %d writes; want 0", w)
 	}
-	if w := svtSub(d.writesBy(), before); w != [5]int{} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{} {
 		t.Errorf("adopting maps that hold the desired state wrote %v; want nothing", w)
 	}
 	if got := d.render(); got != want {
@@ -1370,8 +1411,8 @@ func TestServicesAdoption(t *testing.T) {
 	d.apply()
 	// frontends: 1 stale deleted, 1 corrected; backends: 1 stale deleted, 1 corrected; one
 	// source range and one cluster net deleted; the settings corrected.
-	if w := svtSub(d.writesBy(), before); w != [5]int{2, 2, 1, 1, 1} {
-		t.Errorf("repairing the maps wrote %v (frontends, backends, source ranges, cluster nets, settings); want [2 2 1 1 1]", w)
+	if w := svtSub(d.writesBy(), before); w != [6]int{2, 2, 0, 1, 1, 1} {
+		t.Errorf("repairing the maps wrote %v (frontends, backends, backend index, source ranges, cluster nets, settings); want [2 2 0 1 1 1]", w)
 	}
 	if w := d.s.Stats().Writes; w != 7 {
 		t.Errorf("repairing the maps counted %d writes; want 7", w)
@@ -1388,7 +1429,7 @@ func TestServicesAdoption(t *testing.T) {
 	d.s.QueueResync()
 	before = d.writesBy()
 	d.apply()
-	if w := svtSub(d.writesBy(), before); w != [5]int{1, 0, 0, 0, 0} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{1, 0, 0, 0, 0, 0} {
 		t.Errorf("repairing a lost frontend wrote %v; want the one frontend", w)
 	}
 	if got := d.render(); got != want {
@@ -1627,7 +1668,7 @@ func TestServicesColdStartFailure(t *testing.T) {
 	d.fakes.Frontends.Fail = nil
 	before := d.writesBy()
 	d.apply()
-	if w := svtSub(d.writesBy(), before); w != [5]int{1, 0, 0, 0, 0} {
+	if w := svtSub(d.writesBy(), before); w != [6]int{1, 0, 0, 0, 0, 0} {
 		t.Errorf("the retry wrote %v; want the one frontend", w)
 	}
 	if got := d.render(); got != want {
@@ -1642,4 +1683,113 @@ func TestServicesColdStartFailure(t *testing.T) {
 		t.Errorf("after removing dns\n%s", svtLineDiff(want, d.render()))
 	}
 	svtConsistent(t, d.fakes)
+}
+
+// Lists longer than AffinityScan carry an index (address → first ordinal) for client-IP
+// affinity: written with the list, gone with it, never for short lists, repaired on adoption;
+// a list whose index could not be written is not pointed at.
+func TestServicesBackendIndex(t *testing.T) {
+	eps := func(from, to int) []calc.Backend {
+		var out []calc.Backend
+		for i := from; i < to; i++ {
+			node, addr := svtNode, svtNodeA
+			if i%2 == 1 {
+				node, addr = "node-b", svtNodeB
+			}
+			out = append(out, svtBE(fmt.Sprintf("10.244.%d.%d:80", 1+i%2, 10+i), node, addr))
+		}
+		return out
+	}
+	count := func(d *svtDriver) map[uint64]int {
+		out := map[uint64]int{}
+		for k := range d.fakes.BackendIndex.Entries {
+			out[k.ListId]++
+		}
+		return out
+	}
+	listOf := func(d *svtDriver, f calc.Frontend) uint64 {
+		return d.fakes.Frontends.Entries[FrontendMapKey(f.Key)].ListId
+	}
+	// 20 endpoints, one of them listed twice: 20 index entries, the twice-listed one at its
+	// first ordinal; a service of 5: none.
+	big := svtWith(svtFE("default/big", 0xb1, calc.FrontendClusterIP, "198.51.100.71:80", store.ProtocolTCP, eps(0, 20)...),
+		func(f *calc.Frontend) { f.Backends = append(f.Backends, f.Backends[3]) })
+	small := svtFE("default/small", 0x5a, calc.FrontendClusterIP, "198.51.100.72:80", store.ProtocolTCP, eps(20, 25)...)
+	st := svtStateOf(big, small)
+	d := svtRun(t, st)
+	if got := count(d); len(got) != 1 || got[listOf(d, big)] != 20 {
+		t.Fatalf("index entries by list %v; want 20 for the long list %016x only", got, listOf(d, big))
+	}
+	dup := big.Backends[3]
+	if o := d.fakes.BackendIndex.Entries[BackendIndex{ListId: listOf(d, big), Addr: NetAddr(dup.Addr), Port: NetPort(dup.Port)}]; o != 3 {
+		t.Errorf("the endpoint listed at 3 and 20 is indexed at %d", o)
+	}
+
+	// One endpoint replaced: the new list indexed, the old one's entries gone with it.
+	next := st.clone()
+	next.fronts[big.Key] = svtFE("default/big", 0xb1, calc.FrontendClusterIP, "198.51.100.71:80", store.ProtocolTCP, eps(1, 21)...)
+	if err := d.update(st, next); err != nil {
+		t.Fatal(err)
+	}
+	if p := svtIndexProblems(d.fakes); len(p) > 0 {
+		t.Errorf("after a list changed: %q", p)
+	}
+	if got := count(d); len(got) != 1 || got[listOf(d, next.fronts[big.Key])] != 20 {
+		t.Errorf("index entries by list %v; want 20 for the new list only", got)
+	}
+	// Down to AffinityScan endpoints: no index at all.
+	st, next = next, next.clone()
+	next.fronts[big.Key] = svtFE("default/big", 0xb1, calc.FrontendClusterIP, "198.51.100.71:80", store.ProtocolTCP, eps(1, 1+AffinityScan)...)
+	if err := d.update(st, next); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(d.fakes.BackendIndex.Entries); n != 0 {
+		t.Errorf("%d index entries for lists of %d or fewer", n, AffinityScan)
+	}
+
+	// An index entry refused: the frontend stays on its old list until the retry.
+	st, next = next, next.clone()
+	next.fronts[big.Key] = svtFE("default/big", 0xb1, calc.FrontendClusterIP, "198.51.100.71:80", store.ProtocolTCP, eps(0, 30)...)
+	d.fakes.BackendIndex.Fail = func(op string, k BackendIndex) error {
+		if op == "put" && HostAddr(k.Addr) == netip.MustParseAddr("10.244.2.37") {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	old := listOf(d, big)
+	err := d.update(st, next)
+	if err == nil || !strings.Contains(err.Error(), "backend list") || !strings.Contains(err.Error(), "default/big") {
+		t.Errorf("Apply with an index entry refused: %v; want the list and its service named", err)
+	}
+	if got := listOf(d, big); got != old {
+		t.Errorf("the frontend moved to list %016x, whose index is incomplete", got)
+	}
+	d.fakes.BackendIndex.Fail = nil
+	d.apply()
+	if got := count(d); got[listOf(d, big)] != 30 || listOf(d, big) == old {
+		t.Errorf("after the retry: index entries by list %v, frontend on %016x", got, listOf(d, big))
+	}
+
+	// Adoption: an index entry lost, one wrong, one stray; exactly those are mended (the two
+	// backends rewritten with their index entries).
+	f := d.fakes
+	id := listOf(d, big)
+	var lost, wrong BackendIndex
+	for k := range f.BackendIndex.Entries {
+		if lost == (BackendIndex{}) {
+			lost = k
+		} else if wrong == (BackendIndex{}) {
+			wrong = k
+		}
+	}
+	delete(f.BackendIndex.Entries, lost)
+	f.BackendIndex.Entries[wrong] = (f.BackendIndex.Entries[wrong] + 1) % 30
+	f.BackendIndex.Entries[BackendIndex{ListId: id ^ 1, Addr: NetAddr(netip.MustParseAddr("10.244.9.9")), Port: NetPort(80)}] = 1
+	d2 := &svtDriver{t: t, s: NewServices(d.tables, svtConfig()), tables: d.tables, fakes: f}
+	before := d2.writesBy()
+	d2.s.OnUpdate(svtDiff(nil, next))
+	d2.apply()
+	if w := svtSub(d2.writesBy(), before); w != [6]int{0, 2, 3, 0, 0, 0} {
+		t.Errorf("adopting maps with a damaged index wrote %v; want [0 2 3 0 0 0] (2 backends, 2 index entries and a stray)", w)
+	}
 }

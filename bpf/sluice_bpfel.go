@@ -30,6 +30,14 @@ type sluiceAffValV4 struct {
 	Pad  uint16
 }
 
+type sluiceBeIdxKeyV4 struct {
+	_      structs.HostLayout
+	ListId uint64
+	Addr   uint32
+	Port   uint16
+	Pad    uint16
+}
+
 type sluiceBeKey struct {
 	_       structs.HostLayout
 	ListId  uint64
@@ -183,6 +191,7 @@ type sluiceSrcKeyV4 struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sluiceMapSlAffV4         = "sl_aff_v4"
+	sluiceMapSlBeIdxV4       = "sl_be_idx_v4"
 	sluiceMapSlBeV4          = "sl_be_v4"
 	sluiceMapSlCfg           = "sl_cfg"
 	sluiceMapSlCnetV4        = "sl_cnet_v4"
@@ -261,6 +270,7 @@ type sluiceProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceMapSpecs struct {
 	SlAffV4    *ebpf.MapSpec `ebpf:"sl_aff_v4"`
+	SlBeIdxV4  *ebpf.MapSpec `ebpf:"sl_be_idx_v4"`
 	SlBeV4     *ebpf.MapSpec `ebpf:"sl_be_v4"`
 	SlCfg      *ebpf.MapSpec `ebpf:"sl_cfg"`
 	SlCnetV4   *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
@@ -301,6 +311,7 @@ func (o *sluiceObjects) Close() error {
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluiceMaps struct {
 	SlAffV4    *ebpf.Map `ebpf:"sl_aff_v4"`
+	SlBeIdxV4  *ebpf.Map `ebpf:"sl_be_idx_v4"`
 	SlBeV4     *ebpf.Map `ebpf:"sl_be_v4"`
 	SlCfg      *ebpf.Map `ebpf:"sl_cfg"`
 	SlCnetV4   *ebpf.Map `ebpf:"sl_cnet_v4"`
@@ -317,6 +328,7 @@ type sluiceMaps struct {
 func (m *sluiceMaps) Close() error {
 	return _SluiceClose(
 		m.SlAffV4,
+		m.SlBeIdxV4,
 		m.SlBeV4,
 		m.SlCfg,
 		m.SlCnetV4,

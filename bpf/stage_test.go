@@ -261,6 +261,16 @@ func stClusterIP(name string, i int) calc.Frontend {
 		Backends: []calc.Backend{{Addr: stPodA, Port: 8080, Node: stNodeName, NodeAddr: stHostIP}}}
 }
 
+// stLong is a service of 20 endpoints on node-b: its list is long enough to be indexed.
+func stLong() calc.Frontend {
+	f := calc.Frontend{Key: calc.FrontendKey{Addr: netip.MustParseAddr("10.96.0.20"), Port: 80, Protocol: store.ProtocolTCP},
+		Kind: calc.FrontendClusterIP, Service: "default/long", ServiceID: 0x10e0001, AffinityTimeout: 600}
+	for i := range 20 {
+		f.Backends = append(f.Backends, calc.Backend{Addr: netip.AddrFrom4([4]byte{10, 65, 2, byte(10 + i)}), Port: 8080, Node: stPeerName, NodeAddr: stPeerIP})
+	}
+	return f
+}
+
 // stUpdate is calc's whole desired state for the stage: the pool, the two nodes' addresses,
 // the local workloads' routes (interface → pod address) and the frontends.
 func stUpdate(weps map[string]netip.Addr, fronts ...calc.Frontend) *calc.Update {
@@ -552,6 +562,9 @@ func TestStageFirstApply(t *testing.T) {
 	if got != want {
 		t.Errorf("kernel maps\n%s\nwant\n%s", got, want)
 	}
+	if p := e.indexProblems(); len(p) > 0 {
+		t.Errorf("the kernel's backend index: %q", p)
+	}
 	for _, line := range []string{"frontend 0.0.0.0:30080/TCP service 0000000005eb0001", "frontend 10.96.0.10:0/any service 0000000005eb0001 address-only",
 		"frontend 10.96.0.53:53/UDP service 000000000d050001", "cluster-net 192.0.2.11/32 node,self", "cluster-net 10.65.0.0/16 pool"} {
 		if !strings.Contains(got, line) {
@@ -749,7 +762,7 @@ func TestStageDriftMapEntry(t *testing.T) {
 	e := stNewEnv(t)
 	cfg := stConfig(e.pin)
 	s, _ := e.start(cfg)
-	u := stStandard()
+	u := stUpdate(map[string]netip.Addr{"cali-w1": stPodA}, append(stWeb(), stDNS(), stLong())...)
 	s.OnUpdate(u)
 	e.apply(s)
 	want := stFakeRender(t, cfg, u)
@@ -785,16 +798,55 @@ func TestStageDriftMapEntry(t *testing.T) {
 	if err := cn.Delete(&self); err != nil {
 		t.Fatal(err)
 	}
-	if e.kernelRender() == want {
-		t.Fatal("the hand edits did not show")
+	// The backend index: one entry lost, one stray.
+	idx, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "sl_be_idx_v4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	var ik BackendIndex
+	if err := idx.NextKey(nil, &ik); err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Delete(&ik); err != nil {
+		t.Fatal(err)
+	}
+	stray := BackendIndex{ListId: 0xbeef, Addr: NetAddr(netip.MustParseAddr("10.65.9.9")), Port: NetPort(80)}
+	if err := idx.Put(&stray, uint32(2)); err != nil {
+		t.Fatal(err)
+	}
+	if e.kernelRender() == want || len(e.indexProblems()) != 2 {
+		t.Fatalf("the hand edits did not show: index %q", e.indexProblems())
 	}
 	s.Svc.QueueResync()
-	if n := e.apply(s); n != 4 {
-		t.Errorf("the resync wrote %d entries, want 4 (two frontends back, one deleted, one cluster net)", n)
+	if n := e.apply(s); n != 7 {
+		t.Errorf("the resync wrote %d entries, want 7 (two frontends back, one deleted, one cluster net, a backend and its index entry, a stray index entry)", n)
 	}
 	if got := e.kernelRender(); got != want {
 		t.Errorf("maps after the resync\n%s\nwant\n%s", got, want)
 	}
+	if p := e.indexProblems(); len(p) > 0 {
+		t.Errorf("the backend index after the resync: %q", p)
+	}
+}
+
+// indexProblems compares the pinned backend index with the pinned lists.
+func (e *stEnv) indexProblems() []string {
+	e.t.Helper()
+	p, err := OpenPinned(e.pin)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Close()
+	be, err := p.Tables().Backends.Dump()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	idx, err := p.Tables().BackendIndex.Dump()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return indexProblems(be, idx)
 }
 
 // 4c. A map pin removed by someone is put back: the same map, so a restart still finds the

@@ -27,7 +27,6 @@
 #define IP_MF 0x2000
 #define IP_OFFMASK 0x1fff
 #define NSEC 1000000000ULL
-#define AFF_SCAN 64
 
 #define ICMP_DEST_UNREACH 3
 #define ICMP_PORT_UNREACH 3
@@ -57,6 +56,17 @@ struct {
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_be_v4 SEC(".maps");
+
+/* Written by the agent only, never by a program: allocated per entry, so its memory follows
+ * the long lists there are, not the size option. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct be_idx_key_v4);
+	__type(value, __u32);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_be_idx_v4 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -732,14 +742,29 @@ static __always_inline struct be_val_v4 *pick(struct fe_key_v4 *fk, struct fe_va
 	if (fe->affinity_sec) {
 		struct aff_val_v4 *a = bpf_map_lookup_elem(&sl_aff_v4, &ak);
 		if (a && now - a->seen < (__u64)fe->affinity_sec * NSEC) {
-			for (__u32 i = 0; i < AFF_SCAN; i++) {
-				if (i >= n)
-					break;
-				bk.ordinal = start + i;
-				be = bpf_map_lookup_elem(&sl_be_v4, &bk);
-				if (be && be->addr == a->addr && be->port == a->port) {
-					a->seen = now;
-					return be;
+			if (fe->count <= AFF_SCAN) {
+				for (__u32 i = 0; i < AFF_SCAN; i++) {
+					if (i >= n)
+						break;
+					bk.ordinal = start + i;
+					be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+					if (be && be->addr == a->addr && be->port == a->port) {
+						a->seen = now;
+						return be;
+					}
+				}
+			} else {
+				/* The remembered endpoint, if this frontend's list still holds it
+				 * within the set this flow may use. */
+				struct be_idx_key_v4 ik = {.list_id = fe->list_id, .addr = a->addr, .port = a->port};
+				__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v4, &ik);
+				if (ord && *ord >= start && *ord < end) {
+					bk.ordinal = *ord;
+					be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+					if (be && be->addr == a->addr && be->port == a->port) {
+						a->seen = now;
+						return be;
+					}
 				}
 			}
 		}
