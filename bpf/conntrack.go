@@ -15,7 +15,7 @@ import (
 // long as it would through kube-proxy's iptables.
 type Timeouts struct {
 	TCPEstablished time.Duration // answered, not closing
-	TCPSyn         time.Duration // not answered yet
+	TCPSyn         time.Duration // not answered, or answered and not acknowledged by the client
 	TCPFin         time.Duration // both sides sent FIN
 	TCPRst         time.Duration // reset
 	UDP            time.Duration // one direction only
@@ -24,8 +24,9 @@ type Timeouts struct {
 	Grace time.Duration
 }
 
-// DefaultTimeouts are the kernel's conntrack defaults.
-var DefaultTimeouts = Timeouts{TCPEstablished: 432000 * time.Second, TCPSyn: 120 * time.Second, TCPFin: 120 * time.Second,
+// DefaultTimeouts are the kernel's conntrack defaults, but for a handshake: 60 s, Cilium's
+// and the kernel's SYN_RECV (its SYN_SENT is 120 s, Calico's 20 s); an option sets it.
+var DefaultTimeouts = Timeouts{TCPEstablished: 432000 * time.Second, TCPSyn: 60 * time.Second, TCPFin: 120 * time.Second,
 	TCPRst: 10 * time.Second, UDP: 30 * time.Second, UDPStream: 120 * time.Second, Grace: 10 * time.Second}
 
 // Idle returns the timeout of an entry in its state.
@@ -40,7 +41,7 @@ func (t Timeouts) Idle(proto uint8, tcp uint8) time.Duration {
 		return t.TCPRst
 	case tcp&TCPFinFwd != 0 && tcp&TCPFinRev != 0:
 		return t.TCPFin
-	case tcp&TCPReplied != 0:
+	case tcp&TCPReplied != 0 && tcp&TCPOpening == 0:
 		return t.TCPEstablished
 	default:
 		return t.TCPSyn

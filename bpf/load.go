@@ -42,6 +42,18 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 	set("sl_cnet_v4", s.ClusterNets)
 	set("sl_aff_v4", s.Affinity)
 	set("sl_ct_v4", s.Conntrack)
+	// The young-flow ring of each CPU: together an eighth of the connection table's flows
+	// (two entries each), so unanswered flows (a SYN flood's) hold at most a quarter of it.
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil || ncpu < 1 {
+		ncpu = 1
+	}
+	spec.Maps["sl_ct_young_v4"].MaxEntries = YoungRing(int(spec.Maps["sl_ct_v4"].MaxEntries), ncpu)
+}
+
+// YoungRing is the size of each CPU's young-flow ring for a connection table of entries.
+func YoungRing(entries, ncpu int) uint32 {
+	return uint32(max(64, entries/8/ncpu))
 }
 
 // Objects are sluice's loaded programs and maps.

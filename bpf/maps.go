@@ -60,6 +60,7 @@ const (
 	TCPRst     = 1 << 4
 	TCPLiveFwd = 1 << 5 // after an RST: a packet of the client's direction that was no RST
 	TCPLiveRev = 1 << 6 // after an RST: a reply that was no RST
+	TCPOpening = 1 << 7 // answered, the client's acknowledgement not seen yet (SYN_RECV)
 )
 
 // HairpinAddr is HAIRPIN_ADDR of c/sluice.h: the source a workload's flow to itself through
@@ -93,6 +94,7 @@ var counters = []struct{ name, meaning string }{
 	{"drop_route_prohibit", "the route to the destination is prohibit"},
 	{"drop_route_mtu", "larger than the route's interface carries: nodeport-tunnel-mtu past the underlay"},
 	{"drop_route_other", "forwarding disabled on the interface, or a route the lookup cannot use"},
+	{"conntrack_evicted", "flows not established when their young-flow slot came round: evicted (a SYN flood's share of the connection table is full)"},
 }
 
 // CounterNames are the counters' names, in the order of enum counter; CounterMeanings say

@@ -136,7 +136,7 @@ func TCPStateNames(s uint8) []string {
 	for _, b := range []struct {
 		bit  uint8
 		name string
-	}{{TCPSyn, "syn"}, {TCPReplied, "replied"}, {TCPFinFwd, "fin-fwd"}, {TCPFinRev, "fin-rev"}, {TCPRst, "rst"}, {TCPLiveFwd, "live-fwd"}, {TCPLiveRev, "live-rev"}} {
+	}{{TCPSyn, "syn"}, {TCPReplied, "replied"}, {TCPFinFwd, "fin-fwd"}, {TCPFinRev, "fin-rev"}, {TCPRst, "rst"}, {TCPLiveFwd, "live-fwd"}, {TCPLiveRev, "live-rev"}, {TCPOpening, "opening"}} {
 		if s&b.bit != 0 {
 			out = append(out, b.name)
 		}

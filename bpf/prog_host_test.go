@@ -36,7 +36,7 @@ func TestProgHostBackend(t *testing.T) {
 		synack := tpTCPFrame(tpMACA1, tpMACEdge, host, client, tpSYN|tpACK, 9000, 1001, nil)
 		rc, out = a.toHost("nic1", synack)
 		tpWant(t, rc, out, tpOK, tpNAT(synack, tpZeroMAC, tpZeroMAC, front, netip.AddrPort{}))
-		revWant.Tcp |= tpTCPReplied
+		revWant.Tcp |= tpTCPReplied | tpTCPOpening
 		a.wantCT(revKey, revWant)
 
 		// The host's routing picks the other interface (node A's default route is by nic0):
@@ -75,7 +75,7 @@ func TestProgHostBackend(t *testing.T) {
 		synack := tpTCPFrame(tpMACB0, tpMACRouter, host, mid, tpSYN|tpACK, 9000, 1001, nil)
 		rc, out = b.toHost("nic0", synack)
 		tpWantVXLAN(t, rc, out, tpMACB0, tpMACA0, tpNodeB, tpNodeA, tpUnwrapped(synack), false)
-		b.wantCT(tunKey, sluiceCtValV4{Type: tpCtTun, Tcp: tpTCPSyn | tpTCPReplied, NatAddr: tpA(tpNodeA)})
+		b.wantCT(tunKey, sluiceCtValV4{Type: tpCtTun, Tcp: tpTCPSyn | tpTCPReplied | tpTCPOpening, NatAddr: tpA(tpNodeA)})
 		rc, out = a.runBytes(a.o.SlFromHost, "nic0", false, out)
 		tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, client))
 		b.wantCounters(map[int]uint64{tpCTunIn: 1})

@@ -148,7 +148,7 @@ func TestProgRoutedBackend(t *testing.T) {
 		synack := tpTCPFrame(tpMACRouter, tpMACA0, tpRouted, client, tpSYN|tpACK, 9000, 7001, nil)
 		rc, out = a.fromHost("nic0", synack)
 		tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
-		revWant.Tcp |= tpTCPReplied
+		revWant.Tcp |= tpTCPReplied | tpTCPOpening
 		a.wantCT(revKey, revWant)
 		ack := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpACK|tpPSH, 7001, 9001, []byte("GET /version"))
 		rc, out = a.fromWep("wep1", ack)
@@ -191,7 +191,7 @@ func TestProgRoutedBackend(t *testing.T) {
 		synack := tpTCPFrame(tpMACRouter, tpMACA0, tpRouted, client, tpSYN|tpACK, 5000, 1001, nil)
 		rc, out = a.fromHost("nic0", synack)
 		tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, netip.AddrPort{}))
-		revWant.Tcp |= tpTCPReplied
+		revWant.Tcp |= tpTCPReplied | tpTCPOpening
 		a.wantCT(tpKey(tpRouted, client, tpProtoTCP), revWant)
 		ack := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpACK, 1001, 5001, nil)
 		rc, out = a.fromHost("nic1", ack)
@@ -251,7 +251,7 @@ func TestProgHairpin(t *testing.T) {
 		rc, out = a.fromWep("wep0", synack)
 		back := tpNAT(synack, tpMACWepA0, tpMACPodA5, front, client)
 		tpWant(t, rc, out, tpRedirect, back)
-		revWant.Tcp |= tpTCPReplied
+		revWant.Tcp |= tpTCPReplied | tpTCPOpening
 		a.wantCT(revKey, revWant)
 		rc, out2 = a.toWep("wep0", tpDecodeOK(t, out))
 		tpWant(t, rc, out2, tpOK, back)
@@ -262,6 +262,7 @@ func TestProgHairpin(t *testing.T) {
 		tpWant(t, rc, out, tpRedirect, tpNAT(ack, tpMACWepA0, tpMACPodA5, hpClient, pod))
 		rc, out = a.fromWep("wep0", syn)
 		tpWant(t, rc, out, tpRedirect, toPod)
+		revWant.Tcp &^= tpTCPOpening // the client acknowledged the answer: established
 		a.wantCT(revKey, revWant)
 		a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCRevNat: 1})
 		if n := a.ctLen(); n != 2 {

@@ -60,6 +60,7 @@ const (
 
 	tpTCPSyn     = TCPSyn
 	tpTCPReplied = TCPReplied
+	tpTCPOpening = TCPOpening
 	tpTCPFinFwd  = TCPFinFwd
 	tpTCPFinRev  = TCPFinRev
 	tpTCPRst     = TCPRst
@@ -92,13 +93,14 @@ const (
 	tpCDropFibProhibit
 	tpCDropFibFrag
 	tpCDropFibOther
+	tpCCtEvicted
 	tpCNum
 )
 
 var tpCounterNames = []string{"C_NAT_NEW", "C_NAT_FWD_REMOTE", "C_TUN_IN", "C_DROP_FORGED_TUNNEL",
 	"C_DROP_NO_LOCAL", "C_DROP_SRC_RANGE", "C_DROP_CT_FULL", "C_DROP_TOO_BIG", "C_DROP_COLLISION",
 	"C_DROP_FIB", "C_DROP_MALFORMED", "C_REJECT_NO_BACKEND", "C_REJECT_PORT", "C_ICMP_TOO_BIG", "C_REV_NAT", "C_SOCK_NAT", "C_REJECT_SOCK", "C_CT_SUPERSEDED", "C_FRAG_SPLIT",
-	"C_DROP_FIB_BLACKHOLE", "C_DROP_FIB_PROHIBIT", "C_DROP_FIB_FRAG", "C_DROP_FIB_OTHER"}
+	"C_DROP_FIB_BLACKHOLE", "C_DROP_FIB_PROHIBIT", "C_DROP_FIB_FRAG", "C_DROP_FIB_OTHER", "C_CT_EVICTED"}
 
 // tc verdicts.
 const (
@@ -708,7 +710,7 @@ func TestProgHeaderConstants(t *testing.T) {
 		"CT_FWD": tpCtFwd, "CT_REV": tpCtRev, "CT_TUN": tpCtTun, "CT_F_REMOTE": tpCtRemote,
 		"CT_F_REDIRECT": tpCtRedirect, "CT_F_PSNAT": tpCtPsnat, "CT_F_LOCAL": tpCtLocal, "TCP_SYN": tpTCPSyn, "TCP_REPLIED": tpTCPReplied,
 		"TCP_FIN_FWD": tpTCPFinFwd, "TCP_FIN_REV": tpTCPFinRev, "TCP_RST": tpTCPRst,
-		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev, "AFF_SCAN": AffinityScan} {
+		"TCP_LIVE_FWD": tpTCPLiveFwd, "TCP_LIVE_REV": tpTCPLiveRev, "TCP_OPENING": TCPOpening, "AFF_SCAN": AffinityScan} {
 		if got, ok := defines[name]; !ok || got != v {
 			t.Errorf("%s: header says %d (found %v), the driver uses %d", name, got, ok, v)
 		}
@@ -790,7 +792,7 @@ func TestProgNodePortLocalBackend(t *testing.T) {
 	synack := tpTCPFrame(tpMACPodA5, tpMACWepA0, pod, client, tpSYN|tpACK, 5000, 1001, nil)
 	rc, out = a.fromWep("wep0", synack)
 	tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, netip.AddrPort{}))
-	rev := a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied,
+	rev := a.wantCT(tpKey(pod, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtRedirect | tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied | tpTCPOpening,
 		Ifindex: uint32(a.ifindex["nic1"]), NatAddr: tpA(tpEdgeA), NatPort: tpP(30080), NatSport: tpP(40000),
 		MacLocal: tpMACA1, MacPeer: tpMACEdge})
 
@@ -798,8 +800,8 @@ func TestProgNodePortLocalBackend(t *testing.T) {
 	ack := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpACK|tpPSH, 1001, 5001, []byte("GET / HTTP/1.0\r\n\r\n"))
 	rc, out = a.fromHost("nic1", ack)
 	tpWant(t, rc, out, tpRedirect, tpNAT(ack, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
-	if v, _ := a.ct(tpKey(pod, client, tpProtoTCP)); v.LastSeen <= rev.LastSeen {
-		t.Errorf("the client's packet did not refresh the flow: last seen %d, was %d", v.LastSeen, rev.LastSeen)
+	if v, _ := a.ct(tpKey(pod, client, tpProtoTCP)); v.LastSeen <= rev.LastSeen || v.Tcp != tpTCPSyn|tpTCPReplied {
+		t.Errorf("the client's ACK did not refresh the flow or make it established: last seen %d, was %d; state %#x", v.LastSeen, rev.LastSeen, v.Tcp)
 	}
 	a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCRevNat: 1})
 	if n := a.ctLen(); n != 2 {
@@ -877,7 +879,7 @@ func TestProgClusterIPFromWorkload(t *testing.T) {
 		synack := tpTCPFrame(tpMACWepA1, tpMACPodA7, host, client, tpSYN|tpACK, 9000, 7001, nil)
 		rc, out = a.toWep("wep1", synack)
 		tpWant(t, rc, out, tpOK, tpNAT(synack, tpZeroMAC, tpZeroMAC, front, netip.AddrPort{}))
-		a.wantCT(tpKey(host, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied, NatAddr: tpA(api), NatPort: tpP(443), NatSport: tpP(33333)})
+		a.wantCT(tpKey(host, client, tpProtoTCP), sluiceCtValV4{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied | tpTCPOpening, NatAddr: tpA(api), NatPort: tpP(443), NatSport: tpP(33333)})
 		// Traffic that is no reply passes untouched.
 		other := tpTCPFrame(tpMACWepA1, tpMACPodA7, netip.AddrPortFrom(tpNodeA, 22), client, tpACK, 1, 1, nil)
 		rc, out = a.toWep("wep1", other)
@@ -991,13 +993,13 @@ func TestProgNodePortRemoteBackend(t *testing.T) {
 	synack := tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, mid, tpSYN|tpACK, 5000, 1001, nil)
 	rc, out = b.fromWep("wep0", synack)
 	tpWantVXLAN(t, rc, out, tpMACB0, tpMACA0, tpNodeB, tpNodeA, tpUnwrapped(synack), false)
-	b.wantCT(tunKey, sluiceCtValV4{Type: tpCtTun, Tcp: tpTCPSyn | tpTCPReplied, NatAddr: tpA(tpNodeA)})
+	b.wantCT(tunKey, sluiceCtValV4{Type: tpCtTun, Tcp: tpTCPSyn | tpTCPReplied | tpTCPOpening, NatAddr: tpA(tpNodeA)})
 
 	// Node A: unwrapped, translated back to the node port and the client's own port, and
 	// sent by nic1 (where the request came in) to the edge router.
 	rc, out = a.runBytes(a.o.SlFromHost, "nic0", false, out)
 	tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, client))
-	revWant.Tcp |= tpTCPReplied
+	revWant.Tcp |= tpTCPReplied | tpTCPOpening
 	a.wantCT(tpKey(pod, mid, tpProtoTCP), revWant)
 
 	// The client's next segment takes the same way with the same ports.

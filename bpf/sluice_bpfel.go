@@ -121,6 +121,12 @@ type sluiceCtValV4 struct {
 	Pad3     uint32
 }
 
+type sluiceCtYoungV4 struct {
+	_       structs.HostLayout
+	Key     sluiceCtKeyV4
+	Created uint64
+}
+
 type sluiceFeKeyV4 struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -198,6 +204,8 @@ const (
 	sluiceMapSlCounters      = "sl_counters"
 	sluiceMapSlCtCleanq      = "sl_ct_cleanq"
 	sluiceMapSlCtV4          = "sl_ct_v4"
+	sluiceMapSlCtYoungPos    = "sl_ct_young_pos"
+	sluiceMapSlCtYoungV4     = "sl_ct_young_v4"
 	sluiceMapSlFeV4          = "sl_fe_v4"
 	sluiceMapSlFragV4        = "sl_frag_v4"
 	sluiceMapSlScratch       = "sl_scratch"
@@ -269,19 +277,21 @@ type sluiceProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceMapSpecs struct {
-	SlAffV4    *ebpf.MapSpec `ebpf:"sl_aff_v4"`
-	SlBeIdxV4  *ebpf.MapSpec `ebpf:"sl_be_idx_v4"`
-	SlBeV4     *ebpf.MapSpec `ebpf:"sl_be_v4"`
-	SlCfg      *ebpf.MapSpec `ebpf:"sl_cfg"`
-	SlCnetV4   *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
-	SlCounters *ebpf.MapSpec `ebpf:"sl_counters"`
-	SlCtCleanq *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
-	SlCtV4     *ebpf.MapSpec `ebpf:"sl_ct_v4"`
-	SlFeV4     *ebpf.MapSpec `ebpf:"sl_fe_v4"`
-	SlFragV4   *ebpf.MapSpec `ebpf:"sl_frag_v4"`
-	SlScratch  *ebpf.MapSpec `ebpf:"sl_scratch"`
-	SlSockV4   *ebpf.MapSpec `ebpf:"sl_sock_v4"`
-	SlSrcV4    *ebpf.MapSpec `ebpf:"sl_src_v4"`
+	SlAffV4      *ebpf.MapSpec `ebpf:"sl_aff_v4"`
+	SlBeIdxV4    *ebpf.MapSpec `ebpf:"sl_be_idx_v4"`
+	SlBeV4       *ebpf.MapSpec `ebpf:"sl_be_v4"`
+	SlCfg        *ebpf.MapSpec `ebpf:"sl_cfg"`
+	SlCnetV4     *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
+	SlCounters   *ebpf.MapSpec `ebpf:"sl_counters"`
+	SlCtCleanq   *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
+	SlCtV4       *ebpf.MapSpec `ebpf:"sl_ct_v4"`
+	SlCtYoungPos *ebpf.MapSpec `ebpf:"sl_ct_young_pos"`
+	SlCtYoungV4  *ebpf.MapSpec `ebpf:"sl_ct_young_v4"`
+	SlFeV4       *ebpf.MapSpec `ebpf:"sl_fe_v4"`
+	SlFragV4     *ebpf.MapSpec `ebpf:"sl_frag_v4"`
+	SlScratch    *ebpf.MapSpec `ebpf:"sl_scratch"`
+	SlSockV4     *ebpf.MapSpec `ebpf:"sl_sock_v4"`
+	SlSrcV4      *ebpf.MapSpec `ebpf:"sl_src_v4"`
 }
 
 // sluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -310,19 +320,21 @@ func (o *sluiceObjects) Close() error {
 //
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluiceMaps struct {
-	SlAffV4    *ebpf.Map `ebpf:"sl_aff_v4"`
-	SlBeIdxV4  *ebpf.Map `ebpf:"sl_be_idx_v4"`
-	SlBeV4     *ebpf.Map `ebpf:"sl_be_v4"`
-	SlCfg      *ebpf.Map `ebpf:"sl_cfg"`
-	SlCnetV4   *ebpf.Map `ebpf:"sl_cnet_v4"`
-	SlCounters *ebpf.Map `ebpf:"sl_counters"`
-	SlCtCleanq *ebpf.Map `ebpf:"sl_ct_cleanq"`
-	SlCtV4     *ebpf.Map `ebpf:"sl_ct_v4"`
-	SlFeV4     *ebpf.Map `ebpf:"sl_fe_v4"`
-	SlFragV4   *ebpf.Map `ebpf:"sl_frag_v4"`
-	SlScratch  *ebpf.Map `ebpf:"sl_scratch"`
-	SlSockV4   *ebpf.Map `ebpf:"sl_sock_v4"`
-	SlSrcV4    *ebpf.Map `ebpf:"sl_src_v4"`
+	SlAffV4      *ebpf.Map `ebpf:"sl_aff_v4"`
+	SlBeIdxV4    *ebpf.Map `ebpf:"sl_be_idx_v4"`
+	SlBeV4       *ebpf.Map `ebpf:"sl_be_v4"`
+	SlCfg        *ebpf.Map `ebpf:"sl_cfg"`
+	SlCnetV4     *ebpf.Map `ebpf:"sl_cnet_v4"`
+	SlCounters   *ebpf.Map `ebpf:"sl_counters"`
+	SlCtCleanq   *ebpf.Map `ebpf:"sl_ct_cleanq"`
+	SlCtV4       *ebpf.Map `ebpf:"sl_ct_v4"`
+	SlCtYoungPos *ebpf.Map `ebpf:"sl_ct_young_pos"`
+	SlCtYoungV4  *ebpf.Map `ebpf:"sl_ct_young_v4"`
+	SlFeV4       *ebpf.Map `ebpf:"sl_fe_v4"`
+	SlFragV4     *ebpf.Map `ebpf:"sl_frag_v4"`
+	SlScratch    *ebpf.Map `ebpf:"sl_scratch"`
+	SlSockV4     *ebpf.Map `ebpf:"sl_sock_v4"`
+	SlSrcV4      *ebpf.Map `ebpf:"sl_src_v4"`
 }
 
 func (m *sluiceMaps) Close() error {
@@ -335,6 +347,8 @@ func (m *sluiceMaps) Close() error {
 		m.SlCounters,
 		m.SlCtCleanq,
 		m.SlCtV4,
+		m.SlCtYoungPos,
+		m.SlCtYoungV4,
 		m.SlFeV4,
 		m.SlFragV4,
 		m.SlScratch,

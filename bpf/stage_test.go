@@ -1283,6 +1283,7 @@ func testConntrackCleanup(t *testing.T, userSpace bool) {
 	tun := stFlow{name: "tunnel", keys: []ConntrackKey{tk}, vals: []ConntrackValue{{Created: t0 - 60*sec, LastSeen: t0, Type: ConntrackTun,
 		Tcp: TCPSyn | TCPReplied, NatAddr: NetAddr(netip.MustParseAddr("192.0.2.13"))}}}
 	syn := stLocalFlow("SYN only", ProtoTCP, 31000, TCPSyn, t0)
+	opening := stLocalFlow("SYN-ACK, no ACK", ProtoTCP, 31005, TCPSyn|TCPReplied|TCPOpening, t0)
 	udp := stLocalFlow("UDP", ProtoUDP, 31001, 0, t0)
 	udpAnswered := stLocalFlow("UDP answered", ProtoUDP, 31002, TCPReplied, t0)
 	// Forward entries whose reverse entry never came (a half-made pair): one older than the
@@ -1292,7 +1293,7 @@ func testConntrackCleanup(t *testing.T, userSpace bool) {
 	young := stLocalFlow("half-made, young", ProtoTCP, 31004, TCPSyn, t0)
 	young.keys, young.vals = young.keys[:1], young.vals[:1]
 
-	flows := []stFlow{fwd, old, tun, syn, udp, udpAnswered, orphan, young}
+	flows := []stFlow{fwd, old, tun, syn, opening, udp, udpAnswered, orphan, young}
 	for _, f := range flows {
 		f.put(t, s.Objs.SlCtV4)
 	}
@@ -1331,14 +1332,19 @@ func testConntrackCleanup(t *testing.T, userSpace bool) {
 	}
 
 	st := clean(t0 + sec)
-	alive("forwarded", "tunnel", "SYN only", "UDP", "UDP answered", "half-made, young")
+	alive("forwarded", "tunnel", "SYN only", "SYN-ACK, no ACK", "UDP", "UDP answered", "half-made, young")
 	// Deleted counts requests: a reverse entry's pair goes with it.
-	if st.Expired != 2 || st.Deleted != 2 || st.Forwards != 3 || st.Entries != 13 {
-		t.Errorf("first pass %+v: want 2 expired and deleted (the idle pair, the old half-made one), 3 forwarded flows of 13 entries", st)
+	if st.Expired != 2 || st.Deleted != 2 || st.Forwards != 3 || st.Entries != 15 {
+		t.Errorf("first pass %+v: want 2 expired and deleted (the idle pair, the old half-made one), 3 forwarded flows of 15 entries", st)
 	}
 	clean(t0 + uint64(to.UDP) + sec)
-	alive("forwarded", "tunnel", "SYN only", "UDP answered")
-	clean(t0 + uint64(to.TCPSyn) + sec) // TCPSyn and UDPStream are both 120 s
+	alive("forwarded", "tunnel", "SYN only", "SYN-ACK, no ACK", "UDP answered")
+	if to.TCPSyn >= to.UDPStream {
+		t.Fatalf("the handshake timeout %v is not below answered UDP's %v", to.TCPSyn, to.UDPStream)
+	}
+	clean(t0 + uint64(to.TCPSyn) + sec)
+	alive("forwarded", "tunnel", "UDP answered")
+	clean(t0 + uint64(to.UDPStream) + sec)
 	alive("forwarded", "tunnel")
 	// Any number of passes before the established timeout leave the forwarded flows alone.
 	for i := uint64(0); i < 50; i++ {

