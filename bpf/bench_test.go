@@ -109,13 +109,18 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 		slices.SortFunc(present, netip.AddrPort.Compare)
 		name := fmt.Sprintf("svc-%05d", s)
 		id := calc.ServiceID(&store.Service{Namespace: "bench", Name: name, UID: "uid-" + name})
-		add := func(a netip.Addr, port uint16, kind calc.FrontendKind) {
-			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: store.ProtocolTCP}, Kind: kind,
+		addProto := func(a netip.Addr, port uint16, proto store.Protocol, kind calc.FrontendKind) {
+			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: proto}, Kind: kind,
 				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends, LocalBackends: len(local), Present: present})
 		}
+		add := func(a netip.Addr, port uint16, kind calc.FrontendKind) { addProto(a, port, store.ProtocolTCP, kind) }
 		add(benchClusterIP(s), 80, calc.FrontendClusterIP)
 		add(benchNodeAddr(self), uint16(benchNodePort+s), calc.FrontendNodePort)
 		add(netip.IPv4Unspecified(), uint16(benchNodePort+s), calc.FrontendNodePort)
+		if special[s] != nil {
+			// The traffic benchmark's services carry UDP too (UDP-GSO bulk).
+			addProto(netip.IPv4Unspecified(), uint16(benchNodePort+s), store.ProtocolUDP, calc.FrontendNodePort)
+		}
 	}
 	slices.SortFunc(fronts, func(a, b calc.Frontend) int {
 		return cmp.Or(a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Port, b.Key.Port))
@@ -483,6 +488,42 @@ func benchServer(ln net.Listener, wg *sync.WaitGroup) {
 type benchTraffic struct {
 	client netns.NsHandle
 	stages [2]*Stage
+	// udpBytes counts the payload bytes each UDP server took, by its address.
+	udpBytes map[string]*atomic.Int64
+}
+
+// udpGSO sends UDP for d from one socket with UDP segmentation offload (UDP_SEGMENT: 46
+// datagrams of 1,400 bytes handed to the kernel at a time, as QUIC servers send) to addr, whose
+// server counts the bytes (counter): it returns bits per second received.
+func (t *benchTraffic) udpGSO(addr string, counter *atomic.Int64, d time.Duration) (float64, error) {
+	var bits float64
+	err := benchInNS(t.client, func() error {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		raw, err := c.(*net.UDPConn).SyscallConn()
+		if err != nil {
+			return err
+		}
+		var serr error
+		if err := raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_SEGMENT, 1400) }); err != nil || serr != nil {
+			return fmt.Errorf("UDP_SEGMENT: %v %v", err, serr)
+		}
+		buf := make([]byte, 46*1400)
+		before := counter.Load()
+		start := time.Now()
+		for time.Since(start) < d {
+			if _, err := c.Write(buf); err != nil && !errors.Is(err, unix.ECONNREFUSED) && !errors.Is(err, unix.ENOBUFS) {
+				return err
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // what is in flight arrives
+		bits = float64((counter.Load()-before)*8) / time.Since(start).Seconds()
+		return nil
+	})
+	return bits, err
 }
 
 // connRate runs workers that each connect, send 'c', read the answer and the close, for d
@@ -705,7 +746,40 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 		}
 	}
 
-	return &benchTraffic{client: client, stages: stages}
+	udp := map[string]*atomic.Int64{}
+	for _, srv := range []struct {
+		ns  netns.NsHandle
+		pod netip.Addr
+	}{{srvA, benchPodA}, {srvB, benchPodB}} {
+		for _, port := range []uint16{benchNPPort, benchDirectPort} {
+			addr := netip.AddrPortFrom(srv.pod, port)
+			var pc net.PacketConn
+			if err := benchInNS(srv.ns, func() (err error) {
+				pc, err = net.ListenPacket("udp", addr.String())
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			_ = pc.(*net.UDPConn).SetReadBuffer(8 << 20)
+			n := &atomic.Int64{}
+			udp[addr.String()] = n
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 64<<10)
+				for {
+					k, _, err := pc.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					n.Add(int64(k))
+				}
+			}()
+			b.Cleanup(func() { pc.Close() })
+		}
+	}
+
+	return &benchTraffic{client: client, stages: stages, udpBytes: udp}
 }
 
 // counters lists the nodes' counters that are not zero.
@@ -730,7 +804,8 @@ func (t *benchTraffic) counters() string {
 }
 
 // BenchmarkNodePortTraffic measures connections per second (4 clients in parallel, each
-// connect, one byte each way, close) and bulk throughput both ways (one connection) through
+// connect, one byte each way, close), bulk TCP throughput both ways (one connection) and UDP
+// sent with segmentation offload (UDP_SEGMENT, as QUIC servers send; bytes received) through
 // a node port on node A, to an endpoint on node A (local) and to one on node B (remote,
 // through the node-port tunnel), beside the same traffic sent straight to the endpoint's
 // address (the client routed to the pod network, the same programs attached and passing it)
@@ -751,10 +826,11 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 	for _, c := range []struct {
 		name        string
 		np, direct  string
-		wantCounter int // a counter that must have grown on node A: the traffic took the program's path
+		wantCounter int        // a counter that must have grown on node A: the traffic took the program's path
+		pod         netip.Addr // the endpoint: its UDP servers count what arrives
 	}{
-		{"local", nodePort(0), netip.AddrPortFrom(benchPodA, benchDirectPort).String(), 0},
-		{"remote", nodePort(1), netip.AddrPortFrom(benchPodB, benchDirectPort).String(), 1},
+		{"local", nodePort(0), netip.AddrPortFrom(benchPodA, benchDirectPort).String(), 0, benchPodA},
+		{"remote", nodePort(1), netip.AddrPortFrom(benchPodB, benchDirectPort).String(), 1, benchPodB},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			// Both paths work before anything is measured.
@@ -775,8 +851,9 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 			before := read()
 			var synNP int64 // SYNs the node-port connections had to send again
 			const rounds, slice = 3, 500 * time.Millisecond
-			var conns, up, down [2]float64 // node port, direct
+			var conns, up, down, udp [2]float64 // node port, direct
 			addrs := [2]string{c.np, c.direct}
+			udpCount := [2]*atomic.Int64{t.udpBytes[netip.AddrPortFrom(c.pod, benchNPPort).String()], t.udpBytes[netip.AddrPortFrom(c.pod, benchDirectPort).String()]}
 			for r := range rounds {
 				order := []int{0, 1}
 				if r%2 == 1 {
@@ -811,6 +888,13 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 					}
 					down[p] += bps / rounds
 				}
+				for _, p := range order {
+					bps, err := t.udpGSO(addrs[p], udpCount[p], slice)
+					if err != nil {
+						b.Fatalf("UDP to %s: %v; counters %s", addrs[p], err, t.counters())
+					}
+					udp[p] += bps / rounds
+				}
 			}
 			if grew := read() - before; grew < uint64(conns[0]) {
 				b.Fatalf("counter %s grew by %d over %.0f node-port connections a second: the traffic did not take the program's path", CounterNames[c.wantCounter], grew, conns[0])
@@ -827,6 +911,9 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 			b.ReportMetric(down[0]/1e9, "down-np-Gbit/s")
 			b.ReportMetric(down[1]/1e9, "down-direct-Gbit/s")
 			b.ReportMetric(down[0]/down[1], "down-np/direct")
+			b.ReportMetric(udp[0]/1e9, "udp-gso-np-Gbit/s")
+			b.ReportMetric(udp[1]/1e9, "udp-gso-direct-Gbit/s")
+			b.ReportMetric(udp[0]/udp[1], "udp-gso-np/direct")
 		})
 	}
 }

@@ -27,6 +27,10 @@
 #define IP_MF 0x2000
 #define IP_OFFMASK 0x1fff
 #define NSEC 1000000000ULL
+/* bpf_skb_adjust_room's decapsulation flags, newer than the UAPI headers this builds with:
+ * the inner protocol is IPv4 (Linux 6.3), the UDP tunnel's GSO state goes (7.0). */
+#define ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
+#define ADJ_ROOM_DECAP_L4_UDP  (1ULL << 10)
 
 #define ICMP_DEST_UNREACH 3
 #define ICMP_PORT_UNREACH 3
@@ -1320,7 +1324,15 @@ static __noinline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
-	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, 0) < 0) {
+	/* FIXED_GSO: a segmented packet (the sender's GSO carried through, or the kernel's GRO
+	 * merging tunnel packets) keeps its segment size, the inner one; without it the kernel
+	 * adds the tunnel's 50 bytes to a TCP aggregate's and refuses a UDP one's. DECAP_L4_UDP
+	 * (with DECAP_L3_IPV4) also drops the aggregate's tunnel GSO state, where the kernel has
+	 * it (Linux 7.0); an older one refuses the flags, and the aggregate keeps that state: see
+	 * ARCHITECTURE.md (bpf, segmented packets) for what that means. */
+	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC,
+				BPF_F_ADJ_ROOM_FIXED_GSO | ADJ_ROOM_DECAP_L3_IPV4 | ADJ_ROOM_DECAP_L4_UDP) < 0 &&
+	    bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
