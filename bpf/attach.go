@@ -18,7 +18,9 @@ import (
 )
 
 // DefaultHostInterfaces matches a node's NICs, bonds and VLANs as Calico's
-// BPFDataIfacePattern does.
+// BPFDataIfacePattern does. A matching device enslaved to another (a bond's slave) gets no
+// programs; its master does when it matches. A VLAN's parent keeps its programs for untagged
+// traffic; tagged packets pass them for the VLAN device's own.
 const DefaultHostInterfaces = `^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*)`
 
 // Hook is one program on one interface direction.
@@ -147,7 +149,11 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 		case workloads[name]:
 			want[Hook{Iface: name, Ifindex: attrs.Index}] = true
 			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = true
-		case a.hostPattern != nil && a.hostPattern.MatchString(name):
+		case a.hostPattern != nil && a.hostPattern.MatchString(name) && attrs.MasterIndex == 0:
+			// A device enslaved to a bond, team or bridge is left alone: its master carries
+			// the addresses and gets the programs. On a slave they would see a request
+			// before the bond does, record the slave as the way back, and send the replies
+			// out of it, past the bond (and out of a dead link after a failover).
 			want[Hook{Iface: name, Ifindex: attrs.Index}] = false
 			want[Hook{Iface: name, Ifindex: attrs.Index, Egress: true}] = false
 		case slices.Contains(a.tunnels, name):

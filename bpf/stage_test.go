@@ -1979,3 +1979,42 @@ func TestStageReservesNodePorts(t *testing.T) {
 		t.Errorf("status: %s", why)
 	}
 }
+
+// A host interface enslaved to another (a bond's slave; a bridge named like a bond stands for
+// one here, this kernel having no bonding) gets no programs; its master does. Released, it
+// gets them at the next sync.
+func TestStageEnslavedInterfaces(t *testing.T) {
+	e := stNewEnv(t)
+	e.hostIface("eth3", "203.0.113.3/24")
+	e.made["bond9"] = true
+	if err := e.h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "bond9"}}); err != nil {
+		t.Fatalf("adding bond9: %v", err)
+	}
+	master := e.up("bond9")
+	slave, err := e.h.LinkByName("eth3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.LinkSetMaster(slave, master); err != nil {
+		t.Fatalf("enslaving eth3: %v", err)
+	}
+	cfg := stConfig(e.pin)
+	s, _ := e.start(cfg)
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	want := maps.Clone(stStandardHooks)
+	want["bond9 ingress"] = []string{"sl_from_host"}
+	want["bond9 egress"] = []string{"sl_to_host"}
+	e.wantHooks(want)
+	e.wantPinnedHooks(want)
+
+	if err := e.h.LinkSetNoMaster(slave); err != nil {
+		t.Fatal(err)
+	}
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	want["eth3 ingress"] = []string{"sl_from_host"}
+	want["eth3 egress"] = []string{"sl_to_host"}
+	e.wantHooks(want)
+	e.wantPinnedHooks(want)
+}

@@ -1411,7 +1411,10 @@ static __always_inline int client_flow(struct __sk_buff *skb, struct pkt *p, str
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
 {
-	if (skb->protocol != bpf_htons(ETH_P_IP))
+	/* A tagged packet on a VLAN's parent: the VLAN device's own hook takes it next (the
+	 * kernel untags before this hook, so it reads as IPv4 here). Replies recorded on the
+	 * parent would leave untagged. */
+	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->vlan_present)
 		return TC_ACT_OK;
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
@@ -1519,7 +1522,8 @@ int sl_from_wep(struct __sk_buff *skb)
  * translated at sl_from_wep already, and match nothing here. */
 static __always_inline int leaving(struct __sk_buff *skb, int host)
 {
-	if (skb->protocol != bpf_htons(ETH_P_IP))
+	/* Tagged by a VLAN device on its way out of the parent: that device's hook saw it. */
+	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->vlan_present)
 		return TC_ACT_OK;
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)

@@ -38,6 +38,20 @@ type lab struct {
 	outage time.Duration
 	// agentWrap, when set, is the command sluiced runs under (the fault suite's).
 	agentWrap []string
+	// bondVLAN gives node-a a bond for its uplink (active-backup, slaves eth0 and eth2) and
+	// node-b an 802.1Q sub-interface (eth0.100): bare metal's shapes (smoke --uplinks).
+	bondVLAN bool
+}
+
+// uplink is the device that carries a node's LAN address.
+func (l *lab) uplink(node string) string {
+	switch {
+	case l.bondVLAN && node == "node-a":
+		return "bond0"
+	case l.bondVLAN && node == "node-b":
+		return "eth0.100"
+	}
+	return "eth0"
 }
 
 func (l *lab) step(format string, args ...any) {
@@ -320,7 +334,7 @@ func main() {
 		tools := map[string]func([]string) error{
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
-			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet, "tcp-reuse": toolTCPReuse, "udp-who": toolUDPWho, "udp-resolver": toolUDPResolver, "tcp-bulk": toolTCPBulk, "tcp-ask-opts": toolTCPAskOpts, "udp-echo": toolUDPEcho, "udp-big": toolUDPBig, "nft-drop-invalid": toolNftDropInvalid, "syn-flood": toolSynFlood,
+			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet, "tcp-reuse": toolTCPReuse, "udp-who": toolUDPWho, "udp-resolver": toolUDPResolver, "tcp-bulk": toolTCPBulk, "tcp-ask-opts": toolTCPAskOpts, "udp-echo": toolUDPEcho, "udp-big": toolUDPBig, "nft-drop-invalid": toolNftDropInvalid, "syn-flood": toolSynFlood, "hooks": toolHooks,
 			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
 			"smoke": toolSmoke, // the kernel matrix's scenario (smoke.go): the lab and a few checks
 		}

@@ -16,7 +16,7 @@ import (
 // node, each in sync and programmed. The caller runs l.cleanup.
 func (l *lab) setup() error {
 	l.step("building three nodes, a router, a LAN gateway, a client and five workloads as network namespaces")
-	if err := buildTopology(); err != nil {
+	if err := l.buildTopology(); err != nil {
 		return err
 	}
 	var err error

@@ -2,12 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // toolSmoke runs the smoke scenario (`sluice-lab smoke [--testdata DIR]`, as root): the lab,
@@ -16,12 +23,16 @@ import (
 func toolSmoke(args []string) error {
 	fs := flag.NewFlagSet("sluice-lab smoke", flag.ExitOnError)
 	testdata := fs.String("testdata", "testdata/sample", "directory of the sample cluster's manifests")
+	uplinks := fs.String("uplinks", "eth", "the nodes' uplinks: eth (one veth each), or bond-vlan (node-a a bond of two, node-b a VLAN sub-interface; needs the bonding and 8021q modules)")
 	_ = fs.Parse(args)
+	if *uplinks != "eth" && *uplinks != "bond-vlan" {
+		return fmt.Errorf("--uplinks: want eth or bond-vlan, got %q", *uplinks)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}}
+	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}, bondVLAN: *uplinks == "bond-vlan"}
 	ctx, stop := signalContext()
 	defer stop()
 	start := time.Now()
@@ -106,6 +117,12 @@ func (l *lab) smoke(ctx context.Context) error {
 		return ctx.Err()
 	}
 
+	if l.bondVLAN {
+		if err := l.uplinkChecks(); err != nil {
+			return err
+		}
+	}
+
 	l.step("sluiced restarted on the ingress node (node-a) while a TCP stream crosses its node port to web-b")
 	stream, err := l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")
 	if err != nil {
@@ -136,4 +153,82 @@ func errSuffix(err error) string {
 		return ""
 	}
 	return ": " + oneLine(err.Error())
+}
+
+// uplinkChecks: the programs sit on node-a's bond and node-b's VLAN device, not on the bond's
+// slaves; node-a's node port keeps working when the bond fails over to its other slave
+// (replies go to the bond, which sends them by the link alive).
+func (l *lab) uplinkChecks() error {
+	l.step("bare-metal uplinks: node-a's bond (active-backup) and node-b's VLAN 100")
+	hooks := func(node string) string {
+		out, err := nsRun(nodeNS(node), l.tool(), "hooks")
+		if err != nil {
+			return "error: " + oneLine(out)
+		}
+		return oneLine(out)
+	}
+	a, b := hooks("node-a"), hooks("node-b")
+	l.check(strings.Contains(a, "bond0 ingress 1 egress 1") && !strings.Contains(a, "eth0 ") && !strings.Contains(a, "eth2 "),
+		"node-a's programs are on bond0, none on its slaves eth0 and eth2: %s", a)
+	l.check(strings.Contains(b, "eth0.100 ingress 1 egress 1"), "node-b's programs are on eth0.100: %s", b)
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "set", "eth0", "down"); err != nil {
+		return err
+	}
+	defer func() { _, _ = sh("ip", "-n", nodeNS("node-a"), "link", "set", "eth0", "up") }()
+	addr := nodeIPs["node-a"] + ":30092"
+	_, _ = retry(5*time.Second, func() error {
+		_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+		return err
+	})
+	out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
+		"with node-a's bond failed over to eth2, 20 of 20 connections to its node port reach web-b on node-b (VLAN), which sees the client's own address: %s", oneLine(out))
+	return nil
+}
+
+// toolHooks lists the interfaces of the current namespace that run sluice's programs (named
+// sl_*), as TCX links or classic tc filters: "IFACE ingress N egress M" each.
+func toolHooks(args []string) error {
+	if len(args) != 0 {
+		return errors.New("usage: hooks")
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return err
+	}
+	count := func(l netlink.Link, egress bool) int {
+		n := 0
+		attach, parent := ebpf.AttachTCXIngress, uint32(netlink.HANDLE_MIN_INGRESS)
+		if egress {
+			attach, parent = ebpf.AttachTCXEgress, uint32(netlink.HANDLE_MIN_EGRESS)
+		}
+		if res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: attach}); err == nil {
+			for _, p := range res.Programs {
+				if prog, err := ebpf.NewProgramFromID(p.ID); err == nil {
+					if info, err := prog.Info(); err == nil && strings.HasPrefix(info.Name, "sl_") {
+						n++
+					}
+					prog.Close()
+				}
+			}
+		}
+		if fs, err := netlink.FilterList(l, parent); err == nil || errors.Is(err, unix.EINVAL) {
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(strings.TrimSpace(bf.Name), "sl_") {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	var lines []string
+	for _, l := range links {
+		in, out := count(l, false), count(l, true)
+		if in+out > 0 {
+			lines = append(lines, fmt.Sprintf("%s ingress %d egress %d", l.Attrs().Name, in, out))
+		}
+	}
+	sort.Strings(lines)
+	fmt.Println(strings.Join(lines, "\n"))
+	return nil
 }

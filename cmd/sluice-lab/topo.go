@@ -122,7 +122,7 @@ func teardown() {
 	}
 }
 
-func buildTopology() error {
+func (l *lab) buildTopology() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the lab builds network namespaces: run it as root")
 	}
@@ -176,14 +176,45 @@ func buildTopology() error {
 		return err
 	}
 	for _, n := range labNodes {
-		if err := attach(n.ns, n.lan[3:]+"-"+n.name, n.lan, n.addr); err != nil {
+		var err error
+		switch up, peer := l.uplink(n.name), n.lan[3:]+"-"+n.name; up {
+		case "bond0":
+			// Two links to the LAN bridge, bonded (active-backup: eth0 active, eth2 its
+			// backup); the bond carries the address.
+			err = script(
+				[]string{"ip", "-n", n.ns, "link", "add", "bond0", "type", "bond", "mode", "active-backup", "miimon", "100"},
+				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
+				[]string{"ip", "-n", n.ns, "link", "add", "eth2", "type", "veth", "peer", "name", peer + "2", "netns", nsRouter},
+				[]string{"ip", "-n", nsRouter, "link", "set", peer, "master", n.lan, "up"},
+				[]string{"ip", "-n", nsRouter, "link", "set", peer + "2", "master", n.lan, "up"},
+				[]string{"ip", "-n", n.ns, "link", "set", "eth0", "master", "bond0"},
+				[]string{"ip", "-n", n.ns, "link", "set", "eth2", "master", "bond0"},
+				[]string{"ip", "-n", n.ns, "link", "set", "bond0", "up"},
+				[]string{"ip", "-n", n.ns, "addr", "add", n.addr, "dev", "bond0"},
+			)
+		case "eth0.100":
+			// The LAN reaches this node tagged, VLAN 100: the router's port is the VLAN's.
+			err = script(
+				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
+				[]string{"ip", "-n", nsRouter, "link", "add", "link", peer, "name", peer + ".100", "type", "vlan", "id", "100"},
+				[]string{"ip", "-n", nsRouter, "link", "set", peer, "up"},
+				[]string{"ip", "-n", nsRouter, "link", "set", peer + ".100", "master", n.lan, "up"},
+				[]string{"ip", "-n", n.ns, "link", "set", "eth0", "up"},
+				[]string{"ip", "-n", n.ns, "link", "add", "link", "eth0", "name", "eth0.100", "type", "vlan", "id", "100"},
+				[]string{"ip", "-n", n.ns, "addr", "add", n.addr, "dev", "eth0.100"},
+				[]string{"ip", "-n", n.ns, "link", "set", "eth0.100", "up"},
+			)
+		default:
+			err = attach(n.ns, peer, n.lan, n.addr)
+		}
+		if err != nil {
 			return err
 		}
 		if _, err := sh("ip", "-n", n.ns, "route", "add", "default", "via", n.gw); err != nil {
 			return err
 		}
 		if err := script(
-			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", "eth0", "nodad"},
+			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", l.uplink(n.name), "nodad"},
 			[]string{"ip", "-n", n.ns, "-6", "route", "add", n.other6, "via", n.via6},
 		); err != nil {
 			return err

@@ -58,6 +58,7 @@ type options struct {
 	cgroup2  bool
 	bpf      bool
 	smoke    bool
+	uplinks  string
 	cache    string
 	verbose  bool
 }
@@ -90,6 +91,7 @@ func host() int {
 	fs.BoolVar(&o.cgroup2, "mount-cgroup2", false, "mount the cgroup v2 hierarchy at /sys/fs/cgroup in the guest, as a node has it")
 	fs.BoolVar(&o.bpf, "bpf", true, "run the bpf package's tests in the guest")
 	fs.BoolVar(&o.smoke, "smoke", true, "run `sluice-lab smoke` in the guest")
+	fs.StringVar(&o.uplinks, "uplinks", "bond-vlan", "the smoke scenario's node uplinks (sluice-lab smoke --uplinks): bond-vlan puts node-a behind a bond and node-b behind a VLAN, as on bare metal (the host kernel here has neither)")
 	fs.StringVar(&o.cache, "cache", defaultCache(), "where unpacked kernels and the last run's logs are kept")
 	fs.BoolVar(&o.verbose, "verbose", false, "show the whole guest console, every test's output included")
 	fs.Usage = func() {
@@ -269,7 +271,7 @@ func runKernel(ctx context.Context, o options, r *kernelResult, pay payload, qem
 	// age entries by a timeout on the monotonic clock (10 s) would otherwise wait out.
 	if o.smoke {
 		p.Steps = append(p.Steps, step{Name: "smoke", Dir: "/sluice", Timeout: stepLimit.String(),
-			Args: []string{guestBin + "/sluice-lab", "smoke", "--testdata", guestTestdata + "/" + filepath.Base(pay.testdata)}})
+			Args: []string{guestBin + "/sluice-lab", "smoke", "--testdata", guestTestdata + "/" + filepath.Base(pay.testdata), "--uplinks", o.uplinks}})
 	}
 	if o.bpf {
 		p.Steps = append(p.Steps, step{Name: "bpf", Dir: guestSrc + "/bpf", Timeout: stepLimit.String(), NotBefore: 15,
