@@ -171,18 +171,34 @@ func (l *lab) uplinkChecks() error {
 	l.check(strings.Contains(a, "bond0 ingress 1 egress 1") && !strings.Contains(a, "eth0 ") && !strings.Contains(a, "eth2 "),
 		"node-a's programs are on bond0, none on its slaves eth0 and eth2: %s", a)
 	l.check(strings.Contains(b, "eth0.100 ingress 1 egress 1"), "node-b's programs are on eth0.100: %s", b)
-	if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "set", "eth0", "down"); err != nil {
-		return err
+	bond := func() string {
+		b, _ := nsRun(nodeNS("node-a"), l.tool(), "bond-state", "bond0")
+		return oneLine(b)
 	}
-	defer func() { _, _ = sh("ip", "-n", nodeNS("node-a"), "link", "set", "eth0", "up") }()
 	addr := nodeIPs["node-a"] + ":30092"
-	_, _ = retry(5*time.Second, func() error {
-		_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
-		return err
-	})
-	out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
-	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
-		"with node-a's bond failed over to eth2, 20 of 20 connections to its node port reach web-b on node-b (VLAN), which sees the client's own address: %s", oneLine(out))
+	for _, c := range []struct{ state, what string }{{"down", "failed over to eth2"}, {"up", "with eth0 back"}} {
+		if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "set", "eth0", c.state); err != nil {
+			return err
+		}
+		// From the change, how long node-a's own address took to answer a client on its LAN
+		// again (its kernel answers: nothing of sluice's on the way) and its node port the
+		// client outside.
+		start := time.Now()
+		_, _ = retry(15*time.Second, func() error {
+			_, err := nsRun(nsClient, l.tool(), "ping", nodeIPs["node-a"])
+			return err
+		})
+		pinged := time.Since(start)
+		_, _ = retry(15*time.Second, func() error {
+			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+			return err
+		})
+		took := time.Since(start)
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
+			"node-a's bond %s: node-a answered a ping from its LAN after %v and its node port after %v, then 20 of 20 connections reach web-b on node-b (VLAN), which sees the client's own address: %s; bond: %s",
+			c.what, pinged.Round(10*time.Millisecond), took.Round(10*time.Millisecond), oneLine(out), bond())
+	}
 	return nil
 }
 
@@ -230,5 +246,23 @@ func toolHooks(args []string) error {
 	}
 	sort.Strings(lines)
 	fmt.Println(strings.Join(lines, "\n"))
+	return nil
+}
+
+// toolBondState prints a bond's active slave and each slave's link state, from
+// /proc/net/bonding (of the current namespace).
+func toolBondState(args []string) error {
+	if len(args) != 1 {
+		return errors.New("usage: bond-state BOND")
+	}
+	b, err := os.ReadFile(filepath.Join("/proc/net/bonding", args[0]))
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "Currently Active Slave") || strings.HasPrefix(line, "Slave Interface") || strings.HasPrefix(line, "MII Status") {
+			fmt.Println(line)
+		}
+	}
 	return nil
 }
