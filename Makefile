@@ -90,13 +90,14 @@ bench-dataplane:
 #            bare BatchUpdate of the same entries (median of 3);
 #   agent    sluiced against an etcd child holding them: one endpoint changed in etcd to the
 #            new backend in the pinned map (p50, p99), beside etcd's put-to-watch latency;
-#   traffic  connections per second and bulk throughput through a node port to a local and a
-#            remote endpoint (namespaces of its own for client, nodes and servers), beside the
-#            same traffic sent straight to the endpoint.
+#   traffic  connections per second, bulk TCP throughput and UDP-GSO through a node port to a
+#            local and a remote endpoint (namespaces of its own for client, nodes and servers),
+#            beside the same traffic sent straight to the endpoint;
+#   conntrack reading a connection table of 65,536 entries in batches, beside one at a time.
 bench-services:
 	@rc=0; ns=; trap '[ -z "$$ns" ] || ip netns del "$$ns" 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
 	for part in "maps ServicesColdApply 3x ./bpf/" "agent ServiceEndpointChange 1x ./cmd/sluiced/" \
-	            "traffic NodePortTraffic 1x ./bpf/"; do \
+	            "traffic NodePortTraffic 1x ./bpf/" "conntrack ConntrackWalk 5x ./bpf/"; do \
 	  set -- $$part; ns=sl-bench-svc-$$1; \
 	  ip netns del $$ns 2>/dev/null; \
 	  if ip netns add $$ns; then \

@@ -119,13 +119,7 @@ func PairKey(k ConntrackKey, v ConntrackValue) ConntrackKey {
 func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 	st := CleanStats{ByType: map[string]int{}}
 	all := map[ConntrackKey]ConntrackValue{}
-	var k ConntrackKey
-	var v ConntrackValue
-	it := c.CT.Iterate()
-	for it.Next(&k, &v) {
-		all[k] = v
-	}
-	if err := it.Err(); err != nil {
+	if err := walk(c.CT, func(k ConntrackKey, v ConntrackValue) { all[k] = v }); err != nil {
 		return st, fmt.Errorf("reading the connection table: %w", err)
 	}
 	st.Entries = len(all)
@@ -263,15 +257,11 @@ func (c *Conntrack) SweepStale() (int, error) {
 		return 0, nil
 	}
 	all := map[ConntrackKey]ConntrackValue{}
-	var k ConntrackKey
-	var v ConntrackValue
-	it := c.CT.Iterate()
-	for it.Next(&k, &v) {
+	if err := walk(c.CT, func(k ConntrackKey, v ConntrackValue) {
 		if c.stale(k, v) {
 			all[k] = v
 		}
-	}
-	if err := it.Err(); err != nil {
+	}); err != nil {
 		return 0, fmt.Errorf("reading the connection table: %w", err)
 	}
 	return c.deleteStale(all)

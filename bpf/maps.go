@@ -259,25 +259,45 @@ func (t MapTable[K, V]) Delete(k K) error {
 
 func (t MapTable[K, V]) Dump() (map[K]V, error) {
 	out := map[K]V{}
-	var k K
-	var v V
-	it := t.Map.Iterate()
-	for it.Next(&k, &v) {
-		out[k] = v
-	}
-	return out, it.Err()
+	err := walk(t.Map, func(k K, v V) { out[k] = v })
+	return out, err
 }
 
 // Len counts the entries (a walk of the map).
 func (t MapTable[K, V]) Len() int {
 	n := 0
-	var k K
-	var v V
-	it := t.Map.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
+	_ = walk(t.Map, func(K, V) { n++ })
 	return n
+}
+
+// walk hands every entry of m to fn: 4,096 per system call where the kernel has batch lookups
+// for the map's type (hash maps), else one at a time (LPM tries; two system calls an entry).
+// The connection table is walked at every cleanup and at applies that remove an endpoint: one
+// at a time, 65,000 entries cost an apply 0.87 s.
+func walk[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
+	const chunk = 4096
+	keys, vals := make([]K, chunk), make([]V, chunk)
+	var cursor ebpf.MapBatchCursor
+	for first := true; ; first = false {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			fn(keys[i], vals[i])
+		}
+		switch {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			return nil
+		case err != nil && first && n == 0 && (errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL)):
+			var k K
+			var v V
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				fn(k, v)
+			}
+			return it.Err()
+		case err != nil:
+			return err
+		}
+	}
 }
 
 func (t MapTable[K, V]) Max() int { return int(t.Map.MaxEntries()) }
