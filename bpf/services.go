@@ -1039,8 +1039,11 @@ func (s *Services) readLocked() error {
 	lists := map[uint64][]BackendValue{}
 	s.strays = s.strays[:0]
 	for k, v := range be {
-		if k.Ordinal >= uint32(len(be)) {
-			// No list written by a driver has an entry this far: removed at the next apply.
+		if want := s.lists[k.ListId]; k.Ordinal >= uint32(len(be)) && (want == nil || int(k.Ordinal) >= len(want.entries)) {
+			// No list written by a driver has an entry this far (the map holds fewer entries
+			// than the ordinal, and no wanted list is that long): removed at the next apply.
+			// A wanted list's entry is kept however few entries were read (a list that lost
+			// some still holds its last).
 			s.strays = append(s.strays, k)
 			continue
 		}
@@ -1057,10 +1060,28 @@ func (s *Services) readLocked() error {
 	if err != nil {
 		return fmt.Errorf("reading the backend index map: %w", err)
 	}
+	// Index entries in use: those of the lists read and of the lists wanted (a list read with
+	// gaps or short still owns its entries: the apply rewrites them, and must not then delete
+	// them as strays).
 	named := make(map[BackendIndex]bool, len(idx))
+	for id, l := range s.lists {
+		if len(l.entries) <= AffinityScan {
+			continue
+		}
+		first := s.firstOrdinals(l.entries)
+		for i, v := range l.entries {
+			if first == nil || first[addrPortOf(v)] == uint32(i) {
+				named[indexKey(id, v)] = true
+			}
+		}
+	}
 	blanked := 0
 	for id, l := range lists {
-		if len(l) <= AffinityScan {
+		length := len(l)
+		if want := s.lists[id]; want != nil {
+			length = len(want.entries) // drift may have cut the list read short
+		}
+		if length <= AffinityScan {
 			continue
 		}
 		first := s.firstOrdinals(l)

@@ -1793,3 +1793,32 @@ func TestServicesBackendIndex(t *testing.T) {
 		t.Errorf("adopting maps with a damaged index wrote %v; want [0 2 3 0 0 0] (2 backends, 2 index entries and a stray)", w)
 	}
 }
+
+// A long list read with entries lost (one in the middle, or its tail) is mended whole on
+// adoption, its index with it: the entries read beyond the map's count stay (they are the
+// list's own), and the index entries the apply rewrites are not then deleted as strays.
+func TestServicesListDriftMended(t *testing.T) {
+	var eps []calc.Backend
+	for i := range 20 {
+		eps = append(eps, svtBE(fmt.Sprintf("10.244.2.%d:80", 10+i), "node-b", svtNodeB))
+	}
+	big := svtFE("default/big", 0xb1, calc.FrontendClusterIP, "198.51.100.71:80", store.ProtocolTCP, eps...)
+	st := svtStateOf(big)
+	want, _, _ := svtFresh(t, st)
+	for _, lost := range [][]uint32{{5}, {16, 17, 18, 19}, {0, 19}} {
+		d := svtRun(t, st)
+		id := d.fakes.Frontends.Entries[FrontendMapKey(big.Key)].ListId
+		for _, o := range lost {
+			delete(d.fakes.Backends.Entries, BackendKey{ListId: id, Ordinal: o})
+		}
+		d2 := &svtDriver{t: t, s: NewServices(d.tables, svtConfig()), tables: d.tables, fakes: d.fakes}
+		d2.s.OnUpdate(svtDiff(nil, st))
+		d2.apply() // checks the whole index
+		if got := d2.render(); got != want {
+			t.Errorf("entries %v lost: after adoption\n%s", lost, svtLineDiff(want, got))
+		}
+		if n := len(d.fakes.BackendIndex.Entries); n != 20 {
+			t.Errorf("entries %v lost: %d index entries after adoption, want 20", lost, n)
+		}
+	}
+}
