@@ -11,20 +11,7 @@
 /* Frontend flags. */
 #define FE_EXT_LOCAL   (1 << 0) /* externalTrafficPolicy Local: outside clients use local backends only */
 #define FE_INT_LOCAL   (1 << 1) /* internalTrafficPolicy Local: cluster clients use local backends only */
-#define FE_SRC_RANGES  (1 << 2) /* Client-IP affinity finds the endpoint it remembers in a list of up to AFF_SCAN backends by
- * reading them; in a longer list by its address in the index, written with the list by the
- * agent (lists of AFF_SCAN or fewer have no index entries: the usual service costs nothing). */
-#define AFF_SCAN 16
-
-/* A backend's ordinal in its list, by address (lists longer than AFF_SCAN). */
-struct be_idx_key_v4 {
-	__u64 list_id;
-	__be32 addr;
-	__be16 port;
-	__u16 pad;
-};
-
-/* loadBalancerSourceRanges: the client must match sl_src_v4 */
+#define FE_SRC_RANGES  (1 << 2) /* loadBalancerSourceRanges: the client must match sl_src_v4 */
 #define FE_ADDR_ONLY   (1 << 3) /* port 0: the address is a cluster IP; other ports are rejected */
 #define FE_NODE_PORT   (1 << 4) /* a node port (the wildcard or one of the node's addresses) */
 
@@ -64,6 +51,19 @@ struct be_val_v4 {
 	__be16 port;
 	__u16 flags;
 	__u32 pad;
+};
+
+/* Client-IP affinity finds the endpoint it remembers in a list of up to AFF_SCAN backends by
+ * reading them; in a longer list by its address in the index, written with the list by the
+ * agent (lists of AFF_SCAN or fewer have no index entries: the usual service costs nothing). */
+#define AFF_SCAN 16
+
+/* A backend's ordinal in its list, by address (lists longer than AFF_SCAN). */
+struct be_idx_key_v4 {
+	__u64 list_id;
+	__be32 addr;
+	__be16 port;
+	__u16 pad;
 };
 
 /* loadBalancerSourceRanges: prefixlen = 64 + the source prefix's length. */
