@@ -42,6 +42,7 @@ func TestProgSynFlood(t *testing.T) {
 	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 	a.frontend(netip.IPv4Unspecified(), 30080, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1, Flags: tpFeNodePort})
 	a.backends(1, tpBackend(tpAP("10.65.0.5:8080"), tpNodeA, true))
+	a.frontend(netip.IPv4Unspecified(), 30081, tpProtoUDP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1, Flags: tpFeNodePort})
 	front := netip.AddrPortFrom(tpEdgeA, 30080)
 	pod := netip.AddrPortFrom(tpPodA5, 8080)
 	ring := int(a.o.SlCtYoungV4.MaxEntries())
@@ -83,6 +84,11 @@ func TestProgSynFlood(t *testing.T) {
 	handshake(established, true)
 	spoofedAnswered := netip.MustParseAddrPort("198.19.255.1:1024")
 	handshake(spoofedAnswered, false) // the backend answered an address that never acknowledges
+	// A one-way UDP stream (syslog): never answered, never evicted.
+	oneWay := netip.AddrPortFrom(tpClient, 514)
+	if rc, _ := a.fromHost("nic1", tpUDPFrame(tpMACEdge, tpMACA1, oneWay, netip.AddrPortFrom(tpEdgeA, 30081), []byte("log"))); rc != tpRedirect {
+		t.Fatalf("UDP to the node port: verdict %d", rc)
+	}
 
 	// The flood: more SYNs than the table has flows, each from another spoofed address; a
 	// real client connects halfway.
@@ -101,15 +107,19 @@ func TestProgSynFlood(t *testing.T) {
 	if got := a.counter(tpCDropCtFull); got != 0 {
 		t.Errorf("the connection table was full %d times", got)
 	}
-	// Every flow came into the ring (n spoofed, 3 real); each past the ring's size took the
-	// slot of one; all but the two acknowledged ones were evicted: the spoofed answered one too.
-	if got, want := a.counter(tpCCtEvicted), uint64(n+3-ring-2); got != want {
-		t.Errorf("%d flows evicted; want %d (%d flows through a ring of %d, 2 of them established)", got, want, n+3, ring)
+	// Every flow came into the ring (n spoofed, 4 real); each past the ring's size took the
+	// slot of one; all TCP flows but the two acknowledged ones were evicted, the spoofed
+	// answered one too; the UDP flow was not.
+	if got, want := a.counter(tpCCtEvicted), uint64(n+4-ring-3); got != want {
+		t.Errorf("%d flows evicted; want %d (%d flows through a ring of %d, 2 of them established, 1 UDP)", got, want, n+4, ring)
 	}
-	if got := a.ctLen(); got != 2*ring+4 {
-		t.Errorf("%d entries in the table after the flood; want the ring's last %d flows and the 2 established ones, 2 entries each", got, ring)
+	if got := a.ctLen(); got != 2*ring+6 {
+		t.Errorf("%d entries in the table after the flood; want the ring's last %d flows, the 2 established ones and the UDP one, 2 entries each", got, ring)
 	}
 	a.wantNoCT(tpKey(pod, spoofedAnswered, tpProtoTCP))
+	if _, ok := a.ct(tpKey(pod, oneWay, tpProtoUDP)); !ok {
+		t.Error("the one-way UDP flow was evicted")
+	}
 	for _, c := range []netip.AddrPort{established, legit} {
 		if !works(c) {
 			t.Errorf("the established flow of %v no longer translates after the flood", c)

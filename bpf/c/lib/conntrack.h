@@ -99,7 +99,11 @@ static __noinline void young(struct ct_key_v4 *k, __u64 created)
 			return;
 	}
 	*pos = i + 1;
-	if (y->created) {
+	/* TCP only: a handshake not done a ring's turn later (every CPU's share of an eighth of
+	 * the table's flows made since) is a SYN flood's or dead. A UDP flow is left alone: one
+	 * that never answers may be a one-way stream (syslog), and a slow answer (a resolver
+	 * asking upstream) must still find its flow on a busy node. */
+	if (y->created && y->key.proto == IPPROTO_TCP) {
 		struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &y->key);
 		if (v && v->created == y->created && (v->type == CT_REV || v->type == CT_TUN) &&
 		    !established(v, y->key.proto)) {
