@@ -64,6 +64,27 @@ type CleanStats struct {
 	Kept     int            // refreshed between judgement and deletion: kept
 	Forwards int            // live flows forwarded to or from another node
 	Stale    int            // flows to endpoints no longer in their service, queued for deletion
+	Early    int            // unestablished flows idle past PressureIdle, judged expired because the table was nearly full
+}
+
+// Under pressure: when a cleanup finds the table at least PressureShare full, a flow that is
+// not established (TCP handshake not done, UDP not answered) and idle longer than
+// PressureIdle is expired, as the kernel conntrack's early drop makes room. The young-flow
+// ring evicts TCP handshakes as they come; this is what clears a UDP flood (a datagram a
+// source), and what a TCP flood left behind the ring, within a cleanup interval. A one-way
+// UDP stream that sends more often than PressureIdle keeps its flow.
+const (
+	PressureShare = 0.9
+	PressureIdle  = time.Second
+)
+
+// established says whether a reverse or tunnel entry's flow is past its handshake (as the
+// programs' established()).
+func established(proto, tcp uint8) bool {
+	if proto != ProtoTCP {
+		return tcp&TCPReplied != 0
+	}
+	return tcp&TCPReplied != 0 && tcp&TCPOpening == 0
 }
 
 // Conntrack expires idle flows. Expiry is judged on the reverse or tunnel entry, which every
@@ -123,6 +144,7 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 		return st, fmt.Errorf("reading the connection table: %w", err)
 	}
 	st.Entries = len(all)
+	pressure := c.CT.MaxEntries() > 0 && float64(len(all)) >= PressureShare*float64(c.CT.MaxEntries())
 	var q sluiceCtCleanCtxV4
 	flush := func() error {
 		if q.N == 0 {
@@ -183,8 +205,16 @@ func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 				st.Stale++
 				continue
 			}
-			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= c.Timeouts.Idle(k.Proto, v.Tcp) {
+			idle := c.Timeouts.Idle(k.Proto, v.Tcp)
+			early := pressure && !established(k.Proto, v.Tcp) && idle > PressureIdle
+			if early {
+				idle = PressureIdle
+			}
+			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= idle {
 				continue
+			}
+			if early {
+				st.Early++
 			}
 			pair := ConntrackKey{}
 			if v.Type == ConntrackRev {

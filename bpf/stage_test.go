@@ -2018,3 +2018,67 @@ func TestStageEnslavedInterfaces(t *testing.T) {
 	e.wantHooks(want)
 	e.wantPinnedHooks(want)
 }
+
+// A cleanup that finds the table nearly full (PressureShare) expires unestablished flows idle
+// past PressureIdle (a UDP flood's, a TCP flood's left behind the ring); established flows and
+// a one-way stream that keeps sending stay. Below the share the same flows keep their
+// timeouts.
+func TestStageConntrackPressure(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	s.CT.Live = func(netip.Addr, uint16) bool { return true }
+	size := int(s.Objs.SlCtV4.MaxEntries())
+	sec := uint64(time.Second)
+	t0 := 1000 * sec
+	est := stLocalFlow("established", ProtoTCP, 30000, TCPSyn|TCPReplied, t0-5*sec)
+	stream := stLocalFlow("one-way UDP, sending", ProtoUDP, 30001, 0, t0-sec/2)
+	opening := stLocalFlow("SYN-ACK, no ACK", ProtoTCP, 30002, TCPSyn|TCPReplied|TCPOpening, t0-2*sec)
+	for _, f := range []stFlow{est, stream, opening} {
+		f.put(t, s.Objs.SlCtV4)
+	}
+	// A UDP flood: one datagram a source, 2 s ago, filling the table to share.
+	flood := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			f := stLocalFlow("flood", ProtoUDP, uint16(31000+i%30000), 0, t0-2*sec)
+			f.keys[0].Src = NetAddr(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}))
+			f.keys[1] = PairKey(f.keys[0], f.vals[0])
+			f.vals[1].NatSport = f.keys[0].Sport
+			f.put(t, s.Objs.SlCtV4)
+		}
+	}
+	// Below the share: nothing is younger than its timeout, nothing goes.
+	below := (size*8/10 - 6) / 2
+	flood(0, below)
+	st, err := s.CT.Clean(t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Expired != 0 || st.Early != 0 {
+		t.Fatalf("at %d of %d entries the cleanup expired %d (%d early); want none", st.Entries, size, st.Expired, st.Early)
+	}
+	// Past it: the flood and the unacknowledged handshake go; the rest stays.
+	flood(below, size*95/100/2-below-3)
+	st, err = s.CT.Clean(t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := size*95/100/2 - 3 + 1; st.Early != want || st.Deleted != want {
+		t.Errorf("at %d of %d entries: %d expired early, %d deleted; want %d (the flood and the unacknowledged handshake)", st.Entries, size, st.Early, st.Deleted, want)
+	}
+	ct := e.conntrack()
+	for _, f := range []stFlow{est, stream} {
+		for i, k := range f.keys {
+			if _, ok := ct[k]; !ok {
+				t.Errorf("%s: entry %d gone", f.name, i)
+			}
+		}
+	}
+	if _, ok := ct[opening.keys[1]]; ok {
+		t.Error("the unacknowledged handshake stayed")
+	}
+	if len(ct) != 4 {
+		t.Errorf("%d entries left; want 4 (two flows)", len(ct))
+	}
+}

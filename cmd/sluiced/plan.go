@@ -284,6 +284,11 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Warn().Err(err).Msg("connection table cleanup failed")
 			return
 		}
+		if st.Early > 0 {
+			// Under pressure (a flood): worth an operator's eye, at most once a cleanup.
+			log.Info().Int("entries", st.Entries).Int("expired_early", st.Early).
+				Msg("connection table nearly full: flows without a finished handshake or an answer, idle 1 s, expired")
+		}
 		if st.Deleted > 0 || st.Kept > 0 {
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
