@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -44,11 +45,42 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 	set("sl_ct_v4", s.Conntrack)
 	// The young-flow ring of each CPU: together an eighth of the connection table's flows
 	// (two entries each), so unanswered flows (a SYN flood's) hold at most a quarter of it.
-	ncpu, err := ebpf.PossibleCPU()
-	if err != nil || ncpu < 1 {
-		ncpu = 1
+	// Shared among the CPUs that run (a machine may report many more possible ones, which
+	// would shrink each ring and so its turn).
+	spec.Maps["sl_ct_young_v4"].MaxEntries = YoungRing(int(spec.Maps["sl_ct_v4"].MaxEntries), onlineCPUs())
+}
+
+// onlineCPUs counts the CPUs the kernel runs (/sys/devices/system/cpu/online, "0-3,6"); the
+// possible ones when it cannot be read.
+func onlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if n := countCPUList(strings.TrimSpace(string(b))); err == nil && n > 0 {
+		return n
 	}
-	spec.Maps["sl_ct_young_v4"].MaxEntries = YoungRing(int(spec.Maps["sl_ct_v4"].MaxEntries), ncpu)
+	if n, err := ebpf.PossibleCPU(); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// countCPUList counts the CPUs of a kernel CPU list ("0-3,6" is 5); 0 when it cannot be read.
+func countCPUList(list string) int {
+	n := 0
+	for _, part := range strings.Split(list, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return 0
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a {
+				return 0
+			}
+		}
+		n += b - a + 1
+	}
+	return n
 }
 
 // YoungRing is the size of each CPU's young-flow ring for a connection table of entries.

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -175,5 +176,17 @@ func TestPinnedReadsAgentMaps(t *testing.T) {
 	}
 	if err := p.Tables().Frontends.Delete(fe); err == nil {
 		t.Error("a pinned view deleted a frontend")
+	}
+}
+
+func TestCountCPUList(t *testing.T) {
+	for list, want := range map[string]int{"0": 1, "0-3": 4, "0-3,6": 5, "0,2,4-5": 4, "": 0, "x": 0, "3-1": 0, "0-": 0} {
+		if got := countCPUList(list); got != want {
+			t.Errorf("countCPUList(%q) = %d, want %d", list, got, want)
+		}
+	}
+	// This process may run on no more CPUs than are online.
+	if n := onlineCPUs(); n < runtime.NumCPU() {
+		t.Errorf("onlineCPUs() = %d, but this process may use %d", n, runtime.NumCPU())
 	}
 }
