@@ -214,3 +214,37 @@ func ourFiltersPresent() bool {
 	hooks, _ := SluiceFilters()
 	return len(hooks) > 0
 }
+
+// ProgramsOn names the programs on one hook of an interface, as the kernel holds them: TCX
+// programs first (they run first), then classic tc filters by priority. For operators' and
+// the lab's checks of where programs sit.
+func ProgramsOn(ifindex int, egress bool) ([]string, error) {
+	attach := ebpf.AttachTCXIngress
+	if egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	var out []string
+	if res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: attach}); err == nil {
+		for _, p := range res.Programs {
+			prog, err := ebpf.NewProgramFromID(p.ID)
+			if err != nil {
+				return nil, fmt.Errorf("opening program %d: %w", p.ID, err)
+			}
+			info, err := prog.Info()
+			prog.Close()
+			if err != nil {
+				return nil, fmt.Errorf("reading program %d: %w", p.ID, err)
+			}
+			out = append(out, info.Name)
+		}
+	}
+	fs, err := tcFilters(Hook{Ifindex: ifindex, Egress: egress})
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(fs, func(i, j int) bool { return fs[i].Priority < fs[j].Priority })
+	for _, f := range fs {
+		out = append(out, f.Name)
+	}
+	return out, nil
+}

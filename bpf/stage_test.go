@@ -2007,6 +2007,12 @@ func TestStageEnslavedInterfaces(t *testing.T) {
 	want["bond9 egress"] = []string{"sl_to_host"}
 	e.wantHooks(want)
 	e.wantPinnedHooks(want)
+	// ProgramsOn (the lab's hooks tool) says the same.
+	for iface, wantNames := range map[string]string{"bond9": "[sl_from_host]", "eth3": "[]"} {
+		if got, err := ProgramsOn(e.ifindex(iface), false); err != nil || fmt.Sprint(got) != wantNames {
+			t.Errorf("ProgramsOn(%s ingress) = %v, %v; want %s", iface, got, err, wantNames)
+		}
+	}
 
 	if err := e.h.LinkSetNoMaster(slave); err != nil {
 		t.Fatal(err)

@@ -11,10 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/bpf"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // toolSmoke runs the smoke scenario (`sluice-lab smoke [--testdata DIR]`, as root): the lab,
@@ -225,36 +223,22 @@ func toolHooks(args []string) error {
 	if err != nil {
 		return err
 	}
-	count := func(l netlink.Link, egress bool) int {
-		n := 0
-		attach, parent := ebpf.AttachTCXIngress, uint32(netlink.HANDLE_MIN_INGRESS)
-		if egress {
-			attach, parent = ebpf.AttachTCXEgress, uint32(netlink.HANDLE_MIN_EGRESS)
-		}
-		if res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: attach}); err == nil {
-			for _, p := range res.Programs {
-				if prog, err := ebpf.NewProgramFromID(p.ID); err == nil {
-					if info, err := prog.Info(); err == nil && strings.HasPrefix(info.Name, "sl_") {
-						n++
-					}
-					prog.Close()
-				}
-			}
-		}
-		if fs, err := netlink.FilterList(l, parent); err == nil || errors.Is(err, unix.EINVAL) {
-			for _, f := range fs {
-				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(strings.TrimSpace(bf.Name), "sl_") {
-					n++
-				}
-			}
-		}
-		return n
-	}
 	var lines []string
 	for _, l := range links {
-		in, out := count(l, false), count(l, true)
-		if in+out > 0 {
-			lines = append(lines, fmt.Sprintf("%s ingress %d egress %d", l.Attrs().Name, in, out))
+		var n [2]int
+		for i, egress := range []bool{false, true} {
+			names, err := bpf.ProgramsOn(l.Attrs().Index, egress)
+			if err != nil {
+				return fmt.Errorf("%s: %w", l.Attrs().Name, err)
+			}
+			for _, name := range names {
+				if strings.HasPrefix(name, "sl_") {
+					n[i]++
+				}
+			}
+		}
+		if n[0]+n[1] > 0 {
+			lines = append(lines, fmt.Sprintf("%s ingress %d egress %d", l.Attrs().Name, n[0], n[1]))
 		}
 	}
 	sort.Strings(lines)
