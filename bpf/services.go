@@ -122,7 +122,6 @@ type Services struct {
 	// idxStrays are backend-index entries read that no list's entry names, to delete. The
 	// index is part of a list: an entry whose index entry reads wrong is rewritten with it.
 	idxStrays []BackendIndex
-	firstBuf  map[[6]byte]uint32
 	src       *dataplane.Tracker[SourceRangeKey, uint32]
 	cnet      *dataplane.Tracker[ClusterNetKey, ClusterNetVal]
 	settings  *dataplane.Tracker[uint32, Settings]
@@ -720,10 +719,9 @@ func (s *Services) Apply() error {
 		// Only the entries that differ from the map's are written (a list read back with
 		// one wrong entry is mended by one write), each with its index entry.
 		have, _ := s.be.Actual(id)
-		indexed := len(want) > AffinityScan
-		var first map[[6]byte]uint32
-		if indexed {
-			first = s.firstOrdinals(want)
+		var index map[BackendIndex]uint32 // nil: a short list, not indexed
+		if len(want) > AffinityScan {
+			index = indexOf(id, want)
 		}
 		for i, v := range want {
 			if i < len(have) && have[i] == v {
@@ -732,8 +730,8 @@ func (s *Services) Apply() error {
 			beKeys, beVals = append(beKeys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(beVals, v)
 			// The index entry goes with a new address at i (a gap read is one whose
 			// index entry was wrong); a value corrected in place keeps its own.
-			moved := i >= len(have) || have[i] == (BackendValue{}) || addrPortOf(have[i]) != addrPortOf(v)
-			if indexed && moved && (first == nil || first[addrPortOf(v)] == uint32(i)) {
+			moved := i >= len(have) || have[i] == (BackendValue{}) || indexKey(id, have[i]) != indexKey(id, v)
+			if o, ok := index[indexKey(id, v)]; ok && o == uint32(i) && moved {
 				idxKeys, idxVals = append(idxKeys, indexKey(id, v)), append(idxVals, uint32(i))
 			}
 		}
@@ -760,7 +758,7 @@ func (s *Services) Apply() error {
 				if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
 					fail(fmt.Sprintf("deleting backend %016x #%d", id, i), err)
 				}
-				if v := have[i]; v != (BackendValue{}) && len(have) > AffinityScan && !slices.ContainsFunc(want, func(w BackendValue) bool { return addrPortOf(w) == addrPortOf(v) }) {
+				if v := have[i]; v != (BackendValue{}) && len(have) > AffinityScan && !slices.ContainsFunc(want, func(w BackendValue) bool { return indexKey(id, w) == indexKey(id, v) }) {
 					if err := s.t.BackendIndex.Delete(indexKey(id, v)); err != nil {
 						fail(fmt.Sprintf("deleting backend index %016x %s", id, BackendString(BackendKey{ListId: id, Ordinal: uint32(i)}, v)), err)
 					}
@@ -913,48 +911,18 @@ func indexKey(id uint64, v BackendValue) BackendIndex {
 	return BackendIndex{ListId: id, Addr: v.Addr, Port: v.Port}
 }
 
-func addrPortOf(v BackendValue) [6]byte {
-	return [6]byte{byte(v.Addr), byte(v.Addr >> 8), byte(v.Addr >> 16), byte(v.Addr >> 24), byte(v.Port), byte(v.Port >> 8)}
-}
-
-// firstOrdinals returns, for a list that names one endpoint twice, the first ordinal of each
-// address:port (the one the index holds); nil when every entry's address is its own.
-func (s *Services) firstOrdinals(l []BackendValue) map[[6]byte]uint32 {
-	if len(l) <= 32 {
-		// Short lists (nearly all) are checked pairwise, with no map to fill.
-		dup := false
-		for i := 1; i < len(l) && !dup; i++ {
-			for j := 0; j < i; j++ {
-				if l[i] != (BackendValue{}) && addrPortOf(l[i]) == addrPortOf(l[j]) {
-					dup = true
-					break
-				}
+// indexOf is the index a list of more than AffinityScan entries wants: each address:port at
+// its first ordinal (an endpoint listed twice is found at the first). Gaps have no entry.
+func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 {
+	out := make(map[BackendIndex]uint32, len(l))
+	for i, v := range l {
+		if k := indexKey(id, v); v != (BackendValue{}) {
+			if _, ok := out[k]; !ok {
+				out[k] = uint32(i)
 			}
 		}
-		if !dup {
-			return nil
-		}
 	}
-	if s.firstBuf == nil {
-		s.firstBuf = map[[6]byte]uint32{}
-	}
-	clear(s.firstBuf)
-	dup := false
-	for i, v := range l {
-		if v == (BackendValue{}) {
-			continue
-		}
-		ap := addrPortOf(v)
-		if _, ok := s.firstBuf[ap]; ok {
-			dup = true
-			continue
-		}
-		s.firstBuf[ap] = uint32(i)
-	}
-	if !dup {
-		return nil
-	}
-	return s.firstBuf
+	return out
 }
 
 // realEntries counts the entries of an actual list that the map holds (not its gaps).
@@ -1065,13 +1033,9 @@ func (s *Services) readLocked() error {
 	// them as strays).
 	named := make(map[BackendIndex]bool, len(idx))
 	for id, l := range s.lists {
-		if len(l.entries) <= AffinityScan {
-			continue
-		}
-		first := s.firstOrdinals(l.entries)
-		for i, v := range l.entries {
-			if first == nil || first[addrPortOf(v)] == uint32(i) {
-				named[indexKey(id, v)] = true
+		if len(l.entries) > AffinityScan {
+			for k := range indexOf(id, l.entries) {
+				named[k] = true
 			}
 		}
 	}
@@ -1084,18 +1048,10 @@ func (s *Services) readLocked() error {
 		if length <= AffinityScan {
 			continue
 		}
-		first := s.firstOrdinals(l)
-		for i, v := range l {
-			if v == (BackendValue{}) {
-				continue
-			}
-			k := indexKey(id, v)
-			if first != nil && first[addrPortOf(v)] != uint32(i) {
-				continue
-			}
+		for k, o := range indexOf(id, l) {
 			named[k] = true
-			if o, ok := idx[k]; !ok || o != uint32(i) {
-				l[i] = BackendValue{}
+			if got, ok := idx[k]; !ok || got != o {
+				l[o] = BackendValue{}
 				blanked++
 			}
 		}
