@@ -38,14 +38,7 @@ static __noinline int icmp_back(struct __sk_buff *skb, struct pkt *p, __u8 code,
 	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct icmphdr), BPF_ADJ_ROOM_MAC, 0) < 0)
 		return TC_ACT_SHOT;
 	struct iphdr ip = {};
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.ttl = 64;
-	ip.protocol = IPPROTO_ICMP;
-	ip.tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct icmphdr) + q);
-	ip.saddr = p->dst;
-	ip.daddr = p->src;
-	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	ip_answer(&ip, IPPROTO_ICMP, sizeof(struct iphdr) + sizeof(struct icmphdr) + q, p->dst, p->src);
 	struct icmphdr ic = {};
 	ic.type = ICMP_DEST_UNREACH;
 	ic.code = code;
@@ -99,14 +92,7 @@ static __noinline int tcp_rst(struct __sk_buff *skb, struct pkt *p)
 	if (bpf_skb_change_tail(skb, ETH_HLEN + sizeof(struct iphdr) + sizeof(struct tcphdr), 0) < 0)
 		return TC_ACT_SHOT;
 	struct iphdr ip = {};
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.ttl = 64;
-	ip.protocol = IPPROTO_TCP;
-	ip.tot_len = bpf_htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
-	ip.saddr = p->dst;
-	ip.daddr = p->src;
-	ip.check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)&ip, sizeof(ip), 0));
+	ip_answer(&ip, IPPROTO_TCP, sizeof(struct iphdr) + sizeof(struct tcphdr), p->dst, p->src);
 	struct {
 		__be32 src, dst;
 		__u8 zero, proto;

@@ -127,13 +127,7 @@ static __noinline int icmp_error(struct __sk_buff *skb, struct pkt *outer, struc
 			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
-		count(C_REV_NAT);
-		if (rev->flags & CT_F_REDIRECT) {
-			return redirect_back(skb, rev);
-		}
-		if (route)
-			return fib_out(skb, outer->src, outer->dst, 1);
-		return TC_ACT_OK;
+		return reply_out(skb, rev, route, outer->src, outer->dst);
 	}
 	if (v && v->type == CT_TUN && c) {
 		/* On the backend's node: back through the tunnel, translated by the ingress node. */

@@ -221,6 +221,19 @@ static __always_inline int redirect_back(struct __sk_buff *skb, const struct ct_
 	return bpf_redirect(rev->ifindex, 0);
 }
 
+/* reply_out sends a translated reply (or an error about one) on: back the way the request
+ * came (a client outside), or by the FIB (route), or on as it is. */
+static __always_inline int reply_out(struct __sk_buff *skb, const struct ct_val_v4 *rev, int route, __be32 src,
+				     __be32 dst)
+{
+	count(C_REV_NAT);
+	if (rev->flags & CT_F_REDIRECT)
+		return redirect_back(skb, rev);
+	if (route)
+		return fib_out(skb, src, dst, 1);
+	return TC_ACT_OK;
+}
+
 /* reply undoes the translation of a reply from a backend and sends it back the way the
  * request came: out of the interface it arrived on, to the hop it came from. Other replies
  * (the client is a workload) are sent straight to the client through the FIB when route is
@@ -237,13 +250,7 @@ static __always_inline int reply(struct __sk_buff *skb, struct pkt *p, struct ct
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
-	count(C_REV_NAT);
-	if (rev->flags & CT_F_REDIRECT) {
-		return redirect_back(skb, rev);
-	}
-	if (route)
-		return fib_out(skb, p->src, p->dst, 1);
-	return TC_ACT_OK;
+	return reply_out(skb, rev, route, p->src, p->dst);
 }
 
 /* client_flow handles a packet in the client's direction: a known flow goes on as it

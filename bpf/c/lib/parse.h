@@ -111,4 +111,18 @@ static __always_inline __u16 csum_replace2(__u16 check, __u16 from, __u16 to)
 	return csum_fold(sum);
 }
 
+/* ip_answer fills the IPv4 header of an answer sluice sends itself (an ICMP error, a reset):
+ * no options, TTL 64, its checksum. */
+static __always_inline void ip_answer(struct iphdr *ip, __u8 proto, __u16 len, __be32 src, __be32 dst)
+{
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->ttl = 64;
+	ip->protocol = proto;
+	ip->tot_len = bpf_htons(len);
+	ip->saddr = src;
+	ip->daddr = dst;
+	ip->check = csum_fold(bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0));
+}
+
 #endif
