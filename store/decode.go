@@ -514,6 +514,92 @@ func parsePort(field string, v int, allowZero bool) (uint16, error) {
 	return uint16(v), nil
 }
 
+// ipFamily names the family of a, as spec.ipFamilies spells it.
+func ipFamily(a netip.Addr) string {
+	if a.Is4() {
+		return IPv4Family
+	}
+	return IPv6Family
+}
+
+// decodeFamilies parses spec.clusterIPs (or spec.clusterIP) with spec.ipFamilies and
+// spec.ipFamilyPolicy into s, as the apiserver validates them: at most one entry per
+// family, clusterIPs[i] of family ipFamilies[i], one family under SingleStack, two under
+// RequireDualStack. Without ipFamilies the families come from the addresses alone.
+func decodeFamilies(spec *ServiceSpec, s *Service) error {
+	fams := spec.IPFamilies
+	if len(fams) > 2 {
+		return bad("spec.ipFamilies", "%d entries: want at most two, one per family", len(fams))
+	}
+	for i, f := range fams {
+		field := fmt.Sprintf("spec.ipFamilies[%d]", i)
+		if f != IPv4Family && f != IPv6Family {
+			return bad(field, "unknown family %q: want IPv4 or IPv6", f)
+		}
+		if i > 0 && f == fams[0] {
+			return bad(field, "duplicate family %q: a dual-stack service names each family once", f)
+		}
+	}
+	policy := spec.IPFamilyPolicy
+	switch policy {
+	case "", SingleStack, PreferDualStack, RequireDualStack:
+	default:
+		return bad("spec.ipFamilyPolicy", "unknown policy %q: want SingleStack, PreferDualStack or RequireDualStack", policy)
+	}
+	s.IPFamilies = fams
+
+	clusterIPs, field := spec.ClusterIPs, "spec.clusterIPs"
+	at := func(i int) string { return fmt.Sprintf("%s[%d]", field, i) }
+	if len(clusterIPs) == 0 && spec.ClusterIP != "" {
+		clusterIPs, field = []string{spec.ClusterIP}, "spec.clusterIP"
+		at = func(int) string { return field }
+	}
+	families := map[string]bool{} // of the cluster IPs
+	for i, c := range clusterIPs {
+		if c == "None" || c == "" {
+			continue // headless
+		}
+		a, err := netip.ParseAddr(c)
+		if err != nil {
+			return bad(at(i), "%q is not an IP address", c)
+		}
+		if i < len(fams) && ipFamily(a) != fams[i] {
+			return bad(at(i), "%s is %s, but spec.ipFamilies[%d] is %s", a, ipFamily(a), i, fams[i])
+		}
+		families[ipFamily(a)] = true
+		s.ClusterIPs = append(s.ClusterIPs, a)
+	}
+
+	const wantDual = "want PreferDualStack or RequireDualStack for a dual-stack service"
+	switch policy {
+	case SingleStack:
+		if len(fams) == 2 {
+			return bad("spec.ipFamilies", "names two families, but spec.ipFamilyPolicy is SingleStack: %s", wantDual)
+		}
+		if len(families) == 2 {
+			return bad(field, "has addresses of both families, but spec.ipFamilyPolicy is SingleStack: %s", wantDual)
+		}
+	case RequireDualStack:
+		if len(s.ClusterIPs) == 0 {
+			break // headless, or no address yet: nothing to hold the families to
+		}
+		if len(fams) == 1 {
+			return bad("spec.ipFamilies", "names only %s, but spec.ipFamilyPolicy is RequireDualStack: want IPv4 and IPv6", fams[0])
+		}
+		if len(families) < 2 {
+			return bad(field, "has addresses of one family only, but spec.ipFamilyPolicy is RequireDualStack: want one of each family")
+		}
+	case "":
+		// Defaulted as the apiserver defaults it from the fields given.
+		policy = SingleStack
+		if len(fams) == 2 || len(families) == 2 {
+			policy = RequireDualStack
+		}
+	}
+	s.IPFamilyPolicy = policy
+	return nil
+}
+
 func decodeService(id string, value []byte) (Object, error) {
 	var r ServiceResource
 	if err := unmarshal(value, &r); err != nil {
@@ -530,22 +616,13 @@ func decodeService(id string, value []byte) (Object, error) {
 		s.Type = ServiceClusterIP
 	case ServiceClusterIP, ServiceNodePort, ServiceLoadBalancer:
 		s.Type = ServiceType(r.Spec.Type)
+	case "ExternalName":
+		return nil, bad("spec.type", "ExternalName is a DNS alias with no address or port to proxy: sluice has nothing to program for it; leave the service out")
 	default:
 		return nil, bad("spec.type", "unknown type %q: want ClusterIP, NodePort or LoadBalancer", r.Spec.Type)
 	}
-	clusterIPs, field := r.Spec.ClusterIPs, "spec.clusterIPs"
-	if len(clusterIPs) == 0 && r.Spec.ClusterIP != "" {
-		clusterIPs, field = []string{r.Spec.ClusterIP}, "spec.clusterIP"
-	}
-	for i, c := range clusterIPs {
-		if c == "None" || c == "" {
-			continue // headless
-		}
-		a, err := netip.ParseAddr(c)
-		if err != nil {
-			return nil, bad(fmt.Sprintf("%s[%d]", field, i), "%q is not an IP address", c)
-		}
-		s.ClusterIPs = append(s.ClusterIPs, a)
+	if err := decodeFamilies(&r.Spec, s); err != nil {
+		return nil, err
 	}
 	for i, c := range r.Spec.ExternalIPs {
 		a, err := netip.ParseAddr(c)
@@ -555,12 +632,23 @@ func decodeService(id string, value []byte) (Object, error) {
 		s.ExternalIPs = append(s.ExternalIPs, a)
 	}
 	for i, in := range r.Status.LoadBalancer.Ingress {
+		f := fmt.Sprintf("status.loadBalancer.ingress[%d]", i)
+		switch in.IPMode {
+		case "", "VIP", "Proxy":
+		default:
+			return nil, bad(f+".ipMode", "unknown mode %q: want VIP or Proxy", in.IPMode)
+		}
 		if in.IP == "" {
 			continue // hostname-only ingress: nothing to program
 		}
 		a, err := netip.ParseAddr(in.IP)
 		if err != nil {
-			return nil, bad(fmt.Sprintf("status.loadBalancer.ingress[%d].ip", i), "%q is not an IP address", in.IP)
+			return nil, bad(f+".ip", "%q is not an IP address", in.IP)
+		}
+		if in.IPMode == "Proxy" {
+			// The load balancer proxies to node ports or pods: traffic for its address must
+			// reach it, not be caught on the way (kube-proxy skips these too).
+			continue
 		}
 		s.LoadBalancerIPs = append(s.LoadBalancerIPs, a)
 	}

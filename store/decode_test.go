@@ -1,12 +1,18 @@
 package store_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluice-net/sluice/store"
+	yaml "go.yaml.in/yaml/v3"
 )
 
 func TestParseKey(t *testing.T) {
@@ -88,6 +94,7 @@ func TestDecodeRejectsWithField(t *testing.T) {
 		{"svc policy", store.ServicePrefix + "ns/s", `{"spec":{"externalTrafficPolicy":"Nearby"}}`, "spec.externalTrafficPolicy", "unknown policy"},
 		{"svc affinity timeout", store.ServicePrefix + "ns/s", `{"spec":{"sessionAffinity":"ClientIP","sessionAffinityConfig":{"clientIP":{"timeoutSeconds":90000}}}}`, "spec.sessionAffinityConfig.clientIP.timeoutSeconds", "out of range"},
 		{"svc cluster ip", store.ServicePrefix + "ns/s", `{"spec":{"clusterIPs":["10.96.0.300"]}}`, "spec.clusterIPs[0]", "not an IP"},
+		{"svc lb ip mode", store.ServicePrefix + "ns/s", `{"spec":{},"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.1","ipMode":"Direct"}]}}}`, "status.loadBalancer.ingress[0].ipMode", "unknown mode"},
 		{"svc lb ip", store.ServicePrefix + "ns/s", `{"spec":{},"status":{"loadBalancer":{"ingress":[{"ip":"x"}]}}}`, "status.loadBalancer.ingress[0].ip", "not an IP"},
 		{"svc source range", store.ServicePrefix + "ns/s", `{"spec":{"loadBalancerSourceRanges":["1.2.3/8"]}}`, "spec.loadBalancerSourceRanges[0]", "not a CIDR"},
 		{"slice label", store.EndpointSlicePrefix + "ns/e", `{"addressType":"IPv4","endpoints":[]}`, "metadata.labels", "missing label"},
@@ -164,6 +171,175 @@ func TestDecodeDefaultsAndFallbacks(t *testing.T) {
 	}
 	if e.ServiceID() != "ns/s" {
 		t.Errorf("slice service = %q", e.ServiceID())
+	}
+}
+
+// kubernetesObject reads one object of testdata/kubernetes, written as kubectl prints it, and
+// returns the key it belongs under and its value as JSON.
+func kubernetesObject(t *testing.T, file string) (string, []byte) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "kubernetes", file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	meta, _ := doc["metadata"].(map[string]any)
+	kindName, _ := doc["kind"].(string)
+	kind, err := store.KindNamed(kindName)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	key, err := store.KeyFor(kind, meta["namespace"].(string)+"/"+meta["name"].(string))
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	v, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return key, v
+}
+
+func addrs(ss ...string) []netip.Addr {
+	out := make([]netip.Addr, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParseAddr(s)
+	}
+	return out
+}
+
+// TestDecodeKubernetesObjects: a Service and an EndpointSlice as Kubernetes writes them, with
+// every field kubectl prints (managedFields, ownerReferences, targetRef, hints...), decode to
+// what a proxy needs; the rest is accepted and left out.
+func TestDecodeKubernetesObjects(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want store.Object
+	}{
+		{"service-single-stack.yaml", &store.Service{Namespace: "shop", Name: "web", UID: "3f7e1c52-8a0b-4d4e-9c61-2b5d7e0f9a13",
+			Type: store.ServiceClusterIP, ClusterIPs: addrs("10.96.14.7"), IPFamilies: []string{"IPv4"}, IPFamilyPolicy: store.SingleStack,
+			Ports:                 []store.ServicePortSpec{{Name: "http", Protocol: store.ProtocolTCP, Port: 80, TargetPortName: "http"}},
+			ExternalTrafficPolicy: store.PolicyCluster, InternalTrafficPolicy: store.PolicyCluster}},
+		{"service-dual-stack.yaml", &store.Service{Namespace: "shop", Name: "gateway", UID: "9d0a4c1e-5b7f-4a2d-8e36-c41f07b2d958",
+			Type: store.ServiceLoadBalancer, ClusterIPs: addrs("10.96.14.8", "2001:db8:96::8"), IPFamilies: []string{"IPv4", "IPv6"},
+			IPFamilyPolicy:  store.RequireDualStack,
+			Ports:           []store.ServicePortSpec{{Name: "https", Protocol: store.ProtocolTCP, Port: 443, TargetPort: 8443, NodePort: 30443}},
+			LoadBalancerIPs: addrs("203.0.113.10", "2001:db8:feed::10"), ExternalTrafficPolicy: store.PolicyLocal,
+			InternalTrafficPolicy: store.PolicyCluster, HealthCheckNodePort: 31894}},
+		{"endpointslice.yaml", &store.EndpointSlice{Namespace: "shop", Name: "web-x7k2p", Service: "web", AddressType: "IPv4",
+			Endpoints: []store.Endpoint{
+				{Addresses: addrs("10.65.0.1"), Ready: true, Serving: true, NodeName: "node-a", Zone: "zone-a"},
+				{Addresses: addrs("10.65.0.65"), Serving: true, Terminating: true, NodeName: "node-b", Zone: "zone-b"},
+			},
+			Ports: []store.EndpointPort{{Name: "http", Protocol: store.ProtocolTCP, Port: 8080}}}},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			key, value := kubernetesObject(t, tc.file)
+			got, err := store.Decode(key, value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("decoded\n%+v\nwant\n%+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDecodeIPFamiliesRejects: spec.ipFamilies and spec.ipFamilyPolicy are held to the
+// apiserver's rules, and the error names the field at fault.
+func TestDecodeIPFamiliesRejects(t *testing.T) {
+	key := store.ServicePrefix + "ns/s"
+	for _, tc := range []struct {
+		name, spec, field, reason string
+	}{
+		{"unknown family", `"clusterIPs":["10.96.0.1","2001:db8::1"],"ipFamilies":["IPv4","IPv5"],"ipFamilyPolicy":"RequireDualStack"`,
+			"spec.ipFamilies[1]", `unknown family "IPv5": want IPv4 or IPv6`},
+		{"family in lower case", `"clusterIPs":["10.96.0.1"],"ipFamilies":["ipv4"]`,
+			"spec.ipFamilies[0]", `unknown family "ipv4": want IPv4 or IPv6`},
+		{"family twice", `"clusterIPs":["10.96.0.1","10.96.0.2"],"ipFamilies":["IPv4","IPv4"],"ipFamilyPolicy":"PreferDualStack"`,
+			"spec.ipFamilies[1]", `duplicate family "IPv4"`},
+		{"three families", `"clusterIPs":["10.96.0.1"],"ipFamilies":["IPv4","IPv6","IPv4"]`,
+			"spec.ipFamilies", "3 entries: want at most two, one per family"},
+		{"unknown policy", `"clusterIPs":["10.96.0.1"],"ipFamilyPolicy":"DualStack"`,
+			"spec.ipFamilyPolicy", `unknown policy "DualStack": want SingleStack, PreferDualStack or RequireDualStack`},
+		{"single stack, two families", `"clusterIPs":["10.96.0.1","2001:db8::1"],"ipFamilies":["IPv4","IPv6"],"ipFamilyPolicy":"SingleStack"`,
+			"spec.ipFamilies", "names two families, but spec.ipFamilyPolicy is SingleStack"},
+		{"single stack, addresses of two families", `"clusterIPs":["10.96.0.1","2001:db8::1"],"ipFamilyPolicy":"SingleStack"`,
+			"spec.clusterIPs", "has addresses of both families, but spec.ipFamilyPolicy is SingleStack"},
+		{"require dual stack, one family", `"clusterIPs":["10.96.0.1"],"ipFamilies":["IPv4"],"ipFamilyPolicy":"RequireDualStack"`,
+			"spec.ipFamilies", "names only IPv4, but spec.ipFamilyPolicy is RequireDualStack"},
+		{"require dual stack, one address", `"clusterIPs":["10.96.0.1"],"ipFamilyPolicy":"RequireDualStack"`,
+			"spec.clusterIPs", "one family only, but spec.ipFamilyPolicy is RequireDualStack"},
+		{"require dual stack, clusterIP alone", `"clusterIP":"10.96.0.1","ipFamilyPolicy":"RequireDualStack"`,
+			"spec.clusterIP", "one family only, but spec.ipFamilyPolicy is RequireDualStack"},
+		{"address of the other family", `"clusterIPs":["10.96.0.1","2001:db8::1"],"ipFamilies":["IPv6","IPv4"],"ipFamilyPolicy":"RequireDualStack"`,
+			"spec.clusterIPs[0]", "10.96.0.1 is IPv4, but spec.ipFamilies[0] is IPv6"},
+		{"second address of the first family", `"clusterIPs":["10.96.0.1","10.96.0.2"],"ipFamilies":["IPv4","IPv6"],"ipFamilyPolicy":"PreferDualStack"`,
+			"spec.clusterIPs[1]", "10.96.0.2 is IPv4, but spec.ipFamilies[1] is IPv6"},
+		{"clusterIP of the other family", `"clusterIP":"2001:db8::1","ipFamilies":["IPv4"]`,
+			"spec.clusterIP", "2001:db8::1 is IPv6, but spec.ipFamilies[0] is IPv4"},
+		{"external name", `"type":"ExternalName","externalName":"db.example.com"`,
+			"spec.type", "ExternalName is a DNS alias with no address or port to proxy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := store.Decode(key, []byte(`{"spec":{`+tc.spec+`}}`))
+			var bv *store.BadValueError
+			if !errors.As(err, &bv) {
+				t.Fatalf("Decode = %v, want a BadValueError", err)
+			}
+			if bv.Field != tc.field || !strings.Contains(bv.Reason, tc.reason) {
+				t.Errorf("got field %q reason %q; want field %q reason containing %q", bv.Field, bv.Reason, tc.field, tc.reason)
+			}
+		})
+	}
+}
+
+// TestDecodeIPFamiliesAccepts: what the apiserver accepts decodes, the policy defaulted as it
+// defaults it; a headless service keeps its families; without ipFamilies the addresses rule.
+func TestDecodeIPFamiliesAccepts(t *testing.T) {
+	key := store.ServicePrefix + "ns/s"
+	for _, tc := range []struct {
+		name, spec   string
+		clusterIPs   []netip.Addr
+		families     []string
+		policy       string
+		loadBalancer []netip.Addr
+	}{
+		{"nothing given, one address", `"clusterIPs":["10.96.0.1"]`, addrs("10.96.0.1"), nil, store.SingleStack, nil},
+		{"nothing given, two families", `"clusterIPs":["2001:db8::1","10.96.0.1"]`, addrs("2001:db8::1", "10.96.0.1"), nil, store.RequireDualStack, nil},
+		{"families given, policy not", `"clusterIPs":["10.96.0.1","2001:db8::1"],"ipFamilies":["IPv4","IPv6"]`,
+			addrs("10.96.0.1", "2001:db8::1"), []string{"IPv4", "IPv6"}, store.RequireDualStack, nil},
+		{"IPv6 first", `"clusterIPs":["2001:db8::1","10.96.0.1"],"ipFamilies":["IPv6","IPv4"],"ipFamilyPolicy":"RequireDualStack"`,
+			addrs("2001:db8::1", "10.96.0.1"), []string{"IPv6", "IPv4"}, store.RequireDualStack, nil},
+		{"prefer dual stack on a single-stack cluster", `"clusterIPs":["10.96.0.1"],"ipFamilies":["IPv4"],"ipFamilyPolicy":"PreferDualStack"`,
+			addrs("10.96.0.1"), []string{"IPv4"}, store.PreferDualStack, nil},
+		{"single stack IPv6", `"clusterIP":"2001:db8::1","clusterIPs":["2001:db8::1"],"ipFamilies":["IPv6"],"ipFamilyPolicy":"SingleStack"`,
+			addrs("2001:db8::1"), []string{"IPv6"}, store.SingleStack, nil},
+		{"headless dual stack", `"clusterIP":"None","clusterIPs":["None"],"ipFamilies":["IPv4","IPv6"],"ipFamilyPolicy":"RequireDualStack"`,
+			nil, []string{"IPv4", "IPv6"}, store.RequireDualStack, nil},
+		{"headless, one family required dual", `"clusterIPs":["None"],"ipFamilies":["IPv6"],"ipFamilyPolicy":"RequireDualStack"`,
+			nil, []string{"IPv6"}, store.RequireDualStack, nil},
+		{"load balancer modes", `"type":"LoadBalancer","clusterIPs":["10.96.0.1"]},"status":{"loadBalancer":{"ingress":[` +
+			`{"ip":"203.0.113.1","ipMode":"VIP"},{"ip":"203.0.113.2","ipMode":"Proxy","ports":[{"port":80,"protocol":"TCP"}]},` +
+			`{"ip":"203.0.113.3"},{"hostname":"lb.example.com"}]}`,
+			addrs("10.96.0.1"), nil, store.SingleStack, addrs("203.0.113.1", "203.0.113.3")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := store.Decode(key, []byte(`{"spec":{`+tc.spec+`}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := o.(*store.Service)
+			if !slices.Equal(s.ClusterIPs, tc.clusterIPs) || !slices.Equal(s.IPFamilies, tc.families) || s.IPFamilyPolicy != tc.policy ||
+				!slices.Equal(s.LoadBalancerIPs, tc.loadBalancer) {
+				t.Errorf("cluster IPs %v, families %q, policy %q, load-balancer IPs %v; want %v, %q, %q, %v",
+					s.ClusterIPs, s.IPFamilies, s.IPFamilyPolicy, s.LoadBalancerIPs, tc.clusterIPs, tc.families, tc.policy, tc.loadBalancer)
+			}
+		})
 	}
 }
 

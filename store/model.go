@@ -278,6 +278,19 @@ const (
 	PolicyLocal   TrafficPolicy = "Local"
 )
 
+// IP families of a service's spec.ipFamilies.
+const (
+	IPv4Family = "IPv4"
+	IPv6Family = "IPv6"
+)
+
+// IP family policies of a service's spec.ipFamilyPolicy.
+const (
+	SingleStack      = "SingleStack"
+	PreferDualStack  = "PreferDualStack"
+	RequireDualStack = "RequireDualStack"
+)
+
 // DefaultAffinityTimeout is Kubernetes' default client-IP affinity timeout in seconds.
 const DefaultAffinityTimeout = 10800
 
@@ -286,9 +299,18 @@ type Service struct {
 	Namespace string
 	Name      string
 	// UID is metadata.uid: it changes when a service is deleted and created again.
-	UID                   string
-	Type                  ServiceType
-	ClusterIPs            []netip.Addr
+	UID        string
+	Type       ServiceType
+	ClusterIPs []netip.Addr
+	// IPFamilies is spec.ipFamilies as given (IPv4, IPv6; nil when absent): the family of
+	// each of spec.clusterIPs, in order, checked against them. A headless service keeps it
+	// although it has no cluster IPs. The frontends' families come from the addresses.
+	IPFamilies []string
+	// IPFamilyPolicy is spec.ipFamilyPolicy (SingleStack, PreferDualStack or
+	// RequireDualStack). When absent it is defaulted as the apiserver does from what the
+	// service names: RequireDualStack with two families (in ipFamilies or clusterIPs), else
+	// SingleStack.
+	IPFamilyPolicy        string
 	Ports                 []ServicePortSpec
 	ExternalIPs           []netip.Addr
 	LoadBalancerIPs       []netip.Addr

@@ -20,14 +20,61 @@ type TypeMeta struct {
 	APIVersion string `json:"apiVersion,omitempty"`
 }
 
-// ObjectMeta is the subset of Kubernetes object metadata that Calico stores.
+// ObjectMeta is Kubernetes object metadata (metav1.ObjectMeta), field for field, as
+// calicoctl and kubectl print it. sluice uses the name, namespace, uid and labels; the rest is
+// accepted so that a `kubectl get -o yaml` or `calicoctl get -o yaml` applies as printed.
+// sluicectl drops the apiserver's bookkeeping (resourceVersion, generation, managedFields,
+// selfLink, deletion*) before writing: it describes another store's copy, and its timestamps
+// would make every re-applied dump an update.
 type ObjectMeta struct {
-	Name              string            `json:"name,omitempty"`
-	Namespace         string            `json:"namespace,omitempty"`
-	UID               string            `json:"uid,omitempty"`
-	CreationTimestamp string            `json:"creationTimestamp,omitempty"`
-	Labels            map[string]string `json:"labels,omitempty"`
-	Annotations       map[string]string `json:"annotations,omitempty"`
+	Name                       string               `json:"name,omitempty"`
+	GenerateName               string               `json:"generateName,omitempty"`
+	Namespace                  string               `json:"namespace,omitempty"`
+	SelfLink                   string               `json:"selfLink,omitempty"`
+	UID                        string               `json:"uid,omitempty"`
+	ResourceVersion            string               `json:"resourceVersion,omitempty"`
+	Generation                 int64                `json:"generation,omitempty"`
+	CreationTimestamp          string               `json:"creationTimestamp,omitempty"`
+	DeletionTimestamp          string               `json:"deletionTimestamp,omitempty"`
+	DeletionGracePeriodSeconds *int64               `json:"deletionGracePeriodSeconds,omitempty"`
+	Labels                     map[string]string    `json:"labels,omitempty"`
+	Annotations                map[string]string    `json:"annotations,omitempty"`
+	OwnerReferences            []OwnerReference     `json:"ownerReferences,omitempty"`
+	Finalizers                 []string             `json:"finalizers,omitempty"`
+	ManagedFields              []ManagedFieldsEntry `json:"managedFields,omitempty"`
+}
+
+// OwnerReference names the object that owns this one (an endpoint slice's service).
+type OwnerReference struct {
+	APIVersion         string `json:"apiVersion"`
+	Kind               string `json:"kind"`
+	Name               string `json:"name"`
+	UID                string `json:"uid"`
+	Controller         *bool  `json:"controller,omitempty"`
+	BlockOwnerDeletion *bool  `json:"blockOwnerDeletion,omitempty"`
+}
+
+// ManagedFieldsEntry is one writer's claim on fields, from server-side apply. FieldsV1 is
+// kept opaque: its keys ("f:spec", ".") are the apiserver's, not field names.
+type ManagedFieldsEntry struct {
+	Manager     string          `json:"manager,omitempty"`
+	Operation   string          `json:"operation,omitempty"`
+	APIVersion  string          `json:"apiVersion,omitempty"`
+	Time        string          `json:"time,omitempty"`
+	FieldsType  string          `json:"fieldsType,omitempty"`
+	FieldsV1    json.RawMessage `json:"fieldsV1,omitempty"`
+	Subresource string          `json:"subresource,omitempty"`
+}
+
+// ObjectReference points at another object (an endpoint's pod).
+type ObjectReference struct {
+	Kind            string `json:"kind,omitempty"`
+	Namespace       string `json:"namespace,omitempty"`
+	Name            string `json:"name,omitempty"`
+	UID             string `json:"uid,omitempty"`
+	APIVersion      string `json:"apiVersion,omitempty"`
+	ResourceVersion string `json:"resourceVersion,omitempty"`
+	FieldPath       string `json:"fieldPath,omitempty"`
 }
 
 // IPPoolResource is Calico's projectcalico.org/v3 IPPool.
@@ -151,28 +198,41 @@ type ServiceResource struct {
 	Status   ServiceStatus `json:"status,omitempty"`
 }
 
-// ServiceSpec is the spec of a ServiceResource.
+// ServiceSpec is the spec of a ServiceResource: every field of Kubernetes' v1 ServiceSpec.
+// Those a proxy has no use for (Selector, PublishNotReadyAddresses, AllocateLoadBalancerNodePorts,
+// LoadBalancerClass, LoadBalancerIP, ExternalName, TrafficDistribution) are kept but not read;
+// docs/data-model.md says why for each.
 type ServiceSpec struct {
-	Type                     string                 `json:"type,omitempty"`
-	ClusterIP                string                 `json:"clusterIP,omitempty"`
-	ClusterIPs               []string               `json:"clusterIPs,omitempty"`
-	Ports                    []ServicePort          `json:"ports,omitempty"`
-	ExternalIPs              []string               `json:"externalIPs,omitempty"`
-	ExternalTrafficPolicy    string                 `json:"externalTrafficPolicy,omitempty"`
-	InternalTrafficPolicy    string                 `json:"internalTrafficPolicy,omitempty"`
-	HealthCheckNodePort      int                    `json:"healthCheckNodePort,omitempty"`
-	SessionAffinity          string                 `json:"sessionAffinity,omitempty"`
-	SessionAffinityConfig    *SessionAffinityConfig `json:"sessionAffinityConfig,omitempty"`
-	LoadBalancerSourceRanges []string               `json:"loadBalancerSourceRanges,omitempty"`
+	Type                          string                 `json:"type,omitempty"`
+	Selector                      map[string]string      `json:"selector,omitempty"`
+	ClusterIP                     string                 `json:"clusterIP,omitempty"`
+	ClusterIPs                    []string               `json:"clusterIPs,omitempty"`
+	IPFamilies                    []string               `json:"ipFamilies,omitempty"`
+	IPFamilyPolicy                string                 `json:"ipFamilyPolicy,omitempty"`
+	Ports                         []ServicePort          `json:"ports,omitempty"`
+	ExternalIPs                   []string               `json:"externalIPs,omitempty"`
+	ExternalName                  string                 `json:"externalName,omitempty"`
+	ExternalTrafficPolicy         string                 `json:"externalTrafficPolicy,omitempty"`
+	InternalTrafficPolicy         string                 `json:"internalTrafficPolicy,omitempty"`
+	HealthCheckNodePort           int                    `json:"healthCheckNodePort,omitempty"`
+	SessionAffinity               string                 `json:"sessionAffinity,omitempty"`
+	SessionAffinityConfig         *SessionAffinityConfig `json:"sessionAffinityConfig,omitempty"`
+	LoadBalancerSourceRanges      []string               `json:"loadBalancerSourceRanges,omitempty"`
+	LoadBalancerIP                string                 `json:"loadBalancerIP,omitempty"`
+	LoadBalancerClass             string                 `json:"loadBalancerClass,omitempty"`
+	AllocateLoadBalancerNodePorts *bool                  `json:"allocateLoadBalancerNodePorts,omitempty"`
+	PublishNotReadyAddresses      bool                   `json:"publishNotReadyAddresses,omitempty"`
+	TrafficDistribution           string                 `json:"trafficDistribution,omitempty"`
 }
 
 // ServicePort is one port of a service. TargetPort is a number or a port name.
 type ServicePort struct {
-	Name       string          `json:"name,omitempty"`
-	Protocol   string          `json:"protocol,omitempty"`
-	Port       int             `json:"port"`
-	TargetPort json.RawMessage `json:"targetPort,omitempty"`
-	NodePort   int             `json:"nodePort,omitempty"`
+	Name        string          `json:"name,omitempty"`
+	Protocol    string          `json:"protocol,omitempty"`
+	AppProtocol string          `json:"appProtocol,omitempty"`
+	Port        int             `json:"port"`
+	TargetPort  json.RawMessage `json:"targetPort,omitempty"`
+	NodePort    int             `json:"nodePort,omitempty"`
 }
 
 // SessionAffinityConfig holds the client-IP affinity timeout.
@@ -185,9 +245,20 @@ type ClientIPConfig struct {
 	TimeoutSeconds *int `json:"timeoutSeconds,omitempty"`
 }
 
-// ServiceStatus carries the load balancer's ingress addresses.
+// ServiceStatus carries the load balancer's ingress addresses and the service's conditions.
 type ServiceStatus struct {
 	LoadBalancer LoadBalancerStatus `json:"loadBalancer,omitempty"`
+	Conditions   []Condition        `json:"conditions,omitempty"`
+}
+
+// Condition is a metav1.Condition; sluice does not read it.
+type Condition struct {
+	Type               string `json:"type"`
+	Status             string `json:"status"`
+	ObservedGeneration int64  `json:"observedGeneration,omitempty"`
+	LastTransitionTime string `json:"lastTransitionTime"`
+	Reason             string `json:"reason"`
+	Message            string `json:"message"`
 }
 
 // LoadBalancerStatus lists ingress points.
@@ -195,10 +266,20 @@ type LoadBalancerStatus struct {
 	Ingress []LoadBalancerIngress `json:"ingress,omitempty"`
 }
 
-// LoadBalancerIngress is one ingress point; only IP matters to sluice.
+// LoadBalancerIngress is one ingress point. sluice programs IP unless IPMode is "Proxy"
+// (the load balancer, not the node, is then where traffic to it must go).
 type LoadBalancerIngress struct {
-	IP       string `json:"ip,omitempty"`
-	Hostname string `json:"hostname,omitempty"`
+	IP       string       `json:"ip,omitempty"`
+	Hostname string       `json:"hostname,omitempty"`
+	IPMode   string       `json:"ipMode,omitempty"`
+	Ports    []PortStatus `json:"ports,omitempty"`
+}
+
+// PortStatus is the load balancer's report on one service port; sluice does not read it.
+type PortStatus struct {
+	Port     int     `json:"port"`
+	Protocol string  `json:"protocol"`
+	Error    *string `json:"error,omitempty"`
 }
 
 // EndpointSliceResource is sluice's endpoint slice, shaped like discovery.k8s.io/v1.
@@ -210,12 +291,17 @@ type EndpointSliceResource struct {
 	Ports       []EndpointPortWire `json:"ports"`
 }
 
-// EndpointResource is one endpoint of a slice.
+// EndpointResource is one endpoint of a slice: every field of discovery.k8s.io/v1's Endpoint.
+// Hostname, TargetRef, DeprecatedTopology and Hints are kept but not read.
 type EndpointResource struct {
-	Addresses  []string           `json:"addresses"`
-	Conditions EndpointConditions `json:"conditions,omitempty"`
-	NodeName   string             `json:"nodeName,omitempty"`
-	Zone       string             `json:"zone,omitempty"`
+	Addresses          []string           `json:"addresses"`
+	Conditions         EndpointConditions `json:"conditions,omitempty"`
+	Hostname           string             `json:"hostname,omitempty"`
+	TargetRef          *ObjectReference   `json:"targetRef,omitempty"`
+	DeprecatedTopology map[string]string  `json:"deprecatedTopology,omitempty"`
+	NodeName           string             `json:"nodeName,omitempty"`
+	Zone               string             `json:"zone,omitempty"`
+	Hints              *EndpointHints     `json:"hints,omitempty"`
 }
 
 // EndpointConditions are tri-state, as in Kubernetes: nil means unknown.
@@ -225,11 +311,29 @@ type EndpointConditions struct {
 	Terminating *bool `json:"terminating,omitempty"`
 }
 
+// EndpointHints are topology-aware routing's hints: which zones or nodes should use the
+// endpoint.
+type EndpointHints struct {
+	ForZones []ForZone `json:"forZones,omitempty"`
+	ForNodes []ForNode `json:"forNodes,omitempty"`
+}
+
+// ForZone names a zone that should use an endpoint.
+type ForZone struct {
+	Name string `json:"name"`
+}
+
+// ForNode names a node that should use an endpoint.
+type ForNode struct {
+	Name string `json:"name"`
+}
+
 // EndpointPortWire is one port of a slice.
 type EndpointPortWire struct {
-	Name     string `json:"name,omitempty"`
-	Protocol string `json:"protocol,omitempty"`
-	Port     *int   `json:"port,omitempty"`
+	Name        string `json:"name,omitempty"`
+	Protocol    string `json:"protocol,omitempty"`
+	Port        *int   `json:"port,omitempty"`
+	AppProtocol string `json:"appProtocol,omitempty"`
 }
 
 // ServiceNameLabel ties an endpoint slice to its service.

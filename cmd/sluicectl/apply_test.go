@@ -350,3 +350,170 @@ func TestApplyUsageErrors(t *testing.T) {
 		t.Errorf("help: exit %d, stdout %q; want exit 0 and the usage with the global flags", r.code, r.stdout)
 	}
 }
+
+// kubernetesDir holds a single-stack Service, a dual-stack one and an EndpointSlice exactly
+// as `kubectl get -o yaml` prints them, managedFields and all.
+const kubernetesDir = "../../store/testdata/kubernetes"
+
+func readKubernetes(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(kubernetesDir, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestApplyKubernetesObjects: what kubectl prints applies as printed; sluice keeps every
+// field a Kubernetes reader expects, drops the apiserver's bookkeeping, and reads the
+// families back. Printed again and applied again, nothing changes.
+func TestApplyKubernetesObjects(t *testing.T) {
+	c := newCluster(t)
+	objects := []string{"endpointslices/shop/web-x7k2p", "services/shop/gateway", "services/shop/web"}
+	out := c.mustCtl("apply", "-f", kubernetesDir)
+	for i, action := range []string{"created", "unchanged"} {
+		want := make([]string, len(objects))
+		for j, o := range objects {
+			want[j] = o + " " + action
+		}
+		if got := lines(out); !slices.Equal(got, want) {
+			t.Errorf("apply %d printed\n%s\nwant\n%s", i+1, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		out = c.mustCtl("apply", "-f", kubernetesDir)
+	}
+
+	web, gateway, slice := store.ServicePrefix+"shop/web", store.ServicePrefix+"shop/gateway", store.EndpointSlicePrefix+"shop/web-x7k2p"
+	for _, key := range []string{web, gateway, slice} {
+		meta := c.value(key)["metadata"].(map[string]any)
+		for _, dropped := range []string{"resourceVersion", "generation", "managedFields"} {
+			if v, ok := meta[dropped]; ok {
+				t.Errorf("%s: metadata.%s stored (%v), want it dropped", key, dropped, v)
+			}
+		}
+		if uid, _ := meta["uid"].(string); !uidRE.MatchString(uid) {
+			t.Errorf("%s: metadata.uid %q is not a version 4 UUID", key, uid)
+		}
+	}
+	v := c.value(web)
+	if meta := v["metadata"].(map[string]any); !jsonEqual(t, meta["labels"], `{"app":"web"}`) || meta["annotations"] == nil {
+		t.Errorf("%s: labels %v annotations %v, want them kept", web, meta["labels"], meta["annotations"])
+	}
+	if !jsonEqual(t, v["spec"], `{"type":"ClusterIP","selector":{"app":"web"},"clusterIP":"10.96.14.7","clusterIPs":["10.96.14.7"],`+
+		`"ipFamilies":["IPv4"],"ipFamilyPolicy":"SingleStack","ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":"http"}],`+
+		`"internalTrafficPolicy":"Cluster","sessionAffinity":"None"}`) {
+		t.Errorf("%s: spec %v", web, v["spec"])
+	}
+	if meta := c.value(gateway)["metadata"].(map[string]any); !jsonEqual(t, meta["finalizers"], `["service.kubernetes.io/load-balancer-cleanup"]`) {
+		t.Errorf("%s: finalizers %v, want them kept", gateway, meta["finalizers"])
+	}
+	v = c.value(slice)
+	if meta := v["metadata"].(map[string]any); meta["generateName"] != "web-" ||
+		!jsonEqual(t, meta["ownerReferences"], `[{"apiVersion":"v1","kind":"Service","name":"web","uid":"3f7e1c52-8a0b-4d4e-9c61-2b5d7e0f9a13","controller":true,"blockOwnerDeletion":true}]`) {
+		t.Errorf("%s: generateName %v ownerReferences %v, want them kept", slice, meta["generateName"], meta["ownerReferences"])
+	}
+	if ep := v["endpoints"].([]any)[0]; !jsonEqual(t, ep, `{"addresses":["10.65.0.1"],"conditions":{"ready":true,"serving":true,"terminating":false},`+
+		`"targetRef":{"kind":"Pod","namespace":"shop","name":"web-7c9d8b6f5-x2kqp","uid":"61c2f0d4-7a3e-4b18-a9d5-0e8f3c6b2a71"},`+
+		`"nodeName":"node-a","zone":"zone-a","hints":{"forZones":[{"name":"zone-a"}],"forNodes":[{"name":"node-a"}]}}`) {
+		t.Errorf("%s: endpoints[0] %v", slice, ep)
+	}
+
+	// The agent's decoder reads the families back.
+	o, err := store.Decode(gateway, c.kv(gateway).Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := o.(*store.Service); !slices.Equal(s.IPFamilies, []string{"IPv4", "IPv6"}) || s.IPFamilyPolicy != store.RequireDualStack || len(s.ClusterIPs) != 2 {
+		t.Errorf("%s decodes to families %q policy %q cluster IPs %v, want IPv4, IPv6, RequireDualStack and two", gateway, s.IPFamilies, s.IPFamilyPolicy, s.ClusterIPs)
+	}
+	if got, want := table(c.mustCtl("get", "services", "-n", "shop")), `NAMESPACE NAME TYPE CLUSTER-IPS EXTERNAL PORTS POLICY
+shop gateway LoadBalancer 10.96.14.8,2001:db8:96::8 203.0.113.10,2001:db8:feed::10 443:30443/TCP ext=Local,int=Cluster
+shop web ClusterIP 10.96.14.7 - 80/TCP ext=Cluster,int=Cluster
+`; got != want {
+		t.Errorf("get services -n shop:\n%s\nwant\n%s", got, want)
+	}
+
+	// sluicectl's own output re-applies unchanged.
+	for _, o := range objects {
+		kind, name, _ := strings.Cut(o, "/")
+		ns, name, _ := strings.Cut(name, "/")
+		out := c.mustCtl("get", kind, name, "-n", ns, "-o", "yaml")
+		if r := c.ctl(out, "apply", "-f", "-"); r.code != 0 || r.stdout != o+" unchanged\n" {
+			t.Errorf("get %s -o yaml | apply -f -: exit %d, stdout %q, stderr %q", o, r.code, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestApplyKubernetesList: `kubectl get svc,endpointslices -o yaml` prints a List.
+func TestApplyKubernetesList(t *testing.T) {
+	c := newCluster(t)
+	var b strings.Builder
+	b.WriteString("apiVersion: v1\nitems:\n")
+	for _, f := range []string{"service-single-stack.yaml", "service-dual-stack.yaml", "endpointslice.yaml"} {
+		first := true
+		for _, line := range strings.Split(strings.TrimRight(readKubernetes(t, f), "\n"), "\n") {
+			if strings.HasPrefix(line, "#") {
+				continue
+			}
+			if first {
+				b.WriteString("- " + line + "\n")
+				first = false
+			} else {
+				b.WriteString("  " + line + "\n")
+			}
+		}
+	}
+	b.WriteString("kind: List\nmetadata:\n  resourceVersion: \"\"\n")
+	r := c.ctl(b.String(), "apply", "-f", "-")
+	want := "services/shop/web created\nservices/shop/gateway created\nendpointslices/shop/web-x7k2p created\n"
+	if r.code != 0 || r.stdout != want {
+		t.Errorf("apply of a List: exit %d, stdout %q, stderr %q; want %q", r.code, r.stdout, r.stderr, want)
+	}
+}
+
+// TestApplyRefusesKubernetesMistakes: fields Kubernetes does not have are still refused,
+// with a hint when one is close, and wrong families are named; nothing is written.
+func TestApplyRefusesKubernetesMistakes(t *testing.T) {
+	c := newCluster(t)
+	svc, slice := readKubernetes(t, "service-single-stack.yaml"), readKubernetes(t, "endpointslice.yaml")
+	lineOf := func(text, s string) int { return strings.Count(text[:strings.Index(text, s)], "\n") + 1 }
+	for _, tc := range []struct {
+		name, text, old, new string
+		want                 []string
+	}{
+		{"typo in a Service", svc, "ipFamilyPolicy: SingleStack", "ipFamilyPolicyy: SingleStack",
+			[]string{`unknown field "spec.ipFamilyPolicyy" (did you mean "ipFamilyPolicy"?) (line %d)`}},
+		{"typo in an EndpointSlice", slice, "  targetRef:", "  targetref:",
+			[]string{`unknown field "endpoints[0].targetref" (did you mean "targetRef"?) (line %d)`}},
+		{"no such field", svc, "  sessionAffinity: None", "  topologyKeys: [\"*\"]",
+			[]string{`unknown field "spec.topologyKeys" (line %d)`}},
+		{"family of another address", svc, "  - IPv4\n", "  - IPv6\n",
+			[]string{"field spec.clusterIPs[0]", "10.96.14.7 is IPv4, but spec.ipFamilies[0] is IPv6"}},
+		{"unknown family", svc, "  - IPv4\n", "  - IPv4\n  - IPv5\n",
+			[]string{"field spec.ipFamilies[1]", `unknown family "IPv5": want IPv4 or IPv6`}},
+		{"ExternalName", svc, "  type: ClusterIP", "  type: ExternalName\n  externalName: db.example.com",
+			[]string{"field spec.type", "ExternalName is a DNS alias"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(tc.text, tc.old) {
+				t.Fatalf("the object has no %q", tc.old)
+			}
+			text := strings.Replace(tc.text, tc.old, tc.new, 1)
+			path := writeFile(t, "object.yaml", text)
+			r := c.ctl("", "apply", "-f", path)
+			if r.code != 1 || r.stdout != "" || !strings.Contains(r.stderr, "nothing was written") {
+				t.Errorf("exit %d, stdout %q, stderr:\n%s\nwant exit 1, nothing on stdout, and nothing was written", r.code, r.stdout, r.stderr)
+			}
+			for _, w := range tc.want {
+				if strings.Contains(w, "%d") {
+					w = fmt.Sprintf(w, lineOf(text, strings.TrimSpace(strings.SplitN(tc.new, ":", 2)[0])+":"))
+				}
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr lacks %q:\n%s", w, r.stderr)
+				}
+			}
+			if keys := c.keys("/"); len(keys) != 0 {
+				t.Errorf("etcd holds %v after a rejected apply, want nothing", keys)
+			}
+		})
+	}
+}

@@ -271,10 +271,8 @@ func exactNames(doc any, t reflect.Type, path string) error {
 			for _, k := range keys {
 				ft, ok := fields[k]
 				if !ok {
-					for name := range fields {
-						if strings.EqualFold(name, k) {
-							return &unknownField{join(k), fmt.Sprintf("unknown field %q (did you mean %q?)", join(k), name)}
-						}
+					if name := nearest(k, fields); name != "" {
+						return &unknownField{join(k), fmt.Sprintf("unknown field %q (did you mean %q?)", join(k), name)}
 					}
 					return &unknownField{join(k), fmt.Sprintf("unknown field %q", join(k))}
 				}
@@ -299,6 +297,51 @@ func exactNames(doc any, t reflect.Type, path string) error {
 		}
 	}
 	return nil
+}
+
+// nearest is the field name k was most likely meant to be, or "" when none is close: the
+// same name in another case ("vxlanmode"), else the one fewest edits away ("ipFamilyPolicyy",
+// "prot"), at most one edit for names of up to five letters and two for longer ones. Ties go
+// to the first name in order, so the hint is the same on every run.
+func nearest(k string, fields map[string]reflect.Type) string {
+	limit := 1
+	if len(k) > 5 {
+		limit = 2
+	}
+	best, bestDist := "", limit+1
+	for name := range fields {
+		d := editDistance(strings.ToLower(k), strings.ToLower(name))
+		if d < bestDist || (d == bestDist && name < best) {
+			best, bestDist = name, d
+		}
+	}
+	return best
+}
+
+// editDistance counts the insertions, deletions, substitutions and swaps of neighbouring
+// letters that turn a into b (optimal string alignment distance).
+func editDistance(a, b string) int {
+	prev2 := make([]int, len(b)+1)
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+		prev2, prev, cur = prev, cur, prev2
+	}
+	return prev[len(b)]
 }
 
 // jsonFields adds the JSON names of t's fields, with those of embedded structs, to fields.
@@ -423,8 +466,20 @@ func resource[T any](raw []byte, r *T, meta func(*T) (*store.TypeMeta, *store.Ob
 		m.Namespace = ""
 	}
 	*tm = store.TypeMeta{Kind: kind, APIVersion: apiVersion}
+	dropBookkeeping(m)
 	v, err := json.Marshal(r)
 	return prefix + id, v, err
+}
+
+// dropBookkeeping clears the metadata an apiserver keeps about its own copy of an object,
+// which a `kubectl get -o yaml` or `calicoctl get -o yaml` prints: its revision, generation,
+// field managers, self link and pending deletion. They describe another store's copy (the
+// apiserver does not store resourceVersion either: it is etcd's revision), and their
+// timestamps would turn every re-applied dump into an update. uid and creationTimestamp are
+// replaced when written (Apply).
+func dropBookkeeping(m *store.ObjectMeta) {
+	m.ResourceVersion, m.Generation, m.ManagedFields, m.SelfLink = "", 0, nil, ""
+	m.DeletionTimestamp, m.DeletionGracePeriodSeconds = "", nil
 }
 
 // build turns a document's JSON into the key and value to store.

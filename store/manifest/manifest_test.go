@@ -48,6 +48,12 @@ func TestParseExactFieldNames(t *testing.T) {
 			`unknown field "Node" (did you mean "node"?)`},
 		{"block", `{kind: Block, cidr: 10.65.0.0/26, strictaffinity: true}`,
 			`unknown field "strictaffinity" (did you mean "strictAffinity"?)`},
+		{"near miss", `{kind: Service, metadata: {name: s}, spec: {clusterIPs: [10.96.0.1], ipFamilies: [IPv4], ipFamilyPolicyy: SingleStack}}`,
+			`unknown field "spec.ipFamilyPolicyy" (did you mean "ipFamilyPolicy"?)`},
+		{"near miss swapped letters", `{kind: EndpointSlice, metadata: {name: e, labels: {kubernetes.io/service-name: s}}, addressType: IPv4, endpoints: [{addresses: [10.65.0.1], hitns: {forZones: [{name: a}]}}]}`,
+			`unknown field "endpoints[0].hitns" (did you mean "hints"?)`},
+		{"no field near", `{kind: Service, metadata: {name: s}, spec: {clusterIPs: [10.96.0.1], topologyKeys: ["*"]}}`,
+			`unknown field "spec.topologyKeys" (line 1)`}, // no hint: nothing is close
 		{"list item", "kind: List\nitems:\n- {kind: IPPool, metadata: {name: p}, spec: {cidr: 10.1.0.0/16, blocksize: 26}}\n",
 			`item 0: unknown field "spec.blocksize" (did you mean "blockSize"?)`},
 	} {
@@ -93,7 +99,7 @@ spec:
     prot: 443
 `
 	_, err := manifest.Parse("svc.yaml", strings.NewReader(doc))
-	if err == nil || !strings.Contains(err.Error(), `svc.yaml, document 1 (line 1): unknown field "spec.ports[1].prot" (line 13)`) {
+	if err == nil || !strings.Contains(err.Error(), `svc.yaml, document 1 (line 1): unknown field "spec.ports[1].prot" (did you mean "port"?) (line 13)`) {
 		t.Fatalf("error: %v", err)
 	}
 }
