@@ -103,6 +103,10 @@ type Conntrack struct {
 	Queue    *ebpf.Map
 	Cleaner  *ebpf.Program
 	Timeouts Timeouts
+	// CT6, Queue6 and Cleaner6 are the IPv6 table's, cleaned by the same rules.
+	CT6      *ebpf.Map
+	Queue6   *ebpf.Map
+	Cleaner6 *ebpf.Program
 	// Live, when set, says whether an endpoint is still named by its service's slices;
 	// flows to one that is not are stale and go at the next cleanup, whatever their state
 	// (as kube-proxy clears conntrack for removed endpoints): the client gets a reset from
@@ -110,9 +114,10 @@ type Conntrack struct {
 	Live func(addr netip.Addr, port uint16) bool
 }
 
-// NewConntrack returns the cleaner of objs' table.
+// NewConntrack returns the cleaner of objs' tables.
 func NewConntrack(o *Objects, t Timeouts) *Conntrack {
-	return &Conntrack{CT: o.SlCtV4, Queue: o.SlCtCleanq, Cleaner: o.SlCtClean, Timeouts: t}
+	return &Conntrack{CT: o.SlCtV4, Queue: o.SlCtCleanq, Cleaner: o.SlCtClean, Timeouts: t,
+		CT6: o.SlCtV6, Queue6: o.SlCtCleanq6, Cleaner6: o.SlCtClean6}
 }
 
 // PairKey returns the key of the other entry of a NAT pair: a reverse entry's forward entry
@@ -136,118 +141,231 @@ func PairKey(k ConntrackKey, v ConntrackValue) ConntrackKey {
 	return ConntrackKey{}
 }
 
-// Clean runs one pass at now (CLOCK_MONOTONIC ns).
+// PairKey6 is PairKey for the IPv6 table.
+func PairKey6(k ConntrackKey6, v ConntrackValue6) ConntrackKey6 {
+	switch v.Type {
+	case ConntrackRev:
+		client := k.Dst
+		if v.NatSaddr != (Addr6{}) {
+			client = v.NatSaddr
+		}
+		return ConntrackKey6{Src: client, Dst: v.NatAddr, Sport: v.NatSport, Dport: v.NatPort, Proto: k.Proto}
+	case ConntrackFwd:
+		client := k.Src
+		if v.NatSaddr != (Addr6{}) {
+			client = v.NatSaddr
+		}
+		return ConntrackKey6{Src: v.NatAddr, Dst: client, Sport: v.NatPort, Dport: v.NatSport, Proto: k.Proto}
+	}
+	return ConntrackKey6{}
+}
+
+// ctEntry is what the cleaner judges of an entry of either family.
+type ctEntry struct {
+	typ, flags, tcp, proto uint8
+	created, lastSeen      uint64
+	// endpoint is the backend the flow goes to: the source of a reverse or tunnel entry's
+	// key, the destination a forward entry translates to.
+	endpoint netip.AddrPort
+}
+
+// ctTable is one family's connection table with its cleaner: the entry types and how to
+// read them, and the clean queue's (c/sluice.h's ct_clean_ctx_v4 or _v6).
+type ctTable[K comparable, V any, Q any] struct {
+	name    string
+	ct      *ebpf.Map
+	queue   *ebpf.Map
+	cleaner *ebpf.Program
+	entry   func(K, V) ctEntry
+	pair    func(K, V) K
+	// add queues a request, saying whether the queue is full; result reads a run's counts.
+	add    func(q *Q, k, pair K, seen uint64) bool
+	reqs   func(q *Q) []ctReq[K]
+	result func(q *Q) (deleted, kept int)
+}
+
+type ctReq[K any] struct {
+	key, pair K
+	seen      uint64
+}
+
+func (c *Conntrack) table4() ctTable[ConntrackKey, ConntrackValue, sluiceCtCleanCtxV4] {
+	return ctTable[ConntrackKey, ConntrackValue, sluiceCtCleanCtxV4]{name: "connection table", ct: c.CT, queue: c.Queue, cleaner: c.Cleaner,
+		entry: func(k ConntrackKey, v ConntrackValue) ctEntry {
+			e := ctEntry{typ: v.Type, flags: v.Flags, tcp: v.Tcp, proto: k.Proto, created: v.Created, lastSeen: v.LastSeen}
+			if v.Type == ConntrackFwd {
+				e.endpoint = netip.AddrPortFrom(HostAddr(v.NatAddr), HostPort(v.NatPort))
+			} else {
+				e.endpoint = netip.AddrPortFrom(HostAddr(k.Src), HostPort(k.Sport))
+			}
+			return e
+		},
+		pair: PairKey,
+		add: func(q *sluiceCtCleanCtxV4, k, pair ConntrackKey, seen uint64) bool {
+			q.Req[q.N].Key, q.Req[q.N].Pair, q.Req[q.N].Seen = k, pair, seen
+			q.N++
+			return int(q.N) == len(q.Req)
+		},
+		reqs: func(q *sluiceCtCleanCtxV4) []ctReq[ConntrackKey] {
+			out := make([]ctReq[ConntrackKey], q.N)
+			for i := range out {
+				out[i] = ctReq[ConntrackKey]{q.Req[i].Key, q.Req[i].Pair, q.Req[i].Seen}
+			}
+			return out
+		},
+		result: func(q *sluiceCtCleanCtxV4) (int, int) { return int(q.Deleted), int(q.Kept) },
+	}
+}
+
+func (c *Conntrack) table6() ctTable[ConntrackKey6, ConntrackValue6, sluiceCtCleanCtxV6] {
+	return ctTable[ConntrackKey6, ConntrackValue6, sluiceCtCleanCtxV6]{name: "IPv6 connection table", ct: c.CT6, queue: c.Queue6, cleaner: c.Cleaner6,
+		entry: func(k ConntrackKey6, v ConntrackValue6) ctEntry {
+			e := ctEntry{typ: v.Type, flags: v.Flags, tcp: v.Tcp, proto: k.Proto, created: v.Created, lastSeen: v.LastSeen}
+			if v.Type == ConntrackFwd {
+				e.endpoint = netip.AddrPortFrom(hostAddr6(v.NatAddr), HostPort(v.NatPort))
+			} else {
+				e.endpoint = netip.AddrPortFrom(hostAddr6(k.Src), HostPort(k.Sport))
+			}
+			return e
+		},
+		pair: PairKey6,
+		add: func(q *sluiceCtCleanCtxV6, k, pair ConntrackKey6, seen uint64) bool {
+			q.Req[q.N].Key, q.Req[q.N].Pair, q.Req[q.N].Seen = k, pair, seen
+			q.N++
+			return int(q.N) == len(q.Req)
+		},
+		reqs: func(q *sluiceCtCleanCtxV6) []ctReq[ConntrackKey6] {
+			out := make([]ctReq[ConntrackKey6], q.N)
+			for i := range out {
+				out[i] = ctReq[ConntrackKey6]{q.Req[i].Key, q.Req[i].Pair, q.Req[i].Seen}
+			}
+			return out
+		},
+		result: func(q *sluiceCtCleanCtxV6) (int, int) { return int(q.Deleted), int(q.Kept) },
+	}
+}
+
+// Clean runs one pass over both tables at now (CLOCK_MONOTONIC ns).
 func (c *Conntrack) Clean(now uint64) (CleanStats, error) {
 	st := CleanStats{ByType: map[string]int{}}
-	all := map[ConntrackKey]ConntrackValue{}
-	if err := walk(c.CT, func(k ConntrackKey, v ConntrackValue) { all[k] = v }); err != nil {
-		return st, fmt.Errorf("reading the connection table: %w", err)
+	if err := cleanTable(c, c.table4(), now, &st); err != nil {
+		return st, err
 	}
-	st.Entries = len(all)
-	pressure := c.CT.MaxEntries() > 0 && float64(len(all)) >= PressureShare*float64(c.CT.MaxEntries())
-	var q sluiceCtCleanCtxV4
+	if c.CT6 != nil {
+		if err := cleanTable(c, c.table6(), now, &st); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+// cleanTable runs one pass over one family's table, adding to st.
+func cleanTable[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q], now uint64, st *CleanStats) error {
+	all := map[K]V{}
+	if err := walk(t.ct, func(k K, v V) { all[k] = v }); err != nil {
+		return fmt.Errorf("reading the %s: %w", t.name, err)
+	}
+	st.Entries += len(all)
+	pressure := t.ct.MaxEntries() > 0 && float64(len(all)) >= PressureShare*float64(t.ct.MaxEntries())
+	var q Q
 	flush := func() error {
-		if q.N == 0 {
+		reqs := t.reqs(&q)
+		if len(reqs) == 0 {
 			return nil
 		}
-		if c.Cleaner == nil {
-			c.cleanFromUserSpace(&q, &st)
-			q = sluiceCtCleanCtxV4{}
+		if t.cleaner == nil {
+			cleanFromUserSpace(t, reqs, st)
+			q = *new(Q)
 			return nil
 		}
-		if err := c.Queue.Put(uint32(0), &q); err != nil {
+		if err := t.queue.Put(uint32(0), &q); err != nil {
 			return fmt.Errorf("queueing cleanup: %w", err)
 		}
-		if _, err := c.Cleaner.Run(&ebpf.RunOptions{}); err != nil {
+		if _, err := t.cleaner.Run(&ebpf.RunOptions{}); err != nil {
 			return fmt.Errorf("running the cleaner: %w", err)
 		}
-		var res sluiceCtCleanCtxV4
-		if err := c.Queue.Lookup(uint32(0), &res); err != nil {
+		var res Q
+		if err := t.queue.Lookup(uint32(0), &res); err != nil {
 			return fmt.Errorf("reading cleanup results: %w", err)
 		}
-		st.Deleted += int(res.Deleted)
-		st.Kept += int(res.Kept)
-		q = sluiceCtCleanCtxV4{}
+		d, k := t.result(&res)
+		st.Deleted += d
+		st.Kept += k
+		q = *new(Q)
 		return nil
 	}
-	queue := func(k, pair ConntrackKey, seen uint64) error {
+	queue := func(k, pair K, seen uint64) error {
 		st.Expired++
-		q.Req[q.N].Key = k
-		q.Req[q.N].Pair = pair
-		q.Req[q.N].Seen = seen
-		q.N++
-		if int(q.N) == len(q.Req) {
+		if t.add(&q, k, pair, seen) {
 			return flush()
 		}
 		return nil
 	}
+	var none K
 	for k, v := range all {
-		switch v.Type {
+		e := t.entry(k, v)
+		switch e.typ {
 		case ConntrackFwd:
 			st.ByType["forward"]++
-			if _, ok := all[PairKey(k, v)]; !ok && now > v.Created && time.Duration(now-v.Created) > c.Timeouts.Grace {
-				if err := queue(k, ConntrackKey{}, v.LastSeen); err != nil {
-					return st, err
+			if _, ok := all[t.pair(k, v)]; !ok && now > e.created && time.Duration(now-e.created) > c.Timeouts.Grace {
+				if err := queue(k, none, e.lastSeen); err != nil {
+					return err
 				}
 			}
 		case ConntrackRev, ConntrackTun:
-			if v.Type == ConntrackRev {
+			if e.typ == ConntrackRev {
 				st.ByType["reverse"]++
 			} else {
 				st.ByType["tunnel"]++
 			}
-			if v.Flags&ConntrackRemote != 0 || v.Type == ConntrackTun {
+			if e.flags&ConntrackRemote != 0 || e.typ == ConntrackTun {
 				st.Forwards++
 			}
-			if c.stale(k, v) {
+			if c.stale(e) {
 				// Deleted at once below, not through the last-seen check: traffic to an
 				// endpoint that is gone keeps refreshing its flow.
 				st.Stale++
 				continue
 			}
-			idle := c.Timeouts.Idle(k.Proto, v.Tcp)
-			early := pressure && !established(k.Proto, v.Tcp) && idle > PressureIdle
+			idle := c.Timeouts.Idle(e.proto, e.tcp)
+			early := pressure && !established(e.proto, e.tcp) && idle > PressureIdle
 			if early {
 				idle = PressureIdle
 			}
-			if now <= v.LastSeen || time.Duration(now-v.LastSeen) <= idle {
+			if now <= e.lastSeen || time.Duration(now-e.lastSeen) <= idle {
 				continue
 			}
 			if early {
 				st.Early++
 			}
-			pair := ConntrackKey{}
-			if v.Type == ConntrackRev {
-				pair = PairKey(k, v)
+			pair := none
+			if e.typ == ConntrackRev {
+				pair = t.pair(k, v)
 			}
-			if err := queue(k, pair, v.LastSeen); err != nil {
-				return st, err
+			if err := queue(k, pair, e.lastSeen); err != nil {
+				return err
 			}
 		}
 	}
 	if err := flush(); err != nil {
-		return st, err
+		return err
 	}
 	if c.Live != nil {
-		n, err := c.deleteStale(all)
+		n, err := deleteStale(c, t, all)
 		st.Deleted += n
-		return st, err
+		return err
 	}
-	return st, nil
+	return nil
 }
 
-// stale says whether the entry's flow goes to an endpoint its service no longer names: the
-// backend is the source of a reverse or tunnel entry's key and the destination a forward
-// entry translates to.
-func (c *Conntrack) stale(k ConntrackKey, v ConntrackValue) bool {
+// stale says whether the entry's flow goes to an endpoint its service no longer names.
+func (c *Conntrack) stale(e ctEntry) bool {
 	if c.Live == nil {
 		return false
 	}
-	switch v.Type {
-	case ConntrackRev, ConntrackTun:
-		return !c.Live(HostAddr(k.Src), HostPort(k.Sport))
-	case ConntrackFwd:
-		return !c.Live(HostAddr(v.NatAddr), HostPort(v.NatPort))
+	switch e.typ {
+	case ConntrackRev, ConntrackTun, ConntrackFwd:
+		return !c.Live(e.endpoint.Addr(), e.endpoint.Port())
 	}
 	return false
 }
@@ -257,18 +375,19 @@ func (c *Conntrack) stale(k ConntrackKey, v ConntrackValue) bool {
 // endpoint's conntrack entries at the sync that removes it, the client's next packet meets a
 // live backend (a DNS resolver sending from one port would otherwise keep reaching the
 // removed one until the flow idles out). It returns how many entries went.
-func (c *Conntrack) deleteStale(all map[ConntrackKey]ConntrackValue) (int, error) {
+func deleteStale[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q], all map[K]V) (int, error) {
 	n := 0
 	var errs []error
+	var none K
 	for k, v := range all {
-		if !c.stale(k, v) {
+		if !c.stale(t.entry(k, v)) {
 			continue
 		}
-		for _, key := range []ConntrackKey{k, PairKey(k, v)} {
-			if key.Proto == 0 {
+		for _, key := range []K{k, t.pair(k, v)} {
+			if key == none {
 				continue
 			}
-			err := c.CT.Delete(&key)
+			err := t.ct.Delete(&key)
 			switch {
 			case err == nil:
 				n++
@@ -286,34 +405,44 @@ func (c *Conntrack) SweepStale() (int, error) {
 	if c.Live == nil {
 		return 0, nil
 	}
-	all := map[ConntrackKey]ConntrackValue{}
-	if err := walk(c.CT, func(k ConntrackKey, v ConntrackValue) {
-		if c.stale(k, v) {
+	n, err := sweepStale(c, c.table4())
+	if err != nil || c.CT6 == nil {
+		return n, err
+	}
+	n6, err := sweepStale(c, c.table6())
+	return n + n6, err
+}
+
+func sweepStale[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q]) (int, error) {
+	all := map[K]V{}
+	if err := walk(t.ct, func(k K, v V) {
+		if c.stale(t.entry(k, v)) {
 			all[k] = v
 		}
 	}); err != nil {
-		return 0, fmt.Errorf("reading the connection table: %w", err)
+		return 0, fmt.Errorf("reading the %s: %w", t.name, err)
 	}
-	return c.deleteStale(all)
+	return deleteStale(c, t, all)
 }
 
 // cleanFromUserSpace does what sl_ct_clean does, from user space (kernels before 5.14).
-func (c *Conntrack) cleanFromUserSpace(q *sluiceCtCleanCtxV4, st *CleanStats) {
-	for i := range q.N {
-		r := q.Req[i]
-		var v ConntrackValue
-		if err := c.CT.Lookup(&r.Key, &v); err != nil {
+func cleanFromUserSpace[K comparable, V any, Q any](t ctTable[K, V, Q], reqs []ctReq[K], st *CleanStats) {
+	var none K
+	ct := t.ct
+	for _, r := range reqs {
+		var v V
+		if err := ct.Lookup(&r.key, &v); err != nil {
 			continue
 		}
-		if v.LastSeen != r.Seen {
+		if t.entry(r.key, v).lastSeen != r.seen {
 			st.Kept++
 			continue
 		}
-		if err := c.CT.Delete(&r.Key); err == nil {
+		if err := ct.Delete(&r.key); err == nil {
 			st.Deleted++
 		}
-		if r.Pair.Proto != 0 {
-			_ = c.CT.Delete(&r.Pair)
+		if r.pair != none {
+			_ = ct.Delete(&r.pair)
 		}
 	}
 }

@@ -36,18 +36,22 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 			spec.Maps[name].MaxEntries = uint32(n)
 		}
 	}
-	set("sl_fe_v4", s.Frontends)
-	set("sl_be_v4", s.Backends)
-	set("sl_be_idx_v4", s.Backends)
-	set("sl_src_v4", s.SourceRanges)
-	set("sl_cnet_v4", s.ClusterNets)
-	set("sl_aff_v4", s.Affinity)
-	set("sl_ct_v4", s.Conntrack)
+	// Each option sizes the map of both families.
+	for _, f := range []string{"v4", "v6"} {
+		set("sl_fe_"+f, s.Frontends)
+		set("sl_be_"+f, s.Backends)
+		set("sl_be_idx_"+f, s.Backends)
+		set("sl_src_"+f, s.SourceRanges)
+		set("sl_cnet_"+f, s.ClusterNets)
+		set("sl_aff_"+f, s.Affinity)
+		set("sl_ct_"+f, s.Conntrack)
+	}
 	// The young-flow ring of each CPU: together an eighth of the connection table's flows
 	// (two entries each), so unanswered flows (a SYN flood's) hold at most a quarter of it.
 	// Shared among the CPUs that run (a machine may report many more possible ones, which
 	// would shrink each ring and so its turn).
 	spec.Maps["sl_ct_young_v4"].MaxEntries = YoungRing(int(spec.Maps["sl_ct_v4"].MaxEntries), onlineCPUs())
+	spec.Maps["sl_ct_young_v6"].MaxEntries = YoungRing(int(spec.Maps["sl_ct_v6"].MaxEntries), onlineCPUs())
 }
 
 // onlineCPUs counts the CPUs the kernel runs (/sys/devices/system/cpu/online, "0-3,6"); the
@@ -135,7 +139,23 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) {
 		}
 		return nil, fmt.Errorf("loading the eBPF programs: %w", err)
 	}
+	if err := o.fillProgs6(); err != nil {
+		o.Close()
+		return nil, err
+	}
 	return o, nil
+}
+
+// fillProgs6 puts each hook's IPv6 program in sl_progs_v6, where the hook's IPv4 program
+// passes IPv6 packets on to it. A pinned array of an earlier agent's programs gets this one's
+// at once: its IPv4 programs, still attached until the links are updated, then reach these.
+func (o *Objects) fillProgs6() error {
+	for i, p := range []*ebpf.Program{o.SlFromHost6, o.SlFromWep6, o.SlToWep6, o.SlToHost6} {
+		if err := o.SlProgsV6.Put(uint32(i), p); err != nil {
+			return fmt.Errorf("putting the IPv6 program %d in sl_progs_v6: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // raiseMemlock lifts RLIMIT_MEMLOCK once, before the first map or program is made: before
@@ -155,6 +175,7 @@ func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, o *Obj
 		return spec.LoadAndAssign(&o.sluiceObjects, opts)
 	}
 	delete(spec.Programs, "sl_ct_clean")
+	delete(spec.Programs, "sl_ct_clean6")
 	coll, err := ebpf.NewCollectionWithOptions(spec, *opts)
 	if err != nil {
 		return err
@@ -280,5 +301,7 @@ func EnsureBPFFS(dir string) (bool, error) {
 // pinned returns the maps that are pinned by name.
 func (o *Objects) pinned() map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{"sl_fe_v4": o.SlFeV4, "sl_be_v4": o.SlBeV4, "sl_be_idx_v4": o.SlBeIdxV4, "sl_src_v4": o.SlSrcV4, "sl_cnet_v4": o.SlCnetV4,
-		"sl_aff_v4": o.SlAffV4, "sl_ct_v4": o.SlCtV4, "sl_cfg": o.SlCfg, "sl_counters": o.SlCounters, "sl_sock_v4": o.SlSockV4}
+		"sl_aff_v4": o.SlAffV4, "sl_ct_v4": o.SlCtV4, "sl_cfg": o.SlCfg, "sl_counters": o.SlCounters, "sl_sock_v4": o.SlSockV4,
+		"sl_fe_v6": o.SlFeV6, "sl_be_v6": o.SlBeV6, "sl_be_idx_v6": o.SlBeIdxV6, "sl_src_v6": o.SlSrcV6, "sl_cnet_v6": o.SlCnetV6,
+		"sl_aff_v6": o.SlAffV6, "sl_ct_v6": o.SlCtV6, "sl_progs_v6": o.SlProgsV6}
 }

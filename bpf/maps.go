@@ -383,6 +383,8 @@ type Tables struct {
 	SourceRanges Table[SourceRangeKey, uint32]
 	ClusterNets  Table[ClusterNetKey, ClusterNetVal]
 	Settings     Table[uint32, Settings]
+	// V6 are the IPv6 maps (the settings are shared).
+	V6 Tables6
 }
 
 // KernelTables returns the tables over loaded objects.
@@ -397,6 +399,24 @@ func tablesOf(m map[string]*ebpf.Map) Tables {
 		SourceRanges: MapTable[SourceRangeKey, uint32]{m["sl_src_v4"]},
 		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{m["sl_cnet_v4"]},
 		Settings:     MapTable[uint32, Settings]{m["sl_cfg"]},
+		V6:           tables6Of(m),
+	}
+}
+
+// tables6Of returns the IPv6 tables over maps by their pinned names; none (nil tables) when
+// the maps are not all there (pinned by an agent of an earlier version).
+func tables6Of(m map[string]*ebpf.Map) Tables6 {
+	for _, n := range PinnedMapNames6 {
+		if m[n] == nil && n != "sl_aff_v6" && n != "sl_ct_v6" {
+			return Tables6{}
+		}
+	}
+	return Tables6{
+		Frontends:    MapTable[FrontendKey6, FrontendValue]{m["sl_fe_v6"]},
+		Backends:     MapTable[BackendKey, BackendValue6]{m["sl_be_v6"]},
+		BackendIndex: MapTable[BackendIndex6, uint32]{m["sl_be_idx_v6"]},
+		SourceRanges: MapTable[SourceRangeKey6, uint32]{m["sl_src_v6"]},
+		ClusterNets:  MapTable[ClusterNetKey6, ClusterNetVal]{m["sl_cnet_v6"]},
 	}
 }
 
@@ -409,8 +429,16 @@ func FakeTables(s MapSizes) (Tables, *FakeSet) {
 		SourceRanges: NewFakeTable[SourceRangeKey, uint32](s.SourceRanges),
 		ClusterNets:  NewFakeTable[ClusterNetKey, ClusterNetVal](s.ClusterNets),
 		Settings:     NewFakeTable[uint32, Settings](1),
+		V6: FakeSet6{
+			Frontends:    NewFakeTable[FrontendKey6, FrontendValue](s.Frontends),
+			Backends:     NewFakeTable[BackendKey, BackendValue6](s.Backends),
+			BackendIndex: NewFakeTable[BackendIndex6, uint32](s.Backends),
+			SourceRanges: NewFakeTable[SourceRangeKey6, uint32](s.SourceRanges),
+			ClusterNets:  NewFakeTable[ClusterNetKey6, ClusterNetVal](s.ClusterNets),
+		},
 	}
-	return Tables{f.Frontends, f.Backends, f.BackendIndex, f.SourceRanges, f.ClusterNets, f.Settings}, f
+	return Tables{f.Frontends, f.Backends, f.BackendIndex, f.SourceRanges, f.ClusterNets, f.Settings,
+		Tables6{f.V6.Frontends, f.V6.Backends, f.V6.BackendIndex, f.V6.SourceRanges, f.V6.ClusterNets}}, f
 }
 
 // FakeSet holds the fakes behind FakeTables.
@@ -421,46 +449,77 @@ type FakeSet struct {
 	SourceRanges *FakeTable[SourceRangeKey, uint32]
 	ClusterNets  *FakeTable[ClusterNetKey, ClusterNetVal]
 	Settings     *FakeTable[uint32, Settings]
+	V6           FakeSet6
+}
+
+// FakeSet6 holds the IPv6 fakes behind FakeTables.
+type FakeSet6 struct {
+	Frontends    *FakeTable[FrontendKey6, FrontendValue]
+	Backends     *FakeTable[BackendKey, BackendValue6]
+	BackendIndex *FakeTable[BackendIndex6, uint32]
+	SourceRanges *FakeTable[SourceRangeKey6, uint32]
+	ClusterNets  *FakeTable[ClusterNetKey6, ClusterNetVal]
 }
 
 // Render returns the tables as sorted text, one entry a line, for transition tests and
 // `sluicectl diff`.
 func Render(t Tables) (string, error) {
-	var lines []string
-	fe, err := t.Frontends.Dump()
+	lines, err := renderFam(family4(v4{}), t.v4())
 	if err != nil {
 		return "", err
 	}
-	for k, v := range fe {
-		lines = append(lines, "frontend "+FrontendString(k, v))
-	}
-	be, err := t.Backends.Dump()
-	if err != nil {
-		return "", err
-	}
-	for k, v := range be {
-		lines = append(lines, "backend "+BackendString(k, v))
-	}
-	sr, err := t.SourceRanges.Dump()
-	if err != nil {
-		return "", err
-	}
-	for k := range sr {
-		lines = append(lines, "source-range "+SourceRangeString(k))
-	}
-	cn, err := t.ClusterNets.Dump()
-	if err != nil {
-		return "", err
-	}
-	for k, v := range cn {
-		lines = append(lines, "cluster-net "+ClusterNetString(k, v))
+	if t.V6.Frontends != nil {
+		v6lines, err := renderFam(family6(v6{}), t.V6)
+		if err != nil {
+			return "", err
+		}
+		lines = append(lines, v6lines...)
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n"), nil
 }
 
+// renderFam renders one family's tables as Render does.
+func renderFam[FK, BV, IK, SK, CK comparable](fam family[FK, BV, IK, SK, CK], t famTables[FK, BV, IK, SK, CK]) ([]string, error) {
+	var lines []string
+	fe, err := t.Frontends.Dump()
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range fe {
+		lines = append(lines, "frontend "+fam.feString(k, v))
+	}
+	be, err := t.Backends.Dump()
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range be {
+		lines = append(lines, "backend "+fam.beString(k, v))
+	}
+	sr, err := t.SourceRanges.Dump()
+	if err != nil {
+		return nil, err
+	}
+	for k := range sr {
+		lines = append(lines, "source-range "+fam.srcString(k))
+	}
+	cn, err := t.ClusterNets.Dump()
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range cn {
+		lines = append(lines, "cluster-net "+fam.cnetString(k, v))
+	}
+	return lines, nil
+}
+
 // FrontendString describes a frontend entry.
 func FrontendString(k FrontendKey, v FrontendValue) string {
+	return frontendString(netip.AddrPortFrom(HostAddr(k.Addr), HostPort(k.Port)), k.Proto, v)
+}
+
+// frontendString describes a frontend entry of either family.
+func frontendString(ap netip.AddrPort, proto uint8, v FrontendValue) string {
 	var fl []string
 	for _, f := range []struct {
 		bit  uint32
@@ -471,7 +530,7 @@ func FrontendString(k FrontendKey, v FrontendValue) string {
 			fl = append(fl, f.name)
 		}
 	}
-	s := fmt.Sprintf("%s/%s service %016x", netip.AddrPortFrom(HostAddr(k.Addr), HostPort(k.Port)), ProtoName(k.Proto), v.SvcId)
+	s := fmt.Sprintf("%s/%s service %016x", ap, ProtoName(proto), v.SvcId)
 	if v.Flags&FrontendAddrOnly == 0 {
 		s += fmt.Sprintf(" list %016x backends %d local %d cluster-from %d", v.ListId, v.Count, v.Local, v.ClusterStart)
 	}
@@ -486,11 +545,16 @@ func FrontendString(k FrontendKey, v FrontendValue) string {
 
 // BackendString describes a backend entry.
 func BackendString(k BackendKey, v BackendValue) string {
-	s := fmt.Sprintf("list %016x #%d %s node %s", k.ListId, k.Ordinal, netip.AddrPortFrom(HostAddr(v.Addr), HostPort(v.Port)), HostAddr(v.NodeAddr))
-	if v.Flags&BackendLocal != 0 {
+	return backendString(k, netip.AddrPortFrom(HostAddr(v.Addr), HostPort(v.Port)), HostAddr(v.NodeAddr), v.Flags)
+}
+
+// backendString describes a backend entry of either family.
+func backendString(k BackendKey, ap netip.AddrPort, node netip.Addr, flags uint16) string {
+	s := fmt.Sprintf("list %016x #%d %s node %s", k.ListId, k.Ordinal, ap, node)
+	if flags&BackendLocal != 0 {
 		s += " local"
 	}
-	if v.Flags&BackendRouted != 0 {
+	if flags&BackendRouted != 0 {
 		s += " routed"
 	}
 	return s
@@ -504,6 +568,11 @@ func SourceRangeString(k SourceRangeKey) string {
 
 // ClusterNetString describes a cluster-network entry.
 func ClusterNetString(k ClusterNetKey, v ClusterNetVal) string {
+	return clusterNetString(netip.PrefixFrom(HostAddr(k.Addr), int(k.Prefixlen)), v)
+}
+
+// clusterNetString describes a cluster-network entry of either family.
+func clusterNetString(p netip.Prefix, v ClusterNetVal) string {
 	var fl []string
 	if v.Flags&ClusterNetPool != 0 {
 		fl = append(fl, "pool")
@@ -514,7 +583,7 @@ func ClusterNetString(k ClusterNetKey, v ClusterNetVal) string {
 	if v.Flags&ClusterNetSelf != 0 {
 		fl = append(fl, "self")
 	}
-	return fmt.Sprintf("%s %s", netip.PrefixFrom(HostAddr(k.Addr), int(k.Prefixlen)), strings.Join(fl, ","))
+	return fmt.Sprintf("%s %s", p, strings.Join(fl, ","))
 }
 
 // listID names a backend list by its content, so frontends with the same endpoints share one

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +20,10 @@ var ErrNotPinned = errors.New("service maps not found")
 
 // PinnedMapNames are the maps sluiced pins under its pin directory, by name.
 var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_be_idx_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
+
+// PinnedMapNames6 are the IPv6 maps sluiced pins; an agent of an earlier version has none
+// (read as no IPv6 state).
+var PinnedMapNames6 = []string{"sl_fe_v6", "sl_be_v6", "sl_be_idx_v6", "sl_src_v6", "sl_cnet_v6", "sl_aff_v6", "sl_ct_v6"}
 
 // Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools
 // (sluicectl services, sluicectl diff). It never writes: the maps are opened read-only, so
@@ -47,9 +52,12 @@ func OpenPinned(pinDir string) (*Pinned, error) {
 		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
 	}
 	p := &Pinned{Dir: pinDir, maps: map[string]*ebpf.Map{}}
-	for _, name := range PinnedMapNames {
+	for _, name := range append(slices.Clone(PinnedMapNames), PinnedMapNames6...) {
 		path := filepath.Join(pinDir, name)
 		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) && slices.Contains(PinnedMapNames6, name) {
+			continue
+		}
 		if err != nil {
 			p.Close()
 			switch {
@@ -81,6 +89,19 @@ func (p *Pinned) Conntrack() (map[ConntrackKey]ConntrackValue, error) {
 	out, err := MapTable[ConntrackKey, ConntrackValue]{p.maps["sl_ct_v4"]}.Dump()
 	if err != nil {
 		return nil, fmt.Errorf("reading the connection table in %s: %w", p.Dir, err)
+	}
+	return out, nil
+}
+
+// Conntrack6 returns the IPv6 connection table's entries (none from an agent without one).
+func (p *Pinned) Conntrack6() (map[ConntrackKey6]ConntrackValue6, error) {
+	m := p.maps["sl_ct_v6"]
+	if m == nil {
+		return nil, nil
+	}
+	out, err := MapTable[ConntrackKey6, ConntrackValue6]{m}.Dump()
+	if err != nil {
+		return nil, fmt.Errorf("reading the IPv6 connection table in %s: %w", p.Dir, err)
 	}
 	return out, nil
 }

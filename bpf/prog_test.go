@@ -203,7 +203,9 @@ type tpIfaceSpec struct {
 	addrs   []string
 	routes  []string // prefixes routed straight out of this interface (pods)
 	gateway netip.Addr
-	neigh   map[netip.Addr]tpMAC
+	// gateway6 is the IPv6 default route's (tests of IPv6 services).
+	gateway6 netip.Addr
+	neigh    map[netip.Addr]tpMAC
 }
 
 func tpNodeASpec() []tpIfaceSpec {
@@ -286,8 +288,10 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 		t.Fatalf("%s: netlink handle: %v", name, err)
 	}
 	t.Cleanup(h.Close)
-	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0o644); err != nil {
-		t.Fatalf("%s: enabling forwarding (bpf_fib_lookup needs it): %v", name, err)
+	for _, f := range []string{"/proc/sys/net/ipv4/conf/all/forwarding", "/proc/sys/net/ipv6/conf/all/forwarding"} {
+		if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+			t.Fatalf("%s: enabling forwarding (bpf_fib_lookup needs it): %v", name, err)
+		}
 	}
 	n := &tpNode{t: t, name: name, host: host, ns: ns, ifindex: map[string]int{}, mac: map[string]tpMAC{}}
 	for _, s := range ifaces {
@@ -323,6 +327,9 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 			if err != nil {
 				t.Fatal(err)
 			}
+			if a.IP.To4() == nil {
+				a.Flags |= unix.IFA_F_NODAD // usable at once, not tentative
+			}
 			if err := h.AddrAdd(link, a); err != nil {
 				t.Fatalf("%s: address %s: %v", name, addr, err)
 			}
@@ -337,7 +344,11 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 			}
 		}
 		for ip, mac := range s.neigh {
-			if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+			family := netlink.FAMILY_V4
+			if !ip.Is4() {
+				family = netlink.FAMILY_V6
+			}
+			if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: family, State: netlink.NUD_PERMANENT,
 				IP: net.IP(ip.AsSlice()), HardwareAddr: net.HardwareAddr(mac[:])}); err != nil {
 				t.Fatalf("%s: neighbour %v: %v", name, ip, err)
 			}
@@ -345,9 +356,11 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 	}
 	// Gateways last: their subnet's route exists once the addresses are in.
 	for _, s := range ifaces {
-		if s.gateway.IsValid() {
-			if err := h.RouteReplace(&netlink.Route{LinkIndex: n.ifindex[s.name], Gw: net.IP(s.gateway.AsSlice())}); err != nil {
-				t.Fatalf("%s: default route: %v", name, err)
+		for _, gw := range []netip.Addr{s.gateway, s.gateway6} {
+			if gw.IsValid() {
+				if err := h.RouteReplace(&netlink.Route{LinkIndex: n.ifindex[s.name], Gw: net.IP(gw.AsSlice())}); err != nil {
+					t.Fatalf("%s: default route via %s: %v", name, gw, err)
+				}
 			}
 		}
 	}

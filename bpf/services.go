@@ -38,22 +38,6 @@ const (
 	DefaultPSNATMax  = 29999
 )
 
-// list is one backend list in the maps, shared by the frontends with the same endpoints.
-type list struct {
-	entries []BackendValue
-	refs    int
-}
-
-// wanted is what one calc frontend became in the maps.
-type wanted struct {
-	service  string // namespace/name
-	svcID    uint64
-	list     uint64
-	addrOnly bool
-	sources  []SourceRangeKey
-	live     *liveSet // endpoints named or in use
-}
-
 // liveSet is one set of endpoints that frontends name (Frontend.Present and the backends in
 // use), shared by the frontends naming the same set: a service's cluster IP and node ports
 // count its endpoints once, not once each.
@@ -112,25 +96,13 @@ type Services struct {
 	t   Tables
 
 	mu sync.Mutex
-	fe *dataplane.Tracker[FrontendKey, FrontendValue]
-	// be tracks backend lists, not single entries: a list's identity is a hash of its
-	// content, so it is written and removed whole (a cold start handles 10,000 lists where it
-	// would handle 100,000 entries). An actual list read with a gap holds a zero entry there.
-	be      *dataplane.Tracker[uint64, []BackendValue]
-	beCount [2]int       // backend entries desired and programmed
-	strays  []BackendKey // backend entries read that no list can hold, to delete
-	// idxStrays are backend-index entries read that no list's entry names, to delete. The
-	// index is part of a list: an entry whose index entry reads wrong is rewritten with it.
-	idxStrays []BackendIndex
-	src       *dataplane.Tracker[SourceRangeKey, uint32]
-	cnet      *dataplane.Tracker[ClusterNetKey, ClusterNetVal]
-	settings  *dataplane.Tracker[uint32, Settings]
-	fronts    map[calc.FrontendKey]wanted
-	lists     map[uint64]*list
-	addrOnly  map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
-	svcIDs    map[uint64]idOwner
-	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
-	self      map[netip.Prefix]bool              // this node's own addresses (both families)
+	// The maps of each family: IPv4's and IPv6's.
+	v4       *famMaps4
+	v6       *famMaps6
+	settings *dataplane.Tracker[uint32, Settings]
+	svcIDs   map[uint64]idOwner
+	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
+	self     map[netip.Prefix]bool              // this node's own addresses (both families)
 	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
 	// use); live is their union, the cleaner's test for flows whose endpoint went, rebuilt
 	// when the cleaner asks after a set came or went (not at every change: a cold start
@@ -142,17 +114,12 @@ type Services struct {
 	// may have left its service, and its flows must go at once (SweepStale).
 	liveShrunk bool
 	liveBuf    []byte
-	beBuf      []BackendValue
 	wepDst     map[netip.Prefix]string
 	weps       map[string]int
 	problems   map[calc.FrontendKey]string
 	full       bool
 	resync     bool
 	stats      Stats
-
-	// heldLists counts the frontends in the map (as written or read) pointing at each list:
-	// a list is not deleted while one does.
-	heldLists map[uint64]int
 }
 
 // Stats are the driver's counters.
@@ -165,23 +132,18 @@ type Stats struct {
 // NewServices returns a driver over t; nothing is written before the first full update.
 func NewServices(t Tables, cfg Config) *Services {
 	s := &Services{cfg: cfg, t: t}
+	s.v4 = newFamMaps(s, family4(v4{}), t.v4())
+	s.v6 = newFamMaps(s, family6(v6{}), t.V6)
 	s.reset()
 	return s
 }
 
 func (s *Services) reset() {
-	s.fe = dataplane.NewTracker[FrontendKey, FrontendValue](func(a, b FrontendValue) bool { return a == b })
-	s.be = dataplane.NewTracker[uint64, []BackendValue](slices.Equal[[]BackendValue])
-	s.beCount = [2]int{}
-	s.src = dataplane.NewTracker[SourceRangeKey, uint32](func(a, b uint32) bool { return a == b })
-	s.cnet = dataplane.NewTracker[ClusterNetKey, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
+	s.v4.reset()
+	s.v6.reset()
 	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
-	s.fronts = map[calc.FrontendKey]wanted{}
-	s.lists = map[uint64]*list{}
-	s.addrOnly = map[netip.Addr][]addrHolder{}
 	s.svcIDs = map[uint64]idOwner{}
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
-	s.heldLists = map[uint64]int{}
 	s.self = map[netip.Prefix]bool{}
 	// A full update may leave out endpoints the last state named: their flows must go.
 	s.liveShrunk = s.liveShrunk || len(s.liveSets) > 0
@@ -191,31 +153,29 @@ func (s *Services) reset() {
 	s.weps = map[string]int{}
 	s.problems = map[calc.FrontendKey]string{}
 	s.resync = true
-	// A reset is always followed by a fresh read of the maps, which compares every key.
-	for _, t := range []interface{ DirtyAll() }{s.fe, s.be, s.src, s.cnet, s.settings} {
-		t.DirtyAll()
-	}
+	s.settings.DirtyAll()
 }
 
 // expectLocked sizes the empty tables of a reset for a full update of u's size: maps grown
 // one key at a time to 100,000 copy themselves a dozen times.
 func (s *Services) expectLocked(u *calc.Update) {
-	nFront, nList := 0, 0
+	var nFront, nList [2]int
 	for _, op := range u.Ops {
 		if op.Frontend != nil && !op.Remove {
-			nFront++
+			f := 0
+			if !op.Frontend.Key.Addr.Is4() {
+				f = 1
+			}
+			nFront[f]++
 			if op.Frontend.Kind == calc.FrontendClusterIP {
-				nList++ // lists and endpoint sets are shared by a service's frontends
+				nList[f]++ // lists and endpoint sets are shared by a service's frontends
 			}
 		}
 	}
-	s.fronts = make(map[calc.FrontendKey]wanted, nFront)
-	s.fe.Expect(nFront)
-	s.be.Expect(nList)
-	s.lists = make(map[uint64]*list, nList)
-	s.liveSets = make(map[string]*liveSet, nList)
-	s.svcIDs = make(map[uint64]idOwner, nList)
-	s.addrOnly = make(map[netip.Addr][]addrHolder, nList)
+	s.v4.expect(nFront[0], nList[0])
+	s.v6.expect(nFront[1], nList[1])
+	s.liveSets = make(map[string]*liveSet, nList[0]+nList[1])
+	s.svcIDs = make(map[uint64]idOwner, nList[0]+nList[1])
 }
 
 // OnUpdate takes one calc update. It reports whether the update touched anything the
@@ -301,89 +261,19 @@ func FrontendMapKey(k calc.FrontendKey) FrontendKey {
 func (s *Services) setFrontendLocked(f calc.Frontend) {
 	pkey := f.Key // rendered only when Problems is asked (formatting every key cost a cold start a fifth)
 	delete(s.problems, pkey)
-	if !f.Key.Addr.Is4() {
-		s.problems[pkey] = "IPv6 frontends are not programmed yet"
-		return
-	}
 	if f.Key.Protocol != store.ProtocolTCP && f.Key.Protocol != store.ProtocolUDP {
 		s.problems[pkey] = "only TCP and UDP services are programmed"
 		return
 	}
-	owner, held := s.svcIDs[f.ServiceID]
-	if held && owner.service != f.Service {
-		s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, owner.service, f.Service)
-		s.refused[f.Key] = f
+	if f.Key.Addr.Is4() {
+		s.v4.setFrontend(f)
 		return
 	}
-	s.svcIDs[f.ServiceID] = idOwner{service: f.Service, n: owner.n + 1}
-	w := wanted{service: f.Service, svcID: f.ServiceID}
-	bes := s.beBuf[:0] // cloned only for a new list
-	for _, b := range f.Backends {
-		if !b.Addr.Is4() {
-			continue
-		}
-		v := BackendValue{Addr: NetAddr(b.Addr), Port: NetPort(b.Port)}
-		switch {
-		case b.Node == s.cfg.NodeName:
-			v.Flags = BackendLocal
-		case b.Node == "":
-			// An endpoint on no node (a slice written by hand for an address outside the
-			// cluster, as kube-proxy allows) is reached by routing, never by the tunnel.
-			v.Flags = BackendRouted
-		case b.NodeAddr.Is4():
-			v.NodeAddr = NetAddr(b.NodeAddr)
-		default:
-			// A remote endpoint whose node has no IPv4 address cannot be tunnelled to;
-			// remote endpoints come last, so dropping it shortens the cluster set only.
-			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no IPv4 address; not used", b.Addr, b.Node)
-			continue
-		}
-		bes = append(bes, v)
+	if !s.v6.usable() {
+		s.problems[pkey] = "IPv6 frontends are not programmed: no IPv6 maps"
+		return
 	}
-	s.beBuf = bes
-	w.list = listID(bes)
-	l := s.lists[w.list]
-	if l == nil {
-		bes = slices.Clone(bes)
-		l = &list{entries: bes}
-		s.lists[w.list] = l
-		s.be.SetDesired(w.list, bes)
-		s.beCount[0] += len(bes)
-	}
-	l.refs++
-	v := FrontendValue{ListId: w.list, SvcId: f.ServiceID, Count: uint32(len(bes)), Local: uint32(min(f.LocalBackends, len(bes))),
-		ClusterStart: uint32(min(f.ClusterStart, len(bes))), AffinitySec: uint32(f.AffinityTimeout)}
-	if f.ExternalLocal {
-		v.Flags |= FrontendExternalLocal
-	}
-	if f.InternalLocal {
-		v.Flags |= FrontendInternalLocal
-	}
-	if f.Kind == calc.FrontendNodePort {
-		v.Flags |= FrontendNodePort
-	}
-	key := FrontendMapKey(f.Key)
-	for _, p := range f.SourceRanges {
-		if !p.Addr().Is4() {
-			continue
-		}
-		sk := SourceRangeKey{Prefixlen: uint32(64 + p.Bits()), FeAddr: key.Addr, FePort: key.Port, Proto: key.Proto,
-			Src: NetAddr(p.Masked().Addr())}
-		w.sources = append(w.sources, sk)
-		s.src.SetDesired(sk, 1)
-	}
-	if len(f.SourceRanges) > 0 {
-		// A load balancer limited to IPv6 ranges admits no IPv4 client: the flag stays.
-		v.Flags |= FrontendSourceRanges
-	}
-	s.fe.SetDesired(key, v)
-	if f.Kind == calc.FrontendClusterIP {
-		w.addrOnly = true
-		s.addrOnly[f.Key.Addr] = append(s.addrOnly[f.Key.Addr], addrHolder{key: f.Key, id: f.ServiceID})
-		s.setAddrOnlyLocked(f.Key.Addr)
-	}
-	w.live = s.holdLiveLocked(f)
-	s.fronts[f.Key] = w
+	s.v6.setFrontend(f)
 }
 
 // holdLiveLocked counts the endpoints f names (every endpoint in use is live, whether or not
@@ -441,26 +331,6 @@ func (s *Services) EndpointsGone() bool {
 	return gone
 }
 
-// setAddrOnlyLocked wants the address-only entry of cluster IP a while a cluster-IP frontend
-// holds it, naming the service of the lowest such frontend (not the first to come, so the
-// entry does not depend on the order of updates).
-func (s *Services) setAddrOnlyLocked(a netip.Addr) {
-	ak := FrontendKey{Addr: NetAddr(a)}
-	holders := s.addrOnly[a]
-	if len(holders) == 0 {
-		delete(s.addrOnly, a)
-		s.fe.DeleteDesired(ak)
-		return
-	}
-	first := holders[0]
-	for _, h := range holders[1:] {
-		if cmpFrontendKey(h.key, first.key) < 0 {
-			first = h
-		}
-	}
-	s.fe.SetDesired(ak, FrontendValue{SvcId: first.id, Flags: FrontendAddrOnly})
-}
-
 func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 	if len(s.problems) > 0 {
 		delete(s.problems, k)
@@ -468,32 +338,10 @@ func (s *Services) removeFrontendLocked(k calc.FrontendKey) {
 	if len(s.refused) > 0 {
 		delete(s.refused, k)
 	}
-	w, ok := s.fronts[k]
-	if !ok {
-		return
-	}
-	delete(s.fronts, k)
-	s.releaseLiveLocked(w.live)
-	key := FrontendMapKey(k)
-	s.fe.DeleteDesired(key)
-	if owner := s.svcIDs[w.svcID]; owner.n > 1 {
-		s.svcIDs[w.svcID] = idOwner{service: owner.service, n: owner.n - 1}
+	if k.Addr.Is4() {
+		s.v4.removeFrontend(k)
 	} else {
-		delete(s.svcIDs, w.svcID)
-	}
-	if l := s.lists[w.list]; l != nil {
-		if l.refs--; l.refs == 0 {
-			s.be.DeleteDesired(w.list)
-			s.beCount[0] -= len(l.entries)
-			delete(s.lists, w.list)
-		}
-	}
-	for _, sk := range w.sources {
-		s.src.DeleteDesired(sk)
-	}
-	if w.addrOnly {
-		s.addrOnly[k.Addr] = slices.DeleteFunc(s.addrOnly[k.Addr], func(h addrHolder) bool { return h.key == k })
-		s.setAddrOnlyLocked(k.Addr)
+		s.v6.removeFrontend(k)
 	}
 }
 
@@ -503,22 +351,12 @@ func (s *Services) setClusterNetLocked(n calc.ClusterNet, remove bool) {
 	} else {
 		delete(s.self, n.Prefix)
 	}
-	if !n.Prefix.Addr().Is4() {
-		return
+	switch {
+	case n.Prefix.Addr().Is4():
+		s.v4.setClusterNet(n, remove)
+	case s.v6.usable():
+		s.v6.setClusterNet(n, remove)
 	}
-	k := ClusterNetKey{Prefixlen: uint32(n.Prefix.Bits()), Addr: NetAddr(n.Prefix.Masked().Addr())}
-	if remove {
-		s.cnet.DeleteDesired(k)
-		return
-	}
-	v := ClusterNetVal{Flags: ClusterNetPool}
-	if n.Host {
-		v.Flags = ClusterNetHost
-		if n.Node == s.cfg.NodeName {
-			v.Flags |= ClusterNetSelf
-		}
-	}
-	s.cnet.SetDesired(k, v)
 }
 
 func (s *Services) setWorkloadRouteLocked(r calc.Route, remove bool) bool {
@@ -688,216 +526,10 @@ func (s *Services) Apply() error {
 		s.settings.SetActual(k, v)
 		return wrote(nil)
 	}, never)
-	setCnet := func(k ClusterNetKey, v ClusterNetVal) bool {
-		if err := s.t.ClusterNets.Put(k, v); err != nil {
-			fail("cluster network "+ClusterNetString(k, v), s.full1(err, "cluster-nets", s.t.ClusterNets.Max()))
-			return false
-		}
-		s.cnet.SetActual(k, v)
-		return wrote(nil)
+	s.v4.apply(fail, wrote)
+	if s.v6.usable() {
+		s.v6.apply(fail, wrote)
 	}
-	delCnet := func(k ClusterNetKey, v ClusterNetVal) bool {
-		if err := s.t.ClusterNets.Delete(k); err != nil {
-			fail("deleting cluster network "+ClusterNetString(k, v), err)
-			return false
-		}
-		s.cnet.DeleteActual(k)
-		return wrote(nil)
-	}
-	s.cnet.Pending(setCnet, delCnet)
-	// Backend lists and frontends are written in batches: collected from the trackers (as
-	// clean), written, then marked (a failed one dirty again). A list with an entry refused
-	// is not written whole, and no frontend is pointed at it in this apply.
-	failedLists := map[uint64]bool{}
-	var beIDs []uint64
-	var beKeys []BackendKey
-	var beVals []BackendValue
-	var idxKeys []BackendIndex
-	var idxVals []uint32
-	collectBe := func(id uint64, want []BackendValue) bool {
-		beIDs = append(beIDs, id)
-		// Only the entries that differ from the map's are written (a list read back with
-		// one wrong entry is mended by one write), each with its index entry.
-		have, _ := s.be.Actual(id)
-		var index map[BackendIndex]uint32 // nil: a short list, not indexed
-		if len(want) > AffinityScan {
-			index = indexOf(id, want)
-		}
-		for i, v := range want {
-			if i < len(have) && have[i] == v {
-				continue
-			}
-			beKeys, beVals = append(beKeys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(beVals, v)
-			// The index entry goes with a new address at i (a gap read is one whose
-			// index entry was wrong); a value corrected in place keeps its own.
-			moved := i >= len(have) || have[i] == (BackendValue{}) || indexKey(id, have[i]) != indexKey(id, v)
-			if o, ok := index[indexKey(id, v)]; ok && o == uint32(i) && moved {
-				idxKeys, idxVals = append(idxKeys, indexKey(id, v)), append(idxVals, uint32(i))
-			}
-		}
-		return true
-	}
-	writeBe := func() {
-		refused := func(id uint64, err error) {
-			if !failedLists[id] {
-				failedLists[id] = true
-				fail(fmt.Sprintf("backend list %016x of %s", id, s.serviceOfListLocked(id)), s.full1(err, "backends", s.t.Backends.Max()))
-			}
-		}
-		putAll(s.t.Backends, beKeys, beVals, func(int) { wrote(nil) }, func(i int, err error) { refused(beKeys[i].ListId, err) })
-		putAll(s.t.BackendIndex, idxKeys, idxVals, func(int) { wrote(nil) }, func(i int, err error) { refused(idxKeys[i].ListId, err) })
-		for _, id := range beIDs {
-			if failedLists[id] {
-				s.be.MarkDirty(id)
-				continue
-			}
-			want, _ := s.be.Desired(id)
-			have, _ := s.be.Actual(id)
-			// A list read longer than wanted (drift) loses its extra entries.
-			for i := len(want); i < len(have); i++ {
-				if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
-					fail(fmt.Sprintf("deleting backend %016x #%d", id, i), err)
-				}
-				if v := have[i]; v != (BackendValue{}) && len(have) > AffinityScan && !slices.ContainsFunc(want, func(w BackendValue) bool { return indexKey(id, w) == indexKey(id, v) }) {
-					if err := s.t.BackendIndex.Delete(indexKey(id, v)); err != nil {
-						fail(fmt.Sprintf("deleting backend index %016x %s", id, BackendString(BackendKey{ListId: id, Ordinal: uint32(i)}, v)), err)
-					}
-				}
-			}
-			s.beCount[1] += len(want) - realEntries(have)
-			s.be.SetActual(id, want)
-		}
-		beIDs, beKeys, beVals, idxKeys, idxVals = beIDs[:0], beKeys[:0], beVals[:0], idxKeys[:0], idxVals[:0]
-	}
-	delBe := func(id uint64, have []BackendValue) bool {
-		if s.heldLists[id] > 0 {
-			return false // a frontend in the map still points at it (moving it failed): later
-		}
-		for i, v := range have {
-			if v != (BackendValue{}) && len(have) > AffinityScan {
-				// The index entry first: one left behind by a failure is a stray the next
-				// read deletes, never a pointer into a list half gone.
-				if err := s.t.BackendIndex.Delete(indexKey(id, v)); err != nil {
-					fail(fmt.Sprintf("deleting backend list %016x", id), err)
-					return false
-				}
-			}
-			if err := s.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
-				fail(fmt.Sprintf("deleting backend list %016x", id), err)
-				return false
-			}
-			wrote(nil)
-		}
-		s.beCount[1] -= realEntries(have)
-		s.be.DeleteActual(id)
-		return true
-	}
-	setSrc := func(k SourceRangeKey, v uint32) bool {
-		if err := s.t.SourceRanges.Put(k, v); err != nil {
-			fail("source range "+SourceRangeString(k), s.full1(err, "source-ranges", s.t.SourceRanges.Max()))
-			return false
-		}
-		s.src.SetActual(k, v)
-		return wrote(nil)
-	}
-	delSrc := func(k SourceRangeKey, v uint32) bool {
-		if err := s.t.SourceRanges.Delete(k); err != nil {
-			fail("deleting source range "+SourceRangeString(k), err)
-			return false
-		}
-		s.src.DeleteActual(k)
-		return wrote(nil)
-	}
-	var feKeys []FrontendKey
-	var feVals []FrontendValue
-	collectFe := func(k FrontendKey, v FrontendValue) bool {
-		if v.Flags&FrontendAddrOnly == 0 && failedLists[v.ListId] {
-			fail(fmt.Sprintf("frontend %s", FrontendString(k, v)), errors.New("its backend list is not written yet"))
-			return false
-		}
-		feKeys, feVals = append(feKeys, k), append(feVals, v)
-		return true
-	}
-	delFe := func(k FrontendKey, v FrontendValue) bool {
-		if err := s.t.Frontends.Delete(k); err != nil {
-			fail("deleting frontend "+FrontendString(k, v), err)
-			return false
-		}
-		s.holdLocked(k, v, false)
-		s.fe.DeleteActual(k)
-		return wrote(nil)
-	}
-	// Frontends no longer wanted go first, making room in a full map for the new ones.
-	s.fe.Pending(func(FrontendKey, FrontendValue) bool { return false }, delFe)
-	// Adds first: lists and source ranges exist before the frontends that use them.
-	n := max(0, s.beCount[0]-s.beCount[1])
-	beKeys, beVals = make([]BackendKey, 0, n), make([]BackendValue, 0, n)
-	idxKeys, idxVals = make([]BackendIndex, 0, n), make([]uint32, 0, n)
-	s.be.Pending(collectBe, func(uint64, []BackendValue) bool { return false })
-	writeBe()
-	s.src.Pending(setSrc, func(SourceRangeKey, uint32) bool { return false })
-	feKeys, feVals = make([]FrontendKey, 0, s.fe.DirtyLen()), make([]FrontendValue, 0, s.fe.DirtyLen())
-	// Cold: nothing in the map and every wanted frontend about to be written. When all go in,
-	// the tracker adopts the desired state in one copy rather than a SetActual per frontend.
-	cold := s.fe.ActualLen() == 0
-	s.fe.Pending(collectFe, delFe)
-	cold = cold && len(feKeys) == s.fe.DesiredLen()
-	var refusedFe map[int]bool
-	putAll(s.t.Frontends, feKeys, feVals, func(i int) {
-		k, v := feKeys[i], feVals[i]
-		if cold {
-			if v.Flags&FrontendAddrOnly == 0 {
-				s.heldLists[v.ListId]++
-			}
-		} else {
-			s.holdLocked(k, v, true)
-			s.fe.SetActual(k, v)
-		}
-		wrote(nil)
-	}, func(i int, err error) {
-		k, v := feKeys[i], feVals[i]
-		if refusedFe == nil {
-			refusedFe = map[int]bool{}
-		}
-		refusedFe[i] = true
-		s.fe.MarkDirty(k)
-		fail(fmt.Sprintf("frontend %s of %s", FrontendString(k, v), s.serviceOfLocked(k)), s.full1(err, "frontends", s.t.Frontends.Max()))
-	})
-	if cold && refusedFe == nil {
-		s.fe.AdoptDesired()
-	} else if cold {
-		s.fe.ReserveActual(len(feKeys))
-		for i, k := range feKeys {
-			if !refusedFe[i] {
-				s.fe.SetActual(k, feVals[i])
-			}
-		}
-	}
-	s.be.Pending(collectBe, delBe)
-	writeBe()
-	for len(s.strays) > 0 {
-		k := s.strays[len(s.strays)-1]
-		if err := s.t.Backends.Delete(k); err != nil {
-			fail(fmt.Sprintf("deleting stray backend %016x #%d", k.ListId, k.Ordinal), err)
-			break
-		}
-		s.strays = s.strays[:len(s.strays)-1]
-		wrote(nil)
-	}
-	for len(s.idxStrays) > 0 {
-		k := s.idxStrays[len(s.idxStrays)-1]
-		if err := s.t.BackendIndex.Delete(k); err != nil {
-			fail(fmt.Sprintf("deleting stray backend index %016x %v", k.ListId, netip.AddrPortFrom(HostAddr(k.Addr), HostPort(k.Port))), err)
-			break
-		}
-		s.idxStrays = s.idxStrays[:len(s.idxStrays)-1]
-		wrote(nil)
-	}
-	s.src.Pending(setSrc, delSrc)
-	s.fe.Settle()
-	s.be.Settle()
-	s.src.Settle()
-	s.cnet.Settle()
 	s.settings.Settle()
 	return errors.Join(errs...)
 }
@@ -911,44 +543,29 @@ func indexKey(id uint64, v BackendValue) BackendIndex {
 	return BackendIndex{ListId: id, Addr: v.Addr, Port: v.Port}
 }
 
-// indexOf is the index a list of more than AffinityScan entries wants: each address:port at
-// its first ordinal (an endpoint listed twice is found at the first). Gaps have no entry.
-func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 {
-	out := make(map[BackendIndex]uint32, len(l))
-	for i, v := range l {
-		if k := indexKey(id, v); v != (BackendValue{}) {
-			if _, ok := out[k]; !ok {
-				out[k] = uint32(i)
-			}
+// indexOf is the index an IPv4 list of more than AffinityScan entries wants (indexOfFam).
+func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 { return indexOfFam(family4(v4{}), id, l) }
+
+// readLocked reads every map into the trackers: adoption after a restart (what matches is
+// kept, only the difference is written) and drift repair.
+func (s *Services) readLocked() error {
+	if err := s.v4.read(); err != nil {
+		return err
+	}
+	if s.v6.usable() {
+		if err := s.v6.read(); err != nil {
+			return err
 		}
 	}
-	return out
+	st, err := s.t.Settings.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the settings map: %w", err)
+	}
+	s.settings.ReplaceActual(st)
+	return nil
 }
 
-// realEntries counts the entries of an actual list that the map holds (not its gaps).
-func realEntries(l []BackendValue) int {
-	n := 0
-	for _, v := range l {
-		if v != (BackendValue{}) {
-			n++
-		}
-	}
-	return n
-}
-
-// holdLocked records that the frontend map now holds v at k (held) or nothing, before the
-// tracker's actual value changes: the lists that frontends in the map point at are counted.
-func (s *Services) holdLocked(k FrontendKey, v FrontendValue, held bool) {
-	if old, ok := s.fe.Actual(k); ok && old.Flags&FrontendAddrOnly == 0 {
-		if s.heldLists[old.ListId]--; s.heldLists[old.ListId] <= 0 {
-			delete(s.heldLists, old.ListId)
-		}
-	}
-	if held && v.Flags&FrontendAddrOnly == 0 {
-		s.heldLists[v.ListId]++
-	}
-}
-
+// full1 names the option to raise when a map is full.
 func (s *Services) full1(err error, option string, max int) error {
 	if errors.Is(err, ErrMapFull) {
 		return fmt.Errorf("%w (%d entries; raise option bpf-map-size-%s)", err, max, option)
@@ -956,131 +573,16 @@ func (s *Services) full1(err error, option string, max int) error {
 	return err
 }
 
-func (s *Services) serviceOfLocked(k FrontendKey) string {
-	for fk, w := range s.fronts {
-		if FrontendMapKey(fk) == k || (k.Port == 0 && k.Addr == NetAddr(fk.Addr)) {
-			return "service " + w.service
-		}
-	}
-	return "no service"
-}
-
-func (s *Services) serviceOfListLocked(id uint64) string {
-	for _, w := range s.fronts {
-		if w.list == id {
-			return "service " + w.service
-		}
-	}
-	return "no service"
-}
-
-// readLocked reads every map into the trackers: adoption after a restart (what matches is
-// kept, only the difference is written) and drift repair.
-func (s *Services) readLocked() error {
-	fe, err := s.t.Frontends.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the frontend map: %w", err)
-	}
-	be, err := s.t.Backends.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the backend map: %w", err)
-	}
-	src, err := s.t.SourceRanges.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the source-range map: %w", err)
-	}
-	cn, err := s.t.ClusterNets.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the cluster-network map: %w", err)
-	}
-	st, err := s.t.Settings.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the settings map: %w", err)
-	}
-	clear(s.heldLists)
-	for _, v := range fe {
-		if v.Flags&FrontendAddrOnly == 0 {
-			s.heldLists[v.ListId]++
-		}
-	}
-	s.fe.ReplaceActual(fe)
-	lists := map[uint64][]BackendValue{}
-	s.strays = s.strays[:0]
-	for k, v := range be {
-		if want := s.lists[k.ListId]; k.Ordinal >= uint32(len(be)) && (want == nil || int(k.Ordinal) >= len(want.entries)) {
-			// No list written by a driver has an entry this far (the map holds fewer entries
-			// than the ordinal, and no wanted list is that long): removed at the next apply.
-			// A wanted list's entry is kept however few entries were read (a list that lost
-			// some still holds its last).
-			s.strays = append(s.strays, k)
-			continue
-		}
-		l := lists[k.ListId]
-		for uint32(len(l)) <= k.Ordinal {
-			l = append(l, BackendValue{})
-		}
-		l[k.Ordinal] = v
-		lists[k.ListId] = l
-	}
-	// A list's entry counts as written only with its index entry right (the first ordinal
-	// of its address); one that is not is read as a gap, and rewritten with its index.
-	idx, err := s.t.BackendIndex.Dump()
-	if err != nil {
-		return fmt.Errorf("reading the backend index map: %w", err)
-	}
-	// Index entries in use: those of the lists read and of the lists wanted (a list read with
-	// gaps or short still owns its entries: the apply rewrites them, and must not then delete
-	// them as strays).
-	named := make(map[BackendIndex]bool, len(idx))
-	for id, l := range s.lists {
-		if len(l.entries) > AffinityScan {
-			for k := range indexOf(id, l.entries) {
-				named[k] = true
-			}
-		}
-	}
-	blanked := 0
-	for id, l := range lists {
-		length := len(l)
-		if want := s.lists[id]; want != nil {
-			length = len(want.entries) // drift may have cut the list read short
-		}
-		if length <= AffinityScan {
-			continue
-		}
-		for k, o := range indexOf(id, l) {
-			named[k] = true
-			if got, ok := idx[k]; !ok || got != o {
-				l[o] = BackendValue{}
-				blanked++
-			}
-		}
-	}
-	s.idxStrays = s.idxStrays[:0]
-	for k := range idx {
-		if !named[k] {
-			s.idxStrays = append(s.idxStrays, k)
-		}
-	}
-	s.be.ReplaceActual(lists)
-	s.beCount[1] = len(be) - len(s.strays) - blanked
-	s.src.ReplaceActual(src)
-	s.cnet.ReplaceActual(cn)
-	s.settings.ReplaceActual(st)
-	return nil
-}
-
 // TableNames are the names Counts gives its figures under.
 var TableNames = []string{"frontends", "backends", "source_ranges", "cluster_nets"}
 
-// Counts returns desired and programmed entries per map (named as in TableNames), for metrics.
+// Counts returns desired and programmed entries per map (named as in TableNames), both
+// families together, for metrics.
 func (s *Services) Counts() map[string][2]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return map[string][2]int{
-		"frontends":     {s.fe.DesiredLen(), s.fe.ActualLen()},
-		"backends":      {s.beCount[0], s.beCount[1]},
-		"source_ranges": {s.src.DesiredLen(), s.src.ActualLen()},
-		"cluster_nets":  {s.cnet.DesiredLen(), s.cnet.ActualLen()},
-	}
+	c := map[string][2]int{}
+	s.v4.counts(c)
+	s.v6.counts(c)
+	return c
 }

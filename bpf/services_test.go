@@ -456,6 +456,7 @@ func svtSteps() []svtStep {
 				"+cluster-net 10.244.0.0/16 pool",
 				"+cluster-net 192.0.2.1/32 node,self",
 				"+cluster-net 192.0.2.2/32 node",
+				"+cluster-net 2001:db8::2/128 node",
 				"+frontend 0.0.0.0:30080/TCP service 00000000000000a1 list 108e0c30356bb979 backends 2 local 1 cluster-from 0 affinity 10800s node-port",
 				"+frontend 198.51.100.10:0/any service 00000000000000a1 address-only",
 				"+frontend 198.51.100.10:80/TCP service 00000000000000a1 list 108e0c30356bb979 backends 2 local 1 cluster-from 0",
@@ -1533,6 +1534,10 @@ func TestServicesNotProgrammed(t *testing.T) {
 	st := svtStateOf(v6, sctp, far, farNP, onlyFar)
 	d := svtRun(t, st)
 	svtCheckText(t, "frontends not programmed, endpoints left out", d.render(), []string{
+		// IPv6 frontends are programmed in the IPv6 maps, alongside.
+		"backend list 5c2da58f2516b035 #0 [2001:db8:1::5]:8080 node :: local",
+		"frontend [2001:db8::10]:0/any service 0000000000000061 address-only",
+		"frontend [2001:db8::10]:80/TCP service 0000000000000061 list 5c2da58f2516b035 backends 1 local 1 cluster-from 0",
 		"backend list adff1e9caa249a0f #0 10.244.1.32:80 node 0.0.0.0 local",
 		"backend list adff1e9caa249a0f #1 10.244.2.32:80 node 192.0.2.2",
 		"backend list cdd6d559a5aeeea7 #0 10.244.1.31:80 node 0.0.0.0 local",
@@ -1547,7 +1552,6 @@ func TestServicesNotProgrammed(t *testing.T) {
 		"frontend 198.51.100.42:80/TCP service 0000000000000064 list cbf29ce484222325 backends 0 local 0 cluster-from 0",
 	})
 	if p, want := d.s.Problems(), map[string]string{
-		"frontend/[2001:db8::10]:80/TCP":   "IPv6 frontends are not programmed yet",
 		"frontend/198.51.100.40:3868/SCTP": "only TCP and UDP services are programmed",
 		"frontend/198.51.100.41:80/TCP":    `endpoint 10.244.3.31 is on node "node-c", which has no IPv4 address; not used`,
 		"frontend/0.0.0.0:30090/TCP":       `endpoint 10.244.3.32 is on node "node-c", which has no IPv4 address; not used`,

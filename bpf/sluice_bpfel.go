@@ -13,6 +13,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sluiceAddr6 struct {
+	_ structs.HostLayout
+	W [4]uint32
+}
+
 type sluiceAffKeyV4 struct {
 	_      structs.HostLayout
 	FeAddr uint32
@@ -20,6 +25,15 @@ type sluiceAffKeyV4 struct {
 	Proto  uint8
 	Pad    uint8
 	Client uint32
+}
+
+type sluiceAffKeyV6 struct {
+	_      structs.HostLayout
+	FeAddr sluiceAddr6
+	FePort uint16
+	Proto  uint8
+	Pad    uint8
+	Client sluiceAddr6
 }
 
 type sluiceAffValV4 struct {
@@ -30,12 +44,30 @@ type sluiceAffValV4 struct {
 	Pad  uint16
 }
 
+type sluiceAffValV6 struct {
+	_    structs.HostLayout
+	Seen uint64
+	Addr sluiceAddr6
+	Port uint16
+	Pad  uint16
+	Pad2 uint32
+}
+
 type sluiceBeIdxKeyV4 struct {
 	_      structs.HostLayout
 	ListId uint64
 	Addr   uint32
 	Port   uint16
 	Pad    uint16
+}
+
+type sluiceBeIdxKeyV6 struct {
+	_      structs.HostLayout
+	ListId uint64
+	Addr   sluiceAddr6
+	Port   uint16
+	Pad    uint16
+	Pad2   uint32
 }
 
 type sluiceBeKey struct {
@@ -49,6 +81,15 @@ type sluiceBeValV4 struct {
 	_        structs.HostLayout
 	Addr     uint32
 	NodeAddr uint32
+	Port     uint16
+	Flags    uint16
+	Pad      uint32
+}
+
+type sluiceBeValV6 struct {
+	_        structs.HostLayout
+	Addr     sluiceAddr6
+	NodeAddr sluiceAddr6
 	Port     uint16
 	Flags    uint16
 	Pad      uint32
@@ -73,6 +114,12 @@ type sluiceCnetKeyV4 struct {
 	Addr      uint32
 }
 
+type sluiceCnetKeyV6 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      sluiceAddr6
+}
+
 type sluiceCnetVal struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -92,10 +139,34 @@ type sluiceCtCleanCtxV4 struct {
 	}
 }
 
+type sluiceCtCleanCtxV6 struct {
+	_       structs.HostLayout
+	N       uint32
+	Deleted uint32
+	Kept    uint32
+	Pad     uint32
+	Req     [32]struct {
+		_    structs.HostLayout
+		Key  sluiceCtKeyV6
+		Pair sluiceCtKeyV6
+		Seen uint64
+	}
+}
+
 type sluiceCtKeyV4 struct {
 	_     structs.HostLayout
 	Src   uint32
 	Dst   uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type sluiceCtKeyV6 struct {
+	_     structs.HostLayout
+	Src   sluiceAddr6
+	Dst   sluiceAddr6
 	Sport uint16
 	Dport uint16
 	Proto uint8
@@ -121,15 +192,49 @@ type sluiceCtValV4 struct {
 	Pad3     uint32
 }
 
+type sluiceCtValV6 struct {
+	_        structs.HostLayout
+	Created  uint64
+	LastSeen uint64
+	Type     uint8
+	Flags    uint8
+	Tcp      uint8
+	Pad      uint8
+	Ifindex  uint32
+	NatAddr  sluiceAddr6
+	TunAddr  sluiceAddr6
+	NatPort  uint16
+	NatSport uint16
+	MacLocal [6]uint8
+	MacPeer  [6]uint8
+	NatSaddr sluiceAddr6
+	Pad3     uint32
+	_        [4]byte
+}
+
 type sluiceCtYoungV4 struct {
 	_       structs.HostLayout
 	Key     sluiceCtKeyV4
 	Created uint64
 }
 
+type sluiceCtYoungV6 struct {
+	_       structs.HostLayout
+	Key     sluiceCtKeyV6
+	Created uint64
+}
+
 type sluiceFeKeyV4 struct {
 	_     structs.HostLayout
 	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sluiceFeKeyV6 struct {
+	_     structs.HostLayout
+	Addr  sluiceAddr6
 	Port  uint16
 	Proto uint8
 	Pad   uint8
@@ -156,10 +261,24 @@ type sluiceFragKeyV4 struct {
 	Pad   uint8
 }
 
+type sluiceFragKeyV6 struct {
+	_     structs.HostLayout
+	Src   sluiceAddr6
+	Dst   sluiceAddr6
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type sluiceFragValV4 struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+}
+
+type sluiceQuote6Buf struct {
+	_ structs.HostLayout
+	B [128]uint8
 }
 
 type sluiceQuoteBuf struct {
@@ -192,33 +311,61 @@ type sluiceSrcKeyV4 struct {
 	Src       uint32
 }
 
+type sluiceSrcKeyV6 struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	FeAddr    sluiceAddr6
+	FePort    uint16
+	Proto     uint8
+	Pad       uint8
+	Src       sluiceAddr6
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sluiceMapSlAffV4         = "sl_aff_v4"
+	sluiceMapSlAffV6         = "sl_aff_v6"
 	sluiceMapSlBeIdxV4       = "sl_be_idx_v4"
+	sluiceMapSlBeIdxV6       = "sl_be_idx_v6"
 	sluiceMapSlBeV4          = "sl_be_v4"
+	sluiceMapSlBeV6          = "sl_be_v6"
 	sluiceMapSlCfg           = "sl_cfg"
 	sluiceMapSlCnetV4        = "sl_cnet_v4"
+	sluiceMapSlCnetV6        = "sl_cnet_v6"
 	sluiceMapSlCounters      = "sl_counters"
 	sluiceMapSlCtCleanq      = "sl_ct_cleanq"
+	sluiceMapSlCtCleanq6     = "sl_ct_cleanq6"
 	sluiceMapSlCtV4          = "sl_ct_v4"
+	sluiceMapSlCtV6          = "sl_ct_v6"
 	sluiceMapSlCtYoungPos    = "sl_ct_young_pos"
+	sluiceMapSlCtYoungPos6   = "sl_ct_young_pos6"
 	sluiceMapSlCtYoungV4     = "sl_ct_young_v4"
+	sluiceMapSlCtYoungV6     = "sl_ct_young_v6"
 	sluiceMapSlFeV4          = "sl_fe_v4"
+	sluiceMapSlFeV6          = "sl_fe_v6"
 	sluiceMapSlFragV4        = "sl_frag_v4"
+	sluiceMapSlFragV6        = "sl_frag_v6"
+	sluiceMapSlProgsV6       = "sl_progs_v6"
 	sluiceMapSlScratch       = "sl_scratch"
+	sluiceMapSlScratch6      = "sl_scratch6"
 	sluiceMapSlSockV4        = "sl_sock_v4"
 	sluiceMapSlSrcV4         = "sl_src_v4"
+	sluiceMapSlSrcV6         = "sl_src_v6"
 	sluiceProgSlCtClean      = "sl_ct_clean"
+	sluiceProgSlCtClean6     = "sl_ct_clean6"
 	sluiceProgSlFromHost     = "sl_from_host"
+	sluiceProgSlFromHost6    = "sl_from_host6"
 	sluiceProgSlFromWep      = "sl_from_wep"
+	sluiceProgSlFromWep6     = "sl_from_wep6"
 	sluiceProgSlSockConnect4 = "sl_sock_connect4"
 	sluiceProgSlSockRecvmsg4 = "sl_sock_recvmsg4"
 	sluiceProgSlSockSendmsg4 = "sl_sock_sendmsg4"
 	sluiceProgSlToHost       = "sl_to_host"
+	sluiceProgSlToHost6      = "sl_to_host6"
 	sluiceProgSlToWep        = "sl_to_wep"
+	sluiceProgSlToWep6       = "sl_to_wep6"
 )
 
 // loadSluice returns the embedded CollectionSpec for sluice.
@@ -264,34 +411,52 @@ type sluiceSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceProgramSpecs struct {
 	SlCtClean      *ebpf.ProgramSpec `ebpf:"sl_ct_clean"`
+	SlCtClean6     *ebpf.ProgramSpec `ebpf:"sl_ct_clean6"`
 	SlFromHost     *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromHost6    *ebpf.ProgramSpec `ebpf:"sl_from_host6"`
 	SlFromWep      *ebpf.ProgramSpec `ebpf:"sl_from_wep"`
+	SlFromWep6     *ebpf.ProgramSpec `ebpf:"sl_from_wep6"`
 	SlSockConnect4 *ebpf.ProgramSpec `ebpf:"sl_sock_connect4"`
 	SlSockRecvmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg4"`
 	SlSockSendmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg4"`
 	SlToHost       *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToHost6      *ebpf.ProgramSpec `ebpf:"sl_to_host6"`
 	SlToWep        *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
+	SlToWep6       *ebpf.ProgramSpec `ebpf:"sl_to_wep6"`
 }
 
 // sluiceMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceMapSpecs struct {
-	SlAffV4      *ebpf.MapSpec `ebpf:"sl_aff_v4"`
-	SlBeIdxV4    *ebpf.MapSpec `ebpf:"sl_be_idx_v4"`
-	SlBeV4       *ebpf.MapSpec `ebpf:"sl_be_v4"`
-	SlCfg        *ebpf.MapSpec `ebpf:"sl_cfg"`
-	SlCnetV4     *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
-	SlCounters   *ebpf.MapSpec `ebpf:"sl_counters"`
-	SlCtCleanq   *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
-	SlCtV4       *ebpf.MapSpec `ebpf:"sl_ct_v4"`
-	SlCtYoungPos *ebpf.MapSpec `ebpf:"sl_ct_young_pos"`
-	SlCtYoungV4  *ebpf.MapSpec `ebpf:"sl_ct_young_v4"`
-	SlFeV4       *ebpf.MapSpec `ebpf:"sl_fe_v4"`
-	SlFragV4     *ebpf.MapSpec `ebpf:"sl_frag_v4"`
-	SlScratch    *ebpf.MapSpec `ebpf:"sl_scratch"`
-	SlSockV4     *ebpf.MapSpec `ebpf:"sl_sock_v4"`
-	SlSrcV4      *ebpf.MapSpec `ebpf:"sl_src_v4"`
+	SlAffV4       *ebpf.MapSpec `ebpf:"sl_aff_v4"`
+	SlAffV6       *ebpf.MapSpec `ebpf:"sl_aff_v6"`
+	SlBeIdxV4     *ebpf.MapSpec `ebpf:"sl_be_idx_v4"`
+	SlBeIdxV6     *ebpf.MapSpec `ebpf:"sl_be_idx_v6"`
+	SlBeV4        *ebpf.MapSpec `ebpf:"sl_be_v4"`
+	SlBeV6        *ebpf.MapSpec `ebpf:"sl_be_v6"`
+	SlCfg         *ebpf.MapSpec `ebpf:"sl_cfg"`
+	SlCnetV4      *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
+	SlCnetV6      *ebpf.MapSpec `ebpf:"sl_cnet_v6"`
+	SlCounters    *ebpf.MapSpec `ebpf:"sl_counters"`
+	SlCtCleanq    *ebpf.MapSpec `ebpf:"sl_ct_cleanq"`
+	SlCtCleanq6   *ebpf.MapSpec `ebpf:"sl_ct_cleanq6"`
+	SlCtV4        *ebpf.MapSpec `ebpf:"sl_ct_v4"`
+	SlCtV6        *ebpf.MapSpec `ebpf:"sl_ct_v6"`
+	SlCtYoungPos  *ebpf.MapSpec `ebpf:"sl_ct_young_pos"`
+	SlCtYoungPos6 *ebpf.MapSpec `ebpf:"sl_ct_young_pos6"`
+	SlCtYoungV4   *ebpf.MapSpec `ebpf:"sl_ct_young_v4"`
+	SlCtYoungV6   *ebpf.MapSpec `ebpf:"sl_ct_young_v6"`
+	SlFeV4        *ebpf.MapSpec `ebpf:"sl_fe_v4"`
+	SlFeV6        *ebpf.MapSpec `ebpf:"sl_fe_v6"`
+	SlFragV4      *ebpf.MapSpec `ebpf:"sl_frag_v4"`
+	SlFragV6      *ebpf.MapSpec `ebpf:"sl_frag_v6"`
+	SlProgsV6     *ebpf.MapSpec `ebpf:"sl_progs_v6"`
+	SlScratch     *ebpf.MapSpec `ebpf:"sl_scratch"`
+	SlScratch6    *ebpf.MapSpec `ebpf:"sl_scratch6"`
+	SlSockV4      *ebpf.MapSpec `ebpf:"sl_sock_v4"`
+	SlSrcV4       *ebpf.MapSpec `ebpf:"sl_src_v4"`
+	SlSrcV6       *ebpf.MapSpec `ebpf:"sl_src_v6"`
 }
 
 // sluiceVariableSpecs contains global variables before they are loaded into the kernel.
@@ -320,40 +485,66 @@ func (o *sluiceObjects) Close() error {
 //
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluiceMaps struct {
-	SlAffV4      *ebpf.Map `ebpf:"sl_aff_v4"`
-	SlBeIdxV4    *ebpf.Map `ebpf:"sl_be_idx_v4"`
-	SlBeV4       *ebpf.Map `ebpf:"sl_be_v4"`
-	SlCfg        *ebpf.Map `ebpf:"sl_cfg"`
-	SlCnetV4     *ebpf.Map `ebpf:"sl_cnet_v4"`
-	SlCounters   *ebpf.Map `ebpf:"sl_counters"`
-	SlCtCleanq   *ebpf.Map `ebpf:"sl_ct_cleanq"`
-	SlCtV4       *ebpf.Map `ebpf:"sl_ct_v4"`
-	SlCtYoungPos *ebpf.Map `ebpf:"sl_ct_young_pos"`
-	SlCtYoungV4  *ebpf.Map `ebpf:"sl_ct_young_v4"`
-	SlFeV4       *ebpf.Map `ebpf:"sl_fe_v4"`
-	SlFragV4     *ebpf.Map `ebpf:"sl_frag_v4"`
-	SlScratch    *ebpf.Map `ebpf:"sl_scratch"`
-	SlSockV4     *ebpf.Map `ebpf:"sl_sock_v4"`
-	SlSrcV4      *ebpf.Map `ebpf:"sl_src_v4"`
+	SlAffV4       *ebpf.Map `ebpf:"sl_aff_v4"`
+	SlAffV6       *ebpf.Map `ebpf:"sl_aff_v6"`
+	SlBeIdxV4     *ebpf.Map `ebpf:"sl_be_idx_v4"`
+	SlBeIdxV6     *ebpf.Map `ebpf:"sl_be_idx_v6"`
+	SlBeV4        *ebpf.Map `ebpf:"sl_be_v4"`
+	SlBeV6        *ebpf.Map `ebpf:"sl_be_v6"`
+	SlCfg         *ebpf.Map `ebpf:"sl_cfg"`
+	SlCnetV4      *ebpf.Map `ebpf:"sl_cnet_v4"`
+	SlCnetV6      *ebpf.Map `ebpf:"sl_cnet_v6"`
+	SlCounters    *ebpf.Map `ebpf:"sl_counters"`
+	SlCtCleanq    *ebpf.Map `ebpf:"sl_ct_cleanq"`
+	SlCtCleanq6   *ebpf.Map `ebpf:"sl_ct_cleanq6"`
+	SlCtV4        *ebpf.Map `ebpf:"sl_ct_v4"`
+	SlCtV6        *ebpf.Map `ebpf:"sl_ct_v6"`
+	SlCtYoungPos  *ebpf.Map `ebpf:"sl_ct_young_pos"`
+	SlCtYoungPos6 *ebpf.Map `ebpf:"sl_ct_young_pos6"`
+	SlCtYoungV4   *ebpf.Map `ebpf:"sl_ct_young_v4"`
+	SlCtYoungV6   *ebpf.Map `ebpf:"sl_ct_young_v6"`
+	SlFeV4        *ebpf.Map `ebpf:"sl_fe_v4"`
+	SlFeV6        *ebpf.Map `ebpf:"sl_fe_v6"`
+	SlFragV4      *ebpf.Map `ebpf:"sl_frag_v4"`
+	SlFragV6      *ebpf.Map `ebpf:"sl_frag_v6"`
+	SlProgsV6     *ebpf.Map `ebpf:"sl_progs_v6"`
+	SlScratch     *ebpf.Map `ebpf:"sl_scratch"`
+	SlScratch6    *ebpf.Map `ebpf:"sl_scratch6"`
+	SlSockV4      *ebpf.Map `ebpf:"sl_sock_v4"`
+	SlSrcV4       *ebpf.Map `ebpf:"sl_src_v4"`
+	SlSrcV6       *ebpf.Map `ebpf:"sl_src_v6"`
 }
 
 func (m *sluiceMaps) Close() error {
 	return _SluiceClose(
 		m.SlAffV4,
+		m.SlAffV6,
 		m.SlBeIdxV4,
+		m.SlBeIdxV6,
 		m.SlBeV4,
+		m.SlBeV6,
 		m.SlCfg,
 		m.SlCnetV4,
+		m.SlCnetV6,
 		m.SlCounters,
 		m.SlCtCleanq,
+		m.SlCtCleanq6,
 		m.SlCtV4,
+		m.SlCtV6,
 		m.SlCtYoungPos,
+		m.SlCtYoungPos6,
 		m.SlCtYoungV4,
+		m.SlCtYoungV6,
 		m.SlFeV4,
+		m.SlFeV6,
 		m.SlFragV4,
+		m.SlFragV6,
+		m.SlProgsV6,
 		m.SlScratch,
+		m.SlScratch6,
 		m.SlSockV4,
 		m.SlSrcV4,
+		m.SlSrcV6,
 	)
 }
 
@@ -368,25 +559,35 @@ type sluiceVariables struct {
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluicePrograms struct {
 	SlCtClean      *ebpf.Program `ebpf:"sl_ct_clean"`
+	SlCtClean6     *ebpf.Program `ebpf:"sl_ct_clean6"`
 	SlFromHost     *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromHost6    *ebpf.Program `ebpf:"sl_from_host6"`
 	SlFromWep      *ebpf.Program `ebpf:"sl_from_wep"`
+	SlFromWep6     *ebpf.Program `ebpf:"sl_from_wep6"`
 	SlSockConnect4 *ebpf.Program `ebpf:"sl_sock_connect4"`
 	SlSockRecvmsg4 *ebpf.Program `ebpf:"sl_sock_recvmsg4"`
 	SlSockSendmsg4 *ebpf.Program `ebpf:"sl_sock_sendmsg4"`
 	SlToHost       *ebpf.Program `ebpf:"sl_to_host"`
+	SlToHost6      *ebpf.Program `ebpf:"sl_to_host6"`
 	SlToWep        *ebpf.Program `ebpf:"sl_to_wep"`
+	SlToWep6       *ebpf.Program `ebpf:"sl_to_wep6"`
 }
 
 func (p *sluicePrograms) Close() error {
 	return _SluiceClose(
 		p.SlCtClean,
+		p.SlCtClean6,
 		p.SlFromHost,
+		p.SlFromHost6,
 		p.SlFromWep,
+		p.SlFromWep6,
 		p.SlSockConnect4,
 		p.SlSockRecvmsg4,
 		p.SlSockSendmsg4,
 		p.SlToHost,
+		p.SlToHost6,
 		p.SlToWep,
+		p.SlToWep6,
 	)
 }
 

@@ -1205,8 +1205,10 @@ func TestStageMapFull(t *testing.T) {
 	var resized []string
 	cfg.OnResized = func(m []string) { resized = m }
 	s3, _ := e.start(cfg)
-	if !slices.Equal(resized, []string{"sl_fe_v4"}) {
-		t.Errorf("resized %v, want sl_fe_v4", resized)
+	// The option sizes the frontend map of both families.
+	slices.Sort(resized)
+	if !slices.Equal(resized, []string{"sl_fe_v4", "sl_fe_v6"}) {
+		t.Errorf("resized %v, want sl_fe_v4 and sl_fe_v6", resized)
 	}
 	s3.OnUpdate(full)
 	e.apply(s3)
@@ -1256,7 +1258,7 @@ func testConntrackCleanup(t *testing.T, userSpace bool) {
 	s.OnUpdate(stStandard())
 	e.apply(s)
 	if userSpace {
-		s.CT.Cleaner = nil
+		s.CT.Cleaner, s.CT.Cleaner6 = nil, nil
 	}
 	// Idle timeouts alone: every endpoint counts as live here (TestStageConntrackStale
 	// judges flows whose endpoint went).
@@ -1765,8 +1767,8 @@ func TestLoadWithoutSyscallPrograms(t *testing.T) {
 	haveSyscallPrograms = func() error { return ebpf.ErrNotSupported }
 	defer func() { haveSyscallPrograms = probe }()
 	s, _ := e.start(stConfig(e.pin))
-	if s.Objs.SlCtClean != nil || s.CT.Cleaner != nil {
-		t.Error("the cleaner program was loaded")
+	if s.Objs.SlCtClean != nil || s.CT.Cleaner != nil || s.Objs.SlCtClean6 != nil || s.CT.Cleaner6 != nil {
+		t.Error("a cleaner program was loaded")
 	}
 	for name, p := range map[string]*ebpf.Program{"sl_from_host": s.Objs.SlFromHost, "sl_to_host": s.Objs.SlToHost,
 		"sl_from_wep": s.Objs.SlFromWep, "sl_to_wep": s.Objs.SlToWep, "sl_sock_connect4": s.Objs.SlSockConnect4,

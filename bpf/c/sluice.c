@@ -11,6 +11,7 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
 #include <linux/pkt_cls.h>
@@ -30,6 +31,13 @@
 #include "lib/nat.h"
 #include "lib/icmp_nat.h"
 #include "lib/tunnel_in.h"
+#include "lib/maps6.h"
+#include "lib/parse6.h"
+#include "lib/conntrack6.h"
+#include "lib/icmp6.h"
+#include "lib/lb6.h"
+#include "lib/nat6.h"
+#include "lib/icmp6_nat.h"
 
 SEC("tc")
 int sl_from_host(struct __sk_buff *skb)
@@ -37,7 +45,11 @@ int sl_from_host(struct __sk_buff *skb)
 	/* A tagged packet on a VLAN's parent: the VLAN device's own hook takes it next (the
 	 * kernel untags before this hook, so it reads as IPv4 here). Replies recorded on the
 	 * parent would leave untagged. */
-	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->vlan_present)
+	if (skb->vlan_present)
+		return TC_ACT_OK;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return to_v6(skb, PROG6_FROM_HOST);
+	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
@@ -91,6 +103,8 @@ int sl_from_host(struct __sk_buff *skb)
 SEC("tc")
 int sl_from_wep(struct __sk_buff *skb)
 {
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return to_v6(skb, PROG6_FROM_WEP);
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
@@ -146,7 +160,11 @@ int sl_from_wep(struct __sk_buff *skb)
 static __always_inline int leaving(struct __sk_buff *skb, int host)
 {
 	/* Tagged by a VLAN device on its way out of the parent: that device's hook saw it. */
-	if (skb->protocol != bpf_htons(ETH_P_IP) || skb->vlan_present)
+	if (skb->vlan_present)
+		return TC_ACT_OK;
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return to_v6(skb, host ? PROG6_TO_HOST : PROG6_TO_WEP);
+	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return TC_ACT_OK;
 	struct pkt p = {};
 	if (parse(skb, IP_OFF, &p) < 0)
@@ -217,6 +235,7 @@ int sl_to_host(struct __sk_buff *skb)
 	return leaving(skb, 1);
 }
 
+#include "lib/prog6.h"
 #include "lib/socket.h"
 #include "lib/clean.h"
 

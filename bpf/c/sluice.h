@@ -271,4 +271,150 @@ struct ct_clean_ctx_v4 {
 	struct ct_clean_req_v4 req[CLEAN_BATCH];
 };
 
+/* IPv6: the same maps with 16-byte addresses (the _v6 suffix), read by the IPv6 programs. An
+ * address is four words in network order, as the IPv6 header carries it. A node's underlay
+ * address in an IPv6 entry (a backend's node, a tunnel peer) may be IPv4: then it is
+ * IPv4-mapped (::ffff:a.b.c.d). */
+struct addr6 {
+	__be32 w[4];
+};
+
+struct fe_key_v6 {
+	struct addr6 addr; /* :: for a node port's wildcard */
+	__be16 port;
+	__u8 proto;
+	__u8 pad;
+};
+
+struct be_val_v6 {
+	struct addr6 addr;
+	struct addr6 node_addr;
+	__be16 port;
+	__u16 flags;
+	__u32 pad;
+};
+
+struct be_idx_key_v6 {
+	__u64 list_id;
+	struct addr6 addr;
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+/* loadBalancerSourceRanges: prefixlen = 160 + the source prefix's length. */
+struct src_key_v6 {
+	__u32 prefixlen;
+	struct addr6 fe_addr;
+	__be16 fe_port;
+	__u8 proto;
+	__u8 pad;
+	struct addr6 src;
+};
+
+struct cnet_key_v6 {
+	__u32 prefixlen;
+	struct addr6 addr;
+};
+
+struct aff_key_v6 {
+	struct addr6 fe_addr;
+	__be16 fe_port;
+	__u8 proto;
+	__u8 pad;
+	struct addr6 client;
+};
+
+struct aff_val_v6 {
+	__u64 seen;
+	struct addr6 addr;
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct ct_key_v6 {
+	struct addr6 src;
+	struct addr6 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* As ct_val_v4, field for field. */
+struct ct_val_v6 {
+	__u64 created;
+	__u64 last_seen;
+	__u8 type;
+	__u8 flags;
+	__u8 tcp;
+	__u8 pad;
+	__u32 ifindex;
+	struct addr6 nat_addr;
+	struct addr6 tun_addr;
+	__be16 nat_port;
+	__be16 nat_sport;
+	__u8 mac_local[6];
+	__u8 mac_peer[6];
+	struct addr6 nat_saddr; /* all zero: unchanged */
+	__u32 pad3;
+};
+
+struct ct_young_v6 {
+	struct ct_key_v6 key;
+	__u64 created;
+};
+
+/* Hairpin over IPv6: 100::5c1c (host order words), in the discard-only prefix (RFC 6666):
+ * routers drop it, so should it ever leave the node it goes nowhere. */
+#define HAIRPIN6_W0 0x01000000
+#define HAIRPIN6_W3 0x00005c1c
+
+struct frag_key_v6 {
+	struct addr6 src;
+	struct addr6 dst;
+	__be32 id;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct sock_key_v6 {
+	__u64 cookie;
+	struct addr6 addr;
+	__be16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct sock_val_v6 {
+	struct addr6 fe_addr;
+	__be16 fe_port;
+	__u16 pad;
+};
+
+struct ct_clean_req_v6 {
+	struct ct_key_v6 key;
+	struct ct_key_v6 pair;
+	__u64 seen;
+};
+
+#define CLEAN_BATCH6 32
+
+struct ct_clean_ctx_v6 {
+	__u32 n;
+	__u32 deleted;
+	__u32 kept;
+	__u32 pad;
+	struct ct_clean_req_v6 req[CLEAN_BATCH6];
+};
+
+/* The IPv6 programs, by hook, in sl_progs_v6: each IPv4 program passes an IPv6 packet on to
+ * its hook's IPv6 program (a tail call: one program a hook, each family verified alone). */
+#define PROG6_FROM_HOST 0
+#define PROG6_FROM_WEP  1
+#define PROG6_TO_WEP    2
+#define PROG6_TO_HOST   3
+#define PROG6_NUM       4
+
 #endif

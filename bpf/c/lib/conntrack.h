@@ -4,17 +4,17 @@
 #ifndef SLUICE_LIB_CONNTRACK_H
 #define SLUICE_LIB_CONNTRACK_H
 
-/* tcp_track keeps the state bits of a REV or TUN entry for a packet of its flow (reply: from
- * the backend). A flow of another protocol (UDP) is only marked replied, which the cleaner
- * reads as the kernel's "stream": answered UDP lives 120 s, not 30. */
-static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int reply)
+/* tcp_next is the state bits of a REV or TUN entry after a packet of its flow with these
+ * transport protocol and TCP flags (reply: from the backend), for both families. A flow of
+ * another protocol (UDP) is only marked replied, which the cleaner reads as the kernel's
+ * "stream": answered UDP lives 120 s, not 30. */
+static __always_inline __u8 tcp_next(__u8 t, __u8 proto, __u8 f, int reply)
 {
-	if (p->proto != IPPROTO_TCP) {
-		if (reply && !(v->tcp & TCP_REPLIED))
-			v->tcp |= TCP_REPLIED;
-		return;
+	if (proto != IPPROTO_TCP) {
+		if (reply)
+			t |= TCP_REPLIED;
+		return t;
 	}
-	__u8 f = p->tcp_flags, t = v->tcp;
 	if ((f & TH_SYN) && !(f & TH_ACK) && !reply)
 		t |= TCP_SYN;
 	if (reply && !(t & TCP_REPLIED))
@@ -34,33 +34,62 @@ static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int re
 		if ((t & (TCP_LIVE_FWD | TCP_LIVE_REV)) == (TCP_LIVE_FWD | TCP_LIVE_REV))
 			t &= ~(TCP_RST | TCP_LIVE_FWD | TCP_LIVE_REV);
 	}
+	return t;
+}
+
+/* tcp_track keeps the state bits of a REV or TUN entry for a packet of its flow, written only
+ * when they change (an entry's cache line is not dirtied by every packet). */
+static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int reply)
+{
+	__u8 t = tcp_next(v->tcp, p->proto, p->tcp_flags, reply);
 	if (t != v->tcp)
 		v->tcp = t;
 }
 
 /* established says whether a flow's state entry (REV or TUN) is past its handshake: TCP
  * answered and acknowledged, another protocol answered. Only such flows are never evicted. */
-static __always_inline int established(struct ct_val_v4 *v, __u8 proto)
+static __always_inline int established_state(__u8 t, __u8 proto)
 {
 	if (proto != IPPROTO_TCP)
-		return v->tcp & TCP_REPLIED;
-	return (v->tcp & (TCP_REPLIED | TCP_OPENING)) == TCP_REPLIED;
+		return t & TCP_REPLIED;
+	return (t & (TCP_REPLIED | TCP_OPENING)) == TCP_REPLIED;
 }
 
-/* closed says whether a new SYN may reuse the tuple of this entry. */
+static __always_inline int established(struct ct_val_v4 *v, __u8 proto)
+{
+	return established_state(v->tcp, proto);
+}
+
+/* closed says whether a new SYN may reuse the tuple of an entry in this state. */
+static __always_inline int closed_state(__u8 t)
+{
+	return (t & TCP_RST) || ((t & TCP_FIN_FWD) && (t & TCP_FIN_REV));
+}
+
 static __always_inline int closed(struct ct_val_v4 *v)
 {
-	return (v->tcp & TCP_RST) || ((v->tcp & TCP_FIN_FWD) && (v->tcp & TCP_FIN_REV));
+	return closed_state(v->tcp);
+}
+
+/* syn_only and syn_ack read a packet's transport protocol and TCP flags (either family). */
+static __always_inline int syn_only(__u8 proto, __u8 f)
+{
+	return proto == IPPROTO_TCP && (f & (TH_SYN | TH_ACK)) == TH_SYN;
+}
+
+static __always_inline int syn_ack(__u8 proto, __u8 f)
+{
+	return proto == IPPROTO_TCP && (f & (TH_SYN | TH_ACK | TH_RST)) == (TH_SYN | TH_ACK);
 }
 
 static __always_inline int is_syn(struct pkt *p)
 {
-	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK)) == TH_SYN;
+	return syn_only(p->proto, p->tcp_flags);
 }
 
 static __always_inline int is_synack(struct pkt *p)
 {
-	return p->proto == IPPROTO_TCP && (p->tcp_flags & (TH_SYN | TH_ACK | TH_RST)) == (TH_SYN | TH_ACK);
+	return syn_ack(p->proto, p->tcp_flags);
 }
 
 /* ct_drop deletes a reverse or tunnel entry and, for a reverse entry, its forward pair: the

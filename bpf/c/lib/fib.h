@@ -4,27 +4,10 @@
 #ifndef SLUICE_LIB_FIB_H
 #define SLUICE_LIB_FIB_H
 
-/* fib_out sends the packet, whose IP header is at the standard offset, to its destination
- * through the kernel's FIB: the MACs are filled in and the packet leaves by the route's
- * interface without passing the kernel's forwarding path (no rp_filter on a multi-homed
- * node, no dependence on routes back to the client). */
-static __noinline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int fallback_ok)
+/* fib_fail is the verdict on a FIB lookup that found no way out: the kernel's own path when
+ * fallback_ok, else a drop counted by the lookup's answer. */
+static __always_inline int fib_fail(long rc, int fallback_ok)
 {
-	struct bpf_fib_lookup fib = {};
-	fib.family = AF_INET;
-	fib.ipv4_src = src;
-	fib.ipv4_dst = dst;
-	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
-	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
-		if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0) < 0)
-			return TC_ACT_SHOT;
-		return bpf_redirect(fib.ifindex, 0);
-	}
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = {.nh_family = AF_INET, .ipv4_nh = fib.ipv4_dst};
-		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
-	}
 	if (fallback_ok)
 		return TC_ACT_OK;
 	/* Each answer of the lookup its own counter: "no route" alone misled operators whose
@@ -47,6 +30,30 @@ static __noinline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int
 		count(C_DROP_FIB_OTHER);
 	}
 	return TC_ACT_SHOT;
+}
+
+/* fib_out sends the packet, whose IP header is at the standard offset, to its destination
+ * through the kernel's FIB: the MACs are filled in and the packet leaves by the route's
+ * interface without passing the kernel's forwarding path (no rp_filter on a multi-homed
+ * node, no dependence on routes back to the client). */
+static __noinline int fib_out(struct __sk_buff *skb, __be32 src, __be32 dst, int fallback_ok)
+{
+	struct bpf_fib_lookup fib = {};
+	fib.family = AF_INET;
+	fib.ipv4_src = src;
+	fib.ipv4_dst = dst;
+	fib.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+	long rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	if (rc == BPF_FIB_LKUP_RET_SUCCESS) {
+		if (bpf_skb_store_bytes(skb, 0, fib.dmac, 6, 0) < 0 || bpf_skb_store_bytes(skb, 6, fib.smac, 6, 0) < 0)
+			return TC_ACT_SHOT;
+		return bpf_redirect(fib.ifindex, 0);
+	}
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = {.nh_family = AF_INET, .ipv4_nh = fib.ipv4_dst};
+		return bpf_redirect_neigh(fib.ifindex, &nh, sizeof(nh), 0);
+	}
+	return fib_fail(rc, fallback_ok);
 }
 
 #endif

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The IPv6 maps: those of maps.h with 16-byte addresses, sized by the same options. */
+#ifndef SLUICE_LIB_MAPS6_H
+#define SLUICE_LIB_MAPS6_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct fe_key_v6);
+	__type(value, struct fe_val);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_fe_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct be_key);
+	__type(value, struct be_val_v6);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_be_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct be_idx_key_v6);
+	__type(value, __u32);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_be_idx_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_key_v6);
+	__type(value, __u32);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_src_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct cnet_key_v6);
+	__type(value, struct cnet_val);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_cnet_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct aff_key_v6);
+	__type(value, struct aff_val_v6);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_aff_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_key_v6);
+	__type(value, struct ct_val_v6);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_ct_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_young_v6);
+	__uint(max_entries, 4096);
+} sl_ct_young_v6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} sl_ct_young_pos6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag_key_v6);
+	__type(value, struct frag_val_v4);
+	__uint(max_entries, 8192);
+} sl_frag_v6 SEC(".maps");
+
+/* Scratch space for an ICMPv6 error's quote: the IPv6 header and up to 88 bytes beyond. */
+#define QUOTE6 128
+struct quote6_buf {
+	__u8 b[QUOTE6];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct quote6_buf);
+	__uint(max_entries, 1);
+} sl_scratch6 SEC(".maps");
+
+/* The IPv6 programs by hook (PROG6_*), filled by the agent. Pinned: a program of an agent
+ * that has stopped keeps its IPv6 half (the kernel empties a program array no file and no pin
+ * holds), so a restart is invisible to IPv6 flows too. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, PROG6_NUM);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_progs_v6 SEC(".maps");
+
+static __always_inline int eq6(const struct addr6 *a, const struct addr6 *b)
+{
+	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3])) == 0;
+}
+
+static __always_inline int zero6(const struct addr6 *a)
+{
+	return (a->w[0] | a->w[1] | a->w[2] | a->w[3]) == 0;
+}
+
+static __always_inline struct cnet_val *cluster_net6(const struct addr6 *a)
+{
+	struct cnet_key_v6 k = {.prefixlen = 128, .addr = *a};
+	return bpf_map_lookup_elem(&sl_cnet_v6, &k);
+}
+
+/* to_v6 passes an IPv6 packet on to its hook's IPv6 program; a packet that cannot be (the
+ * agent has not filled the array yet) goes on untouched, as before IPv6 services existed. */
+static __always_inline int to_v6(struct __sk_buff *skb, __u32 hook)
+{
+	bpf_tail_call(skb, &sl_progs_v6, hook);
+	return TC_ACT_OK;
+}
+
+#endif

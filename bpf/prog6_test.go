@@ -1,0 +1,235 @@
+package bpf
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// The IPv6 program tests: sluice's IPv6 programs run through BPF_PROG_TEST_RUN as the
+// IPv4 ones are (prog_test.go), each reached from its hook's IPv4 program by the tail call
+// that carries every IPv6 packet there: what runs is what a hook runs.
+//
+// The topology is prog_test.go's in IPv6: node A's nic0 on the node network 2001:db8::/64
+// (default route via the router ::fe), nic1 an uplink 2001:db8:100::/64 by which outside
+// clients come, pods of the pool fd00:65::/48 behind wep0, wep1 and wep2; node B at
+// 2001:db8::2.
+
+var (
+	tp6NodeA   = netip.MustParseAddr("2001:db8::1")
+	tp6NodeB   = netip.MustParseAddr("2001:db8::2")
+	tp6Router  = netip.MustParseAddr("2001:db8::fe")
+	tp6EdgeA   = netip.MustParseAddr("2001:db8:100::1") // node A's address on nic1
+	tp6EdgeRtr = netip.MustParseAddr("2001:db8:100::fe")
+	tp6Client  = netip.MustParseAddr("2001:db8:113::10") // outside the cluster
+	tp6PodA5   = netip.MustParseAddr("fd00:65::5")       // wep0
+	tp6PodA6   = netip.MustParseAddr("fd00:65::6")       // wep2
+	tp6PodA7   = netip.MustParseAddr("fd00:65::7")       // wep1: the workload client
+	tp6PodB5   = netip.MustParseAddr("fd00:65:1::5")     // on node B
+	tp6Cluster = netip.MustParseAddr("fd00:96::10")      // a cluster IP
+	tp6LB      = netip.MustParseAddr("2001:db8:200::10") // a load-balancer address
+	tp6Hairpin = netip.MustParseAddr("100::5c1c")        // HAIRPIN6 of c/sluice.h
+)
+
+func tp6NodeASpec() []tpIfaceSpec {
+	return []tpIfaceSpec{
+		{name: "nic0", mac: tpMACA0, peerMAC: tpMACRouter, addrs: []string{"2001:db8::1/64"}, gateway6: tp6Router,
+			neigh: map[netip.Addr]tpMAC{tp6NodeB: tpMACB0, tp6Router: tpMACRouter}},
+		{name: "nic1", mac: tpMACA1, peerMAC: tpMACEdge, addrs: []string{"2001:db8:100::1/64"},
+			routes: []string{"2001:db8:113::/64"}, neigh: map[netip.Addr]tpMAC{tp6EdgeRtr: tpMACEdge, tp6Client: tpMACEdge}},
+		{name: "wep0", mac: tpMACWepA0, peerMAC: tpMACPodA5, routes: []string{"fd00:65::5/128"},
+			neigh: map[netip.Addr]tpMAC{tp6PodA5: tpMACPodA5}},
+		{name: "wep1", mac: tpMACWepA1, peerMAC: tpMACPodA7, routes: []string{"fd00:65::7/128"},
+			neigh: map[netip.Addr]tpMAC{tp6PodA7: tpMACPodA7}},
+		{name: "wep2", mac: tpMACWepA2, peerMAC: tpMACPodA6, routes: []string{"fd00:65::6/128"},
+			neigh: map[netip.Addr]tpMAC{tp6PodA6: tpMACPodA6}},
+	}
+}
+
+// node6 makes node A of the IPv6 topology, with its cluster networks.
+func (w *tpWorld) node6() *tpNode {
+	n := w.node("node-a6", tpNodeA, tp6NodeASpec())
+	n.cnet6("fd00:65::/48", tpCnetPool)
+	n.cnet6("2001:db8::1/128", tpCnetHost|tpCnetSelf)
+	n.cnet6("2001:db8::2/128", tpCnetHost)
+	n.cnet6("2001:db8:100::1/128", tpCnetHost|tpCnetSelf)
+	return n
+}
+
+func tp6A(a netip.Addr) sluiceAddr6 { return NetAddr6(a) }
+
+func tp6Key(src, dst netip.AddrPort, proto uint8) sluiceCtKeyV6 {
+	return sluiceCtKeyV6{Src: tp6A(src.Addr()), Dst: tp6A(dst.Addr()), Sport: tpP(src.Port()), Dport: tpP(dst.Port()), Proto: proto}
+}
+
+func tp6Backend(addr netip.AddrPort, flags uint16) sluiceBeValV6 {
+	return sluiceBeValV6{Addr: tp6A(addr.Addr()), Port: tpP(addr.Port()), Flags: flags}
+}
+
+func (n *tpNode) cnet6(prefix string, flags uint32) {
+	n.t.Helper()
+	p := netip.MustParsePrefix(prefix)
+	n.put(n.o.SlCnetV6, sluiceCnetKeyV6{Prefixlen: uint32(p.Bits()), Addr: tp6A(p.Addr())}, sluiceCnetVal{Flags: flags})
+}
+
+func (n *tpNode) frontend6(addr netip.Addr, port uint16, proto uint8, v sluiceFeVal) {
+	n.t.Helper()
+	n.put(n.o.SlFeV6, sluiceFeKeyV6{Addr: tp6A(addr), Port: tpP(port), Proto: proto}, v)
+}
+
+func (n *tpNode) backends6(id uint64, bs ...sluiceBeValV6) {
+	n.t.Helper()
+	for i, b := range bs {
+		n.put(n.o.SlBeV6, sluiceBeKey{ListId: id, Ordinal: uint32(i)}, b)
+		if len(bs) > AffinityScan {
+			n.put(n.o.SlBeIdxV6, sluiceBeIdxKeyV6{ListId: id, Addr: b.Addr, Port: b.Port}, uint32(i))
+		}
+	}
+}
+
+func (n *tpNode) ct6(k sluiceCtKeyV6) (sluiceCtValV6, bool) {
+	n.t.Helper()
+	var v sluiceCtValV6
+	err := n.o.SlCtV6.Lookup(&k, &v)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return v, false
+	}
+	if err != nil {
+		n.t.Fatalf("%s: conntrack lookup: %v", n.name, err)
+	}
+	return v, true
+}
+
+// wantCT6 checks the IPv6 conntrack entry of k, ignoring its timestamps (which must be set).
+func (n *tpNode) wantCT6(k sluiceCtKeyV6, want sluiceCtValV6) {
+	n.t.Helper()
+	got, ok := n.ct6(k)
+	if !ok {
+		n.t.Errorf("%s: no conntrack entry %+v", n.name, k)
+		return
+	}
+	if got.Created == 0 || got.LastSeen < got.Created {
+		n.t.Errorf("%s: conntrack %+v: created %d, last seen %d", n.name, k, got.Created, got.LastSeen)
+	}
+	want.Created, want.LastSeen = got.Created, got.LastSeen
+	if got != want {
+		n.t.Errorf("%s: conntrack %+v:\n got %+v\nwant %+v", n.name, k, got, want)
+	}
+}
+
+// run6 runs a hook's IPv4 program (which passes the IPv6 frame on to the hook's IPv6 program).
+func (n *tpNode) run6(prog *ebpf.Program, iface string, egress bool, f tp6Frame) (uint32, []byte) {
+	n.t.Helper()
+	return n.runBytes(prog, iface, egress, f.build())
+}
+
+// tp6Want checks the verdict and that the output decodes (good checksums) to want's fields:
+// MACs, addresses, ports, TCP flags and payload.
+func tp6Want(t *testing.T, rc uint32, out []byte, wantRC uint32, want tp6Frame) tp6Frame {
+	t.Helper()
+	if rc != wantRC {
+		t.Errorf("verdict %d, want %d", rc, wantRC)
+	}
+	got := tp6DecodeOK(t, out)
+	w := tp6DecodeOK(t, want.build())
+	if got.String() != w.String() || string(got.Payload) != string(w.Payload) {
+		t.Errorf("output\n got %v\nwant %v", got, w)
+	}
+	return got
+}
+
+// TestProg6ClusterIP: a workload's flow to an IPv6 cluster IP is translated to a local
+// endpoint and sent straight to it; the reply is translated back and sent straight to the
+// client; the conntrack entries are the pair the IPv4 path makes; a second packet of the
+// flow goes the same way.
+func TestProg6ClusterIP(t *testing.T) {
+	w := tpNewWorld(t)
+	a := w.node6()
+	a.frontend6(tp6Cluster, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 0xa1, Count: 1, Local: 1})
+	a.frontend6(tp6Cluster, 0, 0, sluiceFeVal{SvcId: 0xa1, Flags: tpFeAddrOnly})
+	a.backends6(1, tp6Backend(netip.AddrPortFrom(tp6PodA5, 8080), tpBeLocal))
+
+	client := netip.AddrPortFrom(tp6PodA7, 40000)
+	fe := netip.AddrPortFrom(tp6Cluster, 80)
+	be := netip.AddrPortFrom(tp6PodA5, 8080)
+	syn := tp6TCP(tpMACPodA7, tpMACWepA1, client, fe, tpSYN, 100, 0, nil)
+	rc, out := a.run6(a.o.SlFromWep, "wep1", false, syn)
+	want := tp6TCP(tpMACWepA0, tpMACPodA5, client, be, tpSYN, 100, 0, nil)
+	tp6Want(t, rc, out, tpRedirect, want)
+	a.wantCT6(tp6Key(client, fe, tpProtoTCP), sluiceCtValV6{Type: tpCtFwd, Flags: tpCtLocal, NatAddr: tp6A(tp6PodA5),
+		NatPort: tpP(8080), NatSport: tpP(40000)})
+	a.wantCT6(tp6Key(be, client, tpProtoTCP), sluiceCtValV6{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn,
+		NatAddr: tp6A(tp6Cluster), NatPort: tpP(80), NatSport: tpP(40000)})
+
+	synack := tp6TCP(tpMACPodA5, tpMACWepA0, be, client, tpSYN|tpACK, 500, 101, nil)
+	rc, out = a.run6(a.o.SlFromWep, "wep0", false, synack)
+	tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepA1, tpMACPodA7, fe, client, tpSYN|tpACK, 500, 101, nil))
+
+	ack := tp6TCP(tpMACPodA7, tpMACWepA1, client, fe, tpACK, 101, 501, []byte("GET / HTTP/1.0\r\n\r\n"))
+	rc, out = a.run6(a.o.SlFromWep, "wep1", false, ack)
+	tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepA0, tpMACPodA5, client, be, tpACK, 101, 501, []byte("GET / HTTP/1.0\r\n\r\n")))
+	a.wantCT6(tp6Key(be, client, tpProtoTCP), sluiceCtValV6{Type: tpCtRev, Flags: tpCtLocal, Tcp: tpTCPSyn | tpTCPReplied,
+		NatAddr: tp6A(tp6Cluster), NatPort: tpP(80), NatSport: tpP(40000)})
+	a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCRevNat: 1})
+}
+
+// TestProg6ConntrackCleaned: the cleaner expires IPv6 flows as IPv4 ones (by the kernel
+// program and, before Linux 5.14, from user space), and deletes at once the flows whose
+// endpoint left its service.
+func TestProg6ConntrackCleaned(t *testing.T) {
+	for _, userSpace := range []bool{false, true} {
+		name := "cleaner program"
+		if userSpace {
+			name = "user space"
+		}
+		t.Run(name, func(t *testing.T) {
+			w := tpNewWorld(t)
+			a := w.node6()
+			a.frontend6(tp6Cluster, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 0xa1, Count: 1, Local: 1})
+			a.backends6(1, tp6Backend(netip.AddrPortFrom(tp6PodA5, 8080), tpBeLocal))
+			fe := netip.AddrPortFrom(tp6Cluster, 80)
+			be := netip.AddrPortFrom(tp6PodA5, 8080)
+			open := func(port uint16) {
+				syn := tp6TCP(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tp6PodA7, port), fe, tpSYN, 1, 0, nil)
+				if rc, _ := a.run6(a.o.SlFromWep, "wep1", false, syn); rc != tpRedirect {
+					t.Fatalf("SYN from port %d: verdict %d", port, rc)
+				}
+			}
+			open(40000)
+			open(40001)
+			c := NewConntrack(a.o, DefaultTimeouts)
+			if userSpace {
+				c.Cleaner, c.Cleaner6 = nil, nil
+			}
+			c.Live = func(addr netip.Addr, port uint16) bool { return true }
+			now := Monotonic()
+			st, err := c.Clean(now)
+			if err != nil || st.Entries != 4 || st.Expired != 0 {
+				t.Fatalf("a cleanup at once: %+v, %v; want 4 entries, none expired", st, err)
+			}
+			// Past the handshake timeout both unanswered flows go, each with its pair.
+			st, err = c.Clean(now + uint64(DefaultTimeouts.TCPSyn) + uint64(time.Second))
+			if err != nil || st.Expired != 2 || st.Deleted != 2 {
+				t.Fatalf("a cleanup past the SYN timeout: %+v, %v; want 2 expired and deleted", st, err)
+			}
+			for _, p := range []uint16{40000, 40001} {
+				client := netip.AddrPortFrom(tp6PodA7, p)
+				for _, k := range []sluiceCtKeyV6{tp6Key(client, fe, tpProtoTCP), tp6Key(be, client, tpProtoTCP)} {
+					if v, ok := a.ct6(k); ok {
+						t.Errorf("entry %+v left: %+v", k, v)
+					}
+				}
+			}
+			// A live flow whose endpoint left its service goes at once, with its pair.
+			open(40002)
+			c.Live = func(addr netip.Addr, port uint16) bool { return addr != tp6PodA5 }
+			n, err := c.SweepStale()
+			if err != nil || n != 2 {
+				t.Errorf("sweeping a removed endpoint's flow: %d deleted, %v; want 2", n, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,661 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/dataplane"
+)
+
+// famMaps is the service driver's state for one address family's maps: the desired and
+// actual entries of each (trackers), the backend lists and which frontends hold them. The
+// rules are the family's own; what both share (service identities, endpoint sets, problems)
+// is the Services' that owns it.
+type famMaps[FK, BV, IK, SK, CK comparable] struct {
+	s   *Services
+	fam family[FK, BV, IK, SK, CK]
+	t   famTables[FK, BV, IK, SK, CK]
+
+	fe *dataplane.Tracker[FK, FrontendValue]
+	// be tracks backend lists, not single entries: a list's identity is a hash of its
+	// content, so it is written and removed whole (a cold start handles 10,000 lists where it
+	// would handle 100,000 entries). An actual list read with a gap holds a zero entry there.
+	be      *dataplane.Tracker[uint64, []BV]
+	beCount [2]int       // backend entries desired and programmed
+	strays  []BackendKey // backend entries read that no list can hold, to delete
+	// idxStrays are backend-index entries read that no list's entry names, to delete. The
+	// index is part of a list: an entry whose index entry reads wrong is rewritten with it.
+	idxStrays []IK
+	src       *dataplane.Tracker[SK, uint32]
+	cnet      *dataplane.Tracker[CK, ClusterNetVal]
+	fronts    map[calc.FrontendKey]wanted[SK]
+	lists     map[uint64]*list[BV]
+	addrOnly  map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
+	beBuf     []BV
+	// heldLists counts the frontends in the map (as written or read) pointing at each list:
+	// a list is not deleted while one does.
+	heldLists map[uint64]int
+}
+
+// list is one backend list in the maps, shared by the frontends with the same endpoints.
+type list[BV any] struct {
+	entries []BV
+	refs    int
+}
+
+// wanted is what one calc frontend became in the maps.
+type wanted[SK any] struct {
+	service  string // namespace/name
+	svcID    uint64
+	list     uint64
+	addrOnly bool
+	sources  []SK
+	live     *liveSet // endpoints named or in use
+}
+
+func newFamMaps[FK, BV, IK, SK, CK comparable](s *Services, fam family[FK, BV, IK, SK, CK], t famTables[FK, BV, IK, SK, CK]) *famMaps[FK, BV, IK, SK, CK] {
+	m := &famMaps[FK, BV, IK, SK, CK]{s: s, fam: fam, t: t}
+	m.reset()
+	return m
+}
+
+// usable says whether the family's maps are there (a driver over tables without IPv6's, as
+// some tests build, programs IPv4 only).
+func (m *famMaps[FK, BV, IK, SK, CK]) usable() bool {
+	return m.t.Frontends != nil && m.t.Backends != nil && m.t.BackendIndex != nil && m.t.SourceRanges != nil &&
+		m.t.ClusterNets != nil
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) reset() {
+	m.fe = dataplane.NewTracker[FK, FrontendValue](func(a, b FrontendValue) bool { return a == b })
+	m.be = dataplane.NewTracker[uint64, []BV](slices.Equal[[]BV])
+	m.beCount = [2]int{}
+	m.src = dataplane.NewTracker[SK, uint32](func(a, b uint32) bool { return a == b })
+	m.cnet = dataplane.NewTracker[CK, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
+	m.fronts = map[calc.FrontendKey]wanted[SK]{}
+	m.lists = map[uint64]*list[BV]{}
+	m.addrOnly = map[netip.Addr][]addrHolder{}
+	m.heldLists = map[uint64]int{}
+	// A reset is always followed by a fresh read of the maps, which compares every key.
+	for _, t := range []interface{ DirtyAll() }{m.fe, m.be, m.src, m.cnet} {
+		t.DirtyAll()
+	}
+}
+
+// expect sizes the empty tables of a reset for nFront frontends and nList lists.
+func (m *famMaps[FK, BV, IK, SK, CK]) expect(nFront, nList int) {
+	m.fronts = make(map[calc.FrontendKey]wanted[SK], nFront)
+	m.fe.Expect(nFront)
+	m.be.Expect(nList)
+	m.lists = make(map[uint64]*list[BV], nList)
+	m.addrOnly = make(map[netip.Addr][]addrHolder, nList)
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) setFrontend(f calc.Frontend) {
+	s, pkey := m.s, f.Key
+	owner, held := s.svcIDs[f.ServiceID]
+	if held && owner.service != f.Service {
+		s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, owner.service, f.Service)
+		s.refused[f.Key] = f
+		return
+	}
+	s.svcIDs[f.ServiceID] = idOwner{service: f.Service, n: owner.n + 1}
+	w := wanted[SK]{service: f.Service, svcID: f.ServiceID}
+	bes := m.beBuf[:0] // cloned only for a new list
+	for _, b := range f.Backends {
+		if !m.fam.is(b.Addr) {
+			continue
+		}
+		var flags uint16
+		node := b.NodeAddr // a remote endpoint's node: the tunnel's far end
+		switch {
+		case b.Node == s.cfg.NodeName:
+			flags, node = BackendLocal, netip.Addr{}
+		case b.Node == "":
+			// An endpoint on no node (a slice written by hand for an address outside the
+			// cluster, as kube-proxy allows) is reached by routing, never by the tunnel.
+			flags, node = BackendRouted, netip.Addr{}
+		case b.NodeAddr.Is4():
+		case m.fam.is(b.NodeAddr):
+			// IPv6 flows are not tunnelled yet (c/lib/nat6.h): the node's address is kept
+			// for operators and for the tunnel to come.
+		default:
+			// A remote endpoint whose node has no address to tunnel to cannot be reached
+			// from outside; remote endpoints come last, so dropping it shortens the cluster
+			// set only.
+			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no IPv4 address; not used", b.Addr, b.Node)
+			continue
+		}
+		bes = append(bes, m.fam.backend(b.Addr, b.Port, flags, node))
+	}
+	m.beBuf = bes
+	w.list = m.fam.listID(bes)
+	l := m.lists[w.list]
+	if l == nil {
+		bes = slices.Clone(bes)
+		l = &list[BV]{entries: bes}
+		m.lists[w.list] = l
+		m.be.SetDesired(w.list, bes)
+		m.beCount[0] += len(bes)
+	}
+	l.refs++
+	v := FrontendValue{ListId: w.list, SvcId: f.ServiceID, Count: uint32(len(bes)), Local: uint32(min(f.LocalBackends, len(bes))),
+		ClusterStart: uint32(min(f.ClusterStart, len(bes))), AffinitySec: uint32(f.AffinityTimeout)}
+	if f.ExternalLocal {
+		v.Flags |= FrontendExternalLocal
+	}
+	if f.InternalLocal {
+		v.Flags |= FrontendInternalLocal
+	}
+	if f.Kind == calc.FrontendNodePort {
+		v.Flags |= FrontendNodePort
+	}
+	key := m.fam.frontendKey(f.Key)
+	for _, p := range f.SourceRanges {
+		if !m.fam.is(p.Addr()) {
+			continue
+		}
+		sk := m.fam.srcKey(key, p)
+		w.sources = append(w.sources, sk)
+		m.src.SetDesired(sk, 1)
+	}
+	if len(f.SourceRanges) > 0 {
+		// A load balancer limited to the other family's ranges admits no client of this
+		// one: the flag stays.
+		v.Flags |= FrontendSourceRanges
+	}
+	m.fe.SetDesired(key, v)
+	if f.Kind == calc.FrontendClusterIP {
+		w.addrOnly = true
+		m.addrOnly[f.Key.Addr] = append(m.addrOnly[f.Key.Addr], addrHolder{key: f.Key, id: f.ServiceID})
+		m.setAddrOnly(f.Key.Addr)
+	}
+	w.live = s.holdLiveLocked(f)
+	m.fronts[f.Key] = w
+}
+
+// setAddrOnly wants the address-only entry of cluster IP a while a cluster-IP frontend
+// holds it, naming the service of the lowest such frontend (not the first to come, so the
+// entry does not depend on the order of updates).
+func (m *famMaps[FK, BV, IK, SK, CK]) setAddrOnly(a netip.Addr) {
+	ak := m.fam.addrKey(a)
+	holders := m.addrOnly[a]
+	if len(holders) == 0 {
+		delete(m.addrOnly, a)
+		m.fe.DeleteDesired(ak)
+		return
+	}
+	first := holders[0]
+	for _, h := range holders[1:] {
+		if cmpFrontendKey(h.key, first.key) < 0 {
+			first = h
+		}
+	}
+	m.fe.SetDesired(ak, FrontendValue{SvcId: first.id, Flags: FrontendAddrOnly})
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) removeFrontend(k calc.FrontendKey) {
+	w, ok := m.fronts[k]
+	if !ok {
+		return
+	}
+	s := m.s
+	delete(m.fronts, k)
+	s.releaseLiveLocked(w.live)
+	m.fe.DeleteDesired(m.fam.frontendKey(k))
+	if owner := s.svcIDs[w.svcID]; owner.n > 1 {
+		s.svcIDs[w.svcID] = idOwner{service: owner.service, n: owner.n - 1}
+	} else {
+		delete(s.svcIDs, w.svcID)
+	}
+	if l := m.lists[w.list]; l != nil {
+		if l.refs--; l.refs == 0 {
+			m.be.DeleteDesired(w.list)
+			m.beCount[0] -= len(l.entries)
+			delete(m.lists, w.list)
+		}
+	}
+	for _, sk := range w.sources {
+		m.src.DeleteDesired(sk)
+	}
+	if w.addrOnly {
+		m.addrOnly[k.Addr] = slices.DeleteFunc(m.addrOnly[k.Addr], func(h addrHolder) bool { return h.key == k })
+		m.setAddrOnly(k.Addr)
+	}
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) setClusterNet(n calc.ClusterNet, remove bool) {
+	k := m.fam.cnetKey(n.Prefix)
+	if remove {
+		m.cnet.DeleteDesired(k)
+		return
+	}
+	v := ClusterNetVal{Flags: ClusterNetPool}
+	if n.Host {
+		v.Flags = ClusterNetHost
+		if n.Node == m.s.cfg.NodeName {
+			v.Flags |= ClusterNetSelf
+		}
+	}
+	m.cnet.SetDesired(k, v)
+}
+
+// apply writes the difference between the desired and the actual maps of the family:
+// cluster networks, frontends no longer wanted, backend lists, frontends, then the lists and
+// source ranges no longer wanted. A failed entry stays pending and the rest goes on.
+func (m *famMaps[FK, BV, IK, SK, CK]) apply(fail func(string, error), wrote func(error) bool) {
+	m.applyClusterNets(fail, wrote)
+	// Backend lists and frontends are written in batches: collected from the trackers (as
+	// clean), written, then marked (a failed one dirty again). A list with an entry refused
+	// is not written whole, and no frontend is pointed at it in this apply.
+	lw := &listWriter[FK, BV, IK, SK, CK]{m: m, fail: fail, wrote: wrote, failed: map[uint64]bool{}}
+	// Frontends no longer wanted go first, making room in a full map for the new ones.
+	m.fe.Pending(func(FK, FrontendValue) bool { return false }, m.delFrontend(fail, wrote))
+	// Adds first: lists and source ranges exist before the frontends that use them.
+	n := max(0, m.beCount[0]-m.beCount[1])
+	lw.keys, lw.vals = make([]BackendKey, 0, n), make([]BV, 0, n)
+	lw.idxKeys, lw.idxVals = make([]IK, 0, n), make([]uint32, 0, n)
+	m.be.Pending(lw.collect, func(uint64, []BV) bool { return false })
+	lw.write()
+	setSrc, delSrc := m.srcWriters(fail, wrote)
+	m.src.Pending(setSrc, func(SK, uint32) bool { return false })
+	m.applyFrontends(lw.failed, fail, wrote)
+	m.be.Pending(lw.collect, lw.del)
+	lw.write()
+	m.deleteStrays(fail, wrote)
+	m.src.Pending(setSrc, delSrc)
+	m.fe.Settle()
+	m.be.Settle()
+	m.src.Settle()
+	m.cnet.Settle()
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) applyClusterNets(fail func(string, error), wrote func(error) bool) {
+	m.cnet.Pending(func(k CK, v ClusterNetVal) bool {
+		if err := m.t.ClusterNets.Put(k, v); err != nil {
+			fail("cluster network "+m.fam.cnetString(k, v), m.s.full1(err, "cluster-nets", m.t.ClusterNets.Max()))
+			return false
+		}
+		m.cnet.SetActual(k, v)
+		return wrote(nil)
+	}, func(k CK, v ClusterNetVal) bool {
+		if err := m.t.ClusterNets.Delete(k); err != nil {
+			fail("deleting cluster network "+m.fam.cnetString(k, v), err)
+			return false
+		}
+		m.cnet.DeleteActual(k)
+		return wrote(nil)
+	})
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) srcWriters(fail func(string, error), wrote func(error) bool) (set, del func(SK, uint32) bool) {
+	set = func(k SK, v uint32) bool {
+		if err := m.t.SourceRanges.Put(k, v); err != nil {
+			fail("source range "+m.fam.srcString(k), m.s.full1(err, "source-ranges", m.t.SourceRanges.Max()))
+			return false
+		}
+		m.src.SetActual(k, v)
+		return wrote(nil)
+	}
+	del = func(k SK, v uint32) bool {
+		if err := m.t.SourceRanges.Delete(k); err != nil {
+			fail("deleting source range "+m.fam.srcString(k), err)
+			return false
+		}
+		m.src.DeleteActual(k)
+		return wrote(nil)
+	}
+	return set, del
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) delFrontend(fail func(string, error), wrote func(error) bool) func(FK, FrontendValue) bool {
+	return func(k FK, v FrontendValue) bool {
+		if err := m.t.Frontends.Delete(k); err != nil {
+			fail("deleting frontend "+m.fam.feString(k, v), err)
+			return false
+		}
+		m.hold(k, v, false)
+		m.fe.DeleteActual(k)
+		return wrote(nil)
+	}
+}
+
+// applyFrontends writes the frontends wanted, in one batch; none is pointed at a list whose
+// writing failed.
+func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool, fail func(string, error), wrote func(error) bool) {
+	feKeys, feVals := make([]FK, 0, m.fe.DirtyLen()), make([]FrontendValue, 0, m.fe.DirtyLen())
+	collect := func(k FK, v FrontendValue) bool {
+		if v.Flags&FrontendAddrOnly == 0 && failedLists[v.ListId] {
+			fail(fmt.Sprintf("frontend %s", m.fam.feString(k, v)), errors.New("its backend list is not written yet"))
+			return false
+		}
+		feKeys, feVals = append(feKeys, k), append(feVals, v)
+		return true
+	}
+	// Cold: nothing in the map and every wanted frontend about to be written. When all go in,
+	// the tracker adopts the desired state in one copy rather than a SetActual per frontend.
+	cold := m.fe.ActualLen() == 0
+	m.fe.Pending(collect, m.delFrontend(fail, wrote))
+	cold = cold && len(feKeys) == m.fe.DesiredLen()
+	var refused map[int]bool
+	putAll(m.t.Frontends, feKeys, feVals, func(i int) {
+		k, v := feKeys[i], feVals[i]
+		if cold {
+			if v.Flags&FrontendAddrOnly == 0 {
+				m.heldLists[v.ListId]++
+			}
+		} else {
+			m.hold(k, v, true)
+			m.fe.SetActual(k, v)
+		}
+		wrote(nil)
+	}, func(i int, err error) {
+		k, v := feKeys[i], feVals[i]
+		if refused == nil {
+			refused = map[int]bool{}
+		}
+		refused[i] = true
+		m.fe.MarkDirty(k)
+		fail(fmt.Sprintf("frontend %s of %s", m.fam.feString(k, v), m.serviceOf(k)), m.s.full1(err, "frontends", m.t.Frontends.Max()))
+	})
+	if cold && refused == nil {
+		m.fe.AdoptDesired()
+	} else if cold {
+		m.fe.ReserveActual(len(feKeys))
+		for i, k := range feKeys {
+			if !refused[i] {
+				m.fe.SetActual(k, feVals[i])
+			}
+		}
+	}
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wrote func(error) bool) {
+	for len(m.strays) > 0 {
+		k := m.strays[len(m.strays)-1]
+		if err := m.t.Backends.Delete(k); err != nil {
+			fail(fmt.Sprintf("deleting stray backend %016x #%d", k.ListId, k.Ordinal), err)
+			break
+		}
+		m.strays = m.strays[:len(m.strays)-1]
+		wrote(nil)
+	}
+	for len(m.idxStrays) > 0 {
+		k := m.idxStrays[len(m.idxStrays)-1]
+		if err := m.t.BackendIndex.Delete(k); err != nil {
+			fail("deleting stray backend index "+m.fam.indexString(k), err)
+			break
+		}
+		m.idxStrays = m.idxStrays[:len(m.idxStrays)-1]
+		wrote(nil)
+	}
+}
+
+// listWriter collects the backend entries (and index entries) of the lists pending, writes
+// them in batches and marks the lists written or failed.
+type listWriter[FK, BV, IK, SK, CK comparable] struct {
+	m       *famMaps[FK, BV, IK, SK, CK]
+	fail    func(string, error)
+	wrote   func(error) bool
+	failed  map[uint64]bool
+	ids     []uint64
+	keys    []BackendKey
+	vals    []BV
+	idxKeys []IK
+	idxVals []uint32
+}
+
+func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
+	m, fam := lw.m, lw.m.fam
+	lw.ids = append(lw.ids, id)
+	// Only the entries that differ from the map's are written (a list read back with one
+	// wrong entry is mended by one write), each with its index entry.
+	have, _ := m.be.Actual(id)
+	var index map[IK]uint32 // nil: a short list, not indexed
+	if len(want) > AffinityScan {
+		index = indexOfFam(fam, id, want)
+	}
+	var zero BV
+	for i, v := range want {
+		if i < len(have) && have[i] == v {
+			continue
+		}
+		lw.keys, lw.vals = append(lw.keys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(lw.vals, v)
+		// The index entry goes with a new address at i (a gap read is one whose index
+		// entry was wrong); a value corrected in place keeps its own.
+		moved := i >= len(have) || have[i] == zero || fam.indexKey(id, have[i]) != fam.indexKey(id, v)
+		if o, ok := index[fam.indexKey(id, v)]; ok && o == uint32(i) && moved {
+			lw.idxKeys, lw.idxVals = append(lw.idxKeys, fam.indexKey(id, v)), append(lw.idxVals, uint32(i))
+		}
+	}
+	return true
+}
+
+func (lw *listWriter[FK, BV, IK, SK, CK]) refused(id uint64, err error) {
+	m := lw.m
+	if !lw.failed[id] {
+		lw.failed[id] = true
+		lw.fail(fmt.Sprintf("backend list %016x of %s", id, m.serviceOfList(id)), m.s.full1(err, "backends", m.t.Backends.Max()))
+	}
+}
+
+func (lw *listWriter[FK, BV, IK, SK, CK]) write() {
+	m, fam := lw.m, lw.m.fam
+	putAll(m.t.Backends, lw.keys, lw.vals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(lw.keys[i].ListId, err) })
+	putAll(m.t.BackendIndex, lw.idxKeys, lw.idxVals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(fam.indexList(lw.idxKeys[i]), err) })
+	var zero BV
+	for _, id := range lw.ids {
+		if lw.failed[id] {
+			m.be.MarkDirty(id)
+			continue
+		}
+		want, _ := m.be.Desired(id)
+		have, _ := m.be.Actual(id)
+		// A list read longer than wanted (drift) loses its extra entries.
+		for i := len(want); i < len(have); i++ {
+			if err := m.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
+				lw.fail(fmt.Sprintf("deleting backend %016x #%d", id, i), err)
+			}
+			if v := have[i]; v != zero && len(have) > AffinityScan && !slices.ContainsFunc(want, func(w BV) bool { return fam.indexKey(id, w) == fam.indexKey(id, v) }) {
+				if err := m.t.BackendIndex.Delete(fam.indexKey(id, v)); err != nil {
+					lw.fail(fmt.Sprintf("deleting backend index %016x %s", id, fam.beString(BackendKey{ListId: id, Ordinal: uint32(i)}, v)), err)
+				}
+			}
+		}
+		m.beCount[1] += len(want) - realEntries(have)
+		m.be.SetActual(id, want)
+	}
+	lw.ids, lw.keys, lw.vals, lw.idxKeys, lw.idxVals = lw.ids[:0], lw.keys[:0], lw.vals[:0], lw.idxKeys[:0], lw.idxVals[:0]
+}
+
+func (lw *listWriter[FK, BV, IK, SK, CK]) del(id uint64, have []BV) bool {
+	m, fam := lw.m, lw.m.fam
+	if m.heldLists[id] > 0 {
+		return false // a frontend in the map still points at it (moving it failed): later
+	}
+	var zero BV
+	for i, v := range have {
+		if v != zero && len(have) > AffinityScan {
+			// The index entry first: one left behind by a failure is a stray the next read
+			// deletes, never a pointer into a list half gone.
+			if err := m.t.BackendIndex.Delete(fam.indexKey(id, v)); err != nil {
+				lw.fail(fmt.Sprintf("deleting backend list %016x", id), err)
+				return false
+			}
+		}
+		if err := m.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
+			lw.fail(fmt.Sprintf("deleting backend list %016x", id), err)
+			return false
+		}
+		lw.wrote(nil)
+	}
+	m.beCount[1] -= realEntries(have)
+	m.be.DeleteActual(id)
+	return true
+}
+
+// indexOfFam is the index a list of more than AffinityScan entries wants: each address:port
+// at its first ordinal (an endpoint listed twice is found at the first). Gaps have no entry.
+func indexOfFam[FK, BV, IK, SK, CK comparable](fam family[FK, BV, IK, SK, CK], id uint64, l []BV) map[IK]uint32 {
+	out := make(map[IK]uint32, len(l))
+	var zero BV
+	for i, v := range l {
+		if k := fam.indexKey(id, v); v != zero {
+			if _, ok := out[k]; !ok {
+				out[k] = uint32(i)
+			}
+		}
+	}
+	return out
+}
+
+// realEntries counts the entries of an actual list that the map holds (not its gaps).
+func realEntries[BV comparable](l []BV) int {
+	n := 0
+	var zero BV
+	for _, v := range l {
+		if v != zero {
+			n++
+		}
+	}
+	return n
+}
+
+// hold records that the frontend map now holds v at k (held) or nothing, before the
+// tracker's actual value changes: the lists that frontends in the map point at are counted.
+func (m *famMaps[FK, BV, IK, SK, CK]) hold(k FK, v FrontendValue, held bool) {
+	if old, ok := m.fe.Actual(k); ok && old.Flags&FrontendAddrOnly == 0 {
+		if m.heldLists[old.ListId]--; m.heldLists[old.ListId] <= 0 {
+			delete(m.heldLists, old.ListId)
+		}
+	}
+	if held && v.Flags&FrontendAddrOnly == 0 {
+		m.heldLists[v.ListId]++
+	}
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) serviceOf(k FK) string {
+	for fk, w := range m.fronts {
+		if m.fam.frontendKey(fk) == k || k == m.fam.addrKey(fk.Addr) {
+			return "service " + w.service
+		}
+	}
+	return "no service"
+}
+
+func (m *famMaps[FK, BV, IK, SK, CK]) serviceOfList(id uint64) string {
+	for _, w := range m.fronts {
+		if w.list == id {
+			return "service " + w.service
+		}
+	}
+	return "no service"
+}
+
+// read reads the family's maps into the trackers: adoption after a restart (what matches is
+// kept, only the difference is written) and drift repair.
+func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
+	name := m.fam.name()
+	fe, err := m.t.Frontends.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the %s frontend map: %w", name, err)
+	}
+	be, err := m.t.Backends.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the %s backend map: %w", name, err)
+	}
+	src, err := m.t.SourceRanges.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the %s source-range map: %w", name, err)
+	}
+	cn, err := m.t.ClusterNets.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the %s cluster-network map: %w", name, err)
+	}
+	clear(m.heldLists)
+	for _, v := range fe {
+		if v.Flags&FrontendAddrOnly == 0 {
+			m.heldLists[v.ListId]++
+		}
+	}
+	m.fe.ReplaceActual(fe)
+	lists := map[uint64][]BV{}
+	m.strays = m.strays[:0]
+	var zero BV
+	for k, v := range be {
+		if want := m.lists[k.ListId]; k.Ordinal >= uint32(len(be)) && (want == nil || int(k.Ordinal) >= len(want.entries)) {
+			// No list written by a driver has an entry this far (the map holds fewer entries
+			// than the ordinal, and no wanted list is that long): removed at the next apply.
+			// A wanted list's entry is kept however few entries were read (a list that lost
+			// some still holds its last).
+			m.strays = append(m.strays, k)
+			continue
+		}
+		l := lists[k.ListId]
+		for uint32(len(l)) <= k.Ordinal {
+			l = append(l, zero)
+		}
+		l[k.Ordinal] = v
+		lists[k.ListId] = l
+	}
+	// A list's entry counts as written only with its index entry right (the first ordinal
+	// of its address); one that is not is read as a gap, and rewritten with its index.
+	idx, err := m.t.BackendIndex.Dump()
+	if err != nil {
+		return fmt.Errorf("reading the %s backend index map: %w", name, err)
+	}
+	// Index entries in use: those of the lists read and of the lists wanted (a list read with
+	// gaps or short still owns its entries: the apply rewrites them, and must not then delete
+	// them as strays).
+	named := make(map[IK]bool, len(idx))
+	for id, l := range m.lists {
+		if len(l.entries) > AffinityScan {
+			for k := range indexOfFam(m.fam, id, l.entries) {
+				named[k] = true
+			}
+		}
+	}
+	blanked := 0
+	for id, l := range lists {
+		length := len(l)
+		if want := m.lists[id]; want != nil {
+			length = len(want.entries) // drift may have cut the list read short
+		}
+		if length <= AffinityScan {
+			continue
+		}
+		for k, o := range indexOfFam(m.fam, id, l) {
+			named[k] = true
+			if got, ok := idx[k]; !ok || got != o {
+				l[o] = zero
+				blanked++
+			}
+		}
+	}
+	m.idxStrays = m.idxStrays[:0]
+	for k := range idx {
+		if !named[k] {
+			m.idxStrays = append(m.idxStrays, k)
+		}
+	}
+	m.be.ReplaceActual(lists)
+	m.beCount[1] = len(be) - len(m.strays) - blanked
+	m.src.ReplaceActual(src)
+	m.cnet.ReplaceActual(cn)
+	return nil
+}
+
+// counts adds the family's desired and programmed entries to c (named as in TableNames).
+func (m *famMaps[FK, BV, IK, SK, CK]) counts(c map[string][2]int) {
+	add := func(name string, d, a int) {
+		v := c[name]
+		c[name] = [2]int{v[0] + d, v[1] + a}
+	}
+	add("frontends", m.fe.DesiredLen(), m.fe.ActualLen())
+	add("backends", m.beCount[0], m.beCount[1])
+	add("source_ranges", m.src.DesiredLen(), m.src.ActualLen())
+	add("cluster_nets", m.cnet.DesiredLen(), m.cnet.ActualLen())
+}
