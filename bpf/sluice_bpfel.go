@@ -294,9 +294,25 @@ type sluiceSockKeyV4 struct {
 	Pad    uint16
 }
 
+type sluiceSockKeyV6 struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   sluiceAddr6
+	Port   uint16
+	Pad    uint16
+	Pad2   uint32
+}
+
 type sluiceSockValV4 struct {
 	_      structs.HostLayout
 	FeAddr uint32
+	FePort uint16
+	Pad    uint16
+}
+
+type sluiceSockValV6 struct {
+	_      structs.HostLayout
+	FeAddr sluiceAddr6
 	FePort uint16
 	Pad    uint16
 }
@@ -325,47 +341,55 @@ type sluiceSrcKeyV6 struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sluiceMapSlAffV4         = "sl_aff_v4"
-	sluiceMapSlAffV6         = "sl_aff_v6"
-	sluiceMapSlBeIdxV4       = "sl_be_idx_v4"
-	sluiceMapSlBeIdxV6       = "sl_be_idx_v6"
-	sluiceMapSlBeV4          = "sl_be_v4"
-	sluiceMapSlBeV6          = "sl_be_v6"
-	sluiceMapSlCfg           = "sl_cfg"
-	sluiceMapSlCnetV4        = "sl_cnet_v4"
-	sluiceMapSlCnetV6        = "sl_cnet_v6"
-	sluiceMapSlCounters      = "sl_counters"
-	sluiceMapSlCtCleanq      = "sl_ct_cleanq"
-	sluiceMapSlCtCleanq6     = "sl_ct_cleanq6"
-	sluiceMapSlCtV4          = "sl_ct_v4"
-	sluiceMapSlCtV6          = "sl_ct_v6"
-	sluiceMapSlCtYoungPos    = "sl_ct_young_pos"
-	sluiceMapSlCtYoungPos6   = "sl_ct_young_pos6"
-	sluiceMapSlCtYoungV4     = "sl_ct_young_v4"
-	sluiceMapSlCtYoungV6     = "sl_ct_young_v6"
-	sluiceMapSlFeV4          = "sl_fe_v4"
-	sluiceMapSlFeV6          = "sl_fe_v6"
-	sluiceMapSlFragV4        = "sl_frag_v4"
-	sluiceMapSlFragV6        = "sl_frag_v6"
-	sluiceMapSlProgsV6       = "sl_progs_v6"
-	sluiceMapSlScratch       = "sl_scratch"
-	sluiceMapSlScratch6      = "sl_scratch6"
-	sluiceMapSlSockV4        = "sl_sock_v4"
-	sluiceMapSlSrcV4         = "sl_src_v4"
-	sluiceMapSlSrcV6         = "sl_src_v6"
-	sluiceProgSlCtClean      = "sl_ct_clean"
-	sluiceProgSlCtClean6     = "sl_ct_clean6"
-	sluiceProgSlFromHost     = "sl_from_host"
-	sluiceProgSlFromHost6    = "sl_from_host6"
-	sluiceProgSlFromWep      = "sl_from_wep"
-	sluiceProgSlFromWep6     = "sl_from_wep6"
-	sluiceProgSlSockConnect4 = "sl_sock_connect4"
-	sluiceProgSlSockRecvmsg4 = "sl_sock_recvmsg4"
-	sluiceProgSlSockSendmsg4 = "sl_sock_sendmsg4"
-	sluiceProgSlToHost       = "sl_to_host"
-	sluiceProgSlToHost6      = "sl_to_host6"
-	sluiceProgSlToWep        = "sl_to_wep"
-	sluiceProgSlToWep6       = "sl_to_wep6"
+	sluiceMapSlAffV4             = "sl_aff_v4"
+	sluiceMapSlAffV6             = "sl_aff_v6"
+	sluiceMapSlBeIdxV4           = "sl_be_idx_v4"
+	sluiceMapSlBeIdxV6           = "sl_be_idx_v6"
+	sluiceMapSlBeV4              = "sl_be_v4"
+	sluiceMapSlBeV6              = "sl_be_v6"
+	sluiceMapSlCfg               = "sl_cfg"
+	sluiceMapSlCnetV4            = "sl_cnet_v4"
+	sluiceMapSlCnetV6            = "sl_cnet_v6"
+	sluiceMapSlCounters          = "sl_counters"
+	sluiceMapSlCtCleanq          = "sl_ct_cleanq"
+	sluiceMapSlCtCleanq6         = "sl_ct_cleanq6"
+	sluiceMapSlCtV4              = "sl_ct_v4"
+	sluiceMapSlCtV6              = "sl_ct_v6"
+	sluiceMapSlCtYoungPos        = "sl_ct_young_pos"
+	sluiceMapSlCtYoungPos6       = "sl_ct_young_pos6"
+	sluiceMapSlCtYoungV4         = "sl_ct_young_v4"
+	sluiceMapSlCtYoungV6         = "sl_ct_young_v6"
+	sluiceMapSlFeV4              = "sl_fe_v4"
+	sluiceMapSlFeV6              = "sl_fe_v6"
+	sluiceMapSlFragV4            = "sl_frag_v4"
+	sluiceMapSlFragV6            = "sl_frag_v6"
+	sluiceMapSlProgsV6           = "sl_progs_v6"
+	sluiceMapSlScratch           = "sl_scratch"
+	sluiceMapSlScratch6          = "sl_scratch6"
+	sluiceMapSlSockBeV4          = "sl_sock_be_v4"
+	sluiceMapSlSockBeV6          = "sl_sock_be_v6"
+	sluiceMapSlSockV4            = "sl_sock_v4"
+	sluiceMapSlSockV6            = "sl_sock_v6"
+	sluiceMapSlSrcV4             = "sl_src_v4"
+	sluiceMapSlSrcV6             = "sl_src_v6"
+	sluiceProgSlCtClean          = "sl_ct_clean"
+	sluiceProgSlCtClean6         = "sl_ct_clean6"
+	sluiceProgSlFromHost         = "sl_from_host"
+	sluiceProgSlFromHost6        = "sl_from_host6"
+	sluiceProgSlFromWep          = "sl_from_wep"
+	sluiceProgSlFromWep6         = "sl_from_wep6"
+	sluiceProgSlSockConnect4     = "sl_sock_connect4"
+	sluiceProgSlSockConnect6     = "sl_sock_connect6"
+	sluiceProgSlSockGetpeername4 = "sl_sock_getpeername4"
+	sluiceProgSlSockGetpeername6 = "sl_sock_getpeername6"
+	sluiceProgSlSockRecvmsg4     = "sl_sock_recvmsg4"
+	sluiceProgSlSockRecvmsg6     = "sl_sock_recvmsg6"
+	sluiceProgSlSockSendmsg4     = "sl_sock_sendmsg4"
+	sluiceProgSlSockSendmsg6     = "sl_sock_sendmsg6"
+	sluiceProgSlToHost           = "sl_to_host"
+	sluiceProgSlToHost6          = "sl_to_host6"
+	sluiceProgSlToWep            = "sl_to_wep"
+	sluiceProgSlToWep6           = "sl_to_wep6"
 )
 
 // loadSluice returns the embedded CollectionSpec for sluice.
@@ -410,19 +434,24 @@ type sluiceSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sluiceProgramSpecs struct {
-	SlCtClean      *ebpf.ProgramSpec `ebpf:"sl_ct_clean"`
-	SlCtClean6     *ebpf.ProgramSpec `ebpf:"sl_ct_clean6"`
-	SlFromHost     *ebpf.ProgramSpec `ebpf:"sl_from_host"`
-	SlFromHost6    *ebpf.ProgramSpec `ebpf:"sl_from_host6"`
-	SlFromWep      *ebpf.ProgramSpec `ebpf:"sl_from_wep"`
-	SlFromWep6     *ebpf.ProgramSpec `ebpf:"sl_from_wep6"`
-	SlSockConnect4 *ebpf.ProgramSpec `ebpf:"sl_sock_connect4"`
-	SlSockRecvmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg4"`
-	SlSockSendmsg4 *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg4"`
-	SlToHost       *ebpf.ProgramSpec `ebpf:"sl_to_host"`
-	SlToHost6      *ebpf.ProgramSpec `ebpf:"sl_to_host6"`
-	SlToWep        *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
-	SlToWep6       *ebpf.ProgramSpec `ebpf:"sl_to_wep6"`
+	SlCtClean          *ebpf.ProgramSpec `ebpf:"sl_ct_clean"`
+	SlCtClean6         *ebpf.ProgramSpec `ebpf:"sl_ct_clean6"`
+	SlFromHost         *ebpf.ProgramSpec `ebpf:"sl_from_host"`
+	SlFromHost6        *ebpf.ProgramSpec `ebpf:"sl_from_host6"`
+	SlFromWep          *ebpf.ProgramSpec `ebpf:"sl_from_wep"`
+	SlFromWep6         *ebpf.ProgramSpec `ebpf:"sl_from_wep6"`
+	SlSockConnect4     *ebpf.ProgramSpec `ebpf:"sl_sock_connect4"`
+	SlSockConnect6     *ebpf.ProgramSpec `ebpf:"sl_sock_connect6"`
+	SlSockGetpeername4 *ebpf.ProgramSpec `ebpf:"sl_sock_getpeername4"`
+	SlSockGetpeername6 *ebpf.ProgramSpec `ebpf:"sl_sock_getpeername6"`
+	SlSockRecvmsg4     *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg4"`
+	SlSockRecvmsg6     *ebpf.ProgramSpec `ebpf:"sl_sock_recvmsg6"`
+	SlSockSendmsg4     *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg4"`
+	SlSockSendmsg6     *ebpf.ProgramSpec `ebpf:"sl_sock_sendmsg6"`
+	SlToHost           *ebpf.ProgramSpec `ebpf:"sl_to_host"`
+	SlToHost6          *ebpf.ProgramSpec `ebpf:"sl_to_host6"`
+	SlToWep            *ebpf.ProgramSpec `ebpf:"sl_to_wep"`
+	SlToWep6           *ebpf.ProgramSpec `ebpf:"sl_to_wep6"`
 }
 
 // sluiceMapSpecs contains maps before they are loaded into the kernel.
@@ -454,7 +483,10 @@ type sluiceMapSpecs struct {
 	SlProgsV6     *ebpf.MapSpec `ebpf:"sl_progs_v6"`
 	SlScratch     *ebpf.MapSpec `ebpf:"sl_scratch"`
 	SlScratch6    *ebpf.MapSpec `ebpf:"sl_scratch6"`
+	SlSockBeV4    *ebpf.MapSpec `ebpf:"sl_sock_be_v4"`
+	SlSockBeV6    *ebpf.MapSpec `ebpf:"sl_sock_be_v6"`
 	SlSockV4      *ebpf.MapSpec `ebpf:"sl_sock_v4"`
+	SlSockV6      *ebpf.MapSpec `ebpf:"sl_sock_v6"`
 	SlSrcV4       *ebpf.MapSpec `ebpf:"sl_src_v4"`
 	SlSrcV6       *ebpf.MapSpec `ebpf:"sl_src_v6"`
 }
@@ -510,7 +542,10 @@ type sluiceMaps struct {
 	SlProgsV6     *ebpf.Map `ebpf:"sl_progs_v6"`
 	SlScratch     *ebpf.Map `ebpf:"sl_scratch"`
 	SlScratch6    *ebpf.Map `ebpf:"sl_scratch6"`
+	SlSockBeV4    *ebpf.Map `ebpf:"sl_sock_be_v4"`
+	SlSockBeV6    *ebpf.Map `ebpf:"sl_sock_be_v6"`
 	SlSockV4      *ebpf.Map `ebpf:"sl_sock_v4"`
+	SlSockV6      *ebpf.Map `ebpf:"sl_sock_v6"`
 	SlSrcV4       *ebpf.Map `ebpf:"sl_src_v4"`
 	SlSrcV6       *ebpf.Map `ebpf:"sl_src_v6"`
 }
@@ -542,7 +577,10 @@ func (m *sluiceMaps) Close() error {
 		m.SlProgsV6,
 		m.SlScratch,
 		m.SlScratch6,
+		m.SlSockBeV4,
+		m.SlSockBeV6,
 		m.SlSockV4,
+		m.SlSockV6,
 		m.SlSrcV4,
 		m.SlSrcV6,
 	)
@@ -558,19 +596,24 @@ type sluiceVariables struct {
 //
 // It can be passed to loadSluiceObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sluicePrograms struct {
-	SlCtClean      *ebpf.Program `ebpf:"sl_ct_clean"`
-	SlCtClean6     *ebpf.Program `ebpf:"sl_ct_clean6"`
-	SlFromHost     *ebpf.Program `ebpf:"sl_from_host"`
-	SlFromHost6    *ebpf.Program `ebpf:"sl_from_host6"`
-	SlFromWep      *ebpf.Program `ebpf:"sl_from_wep"`
-	SlFromWep6     *ebpf.Program `ebpf:"sl_from_wep6"`
-	SlSockConnect4 *ebpf.Program `ebpf:"sl_sock_connect4"`
-	SlSockRecvmsg4 *ebpf.Program `ebpf:"sl_sock_recvmsg4"`
-	SlSockSendmsg4 *ebpf.Program `ebpf:"sl_sock_sendmsg4"`
-	SlToHost       *ebpf.Program `ebpf:"sl_to_host"`
-	SlToHost6      *ebpf.Program `ebpf:"sl_to_host6"`
-	SlToWep        *ebpf.Program `ebpf:"sl_to_wep"`
-	SlToWep6       *ebpf.Program `ebpf:"sl_to_wep6"`
+	SlCtClean          *ebpf.Program `ebpf:"sl_ct_clean"`
+	SlCtClean6         *ebpf.Program `ebpf:"sl_ct_clean6"`
+	SlFromHost         *ebpf.Program `ebpf:"sl_from_host"`
+	SlFromHost6        *ebpf.Program `ebpf:"sl_from_host6"`
+	SlFromWep          *ebpf.Program `ebpf:"sl_from_wep"`
+	SlFromWep6         *ebpf.Program `ebpf:"sl_from_wep6"`
+	SlSockConnect4     *ebpf.Program `ebpf:"sl_sock_connect4"`
+	SlSockConnect6     *ebpf.Program `ebpf:"sl_sock_connect6"`
+	SlSockGetpeername4 *ebpf.Program `ebpf:"sl_sock_getpeername4"`
+	SlSockGetpeername6 *ebpf.Program `ebpf:"sl_sock_getpeername6"`
+	SlSockRecvmsg4     *ebpf.Program `ebpf:"sl_sock_recvmsg4"`
+	SlSockRecvmsg6     *ebpf.Program `ebpf:"sl_sock_recvmsg6"`
+	SlSockSendmsg4     *ebpf.Program `ebpf:"sl_sock_sendmsg4"`
+	SlSockSendmsg6     *ebpf.Program `ebpf:"sl_sock_sendmsg6"`
+	SlToHost           *ebpf.Program `ebpf:"sl_to_host"`
+	SlToHost6          *ebpf.Program `ebpf:"sl_to_host6"`
+	SlToWep            *ebpf.Program `ebpf:"sl_to_wep"`
+	SlToWep6           *ebpf.Program `ebpf:"sl_to_wep6"`
 }
 
 func (p *sluicePrograms) Close() error {
@@ -582,8 +625,13 @@ func (p *sluicePrograms) Close() error {
 		p.SlFromWep,
 		p.SlFromWep6,
 		p.SlSockConnect4,
+		p.SlSockConnect6,
+		p.SlSockGetpeername4,
+		p.SlSockGetpeername6,
 		p.SlSockRecvmsg4,
+		p.SlSockRecvmsg6,
 		p.SlSockSendmsg4,
+		p.SlSockSendmsg6,
 		p.SlToHost,
 		p.SlToHost6,
 		p.SlToWep,

@@ -13,7 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// SocketHooks keeps the socket programs (connect4, sendmsg4, recvmsg4) attached to a cgroup
+// SocketHooks keeps the socket programs (connect, sendmsg, recvmsg and getpeername of both
+// families) attached to a cgroup
 // v2 directory, normally the root: the node's own connections to services are pointed at a
 // backend when the socket connects, so the host reaches cluster IPs with no per-packet
 // translation. The programs act only on sockets of the agent's network namespace (its
@@ -44,6 +45,11 @@ func NewSocketHooks(pinDir, cgroupPath string, objs *Objects) (*SocketHooks, err
 		{"connect4", ebpf.AttachCGroupInet4Connect, objs.SlSockConnect4},
 		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, objs.SlSockSendmsg4},
 		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, objs.SlSockRecvmsg4},
+		{"getpeername4", ebpf.AttachCgroupInet4GetPeername, objs.SlSockGetpeername4},
+		{"connect6", ebpf.AttachCGroupInet6Connect, objs.SlSockConnect6},
+		{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, objs.SlSockSendmsg6},
+		{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, objs.SlSockRecvmsg6},
+		{"getpeername6", ebpf.AttachCgroupInet6GetPeername, objs.SlSockGetpeername6},
 	}
 	for _, hk := range h.hooks {
 		info, err := hk.prog.Info()

@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Socket hooks: host sockets connected straight to a backend (cgroup connect4, sendmsg4,
- * recvmsg4). */
+/* Socket hooks: host sockets connected straight to a backend (cgroup connect, sendmsg,
+ * recvmsg and getpeername, both families; IPv4 services reached from IPv6 sockets through
+ * IPv4-mapped addresses, as Java and .NET clients connect). */
 #ifndef SLUICE_LIB_SOCKET_H
 #define SLUICE_LIB_SOCKET_H
 
+/* A socket's backend, by the backend: what recvmsg and getpeername show instead (the
+ * frontend the application asked for). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct sock_key_v4);
@@ -12,77 +15,323 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_sock_v4 SEC(".maps");
 
-/* sock_nat points a host socket at a backend of the frontend it asks for: the node's own
- * connections to cluster IPs, external and load-balancer addresses and its node ports never
- * need per-packet translation (Cilium's socket load balancing). Only sockets of this agent's
- * network namespace are touched. Returns 0 to refuse (no endpoint, unknown port of a cluster
- * IP), 1 to let the call go on. */
-static __always_inline int sock_nat(struct bpf_sock_addr *ctx, int remember)
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_key_v6);
+	__type(value, struct sock_val_v6);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_sock_v6 SEC(".maps");
+
+/* An unconnected UDP socket's backend, by the frontend it sends to (same layouts, the other
+ * way round): every datagram of one socket to one frontend goes to one endpoint while the
+ * endpoint stays in the frontend's set, so a resolver's retries meet the server that has its
+ * query, as they do through the kernel's conntrack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_key_v4);
+	__type(value, struct sock_val_v4);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_sock_be_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock_key_v6);
+	__type(value, struct sock_val_v6);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_sock_be_v6 SEC(".maps");
+
+/* sock_nat4 and sock_nat6's how. */
+#define SOCK_STICKY 1   /* an unconnected UDP send: keeps the socket's backend for the frontend */
+#define SOCK_REMEMBER 2 /* keep the backend for recvmsg and getpeername */
+
+/* What a socket hook decided. */
+#define SOCK_PASS 0   /* not a service: the call goes on as it is */
+#define SOCK_NAT 1    /* pointed at a backend */
+#define SOCK_REFUSE 2 /* a service that cannot be reached: refused as kube-proxy refuses */
+
+static __always_inline int our_netns(void *ctx)
 {
 	struct cfg *c = config();
-	if (!c || !c->netns_cookie || bpf_get_netns_cookie(ctx) != c->netns_cookie)
+	return c && c->netns_cookie && bpf_get_netns_cookie(ctx) == c->netns_cookie;
+}
+
+/* in_set4 finds the endpoint addr:port in [start, end) of a frontend's list, as affinity
+ * does (pick): read whole when short, by the index when long. */
+static __always_inline struct be_val_v4 *in_set4(struct fe_val *fe, __u32 start, __u32 end, __be32 addr, __be16 port)
+{
+	struct be_key bk = {.list_id = fe->list_id};
+	struct be_val_v4 *be;
+	if (fe->count <= AFF_SCAN) {
+		for (__u32 i = 0; i < AFF_SCAN; i++) {
+			if (start + i >= end)
+				break;
+			bk.ordinal = start + i;
+			be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+			if (be && be->addr == addr && be->port == port)
+				return be;
+		}
+		return 0;
+	}
+	struct be_idx_key_v4 ik = {.list_id = fe->list_id, .addr = addr, .port = port};
+	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v4, &ik);
+	if (!ord || *ord < start || *ord >= end)
+		return 0;
+	bk.ordinal = *ord;
+	be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+	return be && be->addr == addr && be->port == port ? be : 0;
+}
+
+static __always_inline struct be_val_v6 *in_set6(struct fe_val *fe, __u32 start, __u32 end, struct addr6 *addr,
+						 __be16 port)
+{
+	struct be_key bk = {.list_id = fe->list_id};
+	struct be_val_v6 *be;
+	if (fe->count <= AFF_SCAN) {
+		for (__u32 i = 0; i < AFF_SCAN; i++) {
+			if (start + i >= end)
+				break;
+			bk.ordinal = start + i;
+			be = bpf_map_lookup_elem(&sl_be_v6, &bk);
+			if (be && eq6(&be->addr, addr) && be->port == port)
+				return be;
+		}
+		return 0;
+	}
+	struct be_idx_key_v6 ik = {.list_id = fe->list_id, .addr = *addr, .port = port};
+	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v6, &ik);
+	if (!ord || *ord < start || *ord >= end)
+		return 0;
+	bk.ordinal = *ord;
+	be = bpf_map_lookup_elem(&sl_be_v6, &bk);
+	return be && eq6(&be->addr, addr) && be->port == port ? be : 0;
+}
+
+/* sock_set narrows a frontend's list to what the node's own sockets may use: its cluster set,
+ * or its local set under internalTrafficPolicy Local. 0 when empty. */
+static __always_inline int sock_set(struct fe_val *fe, __u32 *start, __u32 *end)
+{
+	*start = fe->cluster_start;
+	*end = fe->count;
+	if (fe->flags & FE_INT_LOCAL) {
+		*start = 0;
+		*end = fe->local;
+	}
+	if (*end > fe->count)
+		*end = fe->count;
+	return *start < *end;
+}
+
+/* sock_nat4 chooses a backend for a host socket asking for the IPv4 frontend *addr:*port and
+ * writes it there; how is SOCK_STICKY and SOCK_REMEMBER. It returns SOCK_PASS, SOCK_NAT or
+ * SOCK_REFUSE. */
+static __noinline int sock_nat4(__u64 cookie, __u8 proto, __be32 *addr, __be16 *port, __u32 how)
+{
+	int sticky = how & SOCK_STICKY, remember = how & SOCK_REMEMBER;
+	struct fe_key_v4 fk = {.addr = *addr, .port = *port, .proto = proto};
+	struct fe_val *fe = bpf_map_lookup_elem(&sl_fe_v4, &fk);
+	if (!fe) {
+		struct fe_key_v4 ak = {.addr = *addr};
+		return bpf_map_lookup_elem(&sl_fe_v4, &ak) ? SOCK_REFUSE : SOCK_PASS;
+	}
+	if (fe->flags & FE_ADDR_ONLY)
+		return SOCK_PASS;
+	__u32 start, end;
+	if (!sock_set(fe, &start, &end))
+		return SOCK_REFUSE;
+	struct sock_key_v4 bk = {.cookie = cookie, .addr = fk.addr, .port = fk.port};
+	struct be_val_v4 *be = 0;
+	if (sticky) {
+		struct sock_val_v4 *had = bpf_map_lookup_elem(&sl_sock_be_v4, &bk);
+		if (had)
+			be = in_set4(fe, start, end, had->fe_addr, had->fe_port);
+	}
+	if (!be)
+		be = pick(&fk, fe, start, end, 0, bpf_ktime_get_ns());
+	if (!be)
+		return SOCK_REFUSE;
+	if (sticky) {
+		struct sock_val_v4 bv = {.fe_addr = be->addr, .fe_port = be->port};
+		bpf_map_update_elem(&sl_sock_be_v4, &bk, &bv, BPF_ANY);
+	}
+	if (remember) {
+		struct sock_key_v4 sk = {.cookie = cookie, .addr = be->addr, .port = be->port};
+		struct sock_val_v4 sv = {.fe_addr = fk.addr, .fe_port = fk.port};
+		bpf_map_update_elem(&sl_sock_v4, &sk, &sv, BPF_ANY);
+	}
+	*addr = be->addr;
+	*port = be->port;
+	return SOCK_NAT;
+}
+
+/* sock_nat6 is sock_nat4 for an IPv6 frontend. */
+static __noinline int sock_nat6(__u64 cookie, __u8 proto, struct addr6 *addr, __be16 *port, __u32 how)
+{
+	int sticky = how & SOCK_STICKY, remember = how & SOCK_REMEMBER;
+	struct fe_key_v6 fk = {.addr = *addr, .port = *port, .proto = proto};
+	struct fe_val *fe = bpf_map_lookup_elem(&sl_fe_v6, &fk);
+	if (!fe) {
+		fk.port = 0;
+		fk.proto = 0;
+		return bpf_map_lookup_elem(&sl_fe_v6, &fk) ? SOCK_REFUSE : SOCK_PASS;
+	}
+	if (fe->flags & FE_ADDR_ONLY)
+		return SOCK_PASS;
+	__u32 start, end;
+	if (!sock_set(fe, &start, &end))
+		return SOCK_REFUSE;
+	struct sock_key_v6 bk = {.cookie = cookie, .addr = fk.addr, .port = fk.port};
+	struct be_val_v6 *be = 0;
+	if (sticky) {
+		struct sock_val_v6 *had = bpf_map_lookup_elem(&sl_sock_be_v6, &bk);
+		if (had)
+			be = in_set6(fe, start, end, &had->fe_addr, had->fe_port);
+	}
+	struct addr6 none = {};
+	if (!be)
+		be = pick6(&fk, fe, start, end, &none, bpf_ktime_get_ns());
+	if (!be)
+		return SOCK_REFUSE;
+	if (sticky) {
+		struct sock_val_v6 bv = {.fe_addr = be->addr, .fe_port = be->port};
+		bpf_map_update_elem(&sl_sock_be_v6, &bk, &bv, BPF_ANY);
+	}
+	if (remember) {
+		struct sock_key_v6 sk = {.cookie = cookie, .addr = be->addr, .port = be->port};
+		struct sock_val_v6 sv = {.fe_addr = fk.addr, .fe_port = fk.port};
+		bpf_map_update_elem(&sl_sock_v6, &sk, &sv, BPF_ANY);
+	}
+	*addr = be->addr;
+	*port = be->port;
+	return SOCK_NAT;
+}
+
+/* A refused connect goes to the loopback's port 0, where no socket can listen: TCP gets the
+ * reset a closed port sends (ECONNREFUSED, what kube-proxy's reject gives a client) and a
+ * connected UDP socket the port unreachable of its first datagram. An unconnected send cannot
+ * be pointed there (the kernel refuses port 0: EINVAL), so it is refused with EPERM. */
+#define LOOPBACK4 0x7f000001
+
+static __always_inline int sock_verdict(int rc)
+{
+	if (rc == SOCK_NAT)
+		count(C_SOCK_NAT);
+	else if (rc == SOCK_REFUSE)
+		count(C_REJECT_SOCK);
+	return rc;
+}
+
+/* is_mapped says whether an IPv6 socket address is IPv4-mapped (::ffff:a.b.c.d). */
+static __always_inline int is_mapped(struct bpf_sock_addr *ctx)
+{
+	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 && ctx->user_ip6[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky, int connect)
+{
+	if (!our_netns(ctx))
 		return 1;
 	__u8 proto = ctx->protocol;
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 1;
-	struct fe_key_v4 fk = {.addr = ctx->user_ip4, .port = (__u16)ctx->user_port, .proto = proto};
-	struct fe_val *fe = bpf_map_lookup_elem(&sl_fe_v4, &fk);
-	if (!fe) {
-		struct fe_key_v4 ak = {.addr = ctx->user_ip4};
-		if (bpf_map_lookup_elem(&sl_fe_v4, &ak)) {
-			count(C_REJECT_SOCK);
+	__be32 addr = ctx->user_ip4;
+	__be16 port = (__u16)ctx->user_port;
+	int rc = sock_verdict(sock_nat4(bpf_get_socket_cookie(ctx), proto, &addr, &port, sticky | SOCK_REMEMBER));
+	if (rc == SOCK_REFUSE) {
+		if (!connect)
 			return 0;
+		addr = bpf_htonl(LOOPBACK4);
+		port = 0;
+	}
+	if (rc != SOCK_PASS) {
+		ctx->user_ip4 = addr;
+		ctx->user_port = port;
+	}
+	return 1;
+}
+
+static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int connect)
+{
+	if (!our_netns(ctx))
+		return 1;
+	__u8 proto = ctx->protocol;
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	__be16 port = (__u16)ctx->user_port;
+	int rc;
+	if (is_mapped(ctx)) {
+		/* An IPv4 service asked for by a dual-stack IPv6 socket (a connect: its sends to a
+		 * mapped address meet sendmsg4): its backend, mapped. Remembered in the IPv4 map,
+		 * where peer6 looks a mapped address up. */
+		__be32 addr = ctx->user_ip6[3];
+		rc = sock_verdict(sock_nat4(cookie, proto, &addr, &port, sticky | SOCK_REMEMBER));
+		if (rc == SOCK_REFUSE) {
+			if (!connect)
+				return 0;
+			addr = bpf_htonl(LOOPBACK4);
+			port = 0;
+		}
+		if (rc != SOCK_PASS) {
+			ctx->user_ip6[3] = addr;
+			ctx->user_port = port;
 		}
 		return 1;
 	}
-	if (fe->flags & FE_ADDR_ONLY)
-		return 1;
-	__u32 start = fe->cluster_start, end = fe->count;
-	if (fe->flags & FE_INT_LOCAL) {
-		start = 0;
-		end = fe->local;
+	struct addr6 a;
+	a.w[0] = ctx->user_ip6[0];
+	a.w[1] = ctx->user_ip6[1];
+	a.w[2] = ctx->user_ip6[2];
+	a.w[3] = ctx->user_ip6[3];
+	rc = sock_verdict(sock_nat6(cookie, proto, &a, &port, sticky | SOCK_REMEMBER));
+	if (rc == SOCK_REFUSE) {
+		if (!connect)
+			return 0;
+		__builtin_memset(&a, 0, sizeof(a));
+		a.w[3] = bpf_htonl(1); /* ::1 */
+		port = 0;
 	}
-	if (end > fe->count)
-		end = fe->count;
-	if (start >= end) {
-		count(C_REJECT_SOCK);
-		return 0;
+	if (rc != SOCK_PASS) {
+		ctx->user_ip6[0] = a.w[0];
+		ctx->user_ip6[1] = a.w[1];
+		ctx->user_ip6[2] = a.w[2];
+		ctx->user_ip6[3] = a.w[3];
+		ctx->user_port = port;
 	}
-	struct be_val_v4 *be = pick(&fk, fe, start, end, 0, bpf_ktime_get_ns());
-	if (!be) {
-		count(C_REJECT_SOCK);
-		return 0;
-	}
-	if (remember) {
-		struct sock_key_v4 sk = {.cookie = bpf_get_socket_cookie(ctx), .addr = be->addr, .port = be->port};
-		struct sock_val_v4 sv = {.fe_addr = fk.addr, .fe_port = fk.port};
-		bpf_map_update_elem(&sl_sock_v4, &sk, &sv, BPF_ANY);
-	}
-	ctx->user_ip4 = be->addr;
-	ctx->user_port = be->port;
-	count(C_SOCK_NAT);
 	return 1;
 }
 
 SEC("cgroup/connect4")
 int sl_sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock_nat(ctx, ctx->protocol == IPPROTO_UDP);
+	return sock4(ctx, 0, 1);
 }
 
 SEC("cgroup/sendmsg4")
 int sl_sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock_nat(ctx, 1);
+	return sock4(ctx, SOCK_STICKY, 0);
 }
 
-/* sl_sock_recvmsg4 shows a datagram from a backend as coming from the frontend the socket
- * sent to. */
-SEC("cgroup/recvmsg4")
-int sl_sock_recvmsg4(struct bpf_sock_addr *ctx)
+SEC("cgroup/connect6")
+int sl_sock_connect6(struct bpf_sock_addr *ctx)
 {
-	struct cfg *c = config();
-	if (!c || !c->netns_cookie || bpf_get_netns_cookie(ctx) != c->netns_cookie)
+	return sock6(ctx, 0, 1);
+}
+
+SEC("cgroup/sendmsg6")
+int sl_sock_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock6(ctx, SOCK_STICKY, 0);
+}
+
+/* peer4 shows a datagram's source (recvmsg) or a socket's peer (getpeername) as the frontend
+ * the socket asked for, when it is the backend sluice chose. */
+static __always_inline int peer4(struct bpf_sock_addr *ctx)
+{
+	if (!our_netns(ctx))
 		return 1;
 	struct sock_key_v4 sk = {.cookie = bpf_get_socket_cookie(ctx), .addr = ctx->user_ip4, .port = (__u16)ctx->user_port};
 	struct sock_val_v4 *sv = bpf_map_lookup_elem(&sl_sock_v4, &sk);
@@ -91,6 +340,61 @@ int sl_sock_recvmsg4(struct bpf_sock_addr *ctx)
 		ctx->user_port = sv->fe_port;
 	}
 	return 1;
+}
+
+static __always_inline int peer6(struct bpf_sock_addr *ctx)
+{
+	if (!our_netns(ctx))
+		return 1;
+	if (is_mapped(ctx)) {
+		/* An IPv4 peer of a dual-stack socket. */
+		struct sock_key_v4 sk = {.cookie = bpf_get_socket_cookie(ctx), .addr = ctx->user_ip6[3],
+					 .port = (__u16)ctx->user_port};
+		struct sock_val_v4 *sv = bpf_map_lookup_elem(&sl_sock_v4, &sk);
+		if (sv) {
+			ctx->user_ip6[3] = sv->fe_addr;
+			ctx->user_port = sv->fe_port;
+		}
+		return 1;
+	}
+	struct sock_key_v6 sk = {.cookie = bpf_get_socket_cookie(ctx), .port = (__u16)ctx->user_port};
+	sk.addr.w[0] = ctx->user_ip6[0];
+	sk.addr.w[1] = ctx->user_ip6[1];
+	sk.addr.w[2] = ctx->user_ip6[2];
+	sk.addr.w[3] = ctx->user_ip6[3];
+	struct sock_val_v6 *sv = bpf_map_lookup_elem(&sl_sock_v6, &sk);
+	if (sv) {
+		ctx->user_ip6[0] = sv->fe_addr.w[0];
+		ctx->user_ip6[1] = sv->fe_addr.w[1];
+		ctx->user_ip6[2] = sv->fe_addr.w[2];
+		ctx->user_ip6[3] = sv->fe_addr.w[3];
+		ctx->user_port = sv->fe_port;
+	}
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int sl_sock_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return peer4(ctx);
+}
+
+SEC("cgroup/recvmsg6")
+int sl_sock_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return peer6(ctx);
+}
+
+SEC("cgroup/getpeername4")
+int sl_sock_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return peer4(ctx);
+}
+
+SEC("cgroup/getpeername6")
+int sl_sock_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return peer6(ctx);
 }
 
 #endif
