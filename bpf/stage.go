@@ -253,7 +253,7 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 		case op.HealthCheck != nil && op.Remove:
 			s.Health.DeleteService(op.HealthCheck.Port)
 		case op.HealthCheck != nil:
-			s.Health.SetService(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalEndpoints)
+			s.Health.SetServiceFamilies(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalIPv4, op.HealthCheck.LocalIPv6)
 		case op.ClusterNet != nil:
 			addrsChanged = true
 		}

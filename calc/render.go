@@ -89,9 +89,9 @@ func (s *State) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", f.Key, f.Kind, f.Service, orDash(strings.Join(flags, ",")), f.LocalBackends, orDash(strings.Join(bs, " ")))
 	}
 	fmt.Fprintf(tw, "\nHEALTH CHECKS (%d)\n", len(s.HealthChecks))
-	fmt.Fprintln(tw, "PORT\tSERVICE\tLOCAL-ENDPOINTS")
+	fmt.Fprintln(tw, "PORT\tSERVICE\tLOCAL-ENDPOINTS\tIPV4\tIPV6")
 	for _, h := range s.HealthChecks {
-		fmt.Fprintf(tw, "%d\t%s\t%d\n", h.Port, h.Service, h.LocalEndpoints)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\n", h.Port, h.Service, h.LocalEndpoints, h.LocalIPv4, h.LocalIPv6)
 	}
 	if len(s.FloatingIPs) > 0 {
 		fmt.Fprintf(tw, "\nFLOATING IPS (%d)\n", len(s.FloatingIPs))

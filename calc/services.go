@@ -176,6 +176,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	// Local ready endpoints, by address, for the health check; only the families the
 	// load balancer reaches this node on count, so the check agrees with what it forwards.
 	localReady := map[netip.Addr]bool{}
+	byFamily := map[netip.Addr]bool{} // every local ready endpoint, for the per-family counts
 	lbFamilies := map[bool]bool{}
 	for _, a := range s.LoadBalancerIPs {
 		lbFamilies[a.Is4()] = true
@@ -183,6 +184,9 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	for _, sp := range s.Ports {
 		sets := g.backendsFor(id, sp)
 		for _, b := range sets.local {
+			if !b.Terminating {
+				byFamily[b.Addr] = true
+			}
 			if !b.Terminating && (len(lbFamilies) == 0 || lbFamilies[b.Addr.Is4()]) {
 				localReady[b.Addr] = true
 			}
@@ -239,6 +243,13 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	var hc *HealthCheck
 	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
 		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id, LocalEndpoints: len(localReady)}
+		for a := range byFamily {
+			if a.Is4() {
+				hc.LocalIPv4++
+			} else {
+				hc.LocalIPv6++
+			}
+		}
 	}
 	return out, hc
 }

@@ -294,9 +294,15 @@ type Frontend struct {
 
 // HealthCheck is a health-check node port and what it should answer.
 type HealthCheck struct {
-	Port           uint16 `json:"port"`
-	Service        string `json:"service"`
-	LocalEndpoints int    `json:"localEndpoints"`
+	Port    uint16 `json:"port"`
+	Service string `json:"service"`
+	// LocalEndpoints counts the local ready endpoints of the families the load balancer
+	// reaches this node on (its ingress addresses' families; both when it has none).
+	LocalEndpoints int `json:"localEndpoints"`
+	// LocalIPv4 and LocalIPv6 count them by family: a check over IPv4 is answered with the
+	// IPv4 count, one over IPv6 with the IPv6 count, as each family forwards alone.
+	LocalIPv4 int `json:"localIPv4"`
+	LocalIPv6 int `json:"localIPv6"`
 }
 
 // ClusterNet is a range of addresses inside the cluster: an IP pool's CIDR (Host false, Node

@@ -2,7 +2,9 @@ package healthcheck
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
+	"net/netip"
 )
 
 // serviceAnswer is the body of a health-check node port answer, as kube-proxy writes it.
@@ -16,19 +18,27 @@ type serviceAnswer struct {
 }
 
 // serviceHandler answers any path on a health-check node port: 200 when the service owning
-// port has a local ready endpoint and the agent is healthy, 503 otherwise.
+// port has a local ready endpoint of the family the check came by and the agent is healthy,
+// 503 otherwise. Each family forwards to its own endpoints: a node with IPv4 endpoints only
+// must not tell a load balancer checking over IPv6 to send it IPv6 connections.
 func (s *Servers) serviceHandler(port uint16) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		h := s.services[port]
 		healthy := s.healthy
 		s.mu.Unlock()
 
+		local := h.local4
+		if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+			if ap, err := netip.ParseAddrPort(la.String()); err == nil && !ap.Addr().Unmap().Is4() {
+				local = h.local6
+			}
+		}
 		var a serviceAnswer
 		a.Service.Namespace, a.Service.Name = h.namespace, h.name
-		a.LocalEndpoints = h.localEndpoints
+		a.LocalEndpoints = local
 		a.ServiceProxyHealthy = healthy
-		writeJSON(w, h.localEndpoints > 0 && healthy, a)
+		writeJSON(w, local > 0 && healthy, a)
 	})
 }
 

@@ -53,7 +53,9 @@ type Servers struct {
 // serviceHealth is what a health-check node port answers for.
 type serviceHealth struct {
 	namespace, name string
-	localEndpoints  int
+	// local4 and local6 are the local ready endpoints by family: a check is answered with
+	// the count of the family it came by.
+	local4, local6 int
 	// deleted marks a service removed since the last Apply: its port keeps answering 503
 	// with no endpoints until Apply closes it, and is then forgotten.
 	deleted bool
@@ -94,6 +96,12 @@ func (s *Servers) SetNodeAddrs(addrs []netip.Addr) {
 // service has no health check and is ignored. Ports are the key: Kubernetes allocates each
 // health-check node port to one service.
 func (s *Servers) SetService(port uint16, service string, localEndpoints int) {
+	s.SetServiceFamilies(port, service, localEndpoints, localEndpoints)
+}
+
+// SetServiceFamilies is SetService with the local ready endpoints counted by family: a check
+// that comes by IPv4 is answered with local4, one by IPv6 with local6.
+func (s *Servers) SetServiceFamilies(port uint16, service string, local4, local6 int) {
 	if port == 0 {
 		return
 	}
@@ -103,7 +111,7 @@ func (s *Servers) SetService(port uint16, service string, localEndpoints int) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.services[port] = serviceHealth{namespace: ns, name: name, localEndpoints: max(localEndpoints, 0)}
+	s.services[port] = serviceHealth{namespace: ns, name: name, local4: max(local4, 0), local6: max(local6, 0)}
 }
 
 // DeleteService removes the health check on port. Until the next Apply closes the port, it
@@ -112,7 +120,7 @@ func (s *Servers) DeleteService(port uint16) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h, ok := s.services[port]; ok {
-		h.deleted, h.localEndpoints = true, 0
+		h.deleted, h.local4, h.local6 = true, 0, 0
 		s.services[port] = h
 	}
 }

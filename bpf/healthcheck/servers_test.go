@@ -308,3 +308,22 @@ func TestConcurrentUse(t *testing.T) {
 	}
 	waitServing(t, 0)
 }
+
+// TestServiceAnswersByFamily: a check is answered with the local endpoints of the family it
+// came by, on one port serving both (a node with IPv4 endpoints only must not draw IPv6
+// connections it cannot forward).
+func TestServiceAnswersByFamily(t *testing.T) {
+	port := freePorts(t, 1)[0]
+	s := newServers(t)
+	lo6 := netip.IPv6Loopback()
+	s.SetNodeAddrs([]netip.Addr{lo1, lo6})
+	s.SetHealthy(true)
+	s.SetServiceFamilies(port, "shop/web", 2, 0)
+	mustApply(t, s)
+	v4, v6 := netip.AddrPortFrom(lo1, port), netip.AddrPortFrom(lo6, port)
+	wantAnswer(t, v4, "/", http.StatusOK, serviceBody("shop", "web", 2, true))
+	wantAnswer(t, v6, "/", http.StatusServiceUnavailable, serviceBody("shop", "web", 0, true))
+	s.SetServiceFamilies(port, "shop/web", 0, 1)
+	wantAnswer(t, v4, "/", http.StatusServiceUnavailable, serviceBody("shop", "web", 0, true))
+	wantAnswer(t, v6, "/", http.StatusOK, serviceBody("shop", "web", 1, true))
+}
