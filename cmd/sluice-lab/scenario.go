@@ -277,6 +277,9 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	if err := l.seed000(); err != nil {
 		return err
 	}
+	if err := l.ipv6Services(); err != nil {
+		return err
+	}
 
 	if keep {
 		l.step("the lab stays up; Ctrl-C tears it down")

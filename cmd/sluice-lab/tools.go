@@ -276,9 +276,55 @@ func toolTCPAsk(args []string) error {
 	return askMany(args[0], args[1], &net.Dialer{Timeout: 2 * time.Second})
 }
 
+// toolTCPAskMapped is tcp-ask from a dual-stack IPv6 socket (IPV6_V6ONLY off) to the
+// IPv4-mapped form of an IPv4 address, as Java and .NET clients connect (Go's own dialer
+// would open an IPv4 socket).
+func toolTCPAskMapped(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: tcp-ask-mapped IPV4:PORT N")
+	}
+	return askMany(args[0], args[1], dialMapped{})
+}
+
+type dialMapped struct{}
+
+func (dialMapped) Dial(_, addr string) (net.Conn, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		return nil, fmt.Errorf("%q is not an IPv4 address and port", addr)
+	}
+	fd, err := syscall.Socket(syscall.AF_INET6, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	sa := &syscall.SockaddrInet6{Port: int(ap.Port()), Addr: netip.AddrFrom16(ap.Addr().As16()).As16()}
+	// SO_SNDTIMEO bounds a blocking connect, as the other tools' 2-second dial timeout.
+	tv := syscall.Timeval{Sec: 2}
+	if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 0); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, &tv); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	if err := syscall.Connect(fd, sa); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "mapped")
+	defer f.Close()
+	return net.FileConn(f)
+}
+
+// dialer dials one connection (a *net.Dialer, or dialMapped).
+type dialer interface {
+	Dial(network, addr string) (net.Conn, error)
+}
+
 // askMany makes n connections to addr with d, reads each one's line and prints how many
 // failed and how many gave each answer.
-func askMany(addr, count string, d *net.Dialer) error {
+func askMany(addr, count string, d dialer) error {
 	n, _ := strconv.Atoi(count)
 	answers := map[string]int{}
 	failed := 0
