@@ -544,7 +544,9 @@ func indexKey(id uint64, v BackendValue) BackendIndex {
 }
 
 // indexOf is the index an IPv4 list of more than AffinityScan entries wants (indexOfFam).
-func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 { return indexOfFam(family4(v4{}), id, l) }
+func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 {
+	return indexOfFam(family4(v4{}), id, l)
+}
 
 // readLocked reads every map into the trackers: adoption after a restart (what matches is
 // kept, only the difference is written) and drift repair.
