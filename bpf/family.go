@@ -20,6 +20,7 @@ type (
 	ConntrackKey6   = sluiceCtKeyV6
 	ConntrackValue6 = sluiceCtValV6
 	Addr6           = sluiceAddr6
+	Settings6       = sluiceCfgV6
 )
 
 // NetAddr6 returns the map form of an address in an IPv6 entry: the 16 bytes in network

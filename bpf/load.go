@@ -304,5 +304,5 @@ func (o *Objects) pinned() map[string]*ebpf.Map {
 		"sl_aff_v4": o.SlAffV4, "sl_ct_v4": o.SlCtV4, "sl_cfg": o.SlCfg, "sl_counters": o.SlCounters, "sl_sock_v4": o.SlSockV4,
 		"sl_fe_v6": o.SlFeV6, "sl_be_v6": o.SlBeV6, "sl_be_idx_v6": o.SlBeIdxV6, "sl_src_v6": o.SlSrcV6, "sl_cnet_v6": o.SlCnetV6,
 		"sl_aff_v6": o.SlAffV6, "sl_ct_v6": o.SlCtV6, "sl_progs_v6": o.SlProgsV6, "sl_sock_v6": o.SlSockV6,
-		"sl_sock_be_v4": o.SlSockBeV4, "sl_sock_be_v6": o.SlSockBeV6}
+		"sl_sock_be_v4": o.SlSockBeV4, "sl_sock_be_v6": o.SlSockBeV6, "sl_cfg_v6": o.SlCfgV6}
 }

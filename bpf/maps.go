@@ -383,8 +383,9 @@ type Tables struct {
 	SourceRanges Table[SourceRangeKey, uint32]
 	ClusterNets  Table[ClusterNetKey, ClusterNetVal]
 	Settings     Table[uint32, Settings]
-	// V6 are the IPv6 maps (the settings are shared).
-	V6 Tables6
+	// V6 are the IPv6 maps (the settings are shared), Settings6 the IPv6 tunnel's.
+	V6        Tables6
+	Settings6 Table[uint32, Settings6]
 }
 
 // KernelTables returns the tables over loaded objects.
@@ -400,14 +401,23 @@ func tablesOf(m map[string]*ebpf.Map) Tables {
 		ClusterNets:  MapTable[ClusterNetKey, ClusterNetVal]{m["sl_cnet_v4"]},
 		Settings:     MapTable[uint32, Settings]{m["sl_cfg"]},
 		V6:           tables6Of(m),
+		Settings6:    settings6Of(m),
 	}
+}
+
+// settings6Of is the IPv6 settings table, none where the map is not there.
+func settings6Of(m map[string]*ebpf.Map) Table[uint32, Settings6] {
+	if m["sl_cfg_v6"] == nil {
+		return nil
+	}
+	return MapTable[uint32, Settings6]{m["sl_cfg_v6"]}
 }
 
 // tables6Of returns the IPv6 tables over maps by their pinned names; none (nil tables) when
 // the maps are not all there (pinned by an agent of an earlier version).
 func tables6Of(m map[string]*ebpf.Map) Tables6 {
 	for _, n := range PinnedMapNames6 {
-		if m[n] == nil && n != "sl_aff_v6" && n != "sl_ct_v6" {
+		if m[n] == nil && n != "sl_aff_v6" && n != "sl_ct_v6" && n != "sl_cfg_v6" {
 			return Tables6{}
 		}
 	}
@@ -429,6 +439,7 @@ func FakeTables(s MapSizes) (Tables, *FakeSet) {
 		SourceRanges: NewFakeTable[SourceRangeKey, uint32](s.SourceRanges),
 		ClusterNets:  NewFakeTable[ClusterNetKey, ClusterNetVal](s.ClusterNets),
 		Settings:     NewFakeTable[uint32, Settings](1),
+		Settings6:    NewFakeTable[uint32, Settings6](1),
 		V6: FakeSet6{
 			Frontends:    NewFakeTable[FrontendKey6, FrontendValue](s.Frontends),
 			Backends:     NewFakeTable[BackendKey, BackendValue6](s.Backends),
@@ -438,7 +449,7 @@ func FakeTables(s MapSizes) (Tables, *FakeSet) {
 		},
 	}
 	return Tables{f.Frontends, f.Backends, f.BackendIndex, f.SourceRanges, f.ClusterNets, f.Settings,
-		Tables6{f.V6.Frontends, f.V6.Backends, f.V6.BackendIndex, f.V6.SourceRanges, f.V6.ClusterNets}}, f
+		Tables6{f.V6.Frontends, f.V6.Backends, f.V6.BackendIndex, f.V6.SourceRanges, f.V6.ClusterNets}, f.Settings6}, f
 }
 
 // FakeSet holds the fakes behind FakeTables.
@@ -449,6 +460,7 @@ type FakeSet struct {
 	SourceRanges *FakeTable[SourceRangeKey, uint32]
 	ClusterNets  *FakeTable[ClusterNetKey, ClusterNetVal]
 	Settings     *FakeTable[uint32, Settings]
+	Settings6    *FakeTable[uint32, Settings6]
 	V6           FakeSet6
 }
 

@@ -233,3 +233,126 @@ func TestProg6ConntrackCleaned(t *testing.T) {
 		})
 	}
 }
+
+func tp6NodeBSpec() []tpIfaceSpec {
+	return []tpIfaceSpec{
+		{name: "nic0", mac: tpMACB0, peerMAC: tpMACRouter, addrs: []string{"2001:db8::2/64"}, gateway6: tp6Router,
+			neigh: map[netip.Addr]tpMAC{tp6NodeA: tpMACA0, tp6Router: tpMACRouter}},
+		{name: "wep0", mac: tpMACWepB0, peerMAC: tpMACPodB5, routes: []string{"fd00:65:1::5/128"},
+			neigh: map[netip.Addr]tpMAC{tp6PodB5: tpMACPodB5}},
+	}
+}
+
+// tp6Tunnel makes node A and node B of the IPv6 topology with the IPv6 tunnel set up (each
+// node's IPv6 underlay address and an inner MTU of 1430), and a node port 30080 on A whose
+// only endpoint is node B's pod fd00:65:1::5:8080.
+func tp6Tunnel(t *testing.T) (a, b *tpNode) {
+	w := tpNewWorld(t)
+	a = w.node6()
+	a.put(a.o.SlCfgV6, uint32(0), sluiceCfgV6{HostIp: tp6A(tp6NodeA), TunnelMtu: 1430})
+	b = w.node("node-b6", tpNodeB, tp6NodeBSpec())
+	b.put(b.o.SlCfgV6, uint32(0), sluiceCfgV6{HostIp: tp6A(tp6NodeB), TunnelMtu: 1430})
+	b.cnet6("fd00:65::/48", tpCnetPool)
+	b.cnet6("2001:db8::1/128", tpCnetHost)
+	b.cnet6("2001:db8::2/128", tpCnetHost|tpCnetSelf)
+	a.frontend6(netip.IPv6Unspecified(), 30080, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 0xa1, Count: 1, Flags: tpFeNodePort})
+	be := tp6Backend(netip.AddrPortFrom(tp6PodB5, 8080), 0)
+	be.NodeAddr = tp6A(tp6NodeB)
+	a.backends6(1, be)
+	return a, b
+}
+
+// tp6WantVXLAN checks a redirected VXLAN-over-IPv6 frame from node src to node dst (MACs,
+// addresses, our port and VNI, UDP checksum 0, source port 49152-65535) and returns the inner
+// frame decoded (good checksums) and its bytes.
+func tp6WantVXLAN(t *testing.T, rc uint32, out []byte, srcMAC, dstMAC tpMAC, src, dst netip.Addr) (tp6Frame, []byte) {
+	t.Helper()
+	if rc != tpRedirect {
+		t.Errorf("verdict %d, want %d (redirect)", rc, tpRedirect)
+	}
+	outer, bad, err := tp6Decode(out)
+	if err != nil {
+		t.Fatalf("output %x: %v", out, err)
+	}
+	if outer.Src != srcMAC || outer.Dst != dstMAC || outer.SrcIP != src || outer.DstIP != dst || outer.Proto != tpProtoUDP ||
+		outer.UDP.Dport != tpVXLANPort || outer.UDP.Sport < 0xc000 || len(outer.Payload) < 8+14 {
+		t.Fatalf("outer header %v, want %v>%v %v>%v UDP to %d", outer, srcMAC, dstMAC, src, dst, tpVXLANPort)
+	}
+	if !outer.UDP.ZeroCheck || len(bad) != 1 {
+		t.Errorf("outer UDP checksum %04x (%v), want 0", outer.UDP.Check, bad)
+	}
+	vx := outer.Payload[:8]
+	if vx[0] != 0x08 || uint32(vx[4])<<16|uint32(vx[5])<<8|uint32(vx[6]) != tpVNI {
+		t.Errorf("VXLAN header %x, want flags 08 and VNI %#x", vx, tpVNI)
+	}
+	inner := outer.Payload[8:]
+	return tp6DecodeOK(t, inner), inner
+}
+
+// TestProg6NodePortRemoteBackend is seed 000 over IPv6: a client outside the cluster reaches
+// node A's node port whose endpoint is on node B; A picks it, keeps the client's address and
+// port and tunnels the packet to B over the IPv6 underlay; B delivers it and sends the pod's
+// reply back through the tunnel; A translates it back and sends it out of the interface the
+// request came in by, to the hop it came from. A segment too large for the tunnel gets Packet
+// Too Big; a tunnel packet from an address that is no node is dropped.
+func TestProg6NodePortRemoteBackend(t *testing.T) {
+	a, b := tp6Tunnel(t)
+	client := netip.AddrPortFrom(tp6Client, 40000)
+	front := netip.AddrPortFrom(tp6EdgeA, 30080)
+	pod := netip.AddrPortFrom(tp6PodB5, 8080)
+
+	syn := tp6TCP(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, nil)
+	rc, out := a.run6(a.o.SlFromHost, "nic1", false, syn)
+	sent := append([]byte(nil), out...)
+	inner, _ := tp6WantVXLAN(t, rc, out, tpMACA0, tpMACB0, tp6NodeA, tp6NodeB)
+	if inner.SrcIP != tp6Client || inner.TCP.Sport != 40000 || inner.DstIP != tp6PodB5 || inner.TCP.Dport != 8080 || inner.TCP.Flags != tpSYN {
+		t.Errorf("inner packet %v, want the client's SYN to the pod", inner)
+	}
+	a.wantCT6(tp6Key(client, front, tpProtoTCP), sluiceCtValV6{Type: tpCtFwd, Flags: tpCtRemote, NatAddr: tp6A(tp6PodB5),
+		TunAddr: tp6A(tp6NodeB), NatPort: tpP(8080), NatSport: tpP(40000)})
+	revWant := sluiceCtValV6{Type: tpCtRev, Flags: tpCtRemote | tpCtRedirect, Tcp: tpTCPSyn, Ifindex: uint32(a.ifindex["nic1"]),
+		NatAddr: tp6A(tp6EdgeA), TunAddr: tp6A(tp6NodeB), NatPort: tpP(30080), NatSport: tpP(40000), MacLocal: tpMACA1, MacPeer: tpMACEdge}
+	a.wantCT6(tp6Key(pod, client, tpProtoTCP), revWant)
+
+	// Node B: unwrapped and delivered to the pod; the ingress node is remembered.
+	rc, out = b.runBytes(b.o.SlFromHost, "nic0", false, out)
+	tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepB0, tpMACPodB5, client, pod, tpSYN, 1000, 0, nil))
+	b.wantCT6(tp6Key(pod, client, tpProtoTCP), sluiceCtValV6{Type: tpCtTun, Tcp: tpTCPSyn, NatAddr: tp6A(tp6NodeA)})
+
+	// Node B: the pod's answer goes back through the tunnel to node A.
+	synack := tp6TCP(tpMACPodB5, tpMACWepB0, pod, client, tpSYN|tpACK, 5000, 1001, nil)
+	rc, out = b.run6(b.o.SlFromWep, "wep0", false, synack)
+	back, _ := tp6WantVXLAN(t, rc, out, tpMACB0, tpMACA0, tp6NodeB, tp6NodeA)
+	if back.SrcIP != tp6PodB5 || back.DstIP != tp6Client || back.TCP.Flags != tpSYN|tpACK {
+		t.Errorf("tunnelled answer %v, want the pod's SYN-ACK to the client", back)
+	}
+
+	// Node A: unwrapped, translated back, out of nic1 to the edge router.
+	rc, out = a.runBytes(a.o.SlFromHost, "nic0", false, out)
+	tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACA1, tpMACEdge, front, client, tpSYN|tpACK, 5000, 1001, nil))
+	revWant.Tcp |= tpTCPReplied | tpTCPOpening
+	a.wantCT6(tp6Key(pod, client, tpProtoTCP), revWant)
+
+	// The client's next segment takes the same way; one too large for the tunnel (1,500
+	// bytes: 1,440 of payload) gets Packet Too Big with the tunnel's MTU, quoting it.
+	ack := tp6TCP(tpMACEdge, tpMACA1, client, front, tpACK, 1001, 5001, []byte("hello"))
+	rc, out = a.run6(a.o.SlFromHost, "nic1", false, ack)
+	tp6WantVXLAN(t, rc, out, tpMACA0, tpMACB0, tp6NodeA, tp6NodeB)
+	big := tp6TCP(tpMACEdge, tpMACA1, client, front, tpACK, 1006, 5001, make([]byte, 1440))
+	rc, out = a.run6(a.o.SlFromHost, "nic1", false, big)
+	ptb := tp6DecodeOK(t, out)
+	if rc != tpRedirect || ptb.Proto != tp6ProtoICMP || ptb.ICMP.Type != 2 || ptb.ICMP.Data != 1430 || ptb.SrcIP != tp6EdgeA ||
+		ptb.DstIP != tp6Client || ptb.Dst != tpMACEdge || ptb.Src != tpMACA1 || len(ptb.Payload) != 128 {
+		t.Errorf("verdict %d, %v; want Packet Too Big (MTU 1430) from the node port's address to the client, quoting 128 bytes", rc, ptb)
+	}
+	a.wantCounters(map[int]uint64{tpCNatNew: 1, tpCNatFwdRemote: 1, tpCTunIn: 1, tpCRevNat: 1, tpCICMPTooBig: 1})
+	b.wantCounters(map[int]uint64{tpCTunIn: 1})
+
+	// A tunnel packet from an address that is no node is dropped, counted.
+	forged := append([]byte(nil), sent...)
+	spoof := netip.MustParseAddr("2001:db8::66").As16()
+	copy(forged[14+8:14+24], spoof[:])
+	rc, _ = b.runBytes(b.o.SlFromHost, "nic0", false, forged)
+	tpWantVerdict(t, rc, tpShot)
+	b.wantCounters(map[int]uint64{tpCTunIn: 1, tpCDropForgedTunnel: 1})
+}

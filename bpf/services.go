@@ -21,6 +21,9 @@ type Config struct {
 	NodeName string
 	// TunnelMTU is the largest inner IP packet the node-port tunnel carries.
 	TunnelMTU int
+	// TunnelMTU6 is the largest inner IPv6 packet the IPv6 tunnel carries (over the node's
+	// IPv6 underlay: 70 bytes of headers); 0: TunnelMTU less 20.
+	TunnelMTU6 int
 	// VXLANPort and VNI of the node-port tunnel (VNI distinct from the overlay's 4096).
 	VXLANPort uint16
 	VNI       uint32
@@ -100,9 +103,12 @@ type Services struct {
 	v4       *famMaps4
 	v6       *famMaps6
 	settings *dataplane.Tracker[uint32, Settings]
-	svcIDs   map[uint64]idOwner
-	refused  map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
-	self     map[netip.Prefix]bool              // this node's own addresses (both families)
+	// settings6 are the IPv6 tunnel's (sl_cfg_v6): this node's IPv6 underlay address and
+	// the inner MTU over it.
+	settings6 *dataplane.Tracker[uint32, Settings6]
+	svcIDs    map[uint64]idOwner
+	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
+	self      map[netip.Prefix]bool              // this node's own addresses (both families)
 	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
 	// use); live is their union, the cleaner's test for flows whose endpoint went, rebuilt
 	// when the cleaner asks after a set came or went (not at every change: a cold start
@@ -142,6 +148,7 @@ func (s *Services) reset() {
 	s.v4.reset()
 	s.v6.reset()
 	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
+	s.settings6 = dataplane.NewTracker[uint32, Settings6](func(a, b Settings6) bool { return a == b })
 	s.svcIDs = map[uint64]idOwner{}
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
 	s.self = map[netip.Prefix]bool{}
@@ -154,6 +161,7 @@ func (s *Services) reset() {
 	s.problems = map[calc.FrontendKey]string{}
 	s.resync = true
 	s.settings.DirtyAll()
+	s.settings6.DirtyAll()
 }
 
 // expectLocked sizes the empty tables of a reset for a full update of u's size: maps grown
@@ -393,6 +401,41 @@ func (s *Services) hostIPLocked() netip.Addr {
 	return best
 }
 
+// HostIP6 returns this node's IPv6 underlay address as calc knows it (invalid: none): the
+// outer source of the IPv6 node-port tunnel.
+func (s *Services) HostIP6() netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hostIP6Locked()
+}
+
+func (s *Services) hostIP6Locked() netip.Addr {
+	var best netip.Addr
+	for p := range s.self {
+		if a := p.Addr(); a.Is6() && !a.Is4In6() && (!best.IsValid() || a.Less(best)) {
+			best = a
+		}
+	}
+	return best
+}
+
+// tunnelMTU6Locked is the largest inner IPv6 packet the IPv6 tunnel carries: its own
+// setting, else the IPv4 tunnel's less the 20 bytes an IPv6 outer header adds.
+func (s *Services) tunnelMTU6Locked() int {
+	if s.cfg.TunnelMTU6 > 0 {
+		return s.cfg.TunnelMTU6
+	}
+	return max(0, s.cfg.TunnelMTU-20)
+}
+
+// SetTunnelMTU6 changes the IPv6 tunnel's MTU (its parent interface's MTU changed).
+func (s *Services) SetTunnelMTU6(mtu int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.TunnelMTU6 = mtu
+	s.setSettingsLocked()
+}
+
 // SelfAddrs returns this node's own addresses as calc knows them, sorted.
 func (s *Services) SelfAddrs() []netip.Addr {
 	s.mu.Lock()
@@ -430,6 +473,11 @@ func (s *Services) setSettingsLocked() {
 		v.HostIp = NetAddr(a)
 	}
 	s.settings.SetDesired(0, v)
+	v6 := Settings6{TunnelMtu: uint32(s.tunnelMTU6Locked())}
+	if a := s.hostIP6Locked(); a.IsValid() {
+		v6.HostIp = NetAddr6(a)
+	}
+	s.settings6.SetDesired(0, v6)
 }
 
 // SetTunnelMTU changes the tunnel MTU (the parent interface's MTU changed).
@@ -526,11 +574,22 @@ func (s *Services) Apply() error {
 		s.settings.SetActual(k, v)
 		return wrote(nil)
 	}, never)
+	if s.t.Settings6 != nil {
+		s.settings6.Pending(func(k uint32, v Settings6) bool {
+			if err := s.t.Settings6.Put(k, v); err != nil {
+				fail("writing the IPv6 settings", err)
+				return false
+			}
+			s.settings6.SetActual(k, v)
+			return wrote(nil)
+		}, func(uint32, Settings6) bool { return false })
+	}
 	s.v4.apply(fail, wrote)
 	if s.v6.usable() {
 		s.v6.apply(fail, wrote)
 	}
 	s.settings.Settle()
+	s.settings6.Settle()
 	return errors.Join(errs...)
 }
 
@@ -564,6 +623,13 @@ func (s *Services) readLocked() error {
 		return fmt.Errorf("reading the settings map: %w", err)
 	}
 	s.settings.ReplaceActual(st)
+	if s.t.Settings6 != nil {
+		st6, err := s.t.Settings6.Dump()
+		if err != nil {
+			return fmt.Errorf("reading the IPv6 settings map: %w", err)
+		}
+		s.settings6.ReplaceActual(st6)
+	}
 	return nil
 }
 

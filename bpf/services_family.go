@@ -118,15 +118,14 @@ func (m *famMaps[FK, BV, IK, SK, CK]) setFrontend(f calc.Frontend) {
 			// An endpoint on no node (a slice written by hand for an address outside the
 			// cluster, as kube-proxy allows) is reached by routing, never by the tunnel.
 			flags, node = BackendRouted, netip.Addr{}
-		case b.NodeAddr.Is4():
 		case m.fam.is(b.NodeAddr):
-			// IPv6 flows are not tunnelled yet (c/lib/nat6.h): the node's address is kept
-			// for operators and for the tunnel to come.
+			// A remote endpoint: reached through the tunnel of its family, over its node's
+			// underlay address of that family.
 		default:
 			// A remote endpoint whose node has no address to tunnel to cannot be reached
 			// from outside; remote endpoints come last, so dropping it shortens the cluster
 			// set only.
-			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no IPv4 address; not used", b.Addr, b.Node)
+			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no %s address; not used", b.Addr, b.Node, m.fam.name())
 			continue
 		}
 		bes = append(bes, m.fam.backend(b.Addr, b.Port, flags, node))

@@ -108,6 +108,13 @@ type sluiceCfg struct {
 	NetnsCookie uint64
 }
 
+type sluiceCfgV6 struct {
+	_         structs.HostLayout
+	HostIp    sluiceAddr6
+	TunnelMtu uint32
+	Pad       uint32
+}
+
 type sluiceCnetKeyV4 struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -348,6 +355,7 @@ const (
 	sluiceMapSlBeV4              = "sl_be_v4"
 	sluiceMapSlBeV6              = "sl_be_v6"
 	sluiceMapSlCfg               = "sl_cfg"
+	sluiceMapSlCfgV6             = "sl_cfg_v6"
 	sluiceMapSlCnetV4            = "sl_cnet_v4"
 	sluiceMapSlCnetV6            = "sl_cnet_v6"
 	sluiceMapSlCounters          = "sl_counters"
@@ -465,6 +473,7 @@ type sluiceMapSpecs struct {
 	SlBeV4        *ebpf.MapSpec `ebpf:"sl_be_v4"`
 	SlBeV6        *ebpf.MapSpec `ebpf:"sl_be_v6"`
 	SlCfg         *ebpf.MapSpec `ebpf:"sl_cfg"`
+	SlCfgV6       *ebpf.MapSpec `ebpf:"sl_cfg_v6"`
 	SlCnetV4      *ebpf.MapSpec `ebpf:"sl_cnet_v4"`
 	SlCnetV6      *ebpf.MapSpec `ebpf:"sl_cnet_v6"`
 	SlCounters    *ebpf.MapSpec `ebpf:"sl_counters"`
@@ -524,6 +533,7 @@ type sluiceMaps struct {
 	SlBeV4        *ebpf.Map `ebpf:"sl_be_v4"`
 	SlBeV6        *ebpf.Map `ebpf:"sl_be_v6"`
 	SlCfg         *ebpf.Map `ebpf:"sl_cfg"`
+	SlCfgV6       *ebpf.Map `ebpf:"sl_cfg_v6"`
 	SlCnetV4      *ebpf.Map `ebpf:"sl_cnet_v4"`
 	SlCnetV6      *ebpf.Map `ebpf:"sl_cnet_v6"`
 	SlCounters    *ebpf.Map `ebpf:"sl_counters"`
@@ -559,6 +569,7 @@ func (m *sluiceMaps) Close() error {
 		m.SlBeV4,
 		m.SlBeV6,
 		m.SlCfg,
+		m.SlCfgV6,
 		m.SlCnetV4,
 		m.SlCnetV6,
 		m.SlCounters,

@@ -96,6 +96,7 @@ type Stage struct {
 	mu        sync.Mutex
 	conflicts map[string]bool
 	hostIP    netip.Addr
+	hostIP6   netip.Addr
 	// why is what keeps the stage from doing its whole job after the last apply ("": nothing).
 	why       string
 	hooks     []Hook
@@ -355,6 +356,18 @@ func (s *Stage) apply(hooks bool) (int, error) {
 			default:
 				s.Svc.SetTunnelMTU(s.cfg.TunnelMTU)
 			}
+		}
+	}
+	if ip := s.Svc.HostIP6(); ip != s.hostIP6 {
+		// The IPv6 tunnel's inner MTU: its underlay interface's less 70 bytes, at most the
+		// IPv4 tunnel's less 20 (nodeport-tunnel-mtu speaks for both).
+		s.hostIP6 = ip
+		if mtu, err := mtuOf(ip); err == nil && ip.IsValid() {
+			want := mtu - 70
+			if s.cfg.TunnelMTU > 0 {
+				want = min(want, s.cfg.TunnelMTU-20)
+			}
+			s.Svc.SetTunnelMTU6(want)
 		}
 	}
 	err := s.Svc.Apply()

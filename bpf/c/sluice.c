@@ -36,7 +36,9 @@
 #include "lib/conntrack6.h"
 #include "lib/icmp6.h"
 #include "lib/lb6.h"
+#include "lib/tunnel6.h"
 #include "lib/nat6.h"
+#include "lib/tunnel_in6.h"
 #include "lib/icmp6_nat.h"
 
 SEC("tc")

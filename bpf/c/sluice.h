@@ -409,6 +409,13 @@ struct ct_clean_ctx_v6 {
 	struct ct_clean_req_v6 req[CLEAN_BATCH6];
 };
 
+/* IPv6 settings, one entry: the node-port tunnel over the node's IPv6 underlay. */
+struct cfg_v6 {
+	struct addr6 host_ip; /* this node's IPv6 underlay address; all zero: no IPv6 tunnel */
+	__u32 tunnel_mtu;     /* largest inner IPv6 packet the tunnel carries */
+	__u32 pad;
+};
+
 /* The IPv6 programs, by hook, in sl_progs_v6: each IPv4 program passes an IPv6 packet on to
  * its hook's IPv6 program (a tail call: one program a hook, each family verified alone). */
 #define PROG6_FROM_HOST 0

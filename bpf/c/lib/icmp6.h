@@ -43,12 +43,15 @@ static __noinline int fib_out6(struct __sk_buff *skb, const struct addr6 *src, c
 	return fib_fail(rc, fallback_ok);
 }
 
+/* ICMP6(type, code) is icmp6_back's type_code. */
+#define ICMP6(type, code) ((__u16)((type) << 8 | (code)))
+
 /* icmp6_back answers the packet with an ICMPv6 error (port unreachable, Packet Too Big) from
  * the address it was sent to, as icmp_back does for IPv4: back is 0 for a packet that came in,
  * BPF_F_INGRESS for one leaving (the answer goes up to the local stack that sent it). The
  * quote is the packet from its IPv6 header: 128 bytes, or 64, or 48 (the header and 8 bytes
  * of the transport header), whichever the packet has. */
-static __noinline int icmp6_back(struct __sk_buff *skb, struct pkt6 *p, __u8 type, __u8 code, __u32 mtu, __u64 back)
+static __noinline int icmp6_back(struct __sk_buff *skb, struct pkt6 *p, __u16 type_code, __u32 mtu, __u64 back)
 {
 	__u32 q = 48;
 	if (skb->len >= ETH_HLEN + QUOTE6)
@@ -62,7 +65,7 @@ static __noinline int icmp6_back(struct __sk_buff *skb, struct pkt6 *p, __u8 typ
 	__u32 len = sizeof(struct icmp6hdr_) + q;
 	struct ipv6hdr ip = {};
 	ip6_answer(&ip, NEXTHDR_ICMP6, len, &p->dst, &p->src);
-	struct icmp6hdr_ ic = {.type = type, .code = code, .data = bpf_htonl(mtu)};
+	struct icmp6hdr_ ic = {.type = type_code >> 8, .code = type_code & 0xff, .data = bpf_htonl(mtu)};
 	__u32 zero = 0;
 	struct quote6_buf *quote = bpf_map_lookup_elem(&sl_scratch6, &zero);
 	if (!quote || bpf_skb_load_bytes(skb, ETH_HLEN + IP6_HLEN + sizeof(ic), quote->b, q) < 0)
@@ -121,7 +124,7 @@ static __always_inline int reject6(struct __sk_buff *skb, struct pkt6 *p, __u32 
 			return TC_ACT_SHOT;
 		return tcp_rst6(skb, p);
 	}
-	return icmp6_back(skb, p, ICMP6_DST_UNREACH, ICMP6_PORT_UNREACH, 0, 0);
+	return icmp6_back(skb, p, ICMP6(ICMP6_DST_UNREACH, ICMP6_PORT_UNREACH), 0, 0);
 }
 
 #endif

@@ -107,6 +107,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sl_progs_v6 SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct cfg_v6);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sl_cfg_v6 SEC(".maps");
+
+static __always_inline struct cfg_v6 *config6(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&sl_cfg_v6, &zero);
+}
+
 static __always_inline int eq6(const struct addr6 *a, const struct addr6 *b)
 {
 	return ((a->w[0] ^ b->w[0]) | (a->w[1] ^ b->w[1]) | (a->w[2] ^ b->w[2]) | (a->w[3] ^ b->w[3])) == 0;

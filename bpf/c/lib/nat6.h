@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Service NAT of IPv6 flows: nat.h's rules on the IPv6 maps.
  *
- * One difference for now: IPv6 has no node-port tunnel yet. A flow from a workload to an
- * endpoint on another node is translated here and routed by the kernel (the pool's routes),
- * its replies translated back on the way into the workload (sl_to_wep); a flow that came in by
- * a host interface uses this node's endpoints only, as with externalTrafficPolicy Local, since
- * its replies would not come back through this node. */
+ * A flow that came in by a host interface to an endpoint on another node goes through the
+ * IPv6 node-port tunnel (tunnel6.h) when this node has an IPv6 underlay address; without one
+ * it is given this node's endpoints only, as with externalTrafficPolicy Local, since its
+ * replies would not come back through this node. A workload's flow to an endpoint on another
+ * node is translated here and routed by the kernel (the pools' routes), its replies translated
+ * back on the way into the workload (sl_to_wep). */
 #ifndef SLUICE_LIB_NAT6_H
 #define SLUICE_LIB_NAT6_H
 
@@ -13,6 +14,7 @@
  * stack frame is not stacked on new_flow6's. */
 #define NF6_REJECT_PORT (-10)
 #define NF6_REJECT_NONE (-11)
+#define NF6_TUNNEL (-13) /* translated; the caller sends it through the tunnel (tunnel_out6) */
 
 static __always_inline void hairpin6(struct addr6 *a)
 {
@@ -57,8 +59,9 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 	}
 	__u32 start = fe->cluster_start, end = fe->count;
 	int local_only = outside ? (fe->flags & FE_EXT_LOCAL) : (fe->flags & FE_INT_LOCAL);
-	/* No tunnel for IPv6 yet: a flow from a host interface stays on this node. */
-	if (local_only || from == FROM_HOST) {
+	struct cfg_v6 *c6 = config6();
+	int tunnel = c6 && !zero6(&c6->host_ip);
+	if (local_only || (from == FROM_HOST && !tunnel)) {
 		start = 0;
 		end = fe->local;
 	}
@@ -76,6 +79,17 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 	if (!be)
 		return NF6_REJECT_NONE;
 	__u16 beflags = be->flags;
+	/* Through the tunnel: a flow from a host interface to an endpoint on another node. */
+	int remote = from == FROM_HOST && !(beflags & (BE_LOCAL | BE_ROUTED));
+	if (remote) {
+		if (!c6 || !is_v6_node(&be->node_addr)) {
+			count(C_DROP_FIB);
+			return TC_ACT_SHOT;
+		}
+		int rc = oversize6(skb, p, c6, 0);
+		if (rc >= 0)
+			return rc;
+	}
 	int hairpin = (beflags & BE_LOCAL) && from == FROM_WEP && eq6(&be->addr, &p->src);
 	struct ct_key_v6 rk = {.src = be->addr, .sport = be->port, .dport = p->sport, .proto = p->proto};
 	if (hairpin)
@@ -100,6 +114,8 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 		}
 	}
 	__u8 flags = 0;
+	if (remote)
+		flags |= CT_F_REMOTE;
 	if (rk.dport != p->sport)
 		flags |= CT_F_PSNAT;
 	if (beflags & BE_LOCAL)
@@ -108,6 +124,8 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 			      .nat_port = p->dport, .nat_sport = p->sport};
 	if (hairpin)
 		v.nat_saddr = p->src;
+	if (remote)
+		v.tun_addr = be->node_addr;
 	if (from == FROM_HOST) {
 		if (bpf_skb_load_bytes(skb, 0, v.mac_local, 6) < 0 || bpf_skb_load_bytes(skb, 6, v.mac_peer, 6) < 0)
 			return TC_ACT_SHOT;
@@ -130,6 +148,8 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 	v.nat_sport = rk.dport;
 	if (hairpin)
 		v.nat_saddr = rk.dst;
+	if (remote)
+		v.tun_addr = be->node_addr;
 	ct_key6(&rk, p, 0);
 	if (ct_put6(&rk, &v, BPF_ANY) < 0) {
 		rk.src = v.nat_addr;
@@ -145,9 +165,31 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
+	if (remote) {
+		count(C_NAT_FWD_REMOTE);
+		return NF6_TUNNEL;
+	}
 	if (from == FROM_HOST || hairpin || (beflags & BE_LOCAL))
 		return fib_out6(skb, &p->src, &p->dst, 1);
 	return TC_ACT_OK;
+}
+
+/* tunnel_out6 sends a flow's first packet, translated by new_flow6, through the tunnel to its
+ * backend's node, read from the flow's reverse entry: a function of the program's, so its
+ * frame is not stacked on new_flow6's. */
+static __noinline int tunnel_out6(struct __sk_buff *skb, struct pkt6 *p)
+{
+	struct cfg *c = config();
+	struct cfg_v6 *c6 = config6();
+	struct ct_key_v6 rk;
+	ct_key6(&rk, p, 1);
+	struct ct_val_v6 *rev = bpf_map_lookup_elem(&sl_ct_v6, &rk);
+	if (!c || !c6 || !rev) {
+		count(C_DROP_FIB);
+		return TC_ACT_SHOT;
+	}
+	struct addr6 node = rev->tun_addr;
+	return encap6_out(skb, p, c, c6, &node);
 }
 
 /* forward6 handles a packet of a known flow in the client's direction (forward). */
@@ -160,9 +202,28 @@ static __noinline int forward6(struct __sk_buff *skb, struct pkt6 *p, struct ct_
 		rev->last_seen = bpf_ktime_get_ns();
 		tcp_track6(rev, p, 0);
 	}
+	struct cfg_v6 *c6 = 0;
+	if (fwd->flags & CT_F_REMOTE) {
+		c6 = config6();
+		if (!c6) {
+			count(C_DROP_FIB);
+			return TC_ACT_SHOT;
+		}
+		int rc = oversize6(skb, p, c6, 0);
+		if (rc >= 0)
+			return rc;
+	}
 	if (rewrite6(skb, p, 1, &fwd->nat_addr, fwd->nat_port) < 0 || rewrite6(skb, p, 0, &rk.dst, fwd->nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
+	}
+	if (c6) {
+		struct cfg *c = config();
+		if (!c) {
+			count(C_DROP_FIB);
+			return TC_ACT_SHOT;
+		}
+		return encap6_out(skb, p, c, c6, &fwd->tun_addr);
 	}
 	if (from == FROM_HOST || !zero6(&fwd->nat_saddr) || (fwd->flags & CT_F_LOCAL))
 		return fib_out6(skb, &p->src, &p->dst, 1);
@@ -232,6 +293,8 @@ static __always_inline int client_flow6(struct __sk_buff *skb, struct pkt6 *p, s
 static __always_inline int new_flow6_verdict(struct __sk_buff *skb, struct pkt6 *p, int from)
 {
 	int rc = new_flow6(skb, p, from);
+	if (rc == NF6_TUNNEL)
+		return tunnel_out6(skb, p);
 	if (rc == NF6_REJECT_PORT)
 		return reject6(skb, p, C_REJECT_PORT);
 	if (rc == NF6_REJECT_NONE)

@@ -12,10 +12,13 @@ static __noinline int known6(struct __sk_buff *skb, struct pkt6 *p, int from)
 	struct ct_key_v6 k;
 	ct_key6(&k, p, 0);
 	struct ct_val_v6 *v = bpf_map_lookup_elem(&sl_ct_v6, &k);
-	if (v && v->type == CT_REV) {
-		if (!stale_reply6(p, &k, v))
+	if (v && (v->type == CT_REV || (v->type == CT_TUN && from == FROM_WEP))) {
+		if (stale_reply6(p, &k, v))
+			v = 0;
+		else if (v->type == CT_REV)
 			return reply6(skb, p, v, 1);
-		v = 0;
+		else
+			return tun_reply6(skb, p, v, 0); /* a backend's reply to a flow forwarded here */
 	}
 	return client_flow6(skb, p, &k, v, from);
 }
@@ -29,8 +32,25 @@ static __always_inline int from6(struct __sk_buff *skb, int from)
 	if (parse6(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
 	if (p.proto == NEXTHDR_ICMP6) {
-		int rc = icmp6_error(skb, &p, 1);
+		int rc = icmp6_error(skb, &p, 1, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
+	}
+	if (from == FROM_HOST && p.proto == IPPROTO_UDP && !(p.frag & F6_FRAG)) {
+		struct cfg *c = config();
+		if (c && p.dport == c->vxlan_port) {
+			/* The node-port tunnel over IPv6: unwrapped here; an ICMPv6 error it carried
+			 * comes back in p (the outer header is not needed after). */
+			struct addr6 tun_src = p.src;
+			int rc = tunnel_in6(skb, &p, &p);
+			if (rc != TUN6_ICMP)
+				return rc;
+			rc = icmp6_error(skb, &p, 1, &tun_src);
+			if (rc < 0) {
+				count(C_DROP_MALFORMED);
+				return TC_ACT_SHOT;
+			}
+			return rc;
+		}
 	}
 	frag_track6(&p);
 	if (!is_l4_6(&p))
@@ -62,7 +82,7 @@ static __always_inline int leaving6(struct __sk_buff *skb, int host)
 	if (parse6(skb, IP_OFF, &p) < 0)
 		return TC_ACT_OK;
 	if (p.proto == NEXTHDR_ICMP6) {
-		int rc = icmp6_error(skb, &p, 0);
+		int rc = icmp6_error(skb, &p, 0, 0);
 		return rc < 0 ? TC_ACT_OK : rc;
 	}
 	frag_track6(&p);
@@ -79,8 +99,12 @@ static __always_inline int leaving6(struct __sk_buff *skb, int host)
 	struct ct_key_v6 k;
 	ct_key6(&k, &p, 0);
 	struct ct_val_v6 *v = bpf_map_lookup_elem(&sl_ct_v6, &k);
-	if (!v || v->type != CT_REV || stale_reply6(&p, &k, v))
+	if (!v || (v->type != CT_REV && v->type != CT_TUN) || stale_reply6(&p, &k, v))
 		return TC_ACT_OK;
+	if (v->type == CT_TUN)
+		/* A host-networked backend's reply to a flow forwarded here: back through the
+		 * tunnel (on a workload interface such a flow's replies were sent at sl_from_wep). */
+		return host ? tun_reply6(skb, &p, v, 1) : TC_ACT_OK;
 	if (!host)
 		return (v->flags & CT_F_REDIRECT) ? TC_ACT_OK : reply6(skb, &p, v, 0);
 	if ((v->flags & CT_F_REDIRECT) && v->ifindex == skb->ifindex) {
