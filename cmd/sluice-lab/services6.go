@@ -52,6 +52,35 @@ ports:
 - {name: who, protocol: TCP, port: 8086}
 `
 
+// seedNP6 is seed 000 over IPv6: a single-stack IPv6 NodePort service whose only endpoint is
+// web-b on node-b (its whoami server, and its echo server for bulk transfers).
+const seedNP6 = `apiVersion: v1
+kind: Service
+metadata: {name: np6, namespace: seed}
+spec:
+  type: NodePort
+  ipFamilyPolicy: SingleStack
+  ipFamilies: [IPv6]
+  clusterIPs: ["fd00:96::31"]
+  ports:
+  - {name: who, protocol: TCP, port: 86, targetPort: 8086, nodePort: 30187}
+  - {name: echo, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30188}
+  externalTrafficPolicy: Cluster
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: np6-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: np6}
+addressType: IPv6
+endpoints:
+- {addresses: ["fd00:65::41"], conditions: {ready: true}, nodeName: node-b}
+ports:
+- {name: who, protocol: TCP, port: 8086}
+- {name: echo, protocol: TCP, port: 8080}
+`
+
 // nodeIPs6 are the nodes' IPv6 underlay addresses (topo.go).
 var nodeIPs6 = map[string]string{"node-a": "fd00:10::11", "node-b": "fd00:10::12", "node-c": "fd00:20::13"}
 
@@ -147,14 +176,50 @@ func (l *lab) ipv6Services() error {
 
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		addr := fmt.Sprintf("[%s]:30186", nodeIPs6[n])
-		router := "fd00:10::1" // the router's address on the node's subnet
-		if n == "node-c" {
-			router = "fd00:20::1"
-		}
 		out, err := nsRun(nsRouter, l.tool(), "tcp-ask", addr, "10")
 		got, failed := answers(out)
-		l.check(err == nil && failed == 0 && onlyFrom(got, 10, router),
-			"from outside the cluster (the router, %s), IPv6 node port %s answers 10 of 10 times, the client's address kept: %s", router, addr, oneLine(out))
+		l.check(err == nil && failed == 0 && onlyFrom(got, 10, routerOn(n)),
+			"from outside the cluster (the router, %s), IPv6 node port %s answers 10 of 10 times, the client's address kept: %s", routerOn(n), addr, oneLine(out))
 	}
+
+	l.step("seed 000 over IPv6: node ports whose only endpoint is on node-b, from outside, through the IPv6 tunnel")
+	if err := l.apply("np6.yaml", seedNP6); err != nil {
+		return err
+	}
+	if _, err := retry(10*time.Second, func() error {
+		_, err := nsRun(nsRouter, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "1")
+		return err
+	}); err != nil {
+		l.check(false, "seed/np6's node port on node-a answers within 10 s: %v", err)
+	}
+	before := l.bpfCounters("node-a")
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		addr := fmt.Sprintf("[%s]:30187", nodeIPs6[n])
+		out, err := nsRun(nsRouter, l.tool(), "tcp-ask", addr, "20")
+		got, failed := answers(out)
+		how := "remote endpoint (web-b, through the tunnel)"
+		if n == "node-b" {
+			how = "local endpoint (web-b)"
+		}
+		l.check(err == nil && failed == 0 && onlyFrom(got, 20, routerOn(n)),
+			"20 of 20 connections to %s's IPv6 node port %s reach the %s, which sees the client's own address %s: %s", n, addr, how, routerOn(n), oneLine(out))
+	}
+	after := l.bpfCounters("node-a")
+	l.check(after["nat_forward_remote"]-before["nat_forward_remote"] >= 20,
+		"node-a forwarded them to node-b (nat_forward_remote +%d)", after["nat_forward_remote"]-before["nat_forward_remote"])
+	// Bulk both ways: full-size segments from the router (MSS 1440) do not fit the tunnel
+	// (1430 inside 1500): Packet Too Big is the only way the client learns it.
+	out, err = nsRun(nsRouter, l.tool(), "tcp-bulk", "[fd00:10::11]:30188", "4000000")
+	ptb := l.bpfCounters("node-a")["icmp_too_big_sent"] - after["icmp_too_big_sent"]
+	l.check(err == nil && ptb > 0,
+		"4 MB echoed by web-b on node-b through node-a's IPv6 node port; node-a sent %d Packet Too Big, and the transfer completed: %s", ptb, oneLine(out))
 	return nil
+}
+
+// routerOn is the router's address on a node's IPv6 subnet: the source a client there uses.
+func routerOn(node string) string {
+	if node == "node-c" {
+		return "fd00:20::1"
+	}
+	return "fd00:10::1"
 }
