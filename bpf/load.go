@@ -24,6 +24,9 @@ type MapSizes struct {
 	ClusterNets  int
 	Affinity     int
 	Conntrack    int
+	// Sockets sizes the socket programs' maps (one entry a host socket connected to a
+	// service); 0 keeps the object's 65,536. Not an option of the agent: tests make them small.
+	Sockets int
 }
 
 // DefaultMapSizes fit 10,000 services of 10 endpoints with room to spare.
@@ -45,6 +48,8 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 		set("sl_cnet_"+f, s.ClusterNets)
 		set("sl_aff_"+f, s.Affinity)
 		set("sl_ct_"+f, s.Conntrack)
+		set("sl_sock_"+f, s.Sockets)
+		set("sl_sock_be_"+f, s.Sockets)
 	}
 	// The young-flow ring of each CPU: together an eighth of the connection table's flows
 	// (two entries each), so unanswered flows (a SYN flood's) hold at most a quarter of it.
@@ -107,13 +112,26 @@ func (o *Objects) Close() error { return o.sluiceObjects.Close() }
 // a restarted agent reuses them (state and connections survive); a pinned map whose size no
 // longer matches its option is replaced by one of the new size holding the same entries.
 // Without one (tests), every map is new and private.
-func Load(pinDir string, sizes MapSizes) (*Objects, error) {
+func Load(pinDir string, sizes MapSizes) (*Objects, error) { return load(pinDir, sizes, true) }
+
+// programs6 are the IPv6 tc programs, reached by tail calls from the IPv4 ones.
+var programs6 = []string{"sl_from_host6", "sl_from_wep6", "sl_to_wep6", "sl_to_host6"}
+
+// load is Load; without ipv6 the IPv6 tc programs are left out (their slots in sl_progs_v6
+// empty: IPv6 packets pass untouched). Only tests of the IPv4 programs load so, whose
+// verification, under emulation (the kernel matrix), is half as long.
+func load(pinDir string, sizes MapSizes, ipv6 bool) (*Objects, error) {
 	raiseMemlock()
 	spec, err := loadSluice()
 	if err != nil {
 		return nil, fmt.Errorf("reading the embedded eBPF object: %w", err)
 	}
 	sizes.apply(spec)
+	if !ipv6 {
+		for _, name := range programs6 {
+			delete(spec.Programs, name)
+		}
+	}
 	opts := &ebpf.CollectionOptions{}
 	o := &Objects{}
 	if pinDir == "" {
@@ -151,6 +169,9 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) {
 // at once: its IPv4 programs, still attached until the links are updated, then reach these.
 func (o *Objects) fillProgs6() error {
 	for i, p := range []*ebpf.Program{o.SlFromHost6, o.SlFromWep6, o.SlToWep6, o.SlToHost6} {
+		if p == nil {
+			continue // left out (load)
+		}
 		if err := o.SlProgsV6.Put(uint32(i), p); err != nil {
 			return fmt.Errorf("putting the IPv6 program %d in sl_progs_v6: %w", i, err)
 		}
@@ -167,15 +188,18 @@ var raiseMemlock = sync.OnceFunc(func() { _ = rlimit.RemoveMemlock() })
 // haveSyscallPrograms probes for syscall programs (Linux 5.14); a test stands in for an older kernel.
 var haveSyscallPrograms = func() error { return features.HaveProgramType(ebpf.Syscall) }
 
-// loadObjects loads spec into o. Before Linux 5.14 the kernel has no syscall programs: the
-// connection table's cleaner (sl_ct_clean) is left out, and Conntrack deletes from user
-// space instead (its comment says what that costs).
+// loadObjects loads spec into o; a program left out of spec (load) stays nil. Before Linux
+// 5.14 the kernel has no syscall programs: the connection table's cleaners (sl_ct_clean,
+// sl_ct_clean6) are left out, and Conntrack deletes from user space instead (its comment says
+// what that costs).
 func loadObjects(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions, o *Objects) error {
-	if haveSyscallPrograms() == nil {
+	if haveSyscallPrograms() != nil {
+		delete(spec.Programs, "sl_ct_clean")
+		delete(spec.Programs, "sl_ct_clean6")
+	}
+	if len(spec.Programs) == reflect.TypeOf(o.sluicePrograms).NumField() {
 		return spec.LoadAndAssign(&o.sluiceObjects, opts)
 	}
-	delete(spec.Programs, "sl_ct_clean")
-	delete(spec.Programs, "sl_ct_clean6")
 	coll, err := ebpf.NewCollectionWithOptions(spec, *opts)
 	if err != nil {
 		return err

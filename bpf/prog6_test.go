@@ -51,6 +51,7 @@ func tp6NodeASpec() []tpIfaceSpec {
 
 // node6 makes node A of the IPv6 topology, with its cluster networks.
 func (w *tpWorld) node6() *tpNode {
+	w.ipv6 = true
 	n := w.node("node-a6", tpNodeA, tp6NodeASpec())
 	n.cnet6("fd00:65::/48", tpCnetPool)
 	n.cnet6("2001:db8::1/128", tpCnetHost|tpCnetSelf)
