@@ -198,6 +198,9 @@ func tp6Decode(b []byte) (f tp6Frame, bad []string, err error) {
 		} else {
 			frag = true
 		}
+		if off+n > len(ip) {
+			return f, nil, errors.New("extension header past the end")
+		}
 		f.Ext = append(f.Ext, tp6Ext{Type: next, Body: append([]byte(nil), ip[off+1:off+n]...)})
 		next, off = ip[off], off+n
 	}

@@ -28,6 +28,9 @@ static __always_inline int parse(struct __sk_buff *skb, __u32 ip_off, struct pkt
 	p->l4 = l4;
 	if (p->frag & IP_OFFMASK)
 		return 0;
+	/* The whole fixed transport header must be there: rewrites reach its checksum. */
+	if ((p->proto == IPPROTO_TCP && skb->len < l4 + 20) || (p->proto == IPPROTO_UDP && skb->len < l4 + 8))
+		return -1;
 	if (p->proto == IPPROTO_TCP) {
 		__u8 th[14];
 		if (bpf_skb_load_bytes(skb, l4, th, sizeof(th)) < 0)

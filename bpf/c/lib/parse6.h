@@ -55,8 +55,7 @@ static __always_inline int parse6(struct __sk_buff *skb, __u32 ip_off, struct pk
 	p->tcp_flags = 0;
 	__u8 nh = ip.nexthdr;
 	__u32 off = ip_off + IP6_HLEN;
-	int i;
-	for (i = 0; i < EXT_MAX; i++) {
+	for (int i = 0; i < EXT_MAX; i++) {
 		if (nh == NEXTHDR_HOP || nh == NEXTHDR_ROUTING || nh == NEXTHDR_DEST || nh == NEXTHDR_AUTH) {
 			__u8 h[4];
 			if (bpf_skb_load_bytes(skb, off, h, sizeof(h)) < 0)
@@ -85,12 +84,16 @@ static __always_inline int parse6(struct __sk_buff *skb, __u32 ip_off, struct pk
 		}
 		break;
 	}
-	if (i == EXT_MAX)
-		return -1;
+	if (nh == NEXTHDR_HOP || nh == NEXTHDR_ROUTING || nh == NEXTHDR_DEST || nh == NEXTHDR_AUTH ||
+	    nh == NEXTHDR_FRAGMENT)
+		return -1; /* more than EXT_MAX extension headers */
 	p->proto = nh;
 	p->l4 = off;
 	if (p->frag & F6_LATER)
 		return 0;
+	/* The whole fixed transport header must be there: rewrites reach its checksum. */
+	if ((nh == IPPROTO_TCP && skb->len < off + 20) || (nh == IPPROTO_UDP && skb->len < off + 8))
+		return -1;
 	if (nh == IPPROTO_TCP) {
 		__u8 th[14];
 		if (bpf_skb_load_bytes(skb, off, th, sizeof(th)) < 0)
