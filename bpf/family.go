@@ -95,6 +95,9 @@ type family[FK, BV, IK, SK, CK comparable] interface {
 	srcKey(fe FK, p netip.Prefix) SK
 	cnetKey(p netip.Prefix) CK
 	listID(bs []BV) uint64
+	feView(k FK) (netip.Addr, uint16, uint8)
+	beView(v BV) (addr netip.AddrPort, node netip.Addr)
+	srcView(k SK) (fe FK, src netip.Prefix)
 	feString(k FK, v FrontendValue) string
 	beString(k BackendKey, v BV) string
 	srcString(k SK) string
@@ -126,6 +129,15 @@ func (v4) srcKey(fe FrontendKey, p netip.Prefix) SourceRangeKey {
 }
 func (v4) cnetKey(p netip.Prefix) ClusterNetKey {
 	return ClusterNetKey{Prefixlen: uint32(p.Bits()), Addr: NetAddr(p.Masked().Addr())}
+}
+func (v4) feView(k FrontendKey) (netip.Addr, uint16, uint8) {
+	return HostAddr(k.Addr), HostPort(k.Port), k.Proto
+}
+func (v4) beView(v BackendValue) (netip.AddrPort, netip.Addr) {
+	return netip.AddrPortFrom(HostAddr(v.Addr), HostPort(v.Port)), HostAddr(v.NodeAddr)
+}
+func (v4) srcView(k SourceRangeKey) (FrontendKey, netip.Prefix) {
+	return FrontendKey{Addr: k.FeAddr, Port: k.FePort, Proto: k.Proto}, netip.PrefixFrom(HostAddr(k.Src), int(k.Prefixlen)-64)
 }
 func (v4) listID(bs []BackendValue) uint64                    { return listID(bs) }
 func (v4) feString(k FrontendKey, v FrontendValue) string     { return FrontendString(k, v) }
@@ -177,6 +189,15 @@ func (v6) listID(bs []BackendValue6) uint64 {
 	}
 	return h.Sum64()
 }
+func (v6) feView(k FrontendKey6) (netip.Addr, uint16, uint8) {
+	return hostAddr6(k.Addr), HostPort(k.Port), k.Proto
+}
+func (v6) beView(v BackendValue6) (netip.AddrPort, netip.Addr) {
+	return netip.AddrPortFrom(hostAddr6(v.Addr), HostPort(v.Port)), HostAddr6(v.NodeAddr)
+}
+func (v6) srcView(k SourceRangeKey6) (FrontendKey6, netip.Prefix) {
+	return FrontendKey6{Addr: k.FeAddr, Port: k.FePort, Proto: k.Proto}, netip.PrefixFrom(hostAddr6(k.Src), int(k.Prefixlen)-160)
+}
 func (v6) feString(k FrontendKey6, v FrontendValue) string {
 	return frontendString(netip.AddrPortFrom(hostAddr6(k.Addr), HostPort(k.Port)), k.Proto, v)
 }
@@ -194,4 +215,71 @@ func (v6) cnetString(k ClusterNetKey6, v ClusterNetVal) string {
 // FrontendMapKey6 is the IPv6 frontend map's key for a calc frontend key.
 func FrontendMapKey6(k calc.FrontendKey) FrontendKey6 {
 	return FrontendKey6{Addr: NetAddr6(k.Addr), Port: NetPort(k.Port), Proto: protoNumber(k.Protocol)}
+}
+
+// Frontend is a frontend entry of either family with its source ranges, for operators'
+// tools (sluicectl services).
+type Frontend struct {
+	Addr         netip.Addr
+	Port         uint16
+	Proto        uint8
+	Value        FrontendValue
+	SourceRanges []netip.Prefix
+	IPv6         bool // in the IPv6 maps: its list is an IPv6 list
+}
+
+// Backend is a backend-list entry of either family.
+type Backend struct {
+	Key   BackendKey
+	IPv6  bool
+	Addr  netip.AddrPort
+	Node  netip.Addr // the node of a remote backend (invalid when unset)
+	Flags uint16
+}
+
+// Entries reads the frontends (with their source ranges) and the backend lists of both
+// families.
+func (t Tables) Entries() ([]Frontend, []Backend, error) {
+	fe, be, err := entriesOf(family4(v4{}), t.v4(), false, func(v BackendValue) uint16 { return v.Flags })
+	if err != nil || t.V6.Frontends == nil {
+		return fe, be, err
+	}
+	fe6, be6, err := entriesOf(family6(v6{}), t.V6, true, func(v BackendValue6) uint16 { return v.Flags })
+	return append(fe, fe6...), append(be, be6...), err
+}
+
+func entriesOf[FK, BV, IK, SK, CK comparable](fam family[FK, BV, IK, SK, CK], t famTables[FK, BV, IK, SK, CK], ipv6 bool,
+	flags func(BV) uint16) ([]Frontend, []Backend, error) {
+	fe, err := t.Frontends.Dump()
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the %s frontend map: %w", fam.name(), err)
+	}
+	be, err := t.Backends.Dump()
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the %s backend map: %w", fam.name(), err)
+	}
+	src, err := t.SourceRanges.Dump()
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the %s source-range map: %w", fam.name(), err)
+	}
+	ranges := map[FK][]netip.Prefix{}
+	for k := range src {
+		fk, p := fam.srcView(k)
+		ranges[fk] = append(ranges[fk], p)
+	}
+	fes := make([]Frontend, 0, len(fe))
+	for k, v := range fe {
+		a, port, proto := fam.feView(k)
+		fes = append(fes, Frontend{Addr: a, Port: port, Proto: proto, Value: v, SourceRanges: ranges[k], IPv6: ipv6})
+	}
+	bes := make([]Backend, 0, len(be))
+	for k, v := range be {
+		ap, node := fam.beView(v)
+		b := Backend{Key: k, IPv6: ipv6, Addr: ap, Flags: flags(v)}
+		if node.IsValid() && !node.IsUnspecified() {
+			b.Node = node
+		}
+		bes = append(bes, b)
+	}
+	return fes, bes, nil
 }

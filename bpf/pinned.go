@@ -3,12 +3,9 @@ package bpf
 import (
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -175,62 +172,7 @@ func ConntrackString(k ConntrackKey, v ConntrackValue, now uint64) string {
 // ConntrackStringNamed is ConntrackString naming the interface of a redirect: ifname
 // returns the name of an interface index, or "" when it does not know it.
 func ConntrackStringNamed(k ConntrackKey, v ConntrackValue, now uint64, ifname func(int) string) string {
-	ap := func(a uint32, p uint16) netip.AddrPort { return netip.AddrPortFrom(HostAddr(a), HostPort(p)) }
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s %s → %s", ConntrackKind(v.Type), ProtoName(k.Proto), ap(k.Src, k.Sport), ap(k.Dst, k.Dport))
-	switch v.Type {
-	case ConntrackFwd:
-		fmt.Fprintf(&b, " dnat to %s", ap(v.NatAddr, v.NatPort))
-		if v.Flags&ConntrackRemote != 0 {
-			fmt.Fprintf(&b, " via node %s", HostAddr(v.TunAddr))
-		}
-		if v.NatSaddr != 0 {
-			fmt.Fprintf(&b, " from %s (hairpin)", ap(v.NatSaddr, v.NatSport))
-		} else if v.NatSport != k.Sport || v.Flags&ConntrackPSNAT != 0 {
-			fmt.Fprintf(&b, " from port %d", HostPort(v.NatSport))
-		}
-	case ConntrackRev:
-		if v.NatSaddr != 0 {
-			fmt.Fprintf(&b, " reply as %s to client %s (hairpin)", ap(v.NatAddr, v.NatPort), ap(v.NatSaddr, v.NatSport))
-		} else {
-			fmt.Fprintf(&b, " reply as %s to client port %d", ap(v.NatAddr, v.NatPort), HostPort(v.NatSport))
-		}
-		if v.Flags&ConntrackRemote != 0 {
-			fmt.Fprintf(&b, " tunnelled from node %s", HostAddr(v.TunAddr))
-		}
-		if v.Flags&ConntrackRedirect != 0 {
-			fmt.Fprintf(&b, " out ifindex %d", v.Ifindex)
-			if ifname != nil {
-				if name := ifname(int(v.Ifindex)); name != "" {
-					fmt.Fprintf(&b, " (%s)", name)
-				}
-			}
-			fmt.Fprintf(&b, " to %s from %s", net.HardwareAddr(v.MacPeer[:]), net.HardwareAddr(v.MacLocal[:]))
-		} else {
-			b.WriteString(" out by the kernel's route")
-		}
-	case ConntrackTun:
-		fmt.Fprintf(&b, " tunnel back to %s", HostAddr(v.NatAddr))
-	}
-	if fl := ConntrackFlagNames(v.Flags); len(fl) > 0 {
-		b.WriteString(" flags " + strings.Join(fl, ","))
-	}
-	// Only reverse and tunnel entries keep the TCP state and the last packet's time; a
-	// forward entry's last_seen is its creation. Other protocols keep only "replied".
-	if v.Type != ConntrackFwd {
-		if k.Proto == ProtoTCP {
-			st := TCPStateNames(v.Tcp)
-			if len(st) == 0 {
-				st = []string{"none"}
-			}
-			b.WriteString(" tcp " + strings.Join(st, ","))
-		} else if v.Tcp&TCPReplied != 0 {
-			b.WriteString(" replied")
-		}
-		fmt.Fprintf(&b, " idle %s", since(now, v.LastSeen))
-	}
-	fmt.Fprintf(&b, " age %s", since(now, v.Created))
-	return b.String()
+	return FlowOf(k, v).String(now, ifname)
 }
 
 // since is now - t in whole seconds; a t after now (another clock, a racing update) is 0s.

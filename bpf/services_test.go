@@ -236,7 +236,8 @@ func svtRender(t *testing.T, tables Tables) string {
 // writes counts the writes the fakes saw.
 func (d *svtDriver) writes() int {
 	f := d.fakes
-	return f.Frontends.Writes + f.Backends.Writes + f.BackendIndex.Writes + f.SourceRanges.Writes + f.ClusterNets.Writes + f.Settings.Writes
+	return f.Frontends.Writes + f.Backends.Writes + f.BackendIndex.Writes + f.SourceRanges.Writes + f.ClusterNets.Writes + f.Settings.Writes +
+		f.Settings6.Writes + f.V6.Frontends.Writes + f.V6.Backends.Writes + f.V6.BackendIndex.Writes + f.V6.SourceRanges.Writes + f.V6.ClusterNets.Writes
 }
 
 // svtFresh is what a driver given only the full update of st programs.
@@ -1824,5 +1825,110 @@ func TestServicesListDriftMended(t *testing.T) {
 		if n := len(d.fakes.BackendIndex.Entries); n != 20 {
 			t.Errorf("entries %v lost: %d index entries after adoption, want 20", lost, n)
 		}
+	}
+}
+
+// TestServicesDualStack: a dual-stack service's IPv6 frontends go to the IPv6 maps by the
+// same rules (lists, address-only entries, source ranges, cluster networks), the IPv6 tunnel's
+// settings follow this node's IPv6 address, a remote IPv6 endpoint whose node has no IPv6
+// address is left out and said, and the IPv6 maps are adopted after a restart and repaired
+// after drift as the IPv4 ones are.
+func TestServicesDualStack(t *testing.T) {
+	web4 := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP,
+		svtBE("10.244.1.5:8080", svtNode, svtNodeA))
+	web6 := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "[fd00:96::10]:80", store.ProtocolTCP,
+		svtBE("[fd00:65::5]:8080", svtNode, netip.MustParseAddr("2001:db8::1")),
+		svtBE("[fd00:65:1::5]:8080", "node-b", netip.MustParseAddr("2001:db8::2")),
+		svtBE("[fd00:65:2::5]:8080", "node-c", netip.Addr{}))
+	web6.LocalBackends = 1
+	lb6 := svtFE("default/web", 0xa1, calc.FrontendLoadBalancer, "[2001:db8:200::10]:80", store.ProtocolTCP,
+		svtBE("[fd00:65::5]:8080", svtNode, netip.MustParseAddr("2001:db8::1")))
+	lb6.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64"), netip.MustParsePrefix("203.0.113.0/24")}
+	st := svtStateOf(web4, web6, lb6)
+	for _, n := range []calc.ClusterNet{svtPool("fd00:65::/48"), svtHost("2001:db8::1/128", svtNode), svtHost("2001:db8::2/128", "node-b")} {
+		st.nets[n.Prefix] = n
+	}
+	d := svtRun(t, st)
+	text := d.render()
+	for _, want := range []string{
+		" #0 [fd00:65::5]:8080 node :: local",
+		"frontend [fd00:96::10]:0/any service 00000000000000a1 address-only",
+		"source-range [2001:db8:200::10]:80/TCP from 2001:db8:113::/64",
+		"cluster-net 2001:db8::1/128 node,self",
+		"cluster-net fd00:65::/48 pool",
+		"frontend 198.51.100.10:80/TCP service 00000000000000a1 list",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("maps lack %q:\n%s", want, text)
+		}
+	}
+	if !strings.Contains(text, "[fd00:65:1::5]:8080 node 2001:db8::2") || strings.Contains(text, "fd00:65:2::5") {
+		t.Errorf("the remote IPv6 endpoint must be there with its node, the one on a node without IPv6 not:\n%s", text)
+	}
+	if p := d.s.Problems()["frontend/[fd00:96::10]:80/TCP"]; p != `endpoint fd00:65:2::5 is on node "node-c", which has no IPv6 address; not used` {
+		t.Errorf("problem %q", p)
+	}
+	if strings.Contains(text, "source-range [2001:db8:200::10]:80/TCP from 203.0.113.0/24") {
+		t.Errorf("an IPv4 source range in the IPv6 map:\n%s", text)
+	}
+	set6, _ := d.fakes.Settings6.Dump()
+	if v := set6[0]; HostAddr6(v.HostIp) != netip.MustParseAddr("2001:db8::1") || v.TunnelMtu != 1430 {
+		t.Errorf("IPv6 settings %+v, want host 2001:db8::1 and MTU 1430 (1450 less 20)", v)
+	}
+	if w := d.writes(); w == 0 {
+		t.Fatal("nothing written")
+	}
+	before := d.writes()
+	d.apply()
+	if w := d.writes() - before; w != 0 {
+		t.Errorf("a second apply wrote %d entries", w)
+	}
+
+	// Drift in the IPv6 maps: an entry of each kind lost, a stray frontend added.
+	fe6, _ := d.fakes.V6.Frontends.Dump()
+	be6, _ := d.fakes.V6.Backends.Dump()
+	for k := range fe6 {
+		d.fakes.V6.Frontends.Delete(k)
+		break
+	}
+	for k := range be6 {
+		d.fakes.V6.Backends.Delete(k)
+		break
+	}
+	d.fakes.V6.Frontends.Put(FrontendKey6{Addr: NetAddr6(netip.MustParseAddr("fd00:96::99")), Port: NetPort(9), Proto: ProtoTCP}, FrontendValue{SvcId: 9})
+	d.s.QueueResync()
+	before = d.writes()
+	d.apply()
+	if got := d.render(); got != text {
+		t.Errorf("after drift repair the maps differ:\n%s\nwant\n%s", got, text)
+	}
+	if w := d.writes() - before; w != 3 {
+		t.Errorf("drift repair wrote %d entries, want 3 (two put back, one deleted)", w)
+	}
+
+	// A restarted driver adopts both families' maps: nothing written.
+	d2 := &svtDriver{t: t, s: NewServices(d.tables, svtConfig()), tables: d.tables, fakes: d.fakes}
+	d2.s.OnUpdate(svtDiff(nil, st))
+	before = d2.writes()
+	d2.apply()
+	if w := d2.writes() - before; w != 0 {
+		t.Errorf("adoption wrote %d entries, want 0", w)
+	}
+
+	// The IPv6 frontends removed: their entries go, the IPv4 ones stay.
+	next := st.clone()
+	delete(next.fronts, web6.Key)
+	delete(next.fronts, lb6.Key)
+	if err := d2.update(st, next); err != nil {
+		t.Fatal(err)
+	}
+	if fe, _ := d.fakes.V6.Frontends.Dump(); len(fe) != 0 {
+		t.Errorf("IPv6 frontends left: %v", fe)
+	}
+	if be, _ := d.fakes.V6.Backends.Dump(); len(be) != 0 {
+		t.Errorf("IPv6 backends left: %v", be)
+	}
+	if fe, _ := d.fakes.Frontends.Dump(); len(fe) != 2 {
+		t.Errorf("IPv4 frontends %v, want the cluster IP and its address-only entry", fe)
 	}
 }

@@ -98,11 +98,11 @@ func runServices(_ context.Context, a *app, args []string) error {
 		}
 		rows, table = br, func(w io.Writer) error { return writeBackends(w, br) }
 	case "conntrack":
-		ct, err := p.Conntrack()
+		flows, err := p.Flows()
 		if err != nil {
 			return err
 		}
-		cr := conntrackRows(ct, bpf.Monotonic(), *forwarded, interfaceName)
+		cr := conntrackRows(flows, bpf.Monotonic(), *forwarded, interfaceName)
 		rows, table = cr, func(w io.Writer) error {
 			for _, r := range cr {
 				fmt.Fprintln(w, r.Text)
@@ -176,13 +176,13 @@ func (b backendRow) String() string {
 	return b.Backend + "@" + b.Node
 }
 
-// describe fills the row from the backend's map value.
-func (b *backendRow) describe(v bpf.BackendValue) {
-	b.Backend = netip.AddrPortFrom(bpf.HostAddr(v.Addr), bpf.HostPort(v.Port)).String()
+// describe fills the row from a backend entry.
+func (b *backendRow) describe(v bpf.Backend) {
+	b.Backend = v.Addr.String()
 	b.Local = v.Flags&bpf.BackendLocal != 0
 	b.Routed = v.Flags&bpf.BackendRouted != 0
 	if !b.Local && !b.Routed {
-		b.Node = bpf.HostAddr(v.NodeAddr).String()
+		b.Node = v.Node.String()
 	}
 }
 
@@ -203,44 +203,44 @@ type frontendRow struct {
 	SourceRanges    []string     `json:"sourceRanges,omitempty"`
 	AffinitySeconds uint32       `json:"affinitySeconds,omitempty"`
 
-	key bpf.FrontendKey
+	key bpf.Frontend
 }
 
-func compareFrontendKeys(a, b bpf.FrontendKey) int {
-	return cmp.Or(bpf.HostAddr(a.Addr).Compare(bpf.HostAddr(b.Addr)), cmp.Compare(bpf.HostPort(a.Port), bpf.HostPort(b.Port)),
-		cmp.Compare(a.Proto, b.Proto))
+func compareFrontends(a, b bpf.Frontend) int {
+	return cmp.Or(a.Addr.Compare(b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Proto, b.Proto))
 }
 
-// frontendRows reads the frontends with their backends and source ranges, in address order.
+// listKey names a backend list in the maps of its family.
+type listKey struct {
+	ipv6 bool
+	bpf.BackendKey
+}
+
+// frontendRows reads the frontends of both families with their backends and source ranges,
+// in address order.
 func frontendRows(t bpf.Tables) ([]frontendRow, error) {
-	fe, err := t.Frontends.Dump()
+	fe, be, err := t.Entries()
 	if err != nil {
-		return nil, fmt.Errorf("reading the frontend map: %w", err)
+		return nil, err
 	}
-	be, err := t.Backends.Dump()
-	if err != nil {
-		return nil, fmt.Errorf("reading the backend map: %w", err)
-	}
-	src, err := t.SourceRanges.Dump()
-	if err != nil {
-		return nil, fmt.Errorf("reading the source-range map: %w", err)
-	}
-	ranges := map[bpf.FrontendKey][]string{}
-	for k := range src {
-		fk := bpf.FrontendKey{Addr: k.FeAddr, Port: k.FePort, Proto: k.Proto}
-		ranges[fk] = append(ranges[fk], netip.PrefixFrom(bpf.HostAddr(k.Src), int(k.Prefixlen)-64).String())
+	backends := make(map[listKey]bpf.Backend, len(be))
+	for _, b := range be {
+		backends[listKey{b.IPv6, b.Key}] = b
 	}
 	rows := []frontendRow{}
-	for k, v := range fe {
-		addr := bpf.HostAddr(k.Addr)
-		r := frontendRow{Address: addr.String(), Port: bpf.HostPort(k.Port), Protocol: bpf.ProtoName(k.Proto),
-			ServiceID: fmt.Sprintf("%016x", v.SvcId), AffinitySeconds: v.AffinitySec, SourceRanges: ranges[k], key: k,
+	for _, k := range fe {
+		v := k.Value
+		r := frontendRow{Address: k.Addr.String(), Port: k.Port, Protocol: bpf.ProtoName(k.Proto),
+			ServiceID: fmt.Sprintf("%016x", v.SvcId), AffinitySeconds: v.AffinitySec, key: k,
 			Local: []backendRow{}, Cluster: []backendRow{}}
+		for _, p := range k.SourceRanges {
+			r.SourceRanges = append(r.SourceRanges, p.String())
+		}
 		slices.Sort(r.SourceRanges)
-		r.Frontend = fmt.Sprintf("%s/%s", netip.AddrPortFrom(addr, r.Port), r.Protocol)
+		r.Frontend = fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, r.Port), r.Protocol)
 		switch {
 		case v.Flags&bpf.FrontendAddrOnly != 0:
-			r.Kind, r.Frontend = "address-only", addr.String()
+			r.Kind, r.Frontend = "address-only", k.Addr.String()
 		case v.Flags&bpf.FrontendNodePort != 0:
 			r.Kind = "node-port"
 		default:
@@ -258,7 +258,7 @@ func frontendRows(t bpf.Tables) ([]frontendRow, error) {
 			r.List = fmt.Sprintf("%016x", v.ListId)
 			for i := uint32(0); i < v.Count; i++ {
 				b := backendRow{List: r.List, Ordinal: i}
-				if bv, ok := be[bpf.BackendKey{ListId: v.ListId, Ordinal: i}]; ok {
+				if bv, ok := backends[listKey{k.IPv6, bpf.BackendKey{ListId: v.ListId, Ordinal: i}}]; ok {
 					b.describe(bv)
 				} else {
 					b.Missing = true
@@ -273,7 +273,7 @@ func frontendRows(t bpf.Tables) ([]frontendRow, error) {
 		}
 		rows = append(rows, r)
 	}
-	slices.SortFunc(rows, func(a, b frontendRow) int { return compareFrontendKeys(a.key, b.key) })
+	slices.SortFunc(rows, func(a, b frontendRow) int { return compareFrontends(a.key, b.key) })
 	return rows, nil
 }
 
@@ -304,31 +304,28 @@ func writeFrontends(w io.Writer, rows []frontendRow) error {
 	return tw.Flush()
 }
 
-// backendRows reads every backend list entry, in list and ordinal order, with how many
-// frontends use its list.
+// backendRows reads every backend list entry of both families, in list and ordinal order,
+// with how many frontends use its list.
 func backendRows(t bpf.Tables) ([]backendRow, error) {
-	fe, err := t.Frontends.Dump()
+	fe, be, err := t.Entries()
 	if err != nil {
-		return nil, fmt.Errorf("reading the frontend map: %w", err)
+		return nil, err
 	}
-	be, err := t.Backends.Dump()
-	if err != nil {
-		return nil, fmt.Errorf("reading the backend map: %w", err)
-	}
-	users := map[uint64]int{}
-	for _, v := range fe {
-		if v.Flags&bpf.FrontendAddrOnly == 0 {
-			users[v.ListId]++
+	users := map[listKey]int{}
+	for _, f := range fe {
+		if f.Value.Flags&bpf.FrontendAddrOnly == 0 {
+			users[listKey{f.IPv6, bpf.BackendKey{ListId: f.Value.ListId}}]++
 		}
 	}
 	rows := []backendRow{}
-	for k, v := range be {
-		r := backendRow{List: fmt.Sprintf("%016x", k.ListId), Ordinal: k.Ordinal, UsedBy: users[k.ListId]}
-		r.describe(v)
+	for _, b := range be {
+		r := backendRow{List: fmt.Sprintf("%016x", b.Key.ListId), Ordinal: b.Key.Ordinal,
+			UsedBy: users[listKey{b.IPv6, bpf.BackendKey{ListId: b.Key.ListId}}]}
+		r.describe(b)
 		rows = append(rows, r)
 	}
 	slices.SortFunc(rows, func(a, b backendRow) int {
-		return cmp.Or(cmp.Compare(a.List, b.List), cmp.Compare(a.Ordinal, b.Ordinal))
+		return cmp.Or(cmp.Compare(a.List, b.List), cmp.Compare(a.Ordinal, b.Ordinal), strings.Compare(a.Backend, b.Backend))
 	})
 	return rows, nil
 }
@@ -388,65 +385,67 @@ type conntrackRow struct {
 	Text        string `json:"text"`
 }
 
-// conntrackRows describes the entries at now: each forward entry followed by its reverse
-// entry, then the reverse entries without one, then the tunnel entries. forwarded keeps
-// only the flows forwarded between nodes.
-func conntrackRows(ct map[bpf.ConntrackKey]bpf.ConntrackValue, now uint64, forwarded bool, ifname func(int) string) []conntrackRow {
-	ap := func(a uint32, p uint16) string { return netip.AddrPortFrom(bpf.HostAddr(a), bpf.HostPort(p)).String() }
+// conntrackRows describes the entries of both families at now: each forward entry followed by
+// its reverse entry, then the reverse entries without one, then the tunnel entries. forwarded
+// keeps only the flows forwarded between nodes.
+func conntrackRows(flows []bpf.Flow, now uint64, forwarded bool, ifname func(int) string) []conntrackRow {
 	secs := func(t uint64) int64 {
 		if t >= now {
 			return 0
 		}
 		return int64(time.Duration(now-t) / time.Second)
 	}
-	row := func(k bpf.ConntrackKey, v bpf.ConntrackValue) conntrackRow {
-		r := conntrackRow{Kind: bpf.ConntrackKind(v.Type), Protocol: bpf.ProtoName(k.Proto), Source: ap(k.Src, k.Sport),
-			Dest: ap(k.Dst, k.Dport), Flags: bpf.ConntrackFlagNames(v.Flags), AgeSeconds: secs(v.Created),
-			Text: bpf.ConntrackStringNamed(k, v, now, ifname)}
-		if v.Flags&bpf.ConntrackRemote != 0 {
-			r.Node = bpf.HostAddr(v.TunAddr).String()
+	row := func(f bpf.Flow) conntrackRow {
+		r := conntrackRow{Kind: bpf.ConntrackKind(f.Type), Protocol: bpf.ProtoName(f.Proto), Source: f.Src.String(),
+			Dest: f.Dst.String(), Flags: bpf.ConntrackFlagNames(f.Flags), AgeSeconds: secs(f.Created),
+			Text: f.String(now, ifname)}
+		if f.Flags&bpf.ConntrackRemote != 0 {
+			r.Node = f.Tun.String()
 		}
-		switch v.Type {
+		switch f.Type {
 		case bpf.ConntrackFwd:
-			r.Backend, r.SourcePort = ap(v.NatAddr, v.NatPort), bpf.HostPort(v.NatSport)
-			if v.NatSaddr != 0 {
-				r.HairpinSource = bpf.HostAddr(v.NatSaddr).String()
+			r.Backend, r.SourcePort = f.Nat.String(), f.NatSport
+			if f.Hairpin.IsValid() {
+				r.HairpinSource = f.Hairpin.String()
 			}
 		case bpf.ConntrackRev:
-			r.Frontend, r.ClientPort = ap(v.NatAddr, v.NatPort), bpf.HostPort(v.NatSport)
-			if v.NatSaddr != 0 {
-				r.HairpinClient = bpf.HostAddr(v.NatSaddr).String()
+			r.Frontend, r.ClientPort = f.Nat.String(), f.NatSport
+			if f.Hairpin.IsValid() {
+				r.HairpinClient = f.Hairpin.String()
 			}
-			if v.Flags&bpf.ConntrackRedirect != 0 {
-				r.Ifindex, r.Interface = v.Ifindex, ifname(int(v.Ifindex))
-				r.MACLocal, r.MACPeer = net.HardwareAddr(v.MacLocal[:]).String(), net.HardwareAddr(v.MacPeer[:]).String()
+			if f.Flags&bpf.ConntrackRedirect != 0 {
+				r.Ifindex, r.Interface = f.Ifindex, ifname(int(f.Ifindex))
+				r.MACLocal, r.MACPeer = net.HardwareAddr(f.MACLocal[:]).String(), net.HardwareAddr(f.MACPeer[:]).String()
 			}
 		case bpf.ConntrackTun:
-			r.TunnelPeer = bpf.HostAddr(v.NatAddr).String()
+			r.TunnelPeer = f.Nat.Addr().String()
 		}
-		if v.Type != bpf.ConntrackFwd {
-			idle := secs(v.LastSeen)
+		if f.Type != bpf.ConntrackFwd {
+			idle := secs(f.LastSeen)
 			r.IdleSeconds = &idle
-			if k.Proto == bpf.ProtoTCP {
-				r.TCP = bpf.TCPStateNames(v.Tcp)
+			if f.Proto == bpf.ProtoTCP {
+				r.TCP = bpf.TCPStateNames(f.TCP)
 			} else {
-				r.Replied = v.Tcp&bpf.TCPReplied != 0
+				r.Replied = f.TCP&bpf.TCPReplied != 0
 			}
 		}
 		return r
 	}
 	type entry struct {
-		k bpf.ConntrackKey
-		v bpf.ConntrackValue
+		f bpf.Flow
 		r conntrackRow
 	}
+	byKey := make(map[bpf.FlowKey]bpf.Flow, len(flows))
+	for _, f := range flows {
+		byKey[f.Key()] = f
+	}
 	var fwd, rest []entry
-	for k, v := range ct {
-		if forwarded && v.Flags&bpf.ConntrackRemote == 0 && v.Type != bpf.ConntrackTun {
+	for _, f := range flows {
+		if forwarded && f.Flags&bpf.ConntrackRemote == 0 && f.Type != bpf.ConntrackTun {
 			continue
 		}
-		e := entry{k, v, row(k, v)}
-		if v.Type == bpf.ConntrackFwd {
+		e := entry{f, row(f)}
+		if f.Type == bpf.ConntrackFwd {
 			fwd = append(fwd, e)
 		} else {
 			rest = append(rest, e)
@@ -454,22 +453,22 @@ func conntrackRows(ct map[bpf.ConntrackKey]bpf.ConntrackValue, now uint64, forwa
 	}
 	byText := func(a, b entry) int { return cmp.Compare(a.r.Text, b.r.Text) }
 	slices.SortFunc(fwd, byText)
-	paired := map[bpf.ConntrackKey]bool{}
+	paired := map[bpf.FlowKey]bool{}
 	out := []conntrackRow{}
 	for _, e := range fwd {
 		out = append(out, e.r)
-		pk := bpf.PairKey(e.k, e.v)
-		if pv, ok := ct[pk]; ok && pv.Type == bpf.ConntrackRev && (!forwarded || pv.Flags&bpf.ConntrackRemote != 0) {
-			out = append(out, row(pk, pv))
+		pk := e.f.PairKey()
+		if pv, ok := byKey[pk]; ok && pv.Type == bpf.ConntrackRev && (!forwarded || pv.Flags&bpf.ConntrackRemote != 0) {
+			out = append(out, row(pv))
 			paired[pk] = true
 		}
 	}
 	slices.SortFunc(rest, func(a, b entry) int {
 		// Reverse entries before tunnel entries, each in text order.
-		return cmp.Or(cmp.Compare(a.v.Type, b.v.Type), byText(a, b))
+		return cmp.Or(cmp.Compare(a.f.Type, b.f.Type), byText(a, b))
 	})
 	for _, e := range rest {
-		if !paired[e.k] {
+		if !paired[e.f.Key()] {
 			out = append(out, e.r)
 		}
 	}

@@ -422,7 +422,7 @@ func TestServicesRowsHairpinUDPRouted(t *testing.T) {
 	uk := bpf.ConntrackKey{Src: a("10.65.0.5"), Dst: a("10.65.0.9"), Sport: bpf.NetPort(53), Dport: bpf.NetPort(5000), Proto: bpf.ProtoUDP}
 	uv := bpf.ConntrackValue{Type: bpf.ConntrackRev, NatAddr: vip, NatPort: bpf.NetPort(53), NatSport: bpf.NetPort(5000),
 		Tcp: bpf.TCPReplied, Created: 1, LastSeen: 1}
-	rows := conntrackRows(map[bpf.ConntrackKey]bpf.ConntrackValue{fk: fv, rk: rv, uk: uv}, 2, false, func(int) string { return "" })
+	rows := conntrackRows([]bpf.Flow{bpf.FlowOf(fk, fv), bpf.FlowOf(rk, rv), bpf.FlowOf(uk, uv)}, 2, false, func(int) string { return "" })
 	if len(rows) != 3 {
 		t.Fatalf("%d rows, want 3: %+v", len(rows), rows)
 	}
@@ -436,18 +436,84 @@ func TestServicesRowsHairpinUDPRouted(t *testing.T) {
 		t.Errorf("answered UDP row %+v", r)
 	}
 	uv.Tcp = 0
-	if r := conntrackRows(map[bpf.ConntrackKey]bpf.ConntrackValue{uk: uv}, 2, false, func(int) string { return "" })[0]; r.Replied {
+	if r := conntrackRows([]bpf.Flow{bpf.FlowOf(uk, uv)}, 2, false, func(int) string { return "" })[0]; r.Replied {
 		t.Errorf("unanswered UDP row %+v", r)
 	}
 
 	var b backendRow
-	b.describe(bpf.BackendValue{Addr: a("198.18.0.10"), Port: bpf.NetPort(6443), Flags: bpf.BackendRouted})
+	b.describe(bpf.Backend{Addr: netip.MustParseAddrPort("198.18.0.10:6443"), Flags: bpf.BackendRouted})
 	if !b.Routed || b.Local || b.Node != "" || b.String() != "198.18.0.10:6443@routed" {
 		t.Errorf("routed backend row %+v %q", b, b.String())
 	}
 	b = backendRow{}
-	b.describe(bpf.BackendValue{Addr: a("10.65.1.5"), Port: bpf.NetPort(80), NodeAddr: a("192.0.2.2")})
+	b.describe(bpf.Backend{Addr: netip.MustParseAddrPort("10.65.1.5:80"), Node: netip.MustParseAddr("192.0.2.2")})
 	if b.Routed || b.Local || b.String() != "10.65.1.5:80@192.0.2.2" {
 		t.Errorf("remote backend row %+v %q", b, b.String())
+	}
+}
+
+// TestServicesIPv6: the views read the IPv6 maps beside the IPv4 ones: an IPv6 frontend with
+// its address-only entry, its backends (local and through the IPv6 tunnel), its source range,
+// and an IPv6 flow's forward and reverse entries.
+func TestServicesIPv6(t *testing.T) {
+	dir := privateBPFFS(t)
+	objs, err := bpf.Load(dir, testMapSizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	vip := netip.MustParseAddr("fd00:96::10")
+	fe := calc.Frontend{Key: calc.FrontendKey{Addr: vip, Port: 80, Protocol: store.ProtocolTCP}, Kind: calc.FrontendClusterIP,
+		Service: "shop/web", ServiceID: 0x61, LocalBackends: 1,
+		Backends: []calc.Backend{{Addr: netip.MustParseAddr("fd00:65::5"), Port: 8080, Node: "node-a"},
+			{Addr: netip.MustParseAddr("fd00:65:1::5"), Port: 8080, Node: "node-b", NodeAddr: netip.MustParseAddr("2001:db8::2")}}}
+	lb := fe
+	lb.Key.Addr, lb.Kind = netip.MustParseAddr("2001:db8:200::10"), calc.FrontendLoadBalancer
+	lb.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:113::/64")}
+	self := calc.ClusterNet{Prefix: netip.MustParsePrefix("2001:db8::1/128"), Host: true, Node: "node-a"}
+	svc := bpf.NewServices(bpf.KernelTables(objs), testServicesConfig("node-a"))
+	svc.OnUpdate(&calc.Update{Full: true, Ops: []calc.Op{{ClusterNet: &self}, {Frontend: &fe}, {Frontend: &lb}}})
+	if err := svc.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	now := bpf.Monotonic()
+	fk := bpf.ConntrackKey6{Src: bpf.NetAddr6(netip.MustParseAddr("fd00:65::7")), Dst: bpf.NetAddr6(vip), Sport: bpf.NetPort(40000),
+		Dport: bpf.NetPort(80), Proto: bpf.ProtoTCP}
+	fv := bpf.ConntrackValue6{Created: now, LastSeen: now, Type: bpf.ConntrackFwd, Flags: bpf.ConntrackLocal,
+		NatAddr: bpf.NetAddr6(netip.MustParseAddr("fd00:65::5")), NatPort: bpf.NetPort(8080), NatSport: bpf.NetPort(40000)}
+	rk := bpf.ConntrackKey6{Src: fv.NatAddr, Dst: fk.Src, Sport: fv.NatPort, Dport: fk.Sport, Proto: bpf.ProtoTCP}
+	rv := bpf.ConntrackValue6{Created: now, LastSeen: now, Type: bpf.ConntrackRev, Flags: bpf.ConntrackLocal, Tcp: bpf.TCPSyn,
+		NatAddr: fk.Dst, NatPort: fk.Dport, NatSport: fk.Sport}
+	for _, e := range []struct {
+		k bpf.ConntrackKey6
+		v bpf.ConntrackValue6
+	}{{fk, fv}, {rk, rv}} {
+		if err := objs.SlCtV6.Put(&e.k, &e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &cluster{t: t, env: map[string]string{"SLUICE_BPF_PIN_DIR": dir, "SLUICE_NODE_NAME": "node-a", "SLUICE_CONFIG": "/dev/null"}}
+	out := table(c.mustCtl("services"))
+	for _, want := range []string{
+		"[fd00:96::10]:80/TCP service 0000000000000061 local [[fd00:65::5]:8080] cluster [[fd00:65::5]:8080 [fd00:65:1::5]:8080@2001:db8::2]",
+		"fd00:96::10 address-only 0000000000000061",
+		"[2001:db8:200::10]:80/TCP service,source-ranges,source=2001:db8:113::/64 ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("frontends lack %q:\n%s", want, out)
+		}
+	}
+	out = table(c.mustCtl("services", "backends"))
+	if !strings.Contains(out, " 1 [fd00:65:1::5]:8080 2001:db8::2 2 frontends") || !strings.Contains(out, " 0 [fd00:65::5]:8080 local 2 frontends") {
+		t.Errorf("backends:\n%s", out)
+	}
+	out = c.mustCtl("services", "conntrack")
+	for _, want := range []string{
+		"forward TCP [fd00:65::7]:40000 → [fd00:96::10]:80 dnat to [fd00:65::5]:8080",
+		"reverse TCP [fd00:65::5]:8080 → [fd00:65::7]:40000 reply as [fd00:96::10]:80 to client port 40000",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("conntrack lacks %q:\n%s", want, out)
+		}
 	}
 }
