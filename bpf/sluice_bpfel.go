@@ -284,8 +284,10 @@ type sluiceFragValV4 struct {
 }
 
 type sluiceQuote6Buf struct {
-	_ structs.HostLayout
-	B [128]uint8
+	_    structs.HostLayout
+	Ip   [40]uint8
+	Icmp [8]uint8
+	B    [128]uint8
 }
 
 type sluiceQuoteBuf struct {
@@ -374,6 +376,7 @@ const (
 	sluiceMapSlProgsV6           = "sl_progs_v6"
 	sluiceMapSlScratch           = "sl_scratch"
 	sluiceMapSlScratch6          = "sl_scratch6"
+	sluiceMapSlScratchCt6        = "sl_scratch_ct6"
 	sluiceMapSlSockBeV4          = "sl_sock_be_v4"
 	sluiceMapSlSockBeV6          = "sl_sock_be_v6"
 	sluiceMapSlSockV4            = "sl_sock_v4"
@@ -492,6 +495,7 @@ type sluiceMapSpecs struct {
 	SlProgsV6     *ebpf.MapSpec `ebpf:"sl_progs_v6"`
 	SlScratch     *ebpf.MapSpec `ebpf:"sl_scratch"`
 	SlScratch6    *ebpf.MapSpec `ebpf:"sl_scratch6"`
+	SlScratchCt6  *ebpf.MapSpec `ebpf:"sl_scratch_ct6"`
 	SlSockBeV4    *ebpf.MapSpec `ebpf:"sl_sock_be_v4"`
 	SlSockBeV6    *ebpf.MapSpec `ebpf:"sl_sock_be_v6"`
 	SlSockV4      *ebpf.MapSpec `ebpf:"sl_sock_v4"`
@@ -552,6 +556,7 @@ type sluiceMaps struct {
 	SlProgsV6     *ebpf.Map `ebpf:"sl_progs_v6"`
 	SlScratch     *ebpf.Map `ebpf:"sl_scratch"`
 	SlScratch6    *ebpf.Map `ebpf:"sl_scratch6"`
+	SlScratchCt6  *ebpf.Map `ebpf:"sl_scratch_ct6"`
 	SlSockBeV4    *ebpf.Map `ebpf:"sl_sock_be_v4"`
 	SlSockBeV6    *ebpf.Map `ebpf:"sl_sock_be_v6"`
 	SlSockV4      *ebpf.Map `ebpf:"sl_sock_v4"`
@@ -588,6 +593,7 @@ func (m *sluiceMaps) Close() error {
 		m.SlProgsV6,
 		m.SlScratch,
 		m.SlScratch6,
+		m.SlScratchCt6,
 		m.SlSockBeV4,
 		m.SlSockBeV6,
 		m.SlSockV4,

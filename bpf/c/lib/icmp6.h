@@ -63,19 +63,23 @@ static __noinline int icmp6_back(struct __sk_buff *skb, struct pkt6 *p, __u16 ty
 	if (bpf_skb_adjust_room(skb, IP6_HLEN + sizeof(struct icmp6hdr_), BPF_ADJ_ROOM_MAC, 0) < 0)
 		return TC_ACT_SHOT;
 	__u32 len = sizeof(struct icmp6hdr_) + q;
-	struct ipv6hdr ip = {};
-	ip6_answer(&ip, NEXTHDR_ICMP6, len, &p->dst, &p->src);
-	struct icmp6hdr_ ic = {.type = type_code >> 8, .code = type_code & 0xff, .data = bpf_htonl(mtu)};
 	__u32 zero = 0;
-	struct quote6_buf *quote = bpf_map_lookup_elem(&sl_scratch6, &zero);
-	if (!quote || bpf_skb_load_bytes(skb, ETH_HLEN + IP6_HLEN + sizeof(ic), quote->b, q) < 0)
+	struct quote6_buf *a = bpf_map_lookup_elem(&sl_scratch6, &zero);
+	if (!a || bpf_skb_load_bytes(skb, ETH_HLEN + IP6_HLEN + sizeof(struct icmp6hdr_), a->b, q) < 0)
 		return TC_ACT_SHOT;
+	struct ipv6hdr *ip = (struct ipv6hdr *)a->ip;
+	__builtin_memset(ip, 0, sizeof(*ip));
+	ip6_answer(ip, NEXTHDR_ICMP6, len, &p->dst, &p->src);
+	struct icmp6hdr_ *ic = (struct icmp6hdr_ *)a->icmp;
+	ic->type = type_code >> 8;
+	ic->code = type_code & 0xff;
+	ic->checksum = 0;
+	ic->data = bpf_htonl(mtu);
 	__s64 cs = csum6_pseudo(&p->dst, &p->src, len, NEXTHDR_ICMP6);
-	cs = bpf_csum_diff(0, 0, (__be32 *)&ic, sizeof(ic), cs);
-	cs = bpf_csum_diff(0, 0, (__be32 *)quote->b, q, cs);
-	ic.checksum = csum_fold(cs);
-	if (bpf_skb_store_bytes(skb, ETH_HLEN, &ip, sizeof(ip), 0) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + IP6_HLEN, &ic, sizeof(ic), 0) < 0 || swap_macs(skb) < 0)
+	cs = bpf_csum_diff(0, 0, (__be32 *)a->icmp, sizeof(a->icmp), cs);
+	cs = bpf_csum_diff(0, 0, (__be32 *)a->b, q, cs);
+	ic->checksum = csum_fold(cs);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, a, sizeof(a->ip) + sizeof(a->icmp), 0) < 0 || swap_macs(skb) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(skb->ifindex, back);
 }

@@ -83,9 +83,12 @@ struct {
 	__uint(max_entries, 8192);
 } sl_frag_v6 SEC(".maps");
 
-/* Scratch space for an ICMPv6 error's quote: the IPv6 header and up to 88 bytes beyond. */
+/* Scratch space for an ICMPv6 error sluice sends: its headers and its quote (the offending
+ * packet from its IPv6 header, up to 128 bytes), off the stack. */
 #define QUOTE6 128
 struct quote6_buf {
+	__u8 ip[40];  /* struct ipv6hdr */
+	__u8 icmp[8]; /* the ICMPv6 header */
 	__u8 b[QUOTE6];
 };
 
@@ -95,6 +98,14 @@ struct {
 	__type(value, struct quote6_buf);
 	__uint(max_entries, 1);
 } sl_scratch6 SEC(".maps");
+
+/* Scratch space for a new IPv6 flow's connection entry, off new_flow6's stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_val_v6);
+	__uint(max_entries, 1);
+} sl_scratch_ct6 SEC(".maps");
 
 /* The IPv6 programs by hook (PROG6_*), filled by the agent. Pinned: a program of an agent
  * that has stopped keeps its IPv6 half (the kernel empties a program array no file and no pin

@@ -120,48 +120,60 @@ static __noinline int new_flow6(struct __sk_buff *skb, struct pkt6 *p, int from)
 		flags |= CT_F_PSNAT;
 	if (beflags & BE_LOCAL)
 		flags |= CT_F_LOCAL;
-	struct ct_val_v6 v = {.created = now, .last_seen = now, .type = CT_REV, .flags = flags, .nat_addr = p->dst,
-			      .nat_port = p->dport, .nat_sport = p->sport};
+	/* The entry is made in a per-CPU scratch value, not on the stack: new_flow6's frame
+	 * stays clear of the 512 bytes the programs' call chain may use on every kernel. */
+	__u32 zero = 0;
+	struct ct_val_v6 *v = bpf_map_lookup_elem(&sl_scratch_ct6, &zero);
+	if (!v)
+		return TC_ACT_SHOT;
+	__builtin_memset(v, 0, sizeof(*v));
+	v->created = now;
+	v->last_seen = now;
+	v->type = CT_REV;
+	v->flags = flags;
+	v->nat_addr = p->dst;
+	v->nat_port = p->dport;
+	v->nat_sport = p->sport;
 	if (hairpin)
-		v.nat_saddr = p->src;
+		v->nat_saddr = p->src;
 	if (remote)
-		v.tun_addr = be->node_addr;
+		v->tun_addr = be->node_addr;
 	if (from == FROM_HOST) {
-		if (bpf_skb_load_bytes(skb, 0, v.mac_local, 6) < 0 || bpf_skb_load_bytes(skb, 6, v.mac_peer, 6) < 0)
+		if (bpf_skb_load_bytes(skb, 0, v->mac_local, 6) < 0 || bpf_skb_load_bytes(skb, 6, v->mac_peer, 6) < 0)
 			return TC_ACT_SHOT;
-		v.ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
-		v.flags |= CT_F_REDIRECT;
+		v->ifindex = skb->ingress_ifindex ? skb->ingress_ifindex : skb->ifindex;
+		v->flags |= CT_F_REDIRECT;
 	}
-	tcp_track6(&v, p, 0);
-	if (ct_put6(&rk, &v, BPF_NOEXIST) < 0)
+	tcp_track6(v, p, 0);
+	if (ct_put6(&rk, v, BPF_NOEXIST) < 0)
 		return TC_ACT_SHOT;
 	young6(&rk, now);
-	/* The same value becomes the forward entry, and the same key its key (one of each on the
-	 * stack): the translation is read back from the entry. */
-	__builtin_memset(&v, 0, sizeof(v));
-	v.created = now;
-	v.last_seen = now;
-	v.type = CT_FWD;
-	v.flags = flags;
-	v.nat_addr = rk.src;
-	v.nat_port = rk.sport;
-	v.nat_sport = rk.dport;
+	/* The same value becomes the forward entry, and the same key its key: the translation
+	 * is read back from the entry. */
+	__builtin_memset(v, 0, sizeof(*v));
+	v->created = now;
+	v->last_seen = now;
+	v->type = CT_FWD;
+	v->flags = flags;
+	v->nat_addr = rk.src;
+	v->nat_port = rk.sport;
+	v->nat_sport = rk.dport;
 	if (hairpin)
-		v.nat_saddr = rk.dst;
+		v->nat_saddr = rk.dst;
 	if (remote)
-		v.tun_addr = be->node_addr;
+		v->tun_addr = be->node_addr;
 	ct_key6(&rk, p, 0);
-	if (ct_put6(&rk, &v, BPF_ANY) < 0) {
-		rk.src = v.nat_addr;
-		rk.dst = hairpin ? v.nat_saddr : p->src;
-		rk.sport = v.nat_port;
-		rk.dport = v.nat_sport;
+	if (ct_put6(&rk, v, BPF_ANY) < 0) {
+		rk.src = v->nat_addr;
+		rk.dst = hairpin ? v->nat_saddr : p->src;
+		rk.sport = v->nat_port;
+		rk.dport = v->nat_sport;
 		bpf_map_delete_elem(&sl_ct_v6, &rk);
 		return TC_ACT_SHOT;
 	}
 	count(C_NAT_NEW);
-	if (rewrite6(skb, p, 1, &v.nat_addr, v.nat_port) < 0 ||
-	    rewrite6(skb, p, 0, hairpin ? &v.nat_saddr : &p->src, v.nat_sport) < 0) {
+	if (rewrite6(skb, p, 1, &v->nat_addr, v->nat_port) < 0 ||
+	    rewrite6(skb, p, 0, hairpin ? &v->nat_saddr : &p->src, v->nat_sport) < 0) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
 	}
