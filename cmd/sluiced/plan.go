@@ -298,7 +298,9 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 		log.Debug().Int("deleted", n).Msg("flows to removed endpoints deleted")
 	}
 	svc = newServiceStage(cfg, plan, log)
-	svc.start(svc.retryMin)
+	// The first attempt is made in the stage's own loop, beside the routes: loading and
+	// verifying the programs takes a second here and half a minute on a slow machine (an
+	// emulated one: the kernel matrix), which the routes must not wait for.
 	var loops sync.WaitGroup
 	loops.Add(1)
 	go func() { defer loops.Done(); svc.run(ctx) }()

@@ -79,8 +79,8 @@ func (s *serviceStage) status() (ok bool, step, why string) {
 
 // start makes one attempt at starting the stage: started, it is handed the desired state
 // and kept; refused, the reason is kept, and logged when it is new (retry says when the next
-// attempt comes). The agent makes the first attempt before the intake reads etcd, so on a
-// kernel that takes the stage services are ready with the routes, as before it could fail.
+// attempt comes). run makes the first attempt at once, beside the routes (never before
+// them): a stage that starts after the first full update is handed the state as it is.
 func (s *serviceStage) start(retry time.Duration) bool {
 	st, err := bpf.StartStage(s.cfg)
 	if err == nil {
