@@ -53,6 +53,26 @@ func benchNodeName(i int) string      { return fmt.Sprintf("node-%03d", i) }
 func benchNodeAddr(i int) netip.Addr  { return netip.AddrFrom4([4]byte{192, 0, 2, byte(i + 1)}) }
 func benchClusterIP(s int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(s >> 8), byte(s)}) }
 
+// The IPv6 side of the benchmark cluster: node i at 2001:db8::(i+1), service s's cluster IP
+// fd00:96::s, its endpoints fd00:65:2::(s*10+e) on the IPv4 endpoints' nodes and ports.
+func benchNodeAddr6(i int) netip.Addr    { return benchAddr6("2001:db8::", i+1) }
+func benchClusterIP6(s int) netip.Addr   { return benchAddr6("fd00:96::", s) }
+func benchEndpoint6(s, e int) netip.Addr { return benchAddr6("fd00:65:2::", s*benchEndpoints+e) }
+
+func benchAddr6(prefix string, i int) netip.Addr {
+	b := netip.MustParseAddr(prefix).As16()
+	b[12], b[13], b[14], b[15] = byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
+	return netip.AddrFrom16(b)
+}
+
+// bench6 is what benchUpdate adds of IPv6: every service dual-stack (all: an IPv6 cluster IP
+// and node ports on this node's IPv6 address and the wildcard, 10 IPv6 endpoints), and the
+// endpoints of the services special names (the traffic benchmark's).
+type bench6 struct {
+	all     bool
+	special map[int][]benchBackend
+}
+
 // benchEndpoint is endpoint e of service s and its node: 100,000 distinct address:port pairs
 // inside the pool 10.65.0.0/16 (from 10.65.2.0, ports 8080 and 8081), so no two services share
 // a backend list, on node (s*10+e) mod 100.
@@ -74,11 +94,17 @@ type benchBackend struct {
 // then every frontend sorted by key, each service's endpoints local first (and all of them
 // present). special replaces
 // the endpoints of the services it names.
-func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip.Prefix) *calc.Update {
+func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip.Prefix, v6 *bench6) *calc.Update {
 	u := &calc.Update{Full: true}
 	u.Ops = append(u.Ops, calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.MustParsePrefix("10.65.0.0/16")}})
 	for n := range benchNodes {
 		u.Ops = append(u.Ops, calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.PrefixFrom(benchNodeAddr(n), 32), Host: true, Node: benchNodeName(n)}})
+	}
+	if v6 != nil {
+		u.Ops = append(u.Ops, calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.MustParsePrefix("fd00:65::/48")}})
+		for n := range benchNodes {
+			u.Ops = append(u.Ops, calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.PrefixFrom(benchNodeAddr6(n), 128), Host: true, Node: benchNodeName(n)}})
+		}
 	}
 	for dev, p := range weps {
 		u.Ops = append(u.Ops, calc.Op{Route: &calc.Route{Dst: p, Device: dev, Reason: calc.ReasonLocalWorkload}})
@@ -121,6 +147,36 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 			// The traffic benchmark's services carry UDP too (UDP-GSO bulk).
 			addProto(netip.IPv4Unspecified(), uint16(benchNodePort+s), store.ProtocolUDP, calc.FrontendNodePort)
 		}
+		if v6 == nil || (!v6.all && v6.special[s] == nil) {
+			continue
+		}
+		eps6 := v6.special[s]
+		if eps6 == nil {
+			for e := range benchEndpoints {
+				a, n := benchEndpoint(s, e)
+				eps6 = append(eps6, benchBackend{netip.AddrPortFrom(benchEndpoint6(s, e), a.Port()), n})
+			}
+		}
+		var local6, remote6 []calc.Backend
+		present6 := make([]netip.AddrPort, 0, len(eps6))
+		for _, ep := range eps6 {
+			be := calc.Backend{Addr: ep.addr.Addr(), Port: ep.addr.Port(), Node: benchNodeName(ep.node), NodeAddr: benchNodeAddr6(ep.node)}
+			if ep.node == self {
+				local6 = append(local6, be)
+			} else {
+				remote6 = append(remote6, be)
+			}
+			present6 = append(present6, ep.addr)
+		}
+		slices.SortFunc(present6, netip.AddrPort.Compare)
+		backends6 := append(local6, remote6...)
+		add6 := func(a netip.Addr, port uint16, kind calc.FrontendKind) {
+			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: store.ProtocolTCP}, Kind: kind,
+				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends6, LocalBackends: len(local6), Present: present6})
+		}
+		add6(benchClusterIP6(s), 80, calc.FrontendClusterIP)
+		add6(benchNodeAddr6(self), uint16(benchNodePort+s), calc.FrontendNodePort)
+		add6(netip.IPv6Unspecified(), uint16(benchNodePort+s), calc.FrontendNodePort)
 	}
 	slices.SortFunc(fronts, func(a, b calc.Frontend) int {
 		return cmp.Or(a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Port, b.Key.Port))
@@ -146,10 +202,16 @@ func benchMedian(d []time.Duration) time.Duration {
 // from a full calc update handed to the driver (over real, empty, unpinned kernel maps) to
 // Apply returning, beside a bare BatchUpdate of exactly the same frontend, backend and index entries
 // into fresh maps (taken from the same driver run over fakes). Each iteration loads fresh
-// maps for both, untimed; the two alternate in order; medians are reported.
+// maps for both, untimed; the two alternate in order; medians are reported. ipv4: IPv4
+// services; dual-stack: each service also has an IPv6 cluster IP and node ports with 10 IPv6
+// endpoints (twice the entries, in both families' maps).
 func BenchmarkServicesColdApply(b *testing.B) {
 	benchGate(b)
-	u := benchUpdate(0, nil, nil)
+	b.Run("ipv4", func(b *testing.B) { benchColdApply(b, benchUpdate(0, nil, nil, nil), false) })
+	b.Run("dual-stack", func(b *testing.B) { benchColdApply(b, benchUpdate(0, nil, nil, &bench6{all: true}), true) })
+}
+
+func benchColdApply(b *testing.B, u *calc.Update, dual bool) {
 	cfg := benchConfig(0)
 	sizes := DefaultMapSizes
 	ft, fakes := FakeTables(sizes)
@@ -161,8 +223,14 @@ func BenchmarkServicesColdApply(b *testing.B) {
 	feK, feV := benchEntries(fakes.Frontends.Entries)
 	beK, beV := benchEntries(fakes.Backends.Entries)
 	ixK, ixV := benchEntries(fakes.BackendIndex.Entries)
+	fe6K, fe6V := benchEntries(fakes.V6.Frontends.Entries)
+	be6K, be6V := benchEntries(fakes.V6.Backends.Entries)
+	ix6K, ix6V := benchEntries(fakes.V6.BackendIndex.Entries)
 	if len(feK) != 4*benchServices || len(beK) != benchServices*benchEndpoints {
 		b.Fatalf("the driver wants %d frontends and %d backends; want %d and %d", len(feK), len(beK), 4*benchServices, benchServices*benchEndpoints)
+	}
+	if dual && (len(fe6K) != 4*benchServices || len(be6K) != benchServices*benchEndpoints) {
+		b.Fatalf("the driver wants %d IPv6 frontends and %d IPv6 backends; want %d and %d", len(fe6K), len(be6K), 4*benchServices, benchServices*benchEndpoints)
 	}
 	load := func() *Objects {
 		o, err := Load("", sizes)
@@ -190,15 +258,19 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		drv, desired = append(drv, took), append(desired, mid)
 		if check { // the kernel holds what the fakes hold
 			for name, pair := range map[string][2]int{"frontends": {len(feK), MapTable[FrontendKey, FrontendValue]{o.SlFeV4}.Len()},
-				"backends":      {len(beK), MapTable[BackendKey, BackendValue]{o.SlBeV4}.Len()},
-				"backend index": {len(ixK), MapTable[BackendIndex, uint32]{o.SlBeIdxV4}.Len()}} {
+				"backends":           {len(beK), MapTable[BackendKey, BackendValue]{o.SlBeV4}.Len()},
+				"backend index":      {len(ixK), MapTable[BackendIndex, uint32]{o.SlBeIdxV4}.Len()},
+				"IPv6 frontends":     {len(fe6K), MapTable[FrontendKey6, FrontendValue]{o.SlFeV6}.Len()},
+				"IPv6 backends":      {len(be6K), MapTable[BackendKey, BackendValue6]{o.SlBeV6}.Len()},
+				"IPv6 backend index": {len(ix6K), MapTable[BackendIndex6, uint32]{o.SlBeIdxV6}.Len()}} {
 				if pair[0] != pair[1] {
 					b.Fatalf("%s: %d in the kernel, want %d", name, pair[1], pair[0])
 				}
 			}
 			gotFe, err1 := MapTable[FrontendKey, FrontendValue]{o.SlFeV4}.Dump()
 			gotBe, err2 := MapTable[BackendKey, BackendValue]{o.SlBeV4}.Dump()
-			if err := errors.Join(err1, err2); err != nil {
+			gotBe6, err3 := MapTable[BackendKey, BackendValue6]{o.SlBeV6}.Dump()
+			if err := errors.Join(err1, err2, err3); err != nil {
 				b.Fatal(err)
 			}
 			for k, v := range fakes.Frontends.Entries {
@@ -211,6 +283,11 @@ func BenchmarkServicesColdApply(b *testing.B) {
 					b.Fatalf("backend %s: kernel has %s", BackendString(k, v), BackendString(k, gotBe[k]))
 				}
 			}
+			for k, v := range fakes.V6.Backends.Entries {
+				if gotBe6[k] != v {
+					b.Fatalf("IPv6 backend %+v: kernel has %+v", v, gotBe6[k])
+				}
+			}
 		}
 	}
 	bare := func() {
@@ -221,9 +298,17 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		n1, err1 := o.SlFeV4.BatchUpdate(feK, feV, nil)
 		n2, err2 := o.SlBeV4.BatchUpdate(beK, beV, nil)
 		n3, err3 := o.SlBeIdxV4.BatchUpdate(ixK, ixV, nil)
+		var n4, n5, n6 int
+		var err4, err5, err6 error
+		if dual {
+			n4, err4 = o.SlFeV6.BatchUpdate(fe6K, fe6V, nil)
+			n5, err5 = o.SlBeV6.BatchUpdate(be6K, be6V, nil)
+			n6, err6 = o.SlBeIdxV6.BatchUpdate(ix6K, ix6V, nil)
+		}
 		took := time.Since(start)
-		if err := errors.Join(err1, err2, err3); err != nil || n1 != len(feK) || n2 != len(beK) || n3 != len(ixK) {
-			b.Fatalf("batch update: %d of %d frontends, %d of %d backends, %d of %d index entries: %v", n1, len(feK), n2, len(beK), n3, len(ixK), err)
+		if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil || n1 != len(feK) || n2 != len(beK) || n3 != len(ixK) ||
+			n4 != len(fe6K) || n5 != len(be6K) || n6 != len(ix6K) {
+			b.Fatalf("batch update: %d of %d frontends, %d of %d backends, %d of %d index entries (IPv6 %d, %d, %d): %v", n1, len(feK), n2, len(beK), n3, len(ixK), n4, n5, n6, err)
 		}
 		batch = append(batch, took)
 	}
@@ -239,13 +324,14 @@ func BenchmarkServicesColdApply(b *testing.B) {
 		}
 	}
 	d, ref := benchMedian(drv), benchMedian(batch)
-	b.Logf("driver %v (desired state %v), batch update %v; %d frontends, %d backends, %d index entries", drv, desired, batch, len(feK), len(beK), len(ixK))
+	entries := len(feK) + len(beK) + len(ixK) + len(fe6K) + len(be6K) + len(ix6K)
+	b.Logf("driver %v (desired state %v), batch update %v; %d entries", drv, desired, batch, entries)
 	b.ReportMetric(0, "ns/op") // the figures below say it
 	b.ReportMetric(d.Seconds(), "cold-services-s")
 	b.ReportMetric(benchMedian(desired).Seconds(), "cold-desired-s")
 	b.ReportMetric(ref.Seconds(), "cold-batch-s")
 	b.ReportMetric(float64(d)/float64(ref), "cold-services/batch")
-	b.ReportMetric(float64(len(feK)+len(beK)+len(ixK)), "entries")
+	b.ReportMetric(float64(entries), "entries")
 }
 
 // benchEntries returns a fake's entries as key and value slices in one order.
@@ -289,6 +375,14 @@ var (
 	benchClient    = netip.MustParseAddr("198.51.100.100")
 	benchEdgeA     = netip.MustParseAddr("198.51.100.1")
 	benchGateway   = netip.MustParseAddr("169.254.1.1")
+	// The same over IPv6: client 2001:db8:100::100, node A 2001:db8:100::1 (eth1) and
+	// 2001:db8::1 (eth0), node B 2001:db8::2, server A fd00:65::5, server B fd00:65:1::5, the
+	// servers' gateway fe80::1 (the host side of their veth).
+	benchPodA6    = netip.MustParseAddr("fd00:65::5")
+	benchPodB6    = netip.MustParseAddr("fd00:65:1::5")
+	benchClient6  = netip.MustParseAddr("2001:db8:100::100")
+	benchEdgeA6   = netip.MustParseAddr("2001:db8:100::1")
+	benchGateway6 = netip.MustParseAddr("fe80::1")
 )
 
 const (
@@ -338,9 +432,9 @@ func benchNewNS(b *testing.B) netns.NsHandle {
 	}
 	b.Cleanup(func() { r.ns.Close() })
 	err := benchInNS(r.ns, func() error {
-		for _, s := range []string{"ipv4/conf/all/forwarding", "ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
+		for _, s := range []string{"ipv4/conf/all/forwarding", "ipv6/conf/all/forwarding", "ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			v := "0"
-			if s == "ipv4/conf/all/forwarding" {
+			if strings.HasSuffix(s, "/forwarding") {
 				v = "1"
 			}
 			if err := os.WriteFile("/proc/sys/net/"+s, []byte(v), 0o644); err != nil {
@@ -411,19 +505,25 @@ func (n *benchNet) addr(ns netns.NsHandle, dev, prefix string) {
 	if err != nil {
 		n.b.Fatal(err)
 	}
+	if a.IP.To4() == nil {
+		a.Flags |= unix.IFA_F_NODAD // usable at once
+	}
 	if err := n.h(ns).AddrAdd(n.link(ns, dev), a); err != nil {
 		n.b.Fatalf("address %s on %s: %v", prefix, dev, err)
 	}
 }
 
-// route adds dst (a prefix or "default") out of dev, via gw when valid.
+// route adds dst (a prefix, "default" or "default6") out of dev, via gw when valid.
 func (n *benchNet) route(ns netns.NsHandle, dst, dev string, gw netip.Addr) {
 	r := &netlink.Route{LinkIndex: n.link(ns, dev).Attrs().Index}
-	if dst != "default" {
-		p := netip.MustParsePrefix(dst)
-		r.Dst = &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
-	} else {
+	switch dst {
+	case "default":
 		r.Dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	case "default6":
+		r.Dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	default:
+		p := netip.MustParsePrefix(dst)
+		r.Dst = &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 	}
 	if gw.IsValid() {
 		r.Gw = gw.AsSlice()
@@ -436,7 +536,11 @@ func (n *benchNet) route(ns netns.NsHandle, dst, dev string, gw netip.Addr) {
 }
 
 func (n *benchNet) neigh(ns netns.NsHandle, dev string, ip netip.Addr, mac net.HardwareAddr) {
-	if err := n.h(ns).NeighSet(&netlink.Neigh{LinkIndex: n.link(ns, dev).Attrs().Index, Family: netlink.FAMILY_V4,
+	family := netlink.FAMILY_V4
+	if !ip.Is4() {
+		family = netlink.FAMILY_V6
+	}
+	if err := n.h(ns).NeighSet(&netlink.Neigh{LinkIndex: n.link(ns, dev).Attrs().Index, Family: family,
 		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
 		n.b.Fatalf("neighbour %s on %s: %v", ip, dev, err)
 	}
@@ -686,6 +790,31 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 	n.neigh(nodeB, "wep-b", benchPodB, benchMACSrvB)
 	n.neigh(srvA, "eth0", benchGateway, benchMACWepA)
 	n.neigh(srvB, "eth0", benchGateway, benchMACWepB)
+	// IPv6, laid out the same way.
+	n.addr(client, "eth0", "2001:db8:100::100/64")
+	n.addr(nodeA, "eth1", "2001:db8:100::1/64")
+	n.addr(nodeA, "eth0", "2001:db8::1/64")
+	n.addr(nodeB, "eth0", "2001:db8::2/64")
+	n.addr(nodeA, "wep-a", "fe80::1/64")
+	n.addr(nodeB, "wep-b", "fe80::1/64")
+	n.addr(srvA, "eth0", "fd00:65::5/128")
+	n.addr(srvB, "eth0", "fd00:65:1::5/128")
+	n.route(client, "default6", "eth0", benchEdgeA6)
+	n.route(nodeA, "fd00:65::5/128", "wep-a", netip.Addr{})
+	n.route(nodeA, "fd00:65:1::/64", "eth0", benchNodeAddr6(1))
+	n.route(nodeB, "fd00:65:1::5/128", "wep-b", netip.Addr{})
+	n.route(nodeB, "2001:db8:100::/64", "eth0", benchNodeAddr6(0))
+	for _, srv := range []netns.NsHandle{srvA, srvB} {
+		n.route(srv, "default6", "eth0", benchGateway6)
+	}
+	n.neigh(client, "eth0", benchEdgeA6, benchMACA1)
+	n.neigh(nodeA, "eth1", benchClient6, benchMACClient)
+	n.neigh(nodeA, "eth0", benchNodeAddr6(1), benchMACB0)
+	n.neigh(nodeA, "wep-a", benchPodA6, benchMACSrvA)
+	n.neigh(nodeB, "eth0", benchNodeAddr6(0), benchMACA0)
+	n.neigh(nodeB, "wep-b", benchPodB6, benchMACSrvB)
+	n.neigh(srvA, "eth0", benchGateway6, benchMACWepA)
+	n.neigh(srvB, "eth0", benchGateway6, benchMACWepB)
 
 	// The stages, pinned on a bpffs of the benchmark's own (unmounted at the end: the pinned
 	// links go with it).
@@ -704,7 +833,8 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 		wep string
 		pod netip.Addr
 	}{{nodeA, "wep-a", benchPodA}, {nodeB, "wep-b", benchPodB}} {
-		u := benchUpdate(i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)})
+		special6 := map[int][]benchBackend{0: {{netip.AddrPortFrom(benchPodA6, benchNPPort), 0}}, 1: {{netip.AddrPortFrom(benchPodB6, benchNPPort), 1}}}
+		u := benchUpdate(i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)}, &bench6{special: special6})
 		err := benchInNS(node.ns, func() error {
 			st, err := StartStage(StageConfig{PinDir: filepath.Join(bpffs, benchNodeName(i)), Sizes: DefaultMapSizes,
 				HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts})
@@ -731,7 +861,7 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 	for _, srv := range []struct {
 		ns  netns.NsHandle
 		pod netip.Addr
-	}{{srvA, benchPodA}, {srvB, benchPodB}} {
+	}{{srvA, benchPodA}, {srvB, benchPodB}, {srvA, benchPodA6}, {srvB, benchPodB6}} {
 		for _, port := range []uint16{benchNPPort, benchDirectPort} {
 			var ln net.Listener
 			if err := benchInNS(srv.ns, func() (err error) {
@@ -809,7 +939,9 @@ func (t *benchTraffic) counters() string {
 // a node port on node A, to an endpoint on node A (local) and to one on node B (remote,
 // through the node-port tunnel), beside the same traffic sent straight to the endpoint's
 // address (the client routed to the pod network, the same programs attached and passing it)
-// in the same run. Both nodes' maps hold 10,000 services, so lookups are not of a toy table.
+// in the same run; ipv6-local and ipv6-remote do the same over IPv6 (TCP only), through the
+// IPv6 tunnel over the nodes' IPv6 addresses, Packet Too Big telling the client and the
+// servers the tunnel's MTU. Both nodes' maps hold 10,000 services, so lookups are not of a toy table.
 // Each figure is the mean of three rounds of 0.5 s, the two paths alternating; x/direct is
 // the node port's figure over the direct one. conn-np-syn-retrans counts the node-port
 // connections whose first SYN got no answer (each waits a second): towards a remote endpoint
@@ -823,14 +955,17 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 	t := benchTrafficWorld(b)
 	stages := t.stages
 	nodePort := func(s int) string { return netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort+s)).String() }
+	nodePort6 := func(s int) string { return netip.AddrPortFrom(benchNodeAddr6(0), uint16(benchNodePort+s)).String() }
 	for _, c := range []struct {
 		name        string
 		np, direct  string
 		wantCounter int        // a counter that must have grown on node A: the traffic took the program's path
-		pod         netip.Addr // the endpoint: its UDP servers count what arrives
+		pod         netip.Addr // the endpoint: its UDP servers count what arrives (IPv4 rows)
 	}{
 		{"local", nodePort(0), netip.AddrPortFrom(benchPodA, benchDirectPort).String(), 0, benchPodA},
 		{"remote", nodePort(1), netip.AddrPortFrom(benchPodB, benchDirectPort).String(), 1, benchPodB},
+		{"ipv6-local", nodePort6(0), netip.AddrPortFrom(benchPodA6, benchDirectPort).String(), 0, benchPodA6},
+		{"ipv6-remote", nodePort6(1), netip.AddrPortFrom(benchPodB6, benchDirectPort).String(), 1, benchPodB6},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			// Both paths work before anything is measured.
@@ -889,6 +1024,9 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 					down[p] += bps / rounds
 				}
 				for _, p := range order {
+					if udpCount[p] == nil {
+						break // IPv6 rows: TCP only
+					}
 					bps, err := t.udpGSO(addrs[p], udpCount[p], slice)
 					if err != nil {
 						b.Fatalf("UDP to %s: %v; counters %s", addrs[p], err, t.counters())
@@ -911,9 +1049,11 @@ func BenchmarkNodePortTraffic(b *testing.B) {
 			b.ReportMetric(down[0]/1e9, "down-np-Gbit/s")
 			b.ReportMetric(down[1]/1e9, "down-direct-Gbit/s")
 			b.ReportMetric(down[0]/down[1], "down-np/direct")
-			b.ReportMetric(udp[0]/1e9, "udp-gso-np-Gbit/s")
-			b.ReportMetric(udp[1]/1e9, "udp-gso-direct-Gbit/s")
-			b.ReportMetric(udp[0]/udp[1], "udp-gso-np/direct")
+			if udpCount[0] != nil {
+				b.ReportMetric(udp[0]/1e9, "udp-gso-np-Gbit/s")
+				b.ReportMetric(udp[1]/1e9, "udp-gso-direct-Gbit/s")
+				b.ReportMetric(udp[0]/udp[1], "udp-gso-np/direct")
+			}
 		})
 	}
 }
