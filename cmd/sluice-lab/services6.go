@@ -213,6 +213,44 @@ func (l *lab) ipv6Services() error {
 	ptb := l.bpfCounters("node-a")["icmp_too_big_sent"] - after["icmp_too_big_sent"]
 	l.check(err == nil && ptb > 0,
 		"4 MB echoed by web-b on node-b through node-a's IPv6 node port; node-a sent %d Packet Too Big, and the transfer completed: %s", ptb, oneLine(out))
+
+	l.step("seed 000 over IPv6: connections through node-a's IPv6 node port across cleanups and a restart of its sluiced")
+	front := "[fd00:10::11]:30188"
+	idle, err := l.start(nsRouter, "idle6", false, l.tool(), "tcp-idle", front, "7")
+	if err != nil {
+		return err
+	}
+	stream, err := l.start(nsRouter, "stream6", false, l.tool(), "stream", "[fd00:20::13]:30188")
+	if err != nil {
+		return err
+	}
+	stream.waitFor(3*time.Second, "READY")
+	<-idle.done
+	l.check(idle.err == nil && idle.count("survived") == 1,
+		"a connection through node-a's IPv6 node port idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
+	l.check(stream.finish(), "a busy stream through node-c's IPv6 node port to node-b for the same 7 s never broke: %s", stream.transcript())
+	stream, err = l.start(nsRouter, "stream6", false, l.tool(), "stream", front)
+	if err != nil {
+		return err
+	}
+	loop, err := l.start(nsRouter, "loop6", false, l.tool(), "tcp-loop", front)
+	if err != nil {
+		return err
+	}
+	stream.waitFor(3*time.Second, "READY")
+	loop.waitFor(3*time.Second, "READY")
+	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
+	time.Sleep(time.Second)
+	restarted, err := l.startAgent("node-a")
+	if err != nil {
+		return err
+	}
+	l.check(restarted.waitFor(20*time.Second, "service stage started"), "the new sluiced on node-a has adopted the pinned programs and maps")
+	time.Sleep(time.Second)
+	_ = loop.stdin.Close()
+	l.check(stream.finish(), "the stream through node-a's IPv6 node port never broke across the restart: %s", stream.transcript())
+	<-loop.done
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "no new IPv6 connection failed across the restart: %s", oneLine(strings.Join(loop.lines, " ")))
 	return nil
 }
 
