@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"reflect"
 	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -367,14 +370,7 @@ func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNo
 		}
 	}
 
-	// The IPv4 tests leave the IPv6 programs out (w.ipv6 unset): they never send IPv6, and
-	// under emulation the load is half as long.
-	o, err := load("", MapSizes{Frontends: 1024, Backends: 1024, SourceRanges: 1024, ClusterNets: 1024, Affinity: 1024, Conntrack: 8192,
-		Sockets: 64}, w.ipv6)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	t.Cleanup(func() { o.Close() })
+	o := tpTake(t, w.ipv6)
 	n.o = o
 	n.put(o.SlCfg, uint32(0), sluiceCfg{HostIp: tpA(host), TunnelMtu: tpMTU, Vni: tpVNI, VxlanPort: tpP(tpVXLANPort),
 		PsnatMin: tpPsnatMin, PsnatMax: tpPsnatMax})
@@ -1864,4 +1860,93 @@ func tpPodA7ToPodA5(t *testing.T, a *tpNode, client, front, x netip.AddrPort) (t
 		tpWant(t, rc, out, tpRedirect, tpNAT(f, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
 	}
 	return toX, fromX
+}
+
+// tpPool holds loaded program sets for reuse by later tests, by flavour (with the IPv6
+// programs or without): a load verifies every program, which takes seconds under emulation
+// (the kernel matrix), and the program tests make some 150 nodes. A set is handed out emptied
+// (every map entry deleted, every array zeroed), so no test sees another's state; sets are
+// unpinned and go with the test process.
+var tpPool = struct {
+	sync.Mutex
+	free map[bool][]*Objects
+}{free: map[bool][]*Objects{}}
+
+// tpTake returns an emptied program set for the test, loaded with or without the IPv6
+// programs (tests of the IPv4 programs never send IPv6), and takes it back at its end.
+func tpTake(t *testing.T, ipv6 bool) *Objects {
+	t.Helper()
+	tpPool.Lock()
+	var o *Objects
+	if free := tpPool.free[ipv6]; len(free) > 0 {
+		o, tpPool.free[ipv6] = free[len(free)-1], free[:len(free)-1]
+	}
+	tpPool.Unlock()
+	if o == nil {
+		var err error
+		o, err = load("", MapSizes{Frontends: 1024, Backends: 1024, SourceRanges: 1024, ClusterNets: 1024, Affinity: 1024, Conntrack: 8192,
+			Sockets: 64}, ipv6)
+		if err != nil {
+			t.Fatalf("loading the programs: %v", err)
+		}
+	} else if err := tpEmpty(o); err != nil {
+		t.Fatalf("emptying a reused program set: %v", err)
+	}
+	t.Cleanup(func() {
+		tpPool.Lock()
+		tpPool.free[ipv6] = append(tpPool.free[ipv6], o)
+		tpPool.Unlock()
+	})
+	return o
+}
+
+// tpEmpty deletes every entry of o's maps and zeroes its arrays (the program array, which
+// holds the programs, is kept).
+func tpEmpty(o *Objects) error {
+	maps := reflect.ValueOf(&o.sluiceMaps).Elem()
+	for i := range maps.NumField() {
+		m, ok := maps.Field(i).Interface().(*ebpf.Map)
+		if !ok || m == nil {
+			continue
+		}
+		switch m.Type() {
+		case ebpf.ProgramArray:
+			continue
+		case ebpf.Array, ebpf.PerCPUArray:
+			zero := make([]byte, m.ValueSize())
+			var v any = zero
+			if m.Type() == ebpf.PerCPUArray {
+				n, err := ebpf.PossibleCPU()
+				if err != nil {
+					return err
+				}
+				per := make([][]byte, n)
+				for c := range per {
+					per[c] = zero
+				}
+				v = per
+			}
+			for k := uint32(0); k < m.MaxEntries(); k++ {
+				if err := m.Put(k, v); err != nil {
+					return fmt.Errorf("zeroing %v: %w", m, err)
+				}
+			}
+		default:
+			var keys [][]byte
+			k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
+			it := m.Iterate()
+			for it.Next(&k, &v) {
+				keys = append(keys, append([]byte(nil), k...))
+			}
+			if err := it.Err(); err != nil {
+				return fmt.Errorf("reading %v: %w", m, err)
+			}
+			for _, k := range keys {
+				if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					return fmt.Errorf("emptying %v: %w", m, err)
+				}
+			}
+		}
+	}
+	return nil
 }
