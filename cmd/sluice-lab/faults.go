@@ -38,6 +38,12 @@ func (l *lab) faults(ctx context.Context) error {
 	if err := l.setup(); err != nil {
 		return err
 	}
+	// The service stage starts beside the routes, not before them: every agent is wholly
+	// ready before a fault, so a fault's effect on readiness is its own.
+	for _, n := range labNodes {
+		took, body, ok := l.waitReady(n.name, 200, 30*time.Second)
+		l.check(ok, "%s is ready (routes and service stage) %v after the lab came up: %s", n.name, took.Round(100*time.Millisecond), body)
+	}
 	for _, c := range []struct {
 		name string
 		run  func() error
