@@ -164,6 +164,35 @@ func load(pinDir string, sizes MapSizes, ipv6 bool) (*Objects, error) {
 	return o, nil
 }
 
+// mendProgs6 puts back each hook's IPv6 program where sl_progs_v6 no longer holds it (an
+// entry deleted or replaced by hand, or by another agent): the hook's IPv4 program would pass
+// every IPv6 packet on untouched. It returns how many were put back.
+func (o *Objects) mendProgs6() (int, error) {
+	n := 0
+	var errs []error
+	for i, p := range []*ebpf.Program{o.SlFromHost6, o.SlFromWep6, o.SlToWep6, o.SlToHost6} {
+		if p == nil {
+			continue
+		}
+		info, err := p.Info()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		want, _ := info.ID()
+		var have uint32
+		if err := o.SlProgsV6.Lookup(uint32(i), &have); err == nil && ebpf.ProgramID(have) == want {
+			continue
+		}
+		if err := o.SlProgsV6.Put(uint32(i), p); err != nil {
+			errs = append(errs, fmt.Errorf("putting back the IPv6 program %d in sl_progs_v6: %w", i, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
 // fillProgs6 puts each hook's IPv6 program in sl_progs_v6, where the hook's IPv4 program
 // passes IPv6 packets on to it. A pinned array of an earlier agent's programs gets this one's
 // at once: its IPv4 programs, still attached until the links are updated, then reach these.

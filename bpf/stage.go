@@ -103,6 +103,8 @@ type Stage struct {
 	lastClean CleanStats
 	// Repins counts map pins found removed and put back.
 	Repins int
+	// Progs6Mended counts IPv6 programs found missing from sl_progs_v6 and put back.
+	Progs6Mended int
 	// synced are the workload interfaces the last hook check attached to, hooksOK whether
 	// it succeeded; needHooks asks the loop's next apply to check every hook.
 	synced    map[string]bool
@@ -423,6 +425,10 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		s.running = true
 	}
 	perr = s.repin()
+	// The IPv6 half of every hook: its programs in sl_progs_v6 (a detached half is a link).
+	mended, merr := s.Objs.mendProgs6()
+	s.Progs6Mended += mended
+	perr = errors.Join(perr, merr)
 	sock, err := s.socketHooks()
 	switch {
 	case s.sockUnusable != nil:
@@ -434,7 +440,7 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		serr = sock.Sync()
 	}
 	s.mu.Lock()
-	s.repairs.Links = s.att.Repairs
+	s.repairs.Links = s.att.Repairs + s.Progs6Mended
 	if s.sock != nil {
 		s.repairs.Links += s.sock.Repairs
 	}

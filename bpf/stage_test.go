@@ -717,6 +717,32 @@ func TestStageDriftProgramDetached(t *testing.T) {
 			t.Errorf("%d repairs counted, want 2", s.att.Repairs)
 		}
 	})
+	t.Run("IPv6 half", func(t *testing.T) {
+		// The tail-call slots of the IPv6 programs emptied by hand: every hook would pass
+		// IPv6 untouched. The next apply puts them back, counted as links repaired.
+		e := stNewEnv(t)
+		s, _ := e.start(stConfig(e.pin))
+		s.OnUpdate(stStandard())
+		e.apply(s)
+		before := s.Repairs().Links
+		for _, i := range []uint32{0, 3} {
+			if err := s.Objs.SlProgsV6.Delete(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.apply(s)
+		for i, p := range []*ebpf.Program{s.Objs.SlFromHost6, s.Objs.SlFromWep6, s.Objs.SlToWep6, s.Objs.SlToHost6} {
+			info, _ := p.Info()
+			want, _ := info.ID()
+			var have uint32
+			if err := s.Objs.SlProgsV6.Lookup(uint32(i), &have); err != nil || ebpf.ProgramID(have) != want {
+				t.Errorf("slot %d holds %d (%v), want program %d", i, have, err, want)
+			}
+		}
+		if got := s.Repairs().Links - before; got != 2 {
+			t.Errorf("%d links repaired, want 2", got)
+		}
+	})
 	t.Run("unpinned", func(t *testing.T) {
 		e := stNewEnv(t)
 		if stMode(t) == AttachTC {
