@@ -408,11 +408,18 @@ func (l *lab) seed000() error {
 	}
 
 	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
-	stream, err = l.start(nsExt, "stream", false, l.tool(), "stream", nodeIPs["node-a"]+":30090")
+	return l.restartUnderTraffic(nsExt, nodeIPs["node-a"]+":30090", "node port")
+}
+
+// restartUnderTraffic restarts node-a's sluiced while a stream and a run of new connections
+// go from the client namespace to front (one of node-a's node ports, named what in the
+// checks): the stream must never break and no new connection fail.
+func (l *lab) restartUnderTraffic(client, front, what string) error {
+	stream, err := l.start(client, "stream", false, l.tool(), "stream", front)
 	if err != nil {
 		return err
 	}
-	loop, err = l.start(nsExt, "loop", false, l.tool(), "tcp-loop", nodeIPs["node-a"]+":30090")
+	loop, err := l.start(client, "loop", false, l.tool(), "tcp-loop", front)
 	if err != nil {
 		return err
 	}
@@ -424,12 +431,13 @@ func (l *lab) seed000() error {
 	if err != nil {
 		return err
 	}
-	l.check(restarted.waitFor(20*time.Second, "desired state computed"), "the new sluiced on node-a is in sync")
+	l.check(restarted.waitFor(20*time.Second, "service stage started"), "the new sluiced on node-a has adopted the pinned programs and maps")
 	time.Sleep(time.Second)
 	_ = loop.stdin.Close()
-	l.check(stream.finish(), "the stream through node-a's node port never broke: %s", stream.transcript())
+	l.check(stream.finish(), "the stream through node-a's %s never broke across the restart: %s", what, stream.transcript())
 	<-loop.done
-	l.check(loop.err == nil && loop.count("failed 0") == 1, "no new connection failed across the restart: %s", oneLine(strings.Join(loop.lines, " ")))
+	l.check(loop.err == nil && loop.count("failed 0") == 1, "no new connection through node-a's %s failed across the restart: %s", what,
+		oneLine(strings.Join(loop.lines, " ")))
 	return nil
 }
 

@@ -229,29 +229,7 @@ func (l *lab) ipv6Services() error {
 	l.check(idle.err == nil && idle.count("survived") == 1,
 		"a connection through node-a's IPv6 node port idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
 	l.check(stream.finish(), "a busy stream through node-c's IPv6 node port to node-b for the same 7 s never broke: %s", stream.transcript())
-	stream, err = l.start(nsRouter, "stream6", false, l.tool(), "stream", front)
-	if err != nil {
-		return err
-	}
-	loop, err := l.start(nsRouter, "loop6", false, l.tool(), "tcp-loop", front)
-	if err != nil {
-		return err
-	}
-	stream.waitFor(3*time.Second, "READY")
-	loop.waitFor(3*time.Second, "READY")
-	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
-	time.Sleep(time.Second)
-	restarted, err := l.startAgent("node-a")
-	if err != nil {
-		return err
-	}
-	l.check(restarted.waitFor(20*time.Second, "service stage started"), "the new sluiced on node-a has adopted the pinned programs and maps")
-	time.Sleep(time.Second)
-	_ = loop.stdin.Close()
-	l.check(stream.finish(), "the stream through node-a's IPv6 node port never broke across the restart: %s", stream.transcript())
-	<-loop.done
-	l.check(loop.err == nil && loop.count("failed 0") == 1, "no new IPv6 connection failed across the restart: %s", oneLine(strings.Join(loop.lines, " ")))
-	return nil
+	return l.restartUnderTraffic(nsRouter, front, "IPv6 node port")
 }
 
 // routerOn is the router's address on a node's IPv6 subnet: the source a client there uses.
