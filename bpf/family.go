@@ -87,7 +87,6 @@ type family[FK, BV, IK, SK, CK comparable] interface {
 	is(a netip.Addr) bool
 	frontendKey(k calc.FrontendKey) FK
 	addrKey(a netip.Addr) FK // a cluster IP's address-only entry
-	feAddr(k FK) netip.Addr
 	backend(addr netip.Addr, port uint16, flags uint16, node netip.Addr) BV
 	indexKey(list uint64, v BV) IK
 	indexList(k IK) uint64
@@ -108,7 +107,6 @@ type v4 struct{}
 
 func (v4) name() string                               { return "IPv4" }
 func (v4) is(a netip.Addr) bool                       { return a.Is4() }
-func (v4) feAddr(k FrontendKey) netip.Addr            { return HostAddr(k.Addr) }
 func (v4) frontendKey(k calc.FrontendKey) FrontendKey { return FrontendMapKey(k) }
 func (v4) addrKey(a netip.Addr) FrontendKey           { return FrontendKey{Addr: NetAddr(a)} }
 func (v4) backend(addr netip.Addr, port uint16, flags uint16, node netip.Addr) BackendValue {
@@ -149,7 +147,6 @@ type v6 struct{}
 
 func (v6) name() string                                { return "IPv6" }
 func (v6) is(a netip.Addr) bool                        { return a.Is6() && !a.Is4In6() }
-func (v6) feAddr(k FrontendKey6) netip.Addr            { return hostAddr6(k.Addr) }
 func (v6) frontendKey(k calc.FrontendKey) FrontendKey6 { return FrontendMapKey6(k) }
 func (v6) addrKey(a netip.Addr) FrontendKey6           { return FrontendKey6{Addr: NetAddr6(a)} }
 func (v6) backend(addr netip.Addr, port uint16, flags uint16, node netip.Addr) BackendValue6 {
