@@ -3,6 +3,33 @@
 #ifndef SLUICE_LIB_LB_H
 #define SLUICE_LIB_LB_H
 
+/* in_set4 finds the endpoint addr:port in [start, end) of a frontend's list: a list of up to
+ * AFF_SCAN entries read whole, a longer one by its index, the entry found there checked. 0
+ * when the set does not hold it. Client-IP affinity and the sockets' remembered backends. */
+static __noinline struct be_val_v4 *in_set4(struct fe_val *fe, __u32 start, __u32 end, __be32 addr, __be16 port)
+{
+	struct be_key bk = {.list_id = fe->list_id};
+	struct be_val_v4 *be;
+	if (fe->count <= AFF_SCAN) {
+		for (__u32 i = 0; i < AFF_SCAN; i++) {
+			if (start + i >= end)
+				break;
+			bk.ordinal = start + i;
+			be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+			if (be && be->addr == addr && be->port == port)
+				return be;
+		}
+		return 0;
+	}
+	struct be_idx_key_v4 ik = {.list_id = fe->list_id, .addr = addr, .port = port};
+	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v4, &ik);
+	if (!ord || *ord < start || *ord >= end)
+		return 0;
+	bk.ordinal = *ord;
+	be = bpf_map_lookup_elem(&sl_be_v4, &bk);
+	return be && be->addr == addr && be->port == port ? be : 0;
+}
+
 /* pick chooses a backend of [start, end) for a new flow, keeping client-IP affinity. */
 static __always_inline struct be_val_v4 *pick(struct fe_key_v4 *fk, struct fe_val *fe, __u32 start, __u32 end,
 					      __be32 client, __u64 now)
@@ -14,30 +41,10 @@ static __always_inline struct be_val_v4 *pick(struct fe_key_v4 *fk, struct fe_va
 	if (fe->affinity_sec) {
 		struct aff_val_v4 *a = bpf_map_lookup_elem(&sl_aff_v4, &ak);
 		if (a && now - a->seen < (__u64)fe->affinity_sec * NSEC) {
-			if (fe->count <= AFF_SCAN) {
-				for (__u32 i = 0; i < AFF_SCAN; i++) {
-					if (i >= n)
-						break;
-					bk.ordinal = start + i;
-					be = bpf_map_lookup_elem(&sl_be_v4, &bk);
-					if (be && be->addr == a->addr && be->port == a->port) {
-						a->seen = now;
-						return be;
-					}
-				}
-			} else {
-				/* The remembered endpoint, if this frontend's list still holds it
-				 * within the set this flow may use. */
-				struct be_idx_key_v4 ik = {.list_id = fe->list_id, .addr = a->addr, .port = a->port};
-				__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v4, &ik);
-				if (ord && *ord >= start && *ord < end) {
-					bk.ordinal = *ord;
-					be = bpf_map_lookup_elem(&sl_be_v4, &bk);
-					if (be && be->addr == a->addr && be->port == a->port) {
-						a->seen = now;
-						return be;
-					}
-				}
+			be = in_set4(fe, start, end, a->addr, a->port);
+			if (be) {
+				a->seen = now;
+				return be;
 			}
 		}
 	}

@@ -3,6 +3,32 @@
 #ifndef SLUICE_LIB_LB6_H
 #define SLUICE_LIB_LB6_H
 
+/* in_set6 is in_set4 for an IPv6 list. */
+static __noinline struct be_val_v6 *in_set6(struct fe_val *fe, __u32 start, __u32 end, struct addr6 *addr,
+						 __be16 port)
+{
+	struct be_key bk = {.list_id = fe->list_id};
+	struct be_val_v6 *be;
+	if (fe->count <= AFF_SCAN) {
+		for (__u32 i = 0; i < AFF_SCAN; i++) {
+			if (start + i >= end)
+				break;
+			bk.ordinal = start + i;
+			be = bpf_map_lookup_elem(&sl_be_v6, &bk);
+			if (be && eq6(&be->addr, addr) && be->port == port)
+				return be;
+		}
+		return 0;
+	}
+	struct be_idx_key_v6 ik = {.list_id = fe->list_id, .addr = *addr, .port = port};
+	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v6, &ik);
+	if (!ord || *ord < start || *ord >= end)
+		return 0;
+	bk.ordinal = *ord;
+	be = bpf_map_lookup_elem(&sl_be_v6, &bk);
+	return be && eq6(&be->addr, addr) && be->port == port ? be : 0;
+}
+
 /* pick6 chooses a backend of [start, end) for a new flow, keeping client-IP affinity (pick). */
 static __always_inline struct be_val_v6 *pick6(struct fe_key_v6 *fk, struct fe_val *fe, __u32 start, __u32 end,
 					       const struct addr6 *client, __u64 now)
@@ -14,28 +40,10 @@ static __always_inline struct be_val_v6 *pick6(struct fe_key_v6 *fk, struct fe_v
 		struct aff_key_v6 ak = {.fe_addr = fk->addr, .fe_port = fk->port, .proto = fk->proto, .client = *client};
 		struct aff_val_v6 *a = bpf_map_lookup_elem(&sl_aff_v6, &ak);
 		if (a && now - a->seen < (__u64)fe->affinity_sec * NSEC) {
-			if (fe->count <= AFF_SCAN) {
-				for (__u32 i = 0; i < AFF_SCAN; i++) {
-					if (i >= n)
-						break;
-					bk.ordinal = start + i;
-					be = bpf_map_lookup_elem(&sl_be_v6, &bk);
-					if (be && eq6(&be->addr, &a->addr) && be->port == a->port) {
-						a->seen = now;
-						return be;
-					}
-				}
-			} else {
-				struct be_idx_key_v6 ik = {.list_id = fe->list_id, .addr = a->addr, .port = a->port};
-				__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v6, &ik);
-				if (ord && *ord >= start && *ord < end) {
-					bk.ordinal = *ord;
-					be = bpf_map_lookup_elem(&sl_be_v6, &bk);
-					if (be && eq6(&be->addr, &a->addr) && be->port == a->port) {
-						a->seen = now;
-						return be;
-					}
-				}
+			be = in_set6(fe, start, end, &a->addr, a->port);
+			if (be) {
+				a->seen = now;
+				return be;
 			}
 		}
 		bk.ordinal = start + bpf_get_prandom_u32() % n;

@@ -58,57 +58,6 @@ static __always_inline int our_netns(void *ctx)
 	return c && c->netns_cookie && bpf_get_netns_cookie(ctx) == c->netns_cookie;
 }
 
-/* in_set4 finds the endpoint addr:port in [start, end) of a frontend's list, as affinity
- * does (pick): read whole when short, by the index when long. */
-static __always_inline struct be_val_v4 *in_set4(struct fe_val *fe, __u32 start, __u32 end, __be32 addr, __be16 port)
-{
-	struct be_key bk = {.list_id = fe->list_id};
-	struct be_val_v4 *be;
-	if (fe->count <= AFF_SCAN) {
-		for (__u32 i = 0; i < AFF_SCAN; i++) {
-			if (start + i >= end)
-				break;
-			bk.ordinal = start + i;
-			be = bpf_map_lookup_elem(&sl_be_v4, &bk);
-			if (be && be->addr == addr && be->port == port)
-				return be;
-		}
-		return 0;
-	}
-	struct be_idx_key_v4 ik = {.list_id = fe->list_id, .addr = addr, .port = port};
-	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v4, &ik);
-	if (!ord || *ord < start || *ord >= end)
-		return 0;
-	bk.ordinal = *ord;
-	be = bpf_map_lookup_elem(&sl_be_v4, &bk);
-	return be && be->addr == addr && be->port == port ? be : 0;
-}
-
-static __always_inline struct be_val_v6 *in_set6(struct fe_val *fe, __u32 start, __u32 end, struct addr6 *addr,
-						 __be16 port)
-{
-	struct be_key bk = {.list_id = fe->list_id};
-	struct be_val_v6 *be;
-	if (fe->count <= AFF_SCAN) {
-		for (__u32 i = 0; i < AFF_SCAN; i++) {
-			if (start + i >= end)
-				break;
-			bk.ordinal = start + i;
-			be = bpf_map_lookup_elem(&sl_be_v6, &bk);
-			if (be && eq6(&be->addr, addr) && be->port == port)
-				return be;
-		}
-		return 0;
-	}
-	struct be_idx_key_v6 ik = {.list_id = fe->list_id, .addr = *addr, .port = port};
-	__u32 *ord = bpf_map_lookup_elem(&sl_be_idx_v6, &ik);
-	if (!ord || *ord < start || *ord >= end)
-		return 0;
-	bk.ordinal = *ord;
-	be = bpf_map_lookup_elem(&sl_be_v6, &bk);
-	return be && eq6(&be->addr, addr) && be->port == port ? be : 0;
-}
-
 /* sock_set narrows a frontend's list to what the node's own sockets may use: its cluster set,
  * or its local set under internalTrafficPolicy Local. 0 when empty. */
 static __always_inline int sock_set(struct fe_val *fe, __u32 *start, __u32 *end)
