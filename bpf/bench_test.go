@@ -110,6 +110,37 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 		u.Ops = append(u.Ops, calc.Op{Route: &calc.Route{Dst: p, Device: dev, Reason: calc.ReasonLocalWorkload}})
 	}
 	var fronts []calc.Frontend
+	// family adds service s's frontends of one family (a cluster IP, node ports on this
+	// node's address and the wildcard, TCP; UDP on the wildcard too when udp) over eps, whose
+	// nodes' underlay addresses nodeAddr gives.
+	family := func(s int, eps []benchBackend, nodeAddr func(int) netip.Addr, cluster, wildcard netip.Addr, udp bool) {
+		var local, remote []calc.Backend
+		present := make([]netip.AddrPort, 0, len(eps))
+		for _, ep := range eps {
+			be := calc.Backend{Addr: ep.addr.Addr(), Port: ep.addr.Port(), Node: benchNodeName(ep.node), NodeAddr: nodeAddr(ep.node)}
+			if ep.node == self {
+				local = append(local, be)
+			} else {
+				remote = append(remote, be)
+			}
+			present = append(present, ep.addr)
+		}
+		slices.SortFunc(present, netip.AddrPort.Compare)
+		backends := append(local, remote...)
+		name := fmt.Sprintf("svc-%05d", s)
+		id := calc.ServiceID(&store.Service{Namespace: "bench", Name: name, UID: "uid-" + name})
+		add := func(a netip.Addr, port uint16, proto store.Protocol, kind calc.FrontendKind) {
+			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: proto}, Kind: kind,
+				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends, LocalBackends: len(local), Present: present})
+		}
+		add(cluster, 80, store.ProtocolTCP, calc.FrontendClusterIP)
+		add(nodeAddr(self), uint16(benchNodePort+s), store.ProtocolTCP, calc.FrontendNodePort)
+		add(wildcard, uint16(benchNodePort+s), store.ProtocolTCP, calc.FrontendNodePort)
+		if udp {
+			// The traffic benchmark's services carry UDP too (UDP-GSO bulk).
+			add(wildcard, uint16(benchNodePort+s), store.ProtocolUDP, calc.FrontendNodePort)
+		}
+	}
 	for s := range benchServices {
 		eps := special[s]
 		if eps == nil {
@@ -118,35 +149,7 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 				eps = append(eps, benchBackend{a, n})
 			}
 		}
-		var local, remote []calc.Backend
-		for _, ep := range eps {
-			be := calc.Backend{Addr: ep.addr.Addr(), Port: ep.addr.Port(), Node: benchNodeName(ep.node), NodeAddr: benchNodeAddr(ep.node)}
-			if ep.node == self {
-				local = append(local, be)
-			} else {
-				remote = append(remote, be)
-			}
-		}
-		backends := append(local, remote...)
-		present := make([]netip.AddrPort, 0, len(eps))
-		for _, ep := range eps {
-			present = append(present, ep.addr)
-		}
-		slices.SortFunc(present, netip.AddrPort.Compare)
-		name := fmt.Sprintf("svc-%05d", s)
-		id := calc.ServiceID(&store.Service{Namespace: "bench", Name: name, UID: "uid-" + name})
-		addProto := func(a netip.Addr, port uint16, proto store.Protocol, kind calc.FrontendKind) {
-			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: proto}, Kind: kind,
-				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends, LocalBackends: len(local), Present: present})
-		}
-		add := func(a netip.Addr, port uint16, kind calc.FrontendKind) { addProto(a, port, store.ProtocolTCP, kind) }
-		add(benchClusterIP(s), 80, calc.FrontendClusterIP)
-		add(benchNodeAddr(self), uint16(benchNodePort+s), calc.FrontendNodePort)
-		add(netip.IPv4Unspecified(), uint16(benchNodePort+s), calc.FrontendNodePort)
-		if special[s] != nil {
-			// The traffic benchmark's services carry UDP too (UDP-GSO bulk).
-			addProto(netip.IPv4Unspecified(), uint16(benchNodePort+s), store.ProtocolUDP, calc.FrontendNodePort)
-		}
+		family(s, eps, benchNodeAddr, benchClusterIP(s), netip.IPv4Unspecified(), special[s] != nil)
 		if v6 == nil || (!v6.all && v6.special[s] == nil) {
 			continue
 		}
@@ -157,26 +160,7 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 				eps6 = append(eps6, benchBackend{netip.AddrPortFrom(benchEndpoint6(s, e), a.Port()), n})
 			}
 		}
-		var local6, remote6 []calc.Backend
-		present6 := make([]netip.AddrPort, 0, len(eps6))
-		for _, ep := range eps6 {
-			be := calc.Backend{Addr: ep.addr.Addr(), Port: ep.addr.Port(), Node: benchNodeName(ep.node), NodeAddr: benchNodeAddr6(ep.node)}
-			if ep.node == self {
-				local6 = append(local6, be)
-			} else {
-				remote6 = append(remote6, be)
-			}
-			present6 = append(present6, ep.addr)
-		}
-		slices.SortFunc(present6, netip.AddrPort.Compare)
-		backends6 := append(local6, remote6...)
-		add6 := func(a netip.Addr, port uint16, kind calc.FrontendKind) {
-			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: store.ProtocolTCP}, Kind: kind,
-				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends6, LocalBackends: len(local6), Present: present6})
-		}
-		add6(benchClusterIP6(s), 80, calc.FrontendClusterIP)
-		add6(benchNodeAddr6(self), uint16(benchNodePort+s), calc.FrontendNodePort)
-		add6(netip.IPv6Unspecified(), uint16(benchNodePort+s), calc.FrontendNodePort)
+		family(s, eps6, benchNodeAddr6, benchClusterIP6(s), netip.IPv6Unspecified(), false)
 	}
 	slices.SortFunc(fronts, func(a, b calc.Frontend) int {
 		return cmp.Or(a.Key.Addr.Compare(b.Key.Addr), cmp.Compare(a.Key.Port, b.Key.Port))
