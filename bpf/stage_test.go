@@ -206,7 +206,7 @@ func stAttach() AttachMode {
 
 func stConfig(pin string) StageConfig {
 	return StageConfig{PinDir: pin, Sizes: stSizes, HostInterfaces: regexp.MustCompile(DefaultHostInterfaces),
-		CgroupPath: "none", Timeouts: DefaultTimeouts, Attach: stAttach(),
+		CgroupPath: "none", Timeouts: DefaultTimeouts, Attach: stAttach(), ipv4Programs: true,
 		Services: Config{NodeName: stNodeName, VXLANPort: DefaultVXLANPort, VNI: DefaultVNI, PSNATMin: DefaultPSNATMin, PSNATMax: DefaultPSNATMax}}
 }
 
@@ -721,7 +721,9 @@ func TestStageDriftProgramDetached(t *testing.T) {
 		// The tail-call slots of the IPv6 programs emptied by hand: every hook would pass
 		// IPv6 untouched. The next apply puts them back, counted as links repaired.
 		e := stNewEnv(t)
-		s, _ := e.start(stConfig(e.pin))
+		cfg := stConfig(e.pin)
+		cfg.ipv4Programs = false
+		s, _ := e.start(cfg)
 		s.OnUpdate(stStandard())
 		e.apply(s)
 		before := s.Repairs().Links
