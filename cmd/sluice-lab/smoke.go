@@ -100,6 +100,14 @@ func (l *lab) smoke(ctx context.Context) error {
 	if err := l.apply("seed-services.yaml", seedServices); err != nil {
 		return err
 	}
+	// The agents load their programs while the routes go on (the service stage starts apart):
+	// under emulation that takes tens of seconds, three agents at once.
+	for _, n := range []string{"node-a", "node-b"} {
+		start := time.Now()
+		if l.agents[n].waitFor(3*time.Minute, "service maps updated") {
+			fmt.Fprintf(l.out, "sluiced on %s has programmed its service maps (waited %v)\n", n, time.Since(start).Round(100*time.Millisecond))
+		}
+	}
 	for _, c := range []struct{ node, where string }{{"node-b", "local"}, {"node-a", "remote"}} {
 		addr := nodeIPs[c.node] + ":30092"
 		// Until the node's service stage has the service, the port refuses.
