@@ -357,3 +357,51 @@ func TestProg6NodePortRemoteBackend(t *testing.T) {
 	tpWantVerdict(t, rc, tpShot)
 	b.wantCounters(map[int]uint64{tpCTunIn: 1, tpCDropForgedTunnel: 1})
 }
+
+// TestProgChecksumComplete: translated packets keep skb->csum right when they came with a
+// complete receive checksum (CHECKSUM_COMPLETE, as NICs that sum the whole packet deliver
+// them), so the stack that takes them (the node's, or a pod's across its veth) trusts it
+// instead of logging "hw csum failure" and summing the packet again. An IPv6 address change
+// needs csum_complete_fix6: bpf_l4_csum_replace adjusts skb->csum as IPv4 needs.
+func TestProgChecksumComplete(t *testing.T) {
+	if err := haveCsumComplete(); err != nil {
+		t.Skipf("test runs cannot hand a program a CHECKSUM_COMPLETE packet (BPF_F_TEST_SKB_CHECKSUM_COMPLETE, Linux 6.11): %v", err)
+	}
+	t.Run("IPv6 cluster IP", func(t *testing.T) {
+		a := tpNewWorld(t).node6()
+		a.csumComplete = true
+		a.frontend6(tp6Cluster, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 0xa1, Count: 1, Local: 1})
+		a.frontend6(tp6Cluster, 53, tpProtoUDP, sluiceFeVal{ListId: 2, SvcId: 0xa1, Count: 1, Local: 1})
+		a.backends6(1, tp6Backend(netip.AddrPortFrom(tp6PodA5, 8080), tpBeLocal))
+		a.backends6(2, tp6Backend(netip.AddrPortFrom(tp6PodA5, 5353), tpBeLocal))
+		client := netip.AddrPortFrom(tp6PodA7, 40000)
+		fe := netip.AddrPortFrom(tp6Cluster, 80)
+		be := netip.AddrPortFrom(tp6PodA5, 8080)
+		syn := tp6TCP(tpMACPodA7, tpMACWepA1, client, fe, tpSYN, 100, 0, []byte("data"))
+		rc, out := a.run6(a.o.SlFromWep, "wep1", false, syn)
+		tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepA0, tpMACPodA5, client, be, tpSYN, 100, 0, []byte("data")))
+		synack := tp6TCP(tpMACPodA5, tpMACWepA0, be, client, tpSYN|tpACK, 500, 101, nil)
+		rc, out = a.run6(a.o.SlFromWep, "wep0", false, synack)
+		tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepA1, tpMACPodA7, fe, client, tpSYN|tpACK, 500, 101, nil))
+		dns := netip.AddrPortFrom(tp6Cluster, 53)
+		q := tp6UDP(tpMACPodA7, tpMACWepA1, netip.AddrPortFrom(tp6PodA7, 40053), dns, []byte("query"))
+		rc, out = a.run6(a.o.SlFromWep, "wep1", false, q)
+		tp6Want(t, rc, out, tpRedirect, tp6UDP(tpMACWepA0, tpMACPodA5, netip.AddrPortFrom(tp6PodA7, 40053), netip.AddrPortFrom(tp6PodA5, 5353), []byte("query")))
+	})
+	t.Run("IPv4 cluster IP", func(t *testing.T) {
+		a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
+		a.csumComplete = true
+		vip := netip.MustParseAddr("10.96.0.10")
+		a.frontend(vip, 80, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
+		a.backends(1, tpBackend(tpAP("10.65.0.5:8080"), tpNodeA, true))
+		client := netip.AddrPortFrom(tpPodA7, 33333)
+		front := netip.AddrPortFrom(vip, 80)
+		pod := netip.AddrPortFrom(tpPodA5, 8080)
+		syn := tpTCPFrame(tpMACPodA7, tpMACWepA1, client, front, tpSYN, 7000, 0, nil)
+		rc, out := a.fromWep("wep1", syn)
+		tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, pod))
+		synack := tpTCPFrame(tpMACPodA5, tpMACWepA0, pod, client, tpSYN|tpACK, 9000, 7001, nil)
+		rc, out = a.fromWep("wep0", synack)
+		tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACWepA1, tpMACPodA7, front, netip.AddrPort{}))
+	})
+}

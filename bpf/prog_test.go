@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -275,6 +276,9 @@ type tpNode struct {
 	o       *Objects
 	ifindex map[string]int
 	mac     map[string]tpMAC
+	// csumComplete runs the programs on packets received with a complete checksum
+	// (testSkbChecksumComplete): a run that leaves skb->csum wrong fails the test.
+	csumComplete bool
 }
 
 // node makes a namespace with the interfaces and loads the objects for it, with sluice's
@@ -524,20 +528,45 @@ func (n *tpNode) runCtx(prog *ebpf.Program, iface string, egress bool, in []byte
 		edit(&ctx)
 	}
 	out := make([]byte, 4096)
-	opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx}
+	var flags uint32
+	if n.csumComplete {
+		flags = testSkbChecksumComplete
+	}
+	opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx, Flags: flags}
 	rc, err := prog.Run(opts)
 	if errors.Is(err, unix.EINVAL) && ctx.IngressIfindex != 0 {
 		// Before Linux 5.15 a test run cannot set ingress_ifindex; the programs read ifindex
 		// then, which names the same interface on an ingress hook.
 		ctx.IngressIfindex = 0
-		opts = &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx}
+		opts = &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx, Flags: flags}
 		rc, err = prog.Run(opts)
+	}
+	if errors.Is(err, unix.EBADMSG) {
+		n.t.Fatalf("%s: %v on %s left skb->csum wrong for a packet received with a complete checksum (CHECKSUM_COMPLETE): the stack would log \"hw csum failure\" and sum it again", n.name, prog, iface)
 	}
 	if err != nil {
 		n.t.Fatalf("%s: running %v on %s: %v", n.name, prog, iface, err)
 	}
 	return rc, opts.DataOut
 }
+
+// testSkbChecksumComplete is BPF_F_TEST_SKB_CHECKSUM_COMPLETE (Linux 6.11): the test run
+// hands the program a packet whose skb->csum sums it whole, as a NIC with complete receive
+// checksums does, and fails the run with EBADMSG when skb->csum no longer sums the packet the
+// program leaves.
+const testSkbChecksumComplete = 1 << 2
+
+// haveCsumComplete says whether test runs take testSkbChecksumComplete.
+var haveCsumComplete = sync.OnceValue(func() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	_, err = prog.Run(&ebpf.RunOptions{Data: make([]byte, 64), Flags: testSkbChecksumComplete})
+	return err
+})
 
 // fromHost, fromWep and toWep run the three tc programs.
 func (n *tpNode) fromHost(iface string, f tpFrame) (uint32, []byte) {

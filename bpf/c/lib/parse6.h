@@ -116,6 +116,18 @@ static __always_inline int is_l4_6(struct pkt6 *p)
 	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && (!(p->frag & F6_LATER) || p->later);
 }
 
+/* csum_complete_fix6 undoes what bpf_l4_csum_replace did to skb->csum for an IPv6 pseudo-header
+ * change d. Given a complete receive checksum (CHECKSUM_COMPLETE, from NICs that sum the whole
+ * packet), the helper subtracts d from skb->csum as IPv4 needs (its header checksum changes
+ * too); in IPv6 the address change and the L4 checksum change cancel, so skb->csum must stay,
+ * or the stack logs "hw csum failure" and sums the packet again in software. Linux 6.16 gave
+ * the helper a flag for this (BPF_F_IPV6), which older kernels refuse: adding d back works on
+ * every kernel. bpf_csum_update touches only a CHECKSUM_COMPLETE skb. */
+static __always_inline void csum_complete_fix6(struct __sk_buff *skb, __s64 d)
+{
+	bpf_csum_update(skb, (__wsum)d);
+}
+
 /* rewrite6 changes the source (dst_side 0) or destination address and port of the packet,
  * fixing the transport checksum, whose pseudo-header holds the addresses. A UDP checksum
  * never becomes 0 (no checksum, which IPv6 forbids): a result of 0 is written as 0xffff. */
@@ -132,6 +144,7 @@ static __always_inline int rewrite6(struct __sk_buff *skb, struct pkt6 *p, int d
 			__s64 d = bpf_csum_diff(old->w, 16, (__be32 *)addr->w, 16, 0);
 			if (bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR | mangle) < 0)
 				return -1;
+			csum_complete_fix6(skb, d);
 		}
 		if (bpf_skb_store_bytes(skb, IP_OFF + (dst_side ? 24 : 8), addr, 16, 0) < 0)
 			return -1;
