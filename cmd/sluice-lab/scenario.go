@@ -171,6 +171,20 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	out, ok = l.ask(wlNS(l.workload("db-a")), "10.65.0.129:8089", l.workload("db-a").addr)
 	l.check(ok, "db-a (another pool) -> web-c keeps db-a's address: %s", out)
 
+	// IPv6: the pool fd00:65::/64 has natOutgoing too; the gateway knows no pool.
+	if p, err := l.start(nsGateway, "whoami gateway v6", false, l.tool(), "tcp-whoami", "["+gateway6+"]:8081"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami on the gateway (IPv6): %v", err)
+	}
+	for _, w := range []struct{ wl, node string }{{"web-a", "node-a"}, {"web-b", "node-b"}, {"web-c", "node-c"}} {
+		out, ok := l.ask(wlNS(l.workload(w.wl)), "["+gateway6+"]:8081", nodeIPs6[w.node])
+		l.check(ok, "%s reaches the gateway over IPv6 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs6[w.node], out)
+	}
+	if p, err := l.start(wlNS(l.workload("web-c")), "whoami web-c v6", false, l.tool(), "tcp-whoami", "[fd00:65::81]:8089"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami on web-c (IPv6): %v", err)
+	}
+	out, ok = l.ask(wlNS(l.workload("web-a")), "[fd00:65::81]:8089", "fd00:65::1")
+	l.check(ok, "web-a -> web-c over IPv6 (another node, same pool) keeps web-a's address: %s", out)
+
 	if err := l.floatingIPs(); err != nil {
 		return err
 	}
@@ -312,12 +326,12 @@ func (l *lab) diff(node string) (string, error) {
 	return string(out), err
 }
 
-// floatingWEP is web-b's endpoint (or web-c's, on node-c) naming the floating IP
-// 192.168.50.2 (fip false: without it), as networking-calico writes ipNATs.
+// floatingWEP is web-b's endpoint (or web-c's, on node-c) naming the floating IPs
+// 192.168.50.2 and fd00:50::2 (fip false: without them), as networking-calico writes ipNATs.
 func floatingWEP(node, pod, iface, addr, addr6 string, fip bool) string {
 	nats := ""
 	if fip {
-		nats = "\n  ipNATs: [{internalIP: " + addr + ", externalIP: 192.168.50.2}]"
+		nats = "\n  ipNATs: [{internalIP: " + addr + ", externalIP: 192.168.50.2}, {internalIP: " + addr6 + ", externalIP: " + floating6 + "}]"
 	}
 	return fmt.Sprintf(`apiVersion: projectcalico.org/v3
 kind: WorkloadEndpoint
@@ -336,13 +350,16 @@ spec:
 `, strings.ReplaceAll(node, "-", "--"), pod, node, iface, addr, addr6, nats)
 }
 
+// floating6 is web-b's IPv6 floating IP.
+const floating6 = "fd00:50::2"
+
 // floatingIPs: an outside client reaches web-b through its floating IP 192.168.50.2 by way of
 // another node (the client routes it to node-a) and on its own node (the router sends the
 // other client, sl-ext, straight to node-b), keeping the client's address; web-b's own
 // traffic out leaves from the floating IP; a stream through it survives sluiced's restart on
 // node-b; a VM with its floating IP live-migrated from node-b to node-c is reached there.
 func (l *lab) floatingIPs() error {
-	l.step("floating IPs: 192.168.50.2 for web-b (10.65.0.65), as networking-calico writes ipNATs")
+	l.step("floating IPs: 192.168.50.2 and fd00:50::2 for web-b (10.65.0.65, fd00:65::41), as networking-calico writes ipNATs")
 	write := func(name, doc string) {
 		if err := l.apply(name, doc); err != nil {
 			l.check(false, "writing %s: %v", name, err)
@@ -359,17 +376,27 @@ func (l *lab) floatingIPs() error {
 		// with the host's net.ipv4.ip_forward.
 		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.40.0/24", "via", "192.168.10.1"},
 		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		// The same for IPv6, fd00:50::/64.
+		[]string{"ip", "-n", nsClient, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-a"]},
+		[]string{"ip", "-n", nsRouter, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-b"]},
+		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-a"]},
+		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:40::/64", "via", "fd00:10::1"},
+		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
 	); err != nil {
 		return err
 	}
 	defer func() {
 		_, _ = sh("ip", "-n", nsGateway, "route", "del", "192.168.40.0/24")
 		_, _ = sh("ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=0")
+		_, _ = sh("ip", "-n", nsGateway, "-6", "route", "del", "fd00:40::/64")
+		_, _ = sh("ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=0")
 	}()
 	// web-b answers on 8090, web-c on 8091: which port answers says which workload it is.
 	for w, port := range map[string]string{"web-b": "8090", "web-c": "8091"} {
-		if p, err := l.start(wlNS(l.workload(w)), "whoami "+w+" fip", false, l.tool(), "tcp-whoami", l.workload(w).addr+":"+port); err != nil || !p.waitFor(5*time.Second, "READY") {
-			return fmt.Errorf("whoami on %s: %v", w, err)
+		for _, addr := range []string{l.workload(w).addr, "[" + l.workload(w).addr6 + "]"} {
+			if p, err := l.start(wlNS(l.workload(w)), "whoami "+w+" fip "+addr, false, l.tool(), "tcp-whoami", addr+":"+port); err != nil || !p.waitFor(5*time.Second, "READY") {
+				return fmt.Errorf("whoami on %s: %v", w, err)
+			}
 		}
 	}
 	write("fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true))
@@ -399,6 +426,18 @@ func (l *lab) floatingIPs() error {
 	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "192.168.50.2")
 	l.check(strings.Contains(routes, "via 10.65.0.64 dev vxlan.sluice"), "node-a routes 192.168.50.2 as web-b's own address, through VXLAN to node-b: %s", strings.TrimSpace(routes))
 
+	fip6 := "[" + floating6 + "]:8090"
+	out, ok = l.ask(nsClient, fip6, "fd00:10::100")
+	l.check(ok, "the client reaches web-b through %s by way of node-a, 5 of 5, its own address kept: %s", floating6, out)
+	out, ok = l.ask(nsExt, fip6, ext6)
+	l.check(ok, "sl-ext reaches web-b through %s on node-b itself, 5 of 5, its own address kept: %s", floating6, out)
+	out, ok = l.ask(wlNS(l.workload("web-a")), fip6, "fd00:65::")
+	l.check(ok, "web-a on node-a reaches web-b through %s (masqueraded to node-a's IPv6 tunnel address, the way out): %s", floating6, out)
+	out, ok = l.ask(wlNS(l.workload("web-b")), "["+gateway6+"]:8081", floating6)
+	l.check(ok, "web-b's own IPv6 traffic out reaches the gateway from %s (not node-b's address): %s", floating6, out)
+	routes, _ = sh("ip", "-n", nodeNS("node-a"), "-6", "route", "show", floating6)
+	l.check(strings.Contains(routes, "dev vxlan-v6.sluice"), "node-a routes %s as web-b's own address, through VXLAN to node-b: %s", floating6, strings.TrimSpace(routes))
+
 	stream, err := l.start(nsClient, "stream to floating IP", false, l.tool(), "stream", "192.168.50.2:8080")
 	if err != nil {
 		return err
@@ -415,6 +454,7 @@ func (l *lab) floatingIPs() error {
 
 	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
 	l.check(leadsNowhere("192.168.50.2:8090"), "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere")
+	l.check(leadsNowhere(fip6), "and %s leads nowhere", floating6)
 
 	// A VM live-migrated: 10.65.0.70 (node-b's block) with floating IP 192.168.50.3 runs on
 	// node-b; its copy starts on node-c, networking-calico writes the new endpoint, then the

@@ -214,6 +214,10 @@ func (l *lab) ipv6Services() error {
 	l.check(err == nil && ptb > 0,
 		"4 MB echoed by web-b on node-b through node-a's IPv6 node port; node-a sent %d Packet Too Big, and the transfer completed: %s", ptb, oneLine(out))
 
+	if err := l.multiHomed6(); err != nil {
+		return err
+	}
+
 	l.step("seed 000 over IPv6: connections through node-a's IPv6 node port across cleanups and a restart of its sluiced")
 	front := "[fd00:10::11]:30188"
 	idle, err := l.start(nsRouter, "idle6", false, l.tool(), "tcp-idle", front, "7")
@@ -230,6 +234,47 @@ func (l *lab) ipv6Services() error {
 		"a connection through node-a's IPv6 node port idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
 	l.check(stream.finish(), "a busy stream through node-c's IPv6 node port to node-b for the same 7 s never broke: %s", stream.transcript())
 	return l.restartUnderTraffic(nsRouter, front, "IPv6 node port")
+}
+
+// multiHomed6 is seed 000 over IPv6 from a client on another network (sl-ext, behind the
+// router), with node-a's IPv6 default route leading out of its second NIC to a gateway that
+// knows no client: every node's node port answers with the client's address kept, and
+// node-a's replies leave by the NIC the requests came in on.
+func (l *lab) multiHomed6() error {
+	l.step("seed 000 over IPv6: from a client on another network (" + ext6 + "), multi-homed node-a's default route leading out of eth1")
+	if _, err := sh("ip", "-n", nodeNS("node-a"), "-6", "route", "replace", "default", "via", "fd00:30::fe", "dev", "eth1"); err != nil {
+		return err
+	}
+	defer func() { _, _ = sh("ip", "-n", nodeNS("node-a"), "-6", "route", "replace", "default", "via", gateway6) }()
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		addr := fmt.Sprintf("[%s]:30187", nodeIPs6[n])
+		_, _ = retry(10*time.Second, func() error {
+			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+			return err
+		})
+		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		got, failed := answers(out)
+		l.check(err == nil && failed == 0 && onlyFrom(got, 20, ext6),
+			"20 of 20 connections from %s to %s's IPv6 node port %s reach web-b, which sees the client's own address: %s", ext6, n, addr, oneLine(out))
+	}
+	uplink := l.uplink("node-a")
+	in, err := l.start(nodeNS("node-a"), "sniff6 "+uplink, false, l.tool(), "sniff", uplink, ext6, "3")
+	if err != nil {
+		return err
+	}
+	other, err := l.start(nodeNS("node-a"), "sniff6 eth1", false, l.tool(), "sniff", "eth1", ext6, "3")
+	if err != nil {
+		return err
+	}
+	in.waitFor(2*time.Second, "READY")
+	other.waitFor(2*time.Second, "READY")
+	out, err := nsRun(nsExt, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "10")
+	<-in.done
+	<-other.done
+	l.check(err == nil, "10 connections through node-a's IPv6 node port succeed although its IPv6 default route leads out of eth1: %s", oneLine(out))
+	l.check(other.count("packets 0") == 1, "no IPv6 packet to the client left node-a by eth1 (capture: %s)", strings.Join(other.lines, " "))
+	l.check(in.count("packets 0") == 0 && in.count("packets") == 1, "the replies left node-a by %s (capture: %s)", uplink, strings.Join(in.lines, " "))
+	return nil
 }
 
 // routerOn is the router's address on a node's IPv6 subnet: the source a client there uses.

@@ -206,7 +206,7 @@ func toolSendUDP(args []string) error {
 	return nil
 }
 
-// toolSniff counts IPv4 packets for dst seen on iface for a while (an AF_PACKET socket), and
+// toolSniff counts IPv4 or IPv6 packets for dst seen on iface for a while (an AF_PACKET socket), and
 // prints the count.
 func toolSniff(args []string) error {
 	if len(args) != 3 {
@@ -221,7 +221,7 @@ func toolSniff(args []string) error {
 		return err
 	}
 	secs, _ := strconv.ParseFloat(args[2], 64)
-	const ethPIP = 0x0800
+	const ethPIP, ethPIPv6 = 0x0800, 0x86dd
 	// ETH_P_ALL: a socket bound to one protocol sees only packets received, never sent.
 	const ethPAll = 0x0003
 	fd, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_DGRAM, int(htons(ethPAll)))
@@ -244,10 +244,14 @@ func toolSniff(args []string) error {
 		if err != nil || n < 20 {
 			continue
 		}
-		if ll, ok := from.(*syscall.SockaddrLinklayer); !ok || ll.Protocol != htons(ethPIP) {
+		ll, ok := from.(*syscall.SockaddrLinklayer)
+		if !ok {
 			continue
 		}
-		if netip.AddrFrom4([4]byte(buf[16:20])) == dst {
+		switch {
+		case ll.Protocol == htons(ethPIP) && dst.Is4() && netip.AddrFrom4([4]byte(buf[16:20])) == dst:
+			count++
+		case ll.Protocol == htons(ethPIPv6) && dst.Is6() && n >= 40 && netip.AddrFrom16([16]byte(buf[24:40])) == dst:
 			count++
 		}
 	}

@@ -10,11 +10,16 @@ import (
 // The lab's topology, all in network namespaces named "sl-*":
 //
 //	sl-router   bridges br-a 192.168.10.1/24, fd00:10::1/64 and br-b 192.168.20.1/24,
-//	            fd00:20::1/64; serves etcd on 192.168.10.1:2379; default route via the LAN
-//	            gateway
-//	sl-gw       the LAN gateway, 192.168.10.254: every node's default route leads here; it
-//	            routes 192.168.20.0/24 through the router, and no pool
-//	sl-client   a host outside the cluster, 192.168.10.100, routing 10.65.0.0/16 to node-a
+//	            fd00:20::1/64, and ext0 192.168.40.1/24, fd00:40::1/64 (sl-ext's network);
+//	            serves etcd on 192.168.10.1:2379; default routes via the LAN gateway
+//	sl-gw       the LAN gateway, 192.168.10.254 and fd00:10::fe: every node's default
+//	            routes lead here; it routes 192.168.20.0/24 and fd00:20::/64 through the
+//	            router, and no pool
+//	sl-client   a host outside the cluster, 192.168.10.100 and fd00:10::100, routing
+//	            10.65.0.0/16 to node-a
+//	sl-ext      a client on another network behind the router, 192.168.40.100, fd00:40::100
+//	sl-gw2      a gateway leading nowhere, 192.168.30.254 and fd00:30::fe, on node-a's second
+//	            NIC eth1 (192.168.30.11, fd00:30::11): seed 000's multi-homed node
 //	sl-node-a   192.168.10.11/24 and fd00:10::11/64 (subnet A), sl-node-b 192.168.10.12/24
 //	            and fd00:10::12/64, sl-node-c 192.168.20.13/24 and fd00:20::13/64 (subnet B);
 //	            the subnets reach each other through the router
@@ -31,6 +36,9 @@ const (
 	nsExt      = "sl-ext"
 	nsGw2      = "sl-gw2"
 	etcdListen = "192.168.10.1:2379"
+	// gateway6 is the LAN gateway's IPv6 address, ext6 sl-ext's.
+	gateway6 = "fd00:10::fe"
+	ext6     = "fd00:40::100"
 )
 
 type labNode struct {
@@ -169,10 +177,17 @@ func (l *lab) buildTopology() error {
 	}
 	// The gateway knows the site's other subnet, behind the router (node-c's, whose
 	// masqueraded traffic it answers); not the pools.
-	if _, err := sh("ip", "-n", nsGateway, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"); err != nil {
+	if err := script(
+		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"},
+		[]string{"ip", "-n", nsGateway, "addr", "add", gateway6 + "/64", "dev", "eth0", "nodad"},
+		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:20::/64", "via", "fd00:10::1"},
+	); err != nil {
 		return err
 	}
 	if err := attach(nsClient, "a-client", "br-a", "192.168.10.100/24"); err != nil {
+		return err
+	}
+	if _, err := sh("ip", "-n", nsClient, "addr", "add", "fd00:10::100/64", "dev", "eth0", "nodad"); err != nil {
 		return err
 	}
 	for _, n := range labNodes {
@@ -213,9 +228,14 @@ func (l *lab) buildTopology() error {
 		if _, err := sh("ip", "-n", n.ns, "route", "add", "default", "via", n.gw); err != nil {
 			return err
 		}
+		gw6 := gateway6 // node-c's gateway is the router, which leads there
+		if n.lan == "br-b" {
+			gw6 = n.via6
+		}
 		if err := script(
 			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", l.uplink(n.name), "nodad"},
 			[]string{"ip", "-n", n.ns, "-6", "route", "add", n.other6, "via", n.via6},
+			[]string{"ip", "-n", n.ns, "-6", "route", "add", "default", "via", gw6},
 		); err != nil {
 			return err
 		}
@@ -232,18 +252,24 @@ func (l *lab) buildTopology() error {
 		[]string{"ip", "-n", nsExt, "addr", "add", "192.168.40.100/24", "dev", "eth0"},
 		[]string{"ip", "-n", nsExt, "link", "set", "eth0", "up"},
 		[]string{"ip", "-n", nsExt, "route", "add", "default", "via", "192.168.40.1"},
+		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:40::1/64", "dev", "ext0", "nodad"},
+		[]string{"ip", "-n", nsExt, "addr", "add", ext6 + "/64", "dev", "eth0", "nodad"},
+		[]string{"ip", "-n", nsExt, "-6", "route", "add", "default", "via", "fd00:40::1"},
 		// node-a's second NIC, on a network of its own with a gateway that leads nowhere:
 		// replies routed by the default route through it would never reach a client.
 		[]string{"ip", "-n", nsGw2, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1", "netns", nodeNS("node-a")},
 		[]string{"ip", "-n", nsGw2, "addr", "add", "192.168.30.254/24", "dev", "eth0"},
 		[]string{"ip", "-n", nsGw2, "link", "set", "eth0", "up"},
 		[]string{"ip", "-n", nodeNS("node-a"), "addr", "add", "192.168.30.11/24", "dev", "eth1"},
+		[]string{"ip", "-n", nsGw2, "addr", "add", "fd00:30::fe/64", "dev", "eth0", "nodad"},
+		[]string{"ip", "-n", nodeNS("node-a"), "addr", "add", "fd00:30::11/64", "dev", "eth1", "nodad"},
 		[]string{"ip", "-n", nodeNS("node-a"), "link", "set", "eth1", "up"},
 	); err != nil {
 		return err
 	}
 	if err := script(
 		[]string{"ip", "-n", nsRouter, "route", "add", "default", "via", "192.168.10.254"},
+		[]string{"ip", "-n", nsRouter, "-6", "route", "add", "default", "via", gateway6},
 		[]string{"ip", "-n", nsClient, "route", "add", "10.65.0.0/16", "via", "192.168.10.11"},
 	); err != nil {
 		return err

@@ -13,7 +13,7 @@ import (
 var sampleTables = map[string]string{
 	"ippools": `NAME CIDR VXLAN IPIP BLOCKSIZE NAT DISABLED
 pool-cross 10.66.0.0/16 CrossSubnet Never 26 true false
-pool-v6 fd00:65::/64 Always Never 122 false false
+pool-v6 fd00:65::/64 Always Never 122 true false
 pool-vxlan 10.65.0.0/16 Always Never 26 true false
 `,
 	"nodes": `NAME ADDRESS VXLAN-ADDRESS VXLAN-MAC ADDRESS-V6
