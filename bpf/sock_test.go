@@ -317,8 +317,9 @@ func TestSockNAT(t *testing.T) {
 	<-received
 
 	// A port the cluster IP does not have, and a frontend without endpoints: refused at once,
-	// a connection as kube-proxy's reject refuses it (ECONNREFUSED), an unconnected datagram
-	// at the send (EPERM: it cannot be sent anywhere that refuses it).
+	// as kube-proxy's reject refuses them: a connection gets ECONNREFUSED; an unconnected
+	// datagram is sent, and the port unreachable it meets reaches a socket that asked for
+	// errors as ECONNREFUSED.
 	for _, a := range []netip.AddrPort{netip.AddrPortFrom(skVIP, 81), netip.AddrPortFrom(skEmpty, 80)} {
 		if c, err := dialer.Dial("tcp4", a.String()); !errors.Is(err, syscall.ECONNREFUSED) {
 			if c != nil {
@@ -326,9 +327,7 @@ func TestSockNAT(t *testing.T) {
 			}
 			t.Errorf("connecting to %v: %v, want ECONNREFUSED", a, err)
 		}
-		if _, err := u.WriteToUDPAddrPort([]byte("x"), a); !errors.Is(err, syscall.EPERM) {
-			t.Errorf("sending to %v: %v, want EPERM", a, err)
-		}
+		skRefusedDatagram(t, "udp4", a)
 	}
 	// An address that is no frontend is left alone (no route here).
 	if _, err := dialer.Dial("tcp4", "10.96.0.99:80"); !errors.Is(err, syscall.ENETUNREACH) {
@@ -411,5 +410,41 @@ func TestSockNAT(t *testing.T) {
 		if got := skCounter(t, o, c); got != 0 {
 			t.Errorf("counter %s = %d, want 0", tpCounterNames[c], got)
 		}
+	}
+}
+
+// skRefusedDatagram sends a datagram to a refused frontend a from an unconnected socket that
+// asked for errors (IP_RECVERR, IPV6_RECVERR): the send succeeds, and the port unreachable
+// that comes back is ECONNREFUSED at the next read, as from kube-proxy's reject. The socket
+// is made on the calling goroutine (in its namespace and cgroup).
+func skRefusedDatagram(t *testing.T, network string, a netip.AddrPort) {
+	t.Helper()
+	u, err := net.ListenUDP(network, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	rc, err := u.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if network == "udp4" {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_RECVERR, 1)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVERR, 1)
+		}
+	}); err != nil || serr != nil {
+		t.Fatalf("asking for errors: %v %v", err, serr)
+	}
+	if _, err := u.WriteToUDPAddrPort([]byte("x"), a); err != nil {
+		t.Errorf("sending to %v: %v, want it sent", a, err)
+		return
+	}
+	u.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 64)
+	if n, from, err := u.ReadFromUDPAddrPort(buf); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after sending to %v: read %q from %v, %v; want ECONNREFUSED", a, buf[:n], from, err)
 	}
 }

@@ -160,8 +160,18 @@ static __noinline int sock_nat6(__u64 cookie, __u8 proto, struct addr6 *addr, __
 /* A refused connect goes to the loopback's port 0, where no socket can listen: TCP gets the
  * reset a closed port sends (ECONNREFUSED, what kube-proxy's reject gives a client) and a
  * connected UDP socket the port unreachable of its first datagram. An unconnected send cannot
- * be pointed there (the kernel refuses port 0: EINVAL), so it is refused with EPERM. */
+ * be pointed at port 0 (the kernel refuses it: EINVAL); it goes to the loopback's discard port
+ * (9), as kube-proxy's reject treats it: the send succeeds, the port unreachable that comes
+ * back reaches only a socket that asked for errors (IP_RECVERR: ECONNREFUSED), and a discard
+ * service, if one listens there, drops it as well. */
 #define LOOPBACK4 0x7f000001
+#define DISCARD_PORT 9
+
+/* refused_port is where a refused connect (port 0) or unconnected send (discard) goes. */
+static __always_inline __be16 refused_port(int connect)
+{
+	return connect ? 0 : bpf_htons(DISCARD_PORT);
+}
 
 static __always_inline int sock_verdict(int rc)
 {
@@ -189,10 +199,8 @@ static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky, int conn
 	__be16 port = (__u16)ctx->user_port;
 	int rc = sock_verdict(sock_nat4(bpf_get_socket_cookie(ctx), proto, &addr, &port, sticky | SOCK_REMEMBER));
 	if (rc == SOCK_REFUSE) {
-		if (!connect)
-			return 0;
 		addr = bpf_htonl(LOOPBACK4);
-		port = 0;
+		port = refused_port(connect);
 	}
 	if (rc != SOCK_PASS) {
 		ctx->user_ip4 = addr;
@@ -218,10 +226,8 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int conn
 		__be32 addr = ctx->user_ip6[3];
 		rc = sock_verdict(sock_nat4(cookie, proto, &addr, &port, sticky | SOCK_REMEMBER));
 		if (rc == SOCK_REFUSE) {
-			if (!connect)
-				return 0;
 			addr = bpf_htonl(LOOPBACK4);
-			port = 0;
+			port = refused_port(connect);
 		}
 		if (rc != SOCK_PASS) {
 			ctx->user_ip6[3] = addr;
@@ -236,11 +242,9 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int conn
 	a.w[3] = ctx->user_ip6[3];
 	rc = sock_verdict(sock_nat6(cookie, proto, &a, &port, sticky | SOCK_REMEMBER));
 	if (rc == SOCK_REFUSE) {
-		if (!connect)
-			return 0;
 		__builtin_memset(&a, 0, sizeof(a));
 		a.w[3] = bpf_htonl(1); /* ::1 */
-		port = 0;
+		port = refused_port(connect);
 	}
 	if (rc != SOCK_PASS) {
 		ctx->user_ip6[0] = a.w[0];
