@@ -388,6 +388,64 @@ func TestProgChecksumComplete(t *testing.T) {
 		rc, out = a.run6(a.o.SlFromWep, "wep1", false, q)
 		tp6Want(t, rc, out, tpRedirect, tp6UDP(tpMACWepA0, tpMACPodA5, netip.AddrPortFrom(tp6PodA7, 40053), netip.AddrPortFrom(tp6PodA5, 5353), []byte("query")))
 	})
+	t.Run("IPv4 node port through the tunnel", func(t *testing.T) {
+		// The endpoint's node takes the tunnelled packet from its NIC (where a complete
+		// checksum comes from), unwraps it and hands it to the pod; the ingress node takes
+		// the answer from its NIC, unwraps and translates it back.
+		a, b := tpRemoteNodePort(t)
+		client := netip.AddrPortFrom(tpClient, 40000)
+		front := netip.AddrPortFrom(tpEdgeA, 30080)
+		pod := netip.AddrPortFrom(tpPodB5, 8080)
+		syn := tpTCPFrame(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, []byte("data"))
+		rc, out := a.fromHost("nic1", syn)
+		_, port := tpWantVXLAN(t, rc, out, tpMACA0, tpMACB0, tpNodeA, tpNodeB, tpUnwrapped(tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, pod)), false)
+		mid := netip.AddrPortFrom(tpClient, port)
+		b.csumComplete = true
+		rc, out = b.runBytes(b.o.SlFromHost, "nic0", false, out)
+		tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepB0, tpMACPodB5, mid, pod))
+		b.csumComplete = false
+		synack := tpTCPFrame(tpMACPodB5, tpMACWepB0, pod, mid, tpSYN|tpACK, 5000, 1005, nil)
+		rc, out = b.fromWep("wep0", synack)
+		tpWantVXLAN(t, rc, out, tpMACB0, tpMACA0, tpNodeB, tpNodeA, tpUnwrapped(synack), false)
+		a.csumComplete = true
+		rc, out = a.runBytes(a.o.SlFromHost, "nic0", false, out)
+		tpWant(t, rc, out, tpRedirect, tpNAT(synack, tpMACA1, tpMACEdge, front, client))
+	})
+	t.Run("IPv6 node port through the tunnel", func(t *testing.T) {
+		a, b := tp6Tunnel(t)
+		client := netip.AddrPortFrom(tp6Client, 40000)
+		front := netip.AddrPortFrom(tp6EdgeA, 30080)
+		pod := netip.AddrPortFrom(tp6PodB5, 8080)
+		syn := tp6TCP(tpMACEdge, tpMACA1, client, front, tpSYN, 1000, 0, []byte("data"))
+		rc, out := a.run6(a.o.SlFromHost, "nic1", false, syn)
+		tp6WantVXLAN(t, rc, out, tpMACA0, tpMACB0, tp6NodeA, tp6NodeB)
+		b.csumComplete = true
+		rc, out = b.runBytes(b.o.SlFromHost, "nic0", false, out)
+		tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACWepB0, tpMACPodB5, client, pod, tpSYN, 1000, 0, []byte("data")))
+		b.csumComplete = false
+		synack := tp6TCP(tpMACPodB5, tpMACWepB0, pod, client, tpSYN|tpACK, 5000, 1005, nil)
+		rc, out = b.run6(b.o.SlFromWep, "wep0", false, synack)
+		tp6WantVXLAN(t, rc, out, tpMACB0, tpMACA0, tp6NodeB, tp6NodeA)
+		a.csumComplete = true
+		rc, out = a.runBytes(a.o.SlFromHost, "nic0", false, out)
+		tp6Want(t, rc, out, tpRedirect, tp6TCP(tpMACA1, tpMACEdge, front, client, tpSYN|tpACK, 5000, 1005, nil))
+	})
+	t.Run("node ports from the NIC to a pod and to the node itself", func(t *testing.T) {
+		a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
+		a.csumComplete = true
+		a.frontend(netip.IPv4Unspecified(), 30080, tpProtoTCP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1, Flags: tpFeNodePort})
+		a.backends(1, tpBackend(tpAP("10.65.0.5:8080"), tpNodeA, true))
+		a.frontend(netip.IPv4Unspecified(), 30443, tpProtoTCP, sluiceFeVal{ListId: 2, SvcId: 2, Count: 1, Local: 1, Flags: tpFeNodePort})
+		a.backends(2, tpBackend(netip.AddrPortFrom(tpNodeA, 6443), tpNodeA, true))
+		client := netip.AddrPortFrom(tpClient, 40000)
+		syn := tpTCPFrame(tpMACEdge, tpMACA1, client, netip.AddrPortFrom(tpEdgeA, 30080), tpSYN, 1000, 0, []byte("data"))
+		rc, out := a.fromHost("nic1", syn)
+		tpWant(t, rc, out, tpRedirect, tpNAT(syn, tpMACWepA0, tpMACPodA5, netip.AddrPort{}, netip.AddrPortFrom(tpPodA5, 8080)))
+		// The node's own socket takes it up the stack, where skb->csum is checked.
+		syn = tpTCPFrame(tpMACEdge, tpMACA1, client, netip.AddrPortFrom(tpEdgeA, 30443), tpSYN, 1000, 0, []byte("data"))
+		rc, out = a.fromHost("nic1", syn)
+		tpWant(t, rc, out, tpOK, tpNAT(syn, tpZeroMAC, tpZeroMAC, netip.AddrPort{}, netip.AddrPortFrom(tpNodeA, 6443)))
+	})
 	t.Run("IPv4 cluster IP", func(t *testing.T) {
 		a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 		a.csumComplete = true
