@@ -116,13 +116,16 @@ static __always_inline int is_l4_6(struct pkt6 *p)
 	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && (!(p->frag & F6_LATER) || p->later);
 }
 
-/* csum_complete_fix6 undoes what bpf_l4_csum_replace did to skb->csum for an IPv6 pseudo-header
- * change d. Given a complete receive checksum (CHECKSUM_COMPLETE, from NICs that sum the whole
- * packet), the helper subtracts d from skb->csum as IPv4 needs (its header checksum changes
- * too); in IPv6 the address change and the L4 checksum change cancel, so skb->csum must stay,
- * or the stack logs "hw csum failure" and sums the packet again in software. Linux 6.16 gave
- * the helper a flag for this (BPF_F_IPV6), which older kernels refuse: adding d back works on
- * every kernel. bpf_csum_update touches only a CHECKSUM_COMPLETE skb. */
+/* csum_complete_fix6 accounts in skb->csum for an IPv6 address stored with the difference d.
+ * Given a complete receive checksum (CHECKSUM_COMPLETE, from NICs that sum the whole packet),
+ * bpf_skb_store_bytes leaves skb->csum as it was, and bpf_l4_csum_replace with the
+ * pseudo-header flag moves it by the transport checksum's change, as IPv4 needs: there the
+ * header checksum cancels the address change. IPv6 has no header checksum, so the address's
+ * own change is added here, or the stack logs "hw csum failure" and sums the packet again in
+ * software. It holds with and without the transport checksum's change (a later fragment, a UDP
+ * checksum of 0 that the helper leaves). Linux 6.16's BPF_F_IPV6 flag stops the helper from
+ * moving skb->csum instead, but older kernels refuse the flag. bpf_csum_update touches only a
+ * CHECKSUM_COMPLETE skb. */
 static __always_inline void csum_complete_fix6(struct __sk_buff *skb, __s64 d)
 {
 	bpf_csum_update(skb, (__wsum)d);
@@ -140,14 +143,12 @@ static __always_inline int rewrite6(struct __sk_buff *skb, struct pkt6 *p, int d
 	__be16 old_port = dst_side ? p->dport : p->sport;
 	int l4 = !p->later;
 	if (!eq6(old, addr)) {
-		if (l4) {
-			__s64 d = bpf_csum_diff(old->w, 16, (__be32 *)addr->w, 16, 0);
-			if (bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR | mangle) < 0)
-				return -1;
-			csum_complete_fix6(skb, d);
-		}
+		__s64 d = bpf_csum_diff(old->w, 16, (__be32 *)addr->w, 16, 0);
+		if (l4 && bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR | mangle) < 0)
+			return -1;
 		if (bpf_skb_store_bytes(skb, IP_OFF + (dst_side ? 24 : 8), addr, 16, 0) < 0)
 			return -1;
+		csum_complete_fix6(skb, d);
 		*old = *addr;
 	}
 	if (old_port != port && l4) {
