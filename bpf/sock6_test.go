@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -129,6 +130,7 @@ func TestSockNAT6(t *testing.T) {
 	be6(2, a6.udp, b6.udp)
 	put(o.SlFeV4, sluiceFeKeyV4{Addr: tpA(skVIP), Port: tpP(80), Proto: tpProtoTCP}, sluiceFeVal{ListId: 4, SvcId: 3, Count: 1, Local: 1})
 	put(o.SlFeV4, sluiceFeKeyV4{Addr: tpA(skVIP), Port: tpP(53), Proto: tpProtoUDP}, sluiceFeVal{ListId: 5, SvcId: 3, Count: 1, Local: 1})
+	put(o.SlFeV4, sluiceFeKeyV4{Addr: tpA(skVIP)}, sluiceFeVal{SvcId: 3, Flags: tpFeAddrOnly})
 	put(o.SlBeV4, sluiceBeKey{ListId: 4}, tpBackend(v4.tcp, tpNodeA, true))
 	put(o.SlBeV4, sluiceBeKey{ListId: 5}, tpBackend(v4.udp, tpNodeA, true))
 
@@ -270,13 +272,46 @@ func TestSockNAT6(t *testing.T) {
 		}
 		skRefusedDatagram(t, "udp6", a)
 	}
-	if got := skCounter(t, o, skCRejectSock); got != 4 {
-		t.Errorf("C_REJECT_SOCK = %d, want 4", got)
+	// A dual-stack UDP socket connected to a port the IPv4 cluster IP does not have, through
+	// the mapped address (its sends go by the IPv4 path, which refuses port 0): its send
+	// succeeds and its next read is ECONNREFUSED.
+	if err := sk6MappedUDPRefused(netip.AddrPortFrom(netip.AddrFrom16(skVIP.As16()), 81)); err != nil {
+		t.Error(err)
+	}
+	if got := skCounter(t, o, skCRejectSock); got != 5 {
+		t.Errorf("C_REJECT_SOCK = %d, want 5", got)
 	}
 }
 
 // sk6DialMapped connects a dual-stack IPv6 TCP socket (IPV6_V6ONLY off) to an IPv4-mapped
 // address, as a Java or .NET client does (Go's dialer would open an IPv4 socket instead).
+// sk6MappedUDPRefused connects a dual-stack IPv6 UDP socket to the mapped address to, sends
+// a datagram and wants ECONNREFUSED at the next read.
+func sk6MappedUDPRefused(to netip.AddrPort) error {
+	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+		return err
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2}); err != nil {
+		return err
+	}
+	if err := unix.Connect(fd, &unix.SockaddrInet6{Port: int(to.Port()), Addr: to.Addr().As16()}); err != nil {
+		return fmt.Errorf("connecting a dual-stack UDP socket to %v: %w", to, err)
+	}
+	if _, err := unix.Write(fd, []byte("x")); err != nil {
+		return fmt.Errorf("sending to %v from a connected dual-stack UDP socket: %w, want it sent", to, err)
+	}
+	buf := make([]byte, 64)
+	if n, err := unix.Read(fd, buf); !errors.Is(err, unix.ECONNREFUSED) {
+		return fmt.Errorf("after sending to %v: read %d bytes, %v; want ECONNREFUSED", to, n, err)
+	}
+	return nil
+}
+
 func sk6DialMapped(to netip.AddrPort) (net.Conn, error) {
 	fd, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

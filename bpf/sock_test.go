@@ -329,6 +329,33 @@ func TestSockNAT(t *testing.T) {
 		}
 		skRefusedDatagram(t, "udp4", a)
 	}
+	// A connected UDP socket: its send succeeds, its next read is ECONNREFUSED.
+	if c, err := dialer.Dial("udp4", netip.AddrPortFrom(skEmpty, 80).String()); err != nil {
+		t.Errorf("connecting a UDP socket to %v: %v", netip.AddrPortFrom(skEmpty, 80), err)
+	} else {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Errorf("sending from a UDP socket connected to %v: %v, want it sent", netip.AddrPortFrom(skEmpty, 80), err)
+		}
+		if _, err := c.Read(make([]byte, 8)); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("reading a UDP socket connected to %v: %v, want ECONNREFUSED", netip.AddrPortFrom(skEmpty, 80), err)
+		}
+		c.Close()
+	}
+	// Something of the node listening on the loopback's discard port: the datagram would
+	// reach it, so the send is refused (EPERM) and the listener gets nothing.
+	if ln, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:9"))); err != nil {
+		t.Errorf("listening on 127.0.0.1:9: %v", err)
+	} else {
+		if _, err := u.WriteToUDPAddrPort([]byte("x"), netip.AddrPortFrom(skEmpty, 80)); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("sending to %v with 127.0.0.1:9 taken: %v, want EPERM", netip.AddrPortFrom(skEmpty, 80), err)
+		}
+		ln.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if n, from, err := ln.ReadFromUDPAddrPort(make([]byte, 8)); err == nil {
+			t.Errorf("the listener on 127.0.0.1:9 got %d bytes from %v", n, from)
+		}
+		ln.Close()
+	}
 	// An address that is no frontend is left alone (no route here).
 	if _, err := dialer.Dial("tcp4", "10.96.0.99:80"); !errors.Is(err, syscall.ENETUNREACH) {
 		t.Errorf("connecting to 10.96.0.99:80 (no service): %v, want ENETUNREACH", err)
@@ -400,8 +427,10 @@ func TestSockNAT(t *testing.T) {
 	if got := skCounter(t, o, skCSockNat); got != 3 {
 		t.Errorf("C_SOCK_NAT = %d, want 3", got)
 	}
-	if got := skCounter(t, o, skCRejectSock); got != 5 {
-		t.Errorf("C_REJECT_SOCK = %d, want 5", got)
+	// The 5 refusals counted before, a connected UDP socket's send and the send refused while
+	// the discard port was taken.
+	if got := skCounter(t, o, skCRejectSock); got != 7 {
+		t.Errorf("C_REJECT_SOCK = %d, want 7", got)
 	}
 	for c := 0; c < tpCNum; c++ {
 		if c == skCSockNat || c == skCRejectSock {

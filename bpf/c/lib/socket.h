@@ -157,20 +157,41 @@ static __noinline int sock_nat6(__u64 cookie, __u8 proto, struct addr6 *addr, __
 	return SOCK_NAT;
 }
 
-/* A refused connect goes to the loopback's port 0, where no socket can listen: TCP gets the
- * reset a closed port sends (ECONNREFUSED, what kube-proxy's reject gives a client) and a
- * connected UDP socket the port unreachable of its first datagram. An unconnected send cannot
- * be pointed at port 0 (the kernel refuses it: EINVAL); it goes to the loopback's discard port
- * (9), as kube-proxy's reject treats it: the send succeeds, the port unreachable that comes
- * back reaches only a socket that asked for errors (IP_RECVERR: ECONNREFUSED), and a discard
- * service, if one listens there, drops it as well. */
+/* A refused TCP connect goes to the loopback's port 0, where no socket can listen: it gets the
+ * reset a closed port sends (ECONNREFUSED, what kube-proxy's reject gives a client). UDP cannot
+ * go to port 0 (the kernel refuses a send there with EINVAL, a connected IPv6 socket's send to
+ * a mapped address too): it goes to the loopback's discard port (9), where the port
+ * unreachable that comes back makes a connected socket's next call ECONNREFUSED and reaches an
+ * unconnected one only if it asked for errors (IP_RECVERR): the send itself succeeds, as with
+ * kube-proxy's reject. Where a socket of the node listens on that port, the datagram would
+ * reach it: the send is then refused with EPERM instead. */
 #define LOOPBACK4 0x7f000001
 #define DISCARD_PORT 9
 
-/* refused_port is where a refused connect (port 0) or unconnected send (discard) goes. */
-static __always_inline __be16 refused_port(int connect)
+/* discard4_free and discard6_free say whether no UDP socket of the namespace listens on the
+ * loopback's discard port (127.0.0.1 or ::1). */
+static __always_inline int discard4_free(struct bpf_sock_addr *ctx)
 {
-	return connect ? 0 : bpf_htons(DISCARD_PORT);
+	struct bpf_sock_tuple t = {};
+	t.ipv4.daddr = bpf_htonl(LOOPBACK4);
+	t.ipv4.dport = bpf_htons(DISCARD_PORT);
+	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 1;
+	bpf_sk_release(sk);
+	return 0;
+}
+
+static __always_inline int discard6_free(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock_tuple t = {};
+	t.ipv6.daddr[3] = bpf_htonl(1);
+	t.ipv6.dport = bpf_htons(DISCARD_PORT);
+	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 1;
+	bpf_sk_release(sk);
+	return 0;
 }
 
 static __always_inline int sock_verdict(int rc)
@@ -188,7 +209,7 @@ static __always_inline int is_mapped(struct bpf_sock_addr *ctx)
 	return ctx->user_ip6[0] == 0 && ctx->user_ip6[1] == 0 && ctx->user_ip6[2] == bpf_htonl(0xffff);
 }
 
-static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky, int connect)
+static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky)
 {
 	if (!our_netns(ctx))
 		return 1;
@@ -199,8 +220,10 @@ static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky, int conn
 	__be16 port = (__u16)ctx->user_port;
 	int rc = sock_verdict(sock_nat4(bpf_get_socket_cookie(ctx), proto, &addr, &port, sticky | SOCK_REMEMBER));
 	if (rc == SOCK_REFUSE) {
+		if (proto == IPPROTO_UDP && !discard4_free(ctx))
+			return 0;
 		addr = bpf_htonl(LOOPBACK4);
-		port = refused_port(connect);
+		port = proto == IPPROTO_TCP ? 0 : bpf_htons(DISCARD_PORT);
 	}
 	if (rc != SOCK_PASS) {
 		ctx->user_ip4 = addr;
@@ -209,7 +232,7 @@ static __always_inline int sock4(struct bpf_sock_addr *ctx, int sticky, int conn
 	return 1;
 }
 
-static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int connect)
+static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky)
 {
 	if (!our_netns(ctx))
 		return 1;
@@ -226,8 +249,10 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int conn
 		__be32 addr = ctx->user_ip6[3];
 		rc = sock_verdict(sock_nat4(cookie, proto, &addr, &port, sticky | SOCK_REMEMBER));
 		if (rc == SOCK_REFUSE) {
+			if (proto == IPPROTO_UDP && !discard4_free(ctx))
+				return 0;
 			addr = bpf_htonl(LOOPBACK4);
-			port = refused_port(connect);
+			port = proto == IPPROTO_TCP ? 0 : bpf_htons(DISCARD_PORT);
 		}
 		if (rc != SOCK_PASS) {
 			ctx->user_ip6[3] = addr;
@@ -242,9 +267,11 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int conn
 	a.w[3] = ctx->user_ip6[3];
 	rc = sock_verdict(sock_nat6(cookie, proto, &a, &port, sticky | SOCK_REMEMBER));
 	if (rc == SOCK_REFUSE) {
+		if (proto == IPPROTO_UDP && !discard6_free(ctx))
+			return 0;
 		__builtin_memset(&a, 0, sizeof(a));
 		a.w[3] = bpf_htonl(1); /* ::1 */
-		port = refused_port(connect);
+		port = proto == IPPROTO_TCP ? 0 : bpf_htons(DISCARD_PORT);
 	}
 	if (rc != SOCK_PASS) {
 		ctx->user_ip6[0] = a.w[0];
@@ -259,25 +286,25 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky, int conn
 SEC("cgroup/connect4")
 int sl_sock_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock4(ctx, 0, 1);
+	return sock4(ctx, 0);
 }
 
 SEC("cgroup/sendmsg4")
 int sl_sock_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock4(ctx, SOCK_STICKY, 0);
+	return sock4(ctx, SOCK_STICKY);
 }
 
 SEC("cgroup/connect6")
 int sl_sock_connect6(struct bpf_sock_addr *ctx)
 {
-	return sock6(ctx, 0, 1);
+	return sock6(ctx, 0);
 }
 
 SEC("cgroup/sendmsg6")
 int sl_sock_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return sock6(ctx, SOCK_STICKY, 0);
+	return sock6(ctx, SOCK_STICKY);
 }
 
 /* peer4 shows a datagram's source (recvmsg) or a socket's peer (getpeername) as the frontend
