@@ -278,8 +278,9 @@ func (l *lab) seed000() error {
 	if err != nil {
 		return err
 	}
-	eth0.waitFor(2*time.Second, "READY")
-	eth1.waitFor(2*time.Second, "READY")
+	if !eth0.waitFor(2*time.Second, "READY") || !eth1.waitFor(2*time.Second, "READY") {
+		return fmt.Errorf("the captures on node-a's eth0 and eth1 did not start: %s; %s", eth0.transcript(), eth1.transcript())
+	}
 	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
 	<-eth0.done
 	<-eth1.done

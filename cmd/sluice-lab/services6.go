@@ -266,8 +266,9 @@ func (l *lab) multiHomed6() error {
 	if err != nil {
 		return err
 	}
-	in.waitFor(2*time.Second, "READY")
-	other.waitFor(2*time.Second, "READY")
+	if !in.waitFor(2*time.Second, "READY") || !other.waitFor(2*time.Second, "READY") {
+		return fmt.Errorf("the captures on node-a's %s and eth1 did not start: %s; %s", uplink, in.transcript(), other.transcript())
+	}
 	out, err := nsRun(nsExt, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "10")
 	<-in.done
 	<-other.done
