@@ -50,7 +50,7 @@ static __always_inline int icmp6_rewrite(struct __sk_buff *skb, struct pkt6 *out
 		if (bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR) < 0 ||
 		    bpf_skb_store_bytes(skb, IP_OFF + (outer_dst ? 24 : 8), outer_addr, 16, 0) < 0)
 			return -1;
-		csum_complete_fix6(skb, d);
+		csum_complete_fix6(skb, oold, outer_addr);
 		*oold = *outer_addr;
 	}
 	return 0;

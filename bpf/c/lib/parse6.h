@@ -116,7 +116,7 @@ static __always_inline int is_l4_6(struct pkt6 *p)
 	return (p->proto == IPPROTO_TCP || p->proto == IPPROTO_UDP) && (!(p->frag & F6_LATER) || p->later);
 }
 
-/* csum_complete_fix6 accounts in skb->csum for an IPv6 address stored with the difference d.
+/* csum_complete_fix6 accounts in skb->csum for an IPv6 address changed from from to to.
  * Given a complete receive checksum (CHECKSUM_COMPLETE, from NICs that sum the whole packet),
  * bpf_skb_store_bytes leaves skb->csum as it was, and bpf_l4_csum_replace with the
  * pseudo-header flag moves it by the transport checksum's change, as IPv4 needs: there the
@@ -126,9 +126,12 @@ static __always_inline int is_l4_6(struct pkt6 *p)
  * checksum of 0 that the helper leaves). Linux 6.16's BPF_F_IPV6 flag stops the helper from
  * moving skb->csum instead, but older kernels refuse the flag. bpf_csum_update touches only a
  * CHECKSUM_COMPLETE skb. */
-static __always_inline void csum_complete_fix6(struct __sk_buff *skb, __s64 d)
+static __always_inline void csum_complete_fix6(struct __sk_buff *skb, const struct addr6 *from, const struct addr6 *to)
 {
-	bpf_csum_update(skb, (__wsum)d);
+	/* The difference is summed again rather than kept from the transport checksum's fix: a
+	 * value live across the store costs the caller a stack slot, and 5.10 counts the call
+	 * chain's frames to 512 bytes. */
+	bpf_csum_update(skb, (__wsum)bpf_csum_diff((__be32 *)from->w, 16, (__be32 *)to->w, 16, 0));
 }
 
 /* rewrite6 changes the source (dst_side 0) or destination address and port of the packet,
@@ -143,12 +146,14 @@ static __always_inline int rewrite6(struct __sk_buff *skb, struct pkt6 *p, int d
 	__be16 old_port = dst_side ? p->dport : p->sport;
 	int l4 = !p->later;
 	if (!eq6(old, addr)) {
-		__s64 d = bpf_csum_diff(old->w, 16, (__be32 *)addr->w, 16, 0);
-		if (l4 && bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR | mangle) < 0)
-			return -1;
+		if (l4) {
+			__s64 d = bpf_csum_diff(old->w, 16, (__be32 *)addr->w, 16, 0);
+			if (bpf_l4_csum_replace(skb, csum_off, 0, d, BPF_F_PSEUDO_HDR | mangle) < 0)
+				return -1;
+		}
 		if (bpf_skb_store_bytes(skb, IP_OFF + (dst_side ? 24 : 8), addr, 16, 0) < 0)
 			return -1;
-		csum_complete_fix6(skb, d);
+		csum_complete_fix6(skb, old, addr);
 		*old = *addr;
 	}
 	if (old_port != port && l4) {
