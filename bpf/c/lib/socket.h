@@ -163,31 +163,20 @@ static __noinline int sock_nat6(__u64 cookie, __u8 proto, struct addr6 *addr, __
  * a mapped address too): it goes to the loopback's discard port (9), where the port
  * unreachable that comes back makes a connected socket's next call ECONNREFUSED and reaches an
  * unconnected one only if it asked for errors (IP_RECVERR): the send itself succeeds, as with
- * kube-proxy's reject. Where a socket of the node listens on that port, the datagram would
- * reach it: the send is then refused with EPERM instead. */
+ * kube-proxy's reject. Where a socket of the node listens on 127.0.0.1's, the datagram would
+ * reach it: the send is then refused with EPERM instead (IPv4 and mapped addresses; not yet
+ * for ::1, see sock6). */
 #define LOOPBACK4 0x7f000001
 #define DISCARD_PORT 9
 
-/* discard4_free and discard6_free say whether no UDP socket of the namespace listens on the
- * loopback's discard port (127.0.0.1 or ::1). */
+/* discard4_free says whether no UDP socket of the namespace listens on the loopback's discard
+ * port (127.0.0.1). */
 static __always_inline int discard4_free(struct bpf_sock_addr *ctx)
 {
 	struct bpf_sock_tuple t = {};
 	t.ipv4.daddr = bpf_htonl(LOOPBACK4);
 	t.ipv4.dport = bpf_htons(DISCARD_PORT);
 	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv4), BPF_F_CURRENT_NETNS, 0);
-	if (!sk)
-		return 1;
-	bpf_sk_release(sk);
-	return 0;
-}
-
-static __always_inline int discard6_free(struct bpf_sock_addr *ctx)
-{
-	struct bpf_sock_tuple t = {};
-	t.ipv6.daddr[3] = bpf_htonl(1);
-	t.ipv6.dport = bpf_htons(DISCARD_PORT);
-	struct bpf_sock *sk = bpf_sk_lookup_udp(ctx, &t, sizeof(t.ipv6), BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 1;
 	bpf_sk_release(sk);
@@ -267,8 +256,8 @@ static __always_inline int sock6(struct bpf_sock_addr *ctx, int sticky)
 	a.w[3] = ctx->user_ip6[3];
 	rc = sock_verdict(sock_nat6(cookie, proto, &a, &port, sticky | SOCK_REMEMBER));
 	if (rc == SOCK_REFUSE) {
-		if (proto == IPPROTO_UDP && !discard6_free(ctx))
-			return 0;
+		/* No discard6_free here: on Linux 6.1 a socket lookup from sendmsg6 left the
+		 * rewritten port 0 (the send failed with EINVAL; measured in the kernel matrix). */
 		__builtin_memset(&a, 0, sizeof(a));
 		a.w[3] = bpf_htonl(1); /* ::1 */
 		port = proto == IPPROTO_TCP ? 0 : bpf_htons(DISCARD_PORT);
