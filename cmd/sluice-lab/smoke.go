@@ -102,10 +102,14 @@ func (l *lab) smoke(ctx context.Context) error {
 	}
 	// The agents load their programs while the routes go on (the service stage starts apart):
 	// under emulation that takes tens of seconds, three agents at once.
+	// One deadline for both, so that a stage that never starts costs the guest 3 min, not 6.
+	start := time.Now()
+	deadline := start.Add(3 * time.Minute)
 	for _, n := range []string{"node-a", "node-b"} {
-		start := time.Now()
-		if l.agents[n].waitFor(3*time.Minute, "service maps updated") {
+		if l.agents[n].waitFor(time.Until(deadline), "service maps updated") {
 			fmt.Fprintf(l.out, "sluiced on %s has programmed its service maps (waited %v)\n", n, time.Since(start).Round(100*time.Millisecond))
+		} else {
+			fmt.Fprintf(l.out, "sluiced on %s has not programmed its service maps after %v\n", n, time.Since(start).Round(100*time.Millisecond))
 		}
 	}
 	for _, c := range []struct{ node, where string }{{"node-b", "local"}, {"node-a", "remote"}} {
