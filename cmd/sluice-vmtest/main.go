@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,9 +225,19 @@ func matrix(ctx context.Context, o options) ([]*kernelResult, time.Duration, err
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, 0, err
 		}
-		if g := prepareKernel(o, r, pay, dir); g != nil {
-			guests = append(guests, g)
+		g := prepareKernel(o, r, pay, dir)
+		if g == nil {
+			continue
 		}
+		// Logs are named by the kernel's release: the same kernel listed twice (a series and
+		// its package) is booted once.
+		if i := slices.IndexFunc(guests, func(o *guest) bool { return o.k.release == g.k.release }); i >= 0 {
+			say("Linux %s: the same kernel as %s, listed twice: booted once", r.label, guests[i].r.label)
+			results = results[:len(results)-1]
+			os.Remove(g.initrd)
+			continue
+		}
+		guests = append(guests, g)
 	}
 	jobs := o.jobs
 	if jobs <= 0 {
