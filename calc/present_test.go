@@ -55,3 +55,47 @@ func TestFrontendPresent(t *testing.T) {
 		t.Fatalf("after removing two endpoints present is %v", f.Present)
 	}
 }
+
+// TestFrontendsShareEndpointLists: a port's frontends of one family and traffic policy are
+// given one Backends slice, and those of one family one Present slice (read-only, as every
+// frontend's): the service stage knows them for the same endpoints without comparing them.
+func TestFrontendsShareEndpointLists(t *testing.T) {
+	g, err := calc.New(calc.DefaultConfig("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &store.Service{Namespace: "ns", Name: "web", UID: "u1", Type: store.ServiceNodePort,
+		ClusterIPs:            []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		ExternalIPs:           []netip.Addr{netip.MustParseAddr("203.0.113.5")},
+		Ports:                 []store.ServicePortSpec{{Name: "http", Protocol: store.ProtocolTCP, Port: 80, NodePort: 30080}},
+		ExternalTrafficPolicy: store.PolicyLocal, InternalTrafficPolicy: store.PolicyCluster}
+	slice := &store.EndpointSlice{Namespace: "ns", Name: "web-1", Service: "web", AddressType: "IPv4",
+		Endpoints: []store.Endpoint{
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.65.0.1")}, Ready: true, Serving: true, NodeName: "node-a"},
+			{Addresses: []netip.Addr{netip.MustParseAddr("10.65.1.1")}, Ready: true, Serving: true, NodeName: "node-b"}},
+		Ports: []store.EndpointPort{{Name: "http", Protocol: store.ProtocolTCP, Port: 8080}}}
+	ev := func(o store.Object, id string) store.Event {
+		return store.Event{Type: store.EventUpsert, Kind: o.Kind(), ID: id, Object: o}
+	}
+	u := g.OnEvents([]store.Event{
+		ev(&store.Node{Name: "node-a", IPv4Address: netip.MustParsePrefix("192.0.2.1/24")}, "node-a"),
+		ev(&store.Node{Name: "node-b", IPv4Address: netip.MustParsePrefix("192.0.2.2/24")}, "node-b"),
+		ev(svc, "ns/web"), ev(slice, "ns/web-1"), {Type: store.EventInSync}})
+	byAddr := map[string]calc.Frontend{}
+	for _, op := range u.Ops {
+		if op.Frontend != nil && !op.Remove {
+			byAddr[op.Frontend.Key.Addr.String()] = *op.Frontend
+		}
+	}
+	cluster, ext, node, wild := byAddr["10.96.0.1"], byAddr["203.0.113.5"], byAddr["192.0.2.1"], byAddr["0.0.0.0"]
+	if len(byAddr) != 4 || len(cluster.Backends) != 2 || len(node.Backends) != 2 {
+		t.Fatalf("frontends %v; want a cluster IP, an external IP and two node ports, each over both endpoints", byAddr)
+	}
+	same := func(a, b []calc.Backend) bool { return &a[0] == &b[0] }
+	if !same(node.Backends, wild.Backends) || !same(node.Backends, ext.Backends) {
+		t.Error("the port's local-policy frontends (node ports, external IP) hold copies of one list")
+	}
+	if &cluster.Present[0] != &node.Present[0] {
+		t.Error("the port's frontends hold copies of one present list")
+	}
+}

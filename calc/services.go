@@ -183,6 +183,24 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	}
 	for _, sp := range s.Ports {
 		sets := g.backendsFor(id, sp)
+		// The port's frontends of one family and policy share one ordered list, and those of
+		// one family one present list (read-only, as every Frontend's slices are): the
+		// service stage then knows them for the same endpoints without comparing them, and
+		// a cluster of 10,000 services holds a third of the copies.
+		type ordering struct {
+			backends            []Backend
+			local, clusterStart int
+			done                bool
+		}
+		var orders [2][2]ordering // by family (IPv4 first), then by local policy
+		var presents [2][]netip.AddrPort
+		var presentDone [2]bool
+		fam := func(is4 bool) int {
+			if is4 {
+				return 0
+			}
+			return 1
+		}
 		for _, b := range sets.local {
 			if !b.Terminating {
 				byFamily[b.Addr] = true
@@ -203,12 +221,25 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			default:
 				f.ExternalLocal = extLocal
 			}
-			f.Backends, f.LocalBackends, f.ClusterStart = sets.ordered(a.Is4(), f.ExternalLocal || f.InternalLocal)
-			for _, ap := range sets.present {
-				if ap.Addr().Is4() == a.Is4() {
-					f.Present = append(f.Present, ap)
-				}
+			localPolicy := 0
+			if f.ExternalLocal || f.InternalLocal {
+				localPolicy = 1
 			}
+			o := &orders[fam(a.Is4())][localPolicy]
+			if !o.done {
+				o.backends, o.local, o.clusterStart = sets.ordered(a.Is4(), localPolicy == 1)
+				o.done = true
+			}
+			f.Backends, f.LocalBackends, f.ClusterStart = o.backends, o.local, o.clusterStart
+			if i := fam(a.Is4()); !presentDone[i] {
+				for _, ap := range sets.present {
+					if ap.Addr().Is4() == a.Is4() {
+						presents[i] = append(presents[i], ap)
+					}
+				}
+				presentDone[i] = true
+			}
+			f.Present = presents[fam(a.Is4())]
 			out = append(out, f)
 		}
 		for _, a := range s.ClusterIPs {
