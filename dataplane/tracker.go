@@ -76,6 +76,12 @@ func (t *Tracker[K, V]) ReserveActual(n int) {
 
 // SetDesired wants v at k.
 func (t *Tracker[K, V]) SetDesired(k K, v V) {
+	if t.whole && t.allDirty && t.off == nil {
+		// Filling from scratch (or after a read): nothing to record but the value, every
+		// key being compared at the next Pending anyway.
+		t.desired[k] = v
+		return
+	}
 	old, ok := t.desired[k]
 	if ok && t.equal(old, v) {
 		return
@@ -180,12 +186,20 @@ func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
 
 // AdoptDesired records that the kernel now holds exactly the desired state (every key
 // written, nothing else there), for a cold start that wrote everything at once: nothing is
-// copied. Every key is clean afterwards.
-func (t *Tracker[K, V]) AdoptDesired() {
+// copied. Every key is clean afterwards but those listed.
+// The kernel does not hold the keys listed in unwritten (refused, or not tried): they stay
+// dirty.
+func (t *Tracker[K, V]) AdoptDesired(unwritten ...K) {
 	t.actual, t.whole, t.off = nil, false, nil
 	t.allDirty = false
-	t.dirty = map[K]struct{}{}
+	t.dirty = make(map[K]struct{}, len(unwritten))
 	t.dirtyPeak = 0
+	for _, k := range unwritten {
+		if _, ok := t.desired[k]; ok {
+			t.setOff(k, offValue[V]{})
+			t.dirty[k] = struct{}{}
+		}
+	}
 }
 
 // Settle stops holding the kernel's state where it is the desired state: the whole copy

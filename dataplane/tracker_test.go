@@ -210,6 +210,29 @@ func TestTrackerAdoptDesired(t *testing.T) {
 	}
 }
 
+// TestTrackerAdoptDesiredBut: a cold write that missed some keys adopts the rest; the missed
+// ones are written at the next pass, and only they.
+func TestTrackerAdoptDesiredBut(t *testing.T) {
+	tr := newIntTracker()
+	tr.DirtyAll()
+	for i := range 3000 {
+		tr.SetDesired(i, fmt.Sprint(i))
+	}
+	tr.AdoptDesired(7, 2999, 5000) // 5000 is not wanted: nothing to say of it
+	if tr.DirtyLen() != 2 || tr.ActualLen() != 2998 {
+		t.Fatalf("after adoption: %d dirty, %d actual; want 2 and 2998", tr.DirtyLen(), tr.ActualLen())
+	}
+	if _, ok := tr.Actual(7); ok {
+		t.Fatal("the kernel holds key 7, which was not written")
+	}
+	kn := &trackerKernel{held: map[int]string{}}
+	kn.pass(tr)
+	slices.Sort(kn.sets)
+	if !slices.Equal(kn.sets, []int{7, 2999}) || kn.deletes != nil || tr.DirtyLen() != 0 || tr.ActualLen() != 3000 {
+		t.Fatalf("the next pass set %v deleted %v, left %d dirty and %d actual; want [7 2999], none, 0 and 3000", kn.sets, kn.deletes, tr.DirtyLen(), tr.ActualLen())
+	}
+}
+
 // TestTrackerSettleChangesNothing drives two trackers through the same random history of
 // desired changes, refused writes, drift and reads, one settled after every pass and one
 // never: they must write the same keys and report the same kernel state at every step, and
