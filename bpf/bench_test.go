@@ -129,6 +129,8 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 		backends := append(local, remote...)
 		name := fmt.Sprintf("svc-%05d", s)
 		id := calc.ServiceID(&store.Service{Namespace: "bench", Name: name, UID: "uid-" + name})
+		// The frontends of a port share its endpoint lists, as calc gives them (one per
+		// family and traffic policy).
 		add := func(a netip.Addr, port uint16, proto store.Protocol, kind calc.FrontendKind) {
 			fronts = append(fronts, calc.Frontend{Key: calc.FrontendKey{Addr: a, Port: port, Protocol: proto}, Kind: kind,
 				Service: "bench/" + name, ServiceID: id, PortName: "http", Backends: backends, LocalBackends: len(local), Present: present})

@@ -74,6 +74,23 @@ func eachLive(key string, fn func(netip.AddrPort)) {
 type idOwner struct {
 	service string
 	n       int
+	// last is the endpoints of the service's frontend set last and what they became: a
+	// service's frontends of one family (cluster IP, node ports, external addresses) name the
+	// same endpoints (calc gives them one list per family and traffic policy) and come one
+	// family after the other, so all but the first reuse the list and live set instead of
+	// encoding, hashing and looking them up again (BenchmarkServicesColdApply). One, not one
+	// per family: a map value over 128 bytes costs an allocation per write.
+	last lastEndpoints
+}
+
+// lastEndpoints is the endpoints of a service's last frontend set (idOwner.last).
+type lastEndpoints struct {
+	backends []calc.Backend // the frontend's, not copied: calc never changes a sent frontend's
+	present  []netip.AddrPort
+	id       uint64
+	list     any // the family's *list, held while its refs are not 0
+	live     *liveSet
+	family   int // the index of the family whose list it is
 }
 
 // addrHolder is a cluster-IP frontend holding its address's address-only entry.
@@ -106,7 +123,7 @@ type Services struct {
 	// settings6 are the IPv6 tunnel's (sl_cfg_v6): this node's IPv6 underlay address and
 	// the inner MTU over it.
 	settings6 *dataplane.Tracker[uint32, Settings6]
-	svcIDs    map[uint64]idOwner
+	svcIDs    map[uint64]*idOwner
 	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
 	self      map[netip.Prefix]bool              // this node's own addresses (both families)
 	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
@@ -138,8 +155,8 @@ type Stats struct {
 // NewServices returns a driver over t; nothing is written before the first full update.
 func NewServices(t Tables, cfg Config) *Services {
 	s := &Services{cfg: cfg, t: t}
-	s.v4 = newFamMaps(s, family4(v4{}), t.v4())
-	s.v6 = newFamMaps(s, family6(v6{}), t.V6)
+	s.v4 = newFamMaps(s, family4(v4{}), t.v4(), 0)
+	s.v6 = newFamMaps(s, family6(v6{}), t.V6, 1)
 	s.reset()
 	return s
 }
@@ -149,7 +166,7 @@ func (s *Services) reset() {
 	s.v6.reset()
 	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
 	s.settings6 = dataplane.NewTracker[uint32, Settings6](func(a, b Settings6) bool { return a == b })
-	s.svcIDs = map[uint64]idOwner{}
+	s.svcIDs = map[uint64]*idOwner{}
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
 	s.self = map[netip.Prefix]bool{}
 	// A full update may leave out endpoints the last state named: their flows must go.
@@ -183,7 +200,7 @@ func (s *Services) expectLocked(u *calc.Update) {
 	s.v4.expect(nFront[0], nList[0])
 	s.v6.expect(nFront[1], nList[1])
 	s.liveSets = make(map[string]*liveSet, nList[0]+nList[1])
-	s.svcIDs = make(map[uint64]idOwner, nList[0]+nList[1])
+	s.svcIDs = make(map[uint64]*idOwner, nList[0]+nList[1])
 }
 
 // OnUpdate takes one calc update. It reports whether the update touched anything the
@@ -268,7 +285,9 @@ func FrontendMapKey(k calc.FrontendKey) FrontendKey {
 
 func (s *Services) setFrontendLocked(f calc.Frontend) {
 	pkey := f.Key // rendered only when Problems is asked (formatting every key cost a cold start a fifth)
-	delete(s.problems, pkey)
+	if len(s.problems) > 0 {
+		delete(s.problems, pkey)
+	}
 	if f.Key.Protocol != store.ProtocolTCP && f.Key.Protocol != store.ProtocolUDP {
 		s.problems[pkey] = "only TCP and UDP services are programmed"
 		return

@@ -31,10 +31,13 @@ type famMaps[FK, BV, IK, SK, CK comparable] struct {
 	idxStrays []IK
 	src       *dataplane.Tracker[SK, uint32]
 	cnet      *dataplane.Tracker[CK, ClusterNetVal]
-	fronts    map[calc.FrontendKey]wanted[SK]
-	lists     map[uint64]*list[BV]
-	addrOnly  map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
-	beBuf     []BV
+	fronts    map[FK]wanted // by the frontend's map key (calc's key, encoded: hashed faster)
+	// sources are the source-range keys of the frontends that have any.
+	sources  map[FK][]SK
+	idx      int // the family's index, in idOwner.last
+	lists    map[uint64]*list[BV]
+	addrOnly map[netip.Addr][]addrHolder // cluster IPs: their frontends and service identities
+	beBuf    []BV
 	// heldLists counts the frontends in the map (as written or read) pointing at each list:
 	// a list is not deleted while one does.
 	heldLists map[uint64]int
@@ -46,18 +49,17 @@ type list[BV any] struct {
 	refs    int
 }
 
-// wanted is what one calc frontend became in the maps.
-type wanted[SK any] struct {
-	service  string // namespace/name
+// wanted is what one calc frontend became in the maps (its service's name is its identity
+// owner's, in Services.svcIDs).
+type wanted struct {
 	svcID    uint64
 	list     uint64
-	addrOnly bool
-	sources  []SK
 	live     *liveSet // endpoints named or in use
+	addrOnly bool
 }
 
-func newFamMaps[FK, BV, IK, SK, CK comparable](s *Services, fam family[FK, BV, IK, SK, CK], t famTables[FK, BV, IK, SK, CK]) *famMaps[FK, BV, IK, SK, CK] {
-	m := &famMaps[FK, BV, IK, SK, CK]{s: s, fam: fam, t: t}
+func newFamMaps[FK, BV, IK, SK, CK comparable](s *Services, fam family[FK, BV, IK, SK, CK], t famTables[FK, BV, IK, SK, CK], idx int) *famMaps[FK, BV, IK, SK, CK] {
+	m := &famMaps[FK, BV, IK, SK, CK]{s: s, fam: fam, t: t, idx: idx}
 	m.reset()
 	return m
 }
@@ -75,7 +77,8 @@ func (m *famMaps[FK, BV, IK, SK, CK]) reset() {
 	m.beCount = [2]int{}
 	m.src = dataplane.NewTracker[SK, uint32](func(a, b uint32) bool { return a == b })
 	m.cnet = dataplane.NewTracker[CK, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
-	m.fronts = map[calc.FrontendKey]wanted[SK]{}
+	m.fronts = map[FK]wanted{}
+	m.sources = map[FK][]SK{}
 	m.lists = map[uint64]*list[BV]{}
 	m.addrOnly = map[netip.Addr][]addrHolder{}
 	m.heldLists = map[uint64]int{}
@@ -87,8 +90,8 @@ func (m *famMaps[FK, BV, IK, SK, CK]) reset() {
 
 // expect sizes the empty tables of a reset for nFront frontends and nList lists.
 func (m *famMaps[FK, BV, IK, SK, CK]) expect(nFront, nList int) {
-	m.fronts = make(map[calc.FrontendKey]wanted[SK], nFront)
-	m.fe.Expect(nFront)
+	m.fronts = make(map[FK]wanted, nFront)
+	m.fe.Expect(nFront + nList) // and the cluster IPs' address-only entries
 	m.be.Expect(nList)
 	m.lists = make(map[uint64]*list[BV], nList)
 	m.addrOnly = make(map[netip.Addr][]addrHolder, nList)
@@ -96,14 +99,82 @@ func (m *famMaps[FK, BV, IK, SK, CK]) expect(nFront, nList int) {
 
 func (m *famMaps[FK, BV, IK, SK, CK]) setFrontend(f calc.Frontend) {
 	s, pkey := m.s, f.Key
-	owner, held := s.svcIDs[f.ServiceID]
-	if held && owner.service != f.Service {
+	owner := s.svcIDs[f.ServiceID]
+	if owner != nil && owner.service != f.Service {
 		s.problems[pkey] = fmt.Sprintf("service identity %016x is already %s's; %s is not programmed", f.ServiceID, owner.service, f.Service)
 		s.refused[f.Key] = f
 		return
 	}
-	s.svcIDs[f.ServiceID] = idOwner{service: f.Service, n: owner.n + 1}
-	w := wanted[SK]{service: f.Service, svcID: f.ServiceID}
+	if owner == nil {
+		owner = &idOwner{service: f.Service}
+		s.svcIDs[f.ServiceID] = owner
+	}
+	owner.n++
+	w := wanted{svcID: f.ServiceID}
+	last := &owner.last
+	l, same := last.list.(*list[BV])
+	same = same && last.family == m.idx && l.refs > 0 && last.live.refs > 0 && sameList(f.Backends, last.backends) &&
+		sameList(f.Present, last.present)
+	if same {
+		w.list = last.id
+	} else {
+		w.list, l = m.listFor(f)
+	}
+	l.refs++
+	n := len(l.entries)
+	v := FrontendValue{ListId: w.list, SvcId: f.ServiceID, Count: uint32(n), Local: uint32(min(f.LocalBackends, n)),
+		ClusterStart: uint32(min(f.ClusterStart, n)), AffinitySec: uint32(f.AffinityTimeout)}
+	if f.ExternalLocal {
+		v.Flags |= FrontendExternalLocal
+	}
+	if f.InternalLocal {
+		v.Flags |= FrontendInternalLocal
+	}
+	if f.Kind == calc.FrontendNodePort {
+		v.Flags |= FrontendNodePort
+	}
+	key := m.fam.frontendKey(f.Key)
+	if len(f.SourceRanges) > 0 {
+		var sources []SK
+		for _, p := range f.SourceRanges {
+			if !m.fam.is(p.Addr()) {
+				continue
+			}
+			sk := m.fam.srcKey(key, p)
+			sources = append(sources, sk)
+			m.src.SetDesired(sk, 1)
+		}
+		if sources != nil {
+			m.sources[key] = sources
+		}
+		// A load balancer limited to the other family's ranges admits no client of this
+		// one: the flag stays.
+		v.Flags |= FrontendSourceRanges
+	}
+	m.fe.SetDesired(key, v)
+	if f.Kind == calc.FrontendClusterIP {
+		w.addrOnly = true
+		m.addrOnly[f.Key.Addr] = append(m.addrOnly[f.Key.Addr], addrHolder{key: f.Key, id: f.ServiceID})
+		m.setAddrOnly(f.Key.Addr)
+	}
+	if same {
+		last.live.refs++
+		w.live = last.live
+	} else {
+		w.live = s.holdLiveLocked(f)
+		*last = lastEndpoints{}
+		if _, problem := s.problems[pkey]; !problem {
+			*last = lastEndpoints{backends: f.Backends, present: f.Present, id: w.list, list: l, live: w.live, family: m.idx}
+		}
+	}
+	m.fronts[key] = w
+}
+
+// listFor returns the backend list f's endpoints make in this family's map, and its
+// identity, adding it to the desired lists when no frontend holds it yet. An endpoint that
+// cannot be reached is left out, and named in f's problem.
+func (m *famMaps[FK, BV, IK, SK, CK]) listFor(f calc.Frontend) (uint64, *list[BV]) {
+	s := m.s
 	bes := m.beBuf[:0] // cloned only for a new list
 	for _, b := range f.Backends {
 		if !m.fam.is(b.Addr) {
@@ -125,55 +196,22 @@ func (m *famMaps[FK, BV, IK, SK, CK]) setFrontend(f calc.Frontend) {
 			// A remote endpoint whose node has no address to tunnel to cannot be reached
 			// from outside; remote endpoints come last, so dropping it shortens the cluster
 			// set only.
-			s.problems[pkey] = fmt.Sprintf("endpoint %s is on node %q, which has no %s address; not used", b.Addr, b.Node, m.fam.name())
+			s.problems[f.Key] = fmt.Sprintf("endpoint %s is on node %q, which has no %s address; not used", b.Addr, b.Node, m.fam.name())
 			continue
 		}
 		bes = append(bes, m.fam.backend(b.Addr, b.Port, flags, node))
 	}
 	m.beBuf = bes
-	w.list = m.fam.listID(bes)
-	l := m.lists[w.list]
+	id := m.fam.listID(bes)
+	l := m.lists[id]
 	if l == nil {
 		bes = slices.Clone(bes)
 		l = &list[BV]{entries: bes}
-		m.lists[w.list] = l
-		m.be.SetDesired(w.list, bes)
+		m.lists[id] = l
+		m.be.SetDesired(id, bes)
 		m.beCount[0] += len(bes)
 	}
-	l.refs++
-	v := FrontendValue{ListId: w.list, SvcId: f.ServiceID, Count: uint32(len(bes)), Local: uint32(min(f.LocalBackends, len(bes))),
-		ClusterStart: uint32(min(f.ClusterStart, len(bes))), AffinitySec: uint32(f.AffinityTimeout)}
-	if f.ExternalLocal {
-		v.Flags |= FrontendExternalLocal
-	}
-	if f.InternalLocal {
-		v.Flags |= FrontendInternalLocal
-	}
-	if f.Kind == calc.FrontendNodePort {
-		v.Flags |= FrontendNodePort
-	}
-	key := m.fam.frontendKey(f.Key)
-	for _, p := range f.SourceRanges {
-		if !m.fam.is(p.Addr()) {
-			continue
-		}
-		sk := m.fam.srcKey(key, p)
-		w.sources = append(w.sources, sk)
-		m.src.SetDesired(sk, 1)
-	}
-	if len(f.SourceRanges) > 0 {
-		// A load balancer limited to the other family's ranges admits no client of this
-		// one: the flag stays.
-		v.Flags |= FrontendSourceRanges
-	}
-	m.fe.SetDesired(key, v)
-	if f.Kind == calc.FrontendClusterIP {
-		w.addrOnly = true
-		m.addrOnly[f.Key.Addr] = append(m.addrOnly[f.Key.Addr], addrHolder{key: f.Key, id: f.ServiceID})
-		m.setAddrOnly(f.Key.Addr)
-	}
-	w.live = s.holdLiveLocked(f)
-	m.fronts[f.Key] = w
+	return id, l
 }
 
 // setAddrOnly wants the address-only entry of cluster IP a while a cluster-IP frontend
@@ -197,16 +235,17 @@ func (m *famMaps[FK, BV, IK, SK, CK]) setAddrOnly(a netip.Addr) {
 }
 
 func (m *famMaps[FK, BV, IK, SK, CK]) removeFrontend(k calc.FrontendKey) {
-	w, ok := m.fronts[k]
+	key := m.fam.frontendKey(k)
+	w, ok := m.fronts[key]
 	if !ok {
 		return
 	}
 	s := m.s
-	delete(m.fronts, k)
+	delete(m.fronts, key)
 	s.releaseLiveLocked(w.live)
-	m.fe.DeleteDesired(m.fam.frontendKey(k))
+	m.fe.DeleteDesired(key)
 	if owner := s.svcIDs[w.svcID]; owner.n > 1 {
-		s.svcIDs[w.svcID] = idOwner{service: owner.service, n: owner.n - 1}
+		owner.n--
 	} else {
 		delete(s.svcIDs, w.svcID)
 	}
@@ -217,8 +256,11 @@ func (m *famMaps[FK, BV, IK, SK, CK]) removeFrontend(k calc.FrontendKey) {
 			delete(m.lists, w.list)
 		}
 	}
-	for _, sk := range w.sources {
-		m.src.DeleteDesired(sk)
+	if sources, ok := m.sources[key]; ok {
+		delete(m.sources, key)
+		for _, sk := range sources {
+			m.src.DeleteDesired(sk)
+		}
 	}
 	if w.addrOnly {
 		m.addrOnly[k.Addr] = slices.DeleteFunc(m.addrOnly[k.Addr], func(h addrHolder) bool { return h.key == k })
@@ -254,9 +296,10 @@ func (m *famMaps[FK, BV, IK, SK, CK]) apply(fail func(string, error), wrote func
 	// Frontends no longer wanted go first, making room in a full map for the new ones.
 	m.fe.Pending(func(FK, FrontendValue) bool { return false }, m.delFrontend(fail, wrote))
 	// Adds first: lists and source ranges exist before the frontends that use them.
-	n := max(0, m.beCount[0]-m.beCount[1])
+	n := min(max(0, m.beCount[0]-m.beCount[1]), writeChunk)
 	lw.keys, lw.vals = make([]BackendKey, 0, n), make([]BV, 0, n)
-	lw.idxKeys, lw.idxVals = make([]IK, 0, n), make([]uint32, 0, n)
+	// Index entries are for long lists only: not sized ahead (100,000 IPv6 index keys zeroed
+	// for nothing were a twentieth of a cold start's apply).
 	m.be.Pending(lw.collect, func(uint64, []BV) bool { return false })
 	lw.write()
 	setSrc, delSrc := m.srcWriters(fail, wrote)
@@ -325,50 +368,58 @@ func (m *famMaps[FK, BV, IK, SK, CK]) delFrontend(fail func(string, error), wrot
 // applyFrontends writes the frontends wanted, in one batch; none is pointed at a list whose
 // writing failed.
 func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool, fail func(string, error), wrote func(error) bool) {
-	feKeys, feVals := make([]FK, 0, m.fe.DirtyLen()), make([]FrontendValue, 0, m.fe.DirtyLen())
+	// Cold: nothing in the map and every wanted frontend about to be written. The tracker then
+	// adopts the desired state in one step rather than a SetActual per frontend, and the
+	// frontends are written a chunk at a time as they are collected (the tracker, all dirty,
+	// is not touched until the end).
+	cold := m.fe.ActualLen() == 0
+	n := m.fe.DirtyLen()
+	if cold {
+		n = min(n, writeChunk)
+	}
+	feKeys, feVals := make([]FK, 0, n), make([]FrontendValue, 0, n)
+	var unwritten []FK // a cold start's frontends not written: refused, or their list was
+	flush := func() {
+		putAll(m.t.Frontends, feKeys, feVals, func(i int) {
+			k, v := feKeys[i], feVals[i]
+			if cold {
+				if v.Flags&FrontendAddrOnly == 0 {
+					m.heldLists[v.ListId]++
+				}
+			} else {
+				m.hold(k, v, true)
+				m.fe.SetActual(k, v)
+			}
+			wrote(nil)
+		}, func(i int, err error) {
+			k, v := feKeys[i], feVals[i]
+			if cold {
+				unwritten = append(unwritten, k)
+			} else {
+				m.fe.MarkDirty(k)
+			}
+			fail(fmt.Sprintf("frontend %s of %s", m.fam.feString(k, v), m.serviceOf(k)), m.s.full1(err, "frontends", m.t.Frontends.Max()))
+		})
+		feKeys, feVals = feKeys[:0], feVals[:0]
+	}
 	collect := func(k FK, v FrontendValue) bool {
 		if v.Flags&FrontendAddrOnly == 0 && failedLists[v.ListId] {
 			fail(fmt.Sprintf("frontend %s", m.fam.feString(k, v)), errors.New("its backend list is not written yet"))
+			if cold {
+				unwritten = append(unwritten, k)
+			}
 			return false
+		}
+		if cold && len(feKeys) == writeChunk {
+			flush()
 		}
 		feKeys, feVals = append(feKeys, k), append(feVals, v)
 		return true
 	}
-	// Cold: nothing in the map and every wanted frontend about to be written. When all go in,
-	// the tracker adopts the desired state in one copy rather than a SetActual per frontend.
-	cold := m.fe.ActualLen() == 0
 	m.fe.Pending(collect, m.delFrontend(fail, wrote))
-	cold = cold && len(feKeys) == m.fe.DesiredLen()
-	var refused map[int]bool
-	putAll(m.t.Frontends, feKeys, feVals, func(i int) {
-		k, v := feKeys[i], feVals[i]
-		if cold {
-			if v.Flags&FrontendAddrOnly == 0 {
-				m.heldLists[v.ListId]++
-			}
-		} else {
-			m.hold(k, v, true)
-			m.fe.SetActual(k, v)
-		}
-		wrote(nil)
-	}, func(i int, err error) {
-		k, v := feKeys[i], feVals[i]
-		if refused == nil {
-			refused = map[int]bool{}
-		}
-		refused[i] = true
-		m.fe.MarkDirty(k)
-		fail(fmt.Sprintf("frontend %s of %s", m.fam.feString(k, v), m.serviceOf(k)), m.s.full1(err, "frontends", m.t.Frontends.Max()))
-	})
-	if cold && refused == nil {
-		m.fe.AdoptDesired()
-	} else if cold {
-		m.fe.ReserveActual(len(feKeys))
-		for i, k := range feKeys {
-			if !refused[i] {
-				m.fe.SetActual(k, feVals[i])
-			}
-		}
+	flush()
+	if cold {
+		m.fe.AdoptDesired(unwritten...)
 	}
 }
 
@@ -407,8 +458,16 @@ type listWriter[FK, BV, IK, SK, CK comparable] struct {
 	idxVals []uint32
 }
 
+// writeChunk is how many entries the writers collect before writing them: a buffer that is
+// written and refilled stays in the cache, where one of a cold start's 100,000 entries is
+// fresh memory, faulted in page by page.
+const writeChunk = 1 << 14
+
 func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
 	m, fam := lw.m, lw.m.fam
+	if len(lw.keys) > 0 && len(lw.keys)+len(want) > writeChunk {
+		lw.flush() // lists are never split between writes
+	}
 	lw.ids = append(lw.ids, id)
 	// Only the entries that differ from the map's are written (a list read back with one
 	// wrong entry is mended by one write), each with its index entry.
@@ -416,6 +475,12 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
 	var index map[IK]uint32 // nil: a short list, not indexed
 	if len(want) > AffinityScan {
 		index = indexOfFam(fam, id, want)
+	}
+	if len(have) == 0 && index == nil { // a new short list: every entry, no index
+		for i, v := range want {
+			lw.keys, lw.vals = append(lw.keys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(lw.vals, v)
+		}
+		return true
 	}
 	var zero BV
 	for i, v := range want {
@@ -441,11 +506,20 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) refused(id uint64, err error) {
 	}
 }
 
-func (lw *listWriter[FK, BV, IK, SK, CK]) write() {
+// flush writes the entries collected so far.
+func (lw *listWriter[FK, BV, IK, SK, CK]) flush() {
 	m, fam := lw.m, lw.m.fam
 	putAll(m.t.Backends, lw.keys, lw.vals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(lw.keys[i].ListId, err) })
 	putAll(m.t.BackendIndex, lw.idxKeys, lw.idxVals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(fam.indexList(lw.idxKeys[i]), err) })
+	lw.keys, lw.vals, lw.idxKeys, lw.idxVals = lw.keys[:0], lw.vals[:0], lw.idxKeys[:0], lw.idxVals[:0]
+}
+
+// write writes what is collected and marks the lists collected written or failed.
+func (lw *listWriter[FK, BV, IK, SK, CK]) write() {
+	m, fam := lw.m, lw.m.fam
+	lw.flush()
 	var zero BV
+	m.be.ReserveActual(len(lw.ids)) // a cold start's lists, recorded without regrowing the map
 	for _, id := range lw.ids {
 		if lw.failed[id] {
 			m.be.MarkDirty(id)
@@ -467,7 +541,7 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) write() {
 		m.beCount[1] += len(want) - realEntries(have)
 		m.be.SetActual(id, want)
 	}
-	lw.ids, lw.keys, lw.vals, lw.idxKeys, lw.idxVals = lw.ids[:0], lw.keys[:0], lw.vals[:0], lw.idxKeys[:0], lw.idxVals[:0]
+	lw.ids = lw.ids[:0]
 }
 
 func (lw *listWriter[FK, BV, IK, SK, CK]) del(id uint64, have []BV) bool {
@@ -537,9 +611,12 @@ func (m *famMaps[FK, BV, IK, SK, CK]) hold(k FK, v FrontendValue, held bool) {
 }
 
 func (m *famMaps[FK, BV, IK, SK, CK]) serviceOf(k FK) string {
-	for fk, w := range m.fronts {
-		if m.fam.frontendKey(fk) == k || k == m.fam.addrKey(fk.Addr) {
-			return "service " + w.service
+	if w, ok := m.fronts[k]; ok {
+		return "service " + m.s.svcIDs[w.svcID].service
+	}
+	for a, holders := range m.addrOnly {
+		if len(holders) > 0 && k == m.fam.addrKey(a) {
+			return "service " + m.s.svcIDs[holders[0].id].service
 		}
 	}
 	return "no service"
@@ -548,7 +625,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) serviceOf(k FK) string {
 func (m *famMaps[FK, BV, IK, SK, CK]) serviceOfList(id uint64) string {
 	for _, w := range m.fronts {
 		if w.list == id {
-			return "service " + w.service
+			return "service " + m.s.svcIDs[w.svcID].service
 		}
 	}
 	return "no service"
@@ -657,4 +734,10 @@ func (m *famMaps[FK, BV, IK, SK, CK]) counts(c map[string][2]int) {
 	add("backends", m.beCount[0], m.beCount[1])
 	add("source_ranges", m.src.DesiredLen(), m.src.ActualLen())
 	add("cluster_nets", m.cnet.DesiredLen(), m.cnet.ActualLen())
+}
+
+// sameList says whether a and b hold the same elements: at once when they are one slice (calc
+// gives a port's frontends of one family and policy the same lists), else compared.
+func sameList[T comparable](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0] || slices.Equal(a, b))
 }

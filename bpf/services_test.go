@@ -1357,6 +1357,71 @@ func TestServicesMapFull(t *testing.T) {
 	}
 }
 
+// TestServicesColdStartMapFull: a cold start into a frontend map too small writes what fits,
+// names what did not, and writes the rest once there is room; no frontend points at a list
+// that is not there.
+func TestServicesColdStartMapFull(t *testing.T) {
+	web := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA, svtWebB)
+	dns := svtFE("kube-system/dns", 0xd1, calc.FrontendClusterIP, "198.51.100.53:53", store.ProtocolUDP, svtDNSB)
+	shop := svtFE("default/shop", 0xc1, calc.FrontendLoadBalancer, "203.0.113.10:443", store.ProtocolTCP,
+		svtBE("10.244.1.12:8443", svtNode, svtNodeA))
+	all := svtStateOf(web, dns, shop)
+	sizes := svtSizes
+	sizes.Frontends = 4 // of the 5 entries (two cluster IPs with their address-only entries, one LB)
+	tables, fakes := FakeTables(sizes)
+	d := &svtDriver{t: t, s: NewServices(tables, svtConfig()), tables: tables, fakes: fakes}
+	d.s.OnUpdate(svtDiff(nil, all))
+	err := d.s.Apply()
+	if !errors.Is(err, ErrMapFull) {
+		t.Fatalf("a cold start into a full frontend map: %v; want ErrMapFull", err)
+	}
+	if n := len(fakes.Frontends.Entries); n != 4 {
+		t.Errorf("%d frontends written; want the 4 that fit", n)
+	}
+	svtConsistent(t, fakes)
+	if st := d.s.Stats(); st.MapFull != 1 || st.Failures != 1 {
+		t.Errorf("stats %+v; want one failure, map full", st)
+	}
+	// The same state applied again: the refused one is tried again (and refused), nothing
+	// written is rewritten.
+	before := fakes.Frontends.Writes
+	if err := d.s.Apply(); !errors.Is(err, ErrMapFull) {
+		t.Fatalf("a second apply: %v; want ErrMapFull again", err)
+	}
+	if w := fakes.Frontends.Writes - before; w != 0 {
+		t.Errorf("the second apply wrote %d frontends; want none (the refused one is still refused)", w)
+	}
+	// Room made: the pending frontend goes in and the driver programs what a fresh one would.
+	room := svtStateOf(web, shop)
+	if err := d.update(all, room); err != nil {
+		t.Fatal(err)
+	}
+	if want, _, _ := svtFresh(t, room); d.render() != want {
+		t.Errorf("with room made\n%s", svtLineDiff(want, d.render()))
+	}
+}
+
+// TestServicesReusedEndpointsReleased: a frontend naming the very endpoints (the same
+// slice) of a list its service let go gets that list written again, not a pointer to a list
+// no longer there.
+func TestServicesReusedEndpointsReleased(t *testing.T) {
+	np := svtFE("default/multi", 0xe1, calc.FrontendNodePort, "0.0.0.0:30081", store.ProtocolTCP, svtWebB)
+	cip := svtFE("default/multi", 0xe1, calc.FrontendClusterIP, "198.51.100.70:80", store.ProtocolTCP, svtWebA, svtWebB)
+	both := svtStateOf(np, cip)
+	d := svtRun(t, both)
+	only := svtStateOf(np) // the cluster IP's list goes; the service stays (its node port)
+	if err := d.update(both, only); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.update(only, both); err != nil { // the same frontend again: the same slices
+		t.Fatal(err)
+	}
+	svtConsistent(t, d.fakes)
+	if want, _, _ := svtFresh(t, both); d.render() != want {
+		t.Errorf("the cluster IP back\n%s", svtLineDiff(want, d.render()))
+	}
+}
+
 func TestServicesAdoption(t *testing.T) {
 	web := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA, svtWebB)
 	webNP := svtFE("default/web", 0xa1, calc.FrontendNodePort, "0.0.0.0:30080", store.ProtocolTCP, svtWebA, svtWebB)
