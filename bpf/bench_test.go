@@ -95,6 +95,11 @@ type benchBackend struct {
 // present). special replaces
 // the endpoints of the services it names.
 func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip.Prefix, v6 *bench6) *calc.Update {
+	return benchUpdateN(benchServices, self, special, weps, v6)
+}
+
+// benchUpdateN is benchUpdate with n services.
+func benchUpdateN(n, self int, special map[int][]benchBackend, weps map[string]netip.Prefix, v6 *bench6) *calc.Update {
 	u := &calc.Update{Full: true}
 	u.Ops = append(u.Ops, calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.MustParsePrefix("10.65.0.0/16")}})
 	for n := range benchNodes {
@@ -143,7 +148,7 @@ func benchUpdate(self int, special map[int][]benchBackend, weps map[string]netip
 			add(wildcard, uint16(benchNodePort+s), store.ProtocolUDP, calc.FrontendNodePort)
 		}
 	}
-	for s := range benchServices {
+	for s := range n {
 		eps := special[s]
 		if eps == nil {
 			for e := range benchEndpoints {
@@ -401,7 +406,7 @@ func benchInNS(ns netns.NsHandle, f func() error) error {
 
 // benchNewNS makes a network namespace, held only by its handle (closed at cleanup: the
 // namespace, its links and routes go with it).
-func benchNewNS(b *testing.B) netns.NsHandle {
+func benchNewNS(b testing.TB) netns.NsHandle {
 	type res struct {
 		ns  netns.NsHandle
 		err error
@@ -440,7 +445,7 @@ func benchNewNS(b *testing.B) netns.NsHandle {
 }
 
 type benchNet struct {
-	b       *testing.B
+	b       testing.TB
 	handles map[netns.NsHandle]*netlink.Handle
 }
 
@@ -578,6 +583,11 @@ func benchServer(ln net.Listener, wg *sync.WaitGroup) {
 type benchTraffic struct {
 	client netns.NsHandle
 	stages [2]*Stage
+	// nodes, cfgs and updates are each node's namespace, stage configuration and update (a
+	// test restarts a stage with them).
+	nodes   [2]netns.NsHandle
+	cfgs    [2]StageConfig
+	updates [2]*calc.Update
 	// udpBytes counts the payload bytes each UDP server took, by its address.
 	udpBytes map[string]*atomic.Int64
 }
@@ -746,7 +756,10 @@ func (t *benchTraffic) download(addr string, d time.Duration) (float64, error) {
 }
 
 // benchTrafficWorld builds the namespaces, starts both nodes' service stages and the servers.
-func benchTrafficWorld(b *testing.B) *benchTraffic {
+func benchTrafficWorld(b testing.TB) *benchTraffic { return benchTrafficWorldN(b, benchServices) }
+
+// benchTrafficWorldN is the traffic world with n services (at least 2).
+func benchTrafficWorldN(b testing.TB, services int) *benchTraffic {
 	client, nodeA, nodeB, srvA, srvB := benchNewNS(b), benchNewNS(b), benchNewNS(b), benchNewNS(b), benchNewNS(b)
 	n := &benchNet{b: b, handles: map[netns.NsHandle]*netlink.Handle{}}
 	n.veth(nodeA, "eth0", benchMACA0, nodeB, "eth0", benchMACB0, 1500)
@@ -814,16 +827,20 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 	b.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
 	special := map[int][]benchBackend{0: {{netip.AddrPortFrom(benchPodA, benchNPPort), 0}}, 1: {{netip.AddrPortFrom(benchPodB, benchNPPort), 1}}}
 	var stages [2]*Stage
+	var cfgs [2]StageConfig
+	var updates [2]*calc.Update
 	for i, node := range []struct {
 		ns  netns.NsHandle
 		wep string
 		pod netip.Addr
 	}{{nodeA, "wep-a", benchPodA}, {nodeB, "wep-b", benchPodB}} {
 		special6 := map[int][]benchBackend{0: {{netip.AddrPortFrom(benchPodA6, benchNPPort), 0}}, 1: {{netip.AddrPortFrom(benchPodB6, benchNPPort), 1}}}
-		u := benchUpdate(i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)}, &bench6{special: special6})
+		u := benchUpdateN(services, i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)}, &bench6{special: special6})
+		cfgs[i] = StageConfig{PinDir: filepath.Join(bpffs, benchNodeName(i)), Sizes: DefaultMapSizes,
+			HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts}
+		updates[i] = u
 		err := benchInNS(node.ns, func() error {
-			st, err := StartStage(StageConfig{PinDir: filepath.Join(bpffs, benchNodeName(i)), Sizes: DefaultMapSizes,
-				HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts})
+			st, err := StartStage(cfgs[i])
 			if err != nil {
 				return err
 			}
@@ -895,7 +912,7 @@ func benchTrafficWorld(b *testing.B) *benchTraffic {
 		}
 	}
 
-	return &benchTraffic{client: client, stages: stages, udpBytes: udp}
+	return &benchTraffic{client: client, stages: stages, udpBytes: udp, nodes: [2]netns.NsHandle{nodeA, nodeB}, cfgs: cfgs, updates: updates}
 }
 
 // counters lists the nodes' counters that are not zero.
