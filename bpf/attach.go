@@ -14,7 +14,6 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // DefaultHostInterfaces matches a node's NICs, bonds and VLANs as Calico's
@@ -40,18 +39,47 @@ func (h Hook) dir() string {
 func (h Hook) String() string { return h.Iface + " " + h.dir() }
 
 // Conflict is a program of other software on a hook sluice uses (a leftover of another CNI
-// or of an earlier install, as in seed 000).
+// or of an earlier install, as in seed 000): what it is, whose, whether it breaks one of
+// sluice's paths or is dormant behind sluice's program, and how to remove it.
 type Conflict struct {
-	Hook    Hook
-	What    string // "tcx program 123" or "tc filter pref 1 bpf name x"
-	Removed bool
-	Err     error
+	Hook     Hook
+	Kind     string // KindXDP, KindTCX, KindTCFilter
+	What     string // "tcx program 123 cil_from_netdev", "tc filter pref 1 handle 0x1 bpf foreign"
+	Owner    string // OwnerCalico, OwnerCilium; "" when its name says nothing
+	Breaking bool   // it can take the hook's packets before sluice's program sees them
+	Breaks   string // which of sluice's paths it breaks; for a dormant one, why it is dormant
+	Fix      string // the command that removes it by hand
+	Removed  bool
+	Gone     bool // reported before and no longer there (set by the Stage)
+	Err      error
+
+	xdpMode uint32
+	tcxLink link.ID
+	filter  tcFilter
+}
+
+// Key identifies c across syncs: its kind, what it is and where.
+func (c Conflict) Key() string { return c.Kind + " " + c.What + " on " + c.Hook.String() }
+
+// Effect is "breaking" or "dormant".
+func (c Conflict) Effect() string {
+	if c.Breaking {
+		return "breaking"
+	}
+	return "dormant"
 }
 
 func (c Conflict) String() string {
-	s := fmt.Sprintf("%s on %s", c.What, c.Hook)
-	if c.Removed {
+	s := fmt.Sprintf("%s on %s (%s", c.What, c.Hook, c.Effect())
+	if c.Owner != "" {
+		s += ", " + c.Owner
+	}
+	s += ")"
+	switch {
+	case c.Removed:
 		s += " (removed)"
+	case c.Gone:
+		s += " (gone)"
 	}
 	return s
 }
@@ -241,9 +269,13 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 			}
 		}
 	}
+	byIndex := make(map[int]netlink.Link, len(links))
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l
+	}
 	var conflicts []Conflict
 	for _, h := range hooks {
-		conflicts = append(conflicts, a.conflicts(h, filters[h])...)
+		conflicts = append(conflicts, a.conflicts(h, want[h], byIndex[h.Ifindex], filters[h])...)
 	}
 	return conflicts, errors.Join(errs...)
 }
@@ -350,48 +382,31 @@ func holdLink(path string, held link.Link, valid func(*link.Info) bool, ours map
 	return nl, repaired, nil
 }
 
-// conflicts lists other software's programs on h: TCX programs that are not sluice's (they
-// run before classic filters, so in either mode), and the classic bpf filters (clsact) on
-// the hook that are not sluice's, given as on. With cleanConflicts they are removed.
-func (a *Attacher) conflicts(h Hook, on []tcFilter) []Conflict {
-	var out []Conflict
-	attach := ebpf.AttachTCXIngress
-	if h.Egress {
-		attach = ebpf.AttachTCXEgress
-	}
-	if res, err := link.QueryPrograms(link.QueryOptions{Target: h.Ifindex, Attach: attach}); err == nil {
-		for _, p := range res.Programs {
-			if a.ours[p.ID] {
-				continue
-			}
-			c := Conflict{Hook: h, What: fmt.Sprintf("tcx program %d", p.ID)}
-			if a.cleanConflicts {
-				if id, ok := p.LinkID(); ok {
-					if l, err := link.NewFromID(id); err == nil {
-						c.Err = l.Detach()
-						_ = l.Close()
-						c.Removed = c.Err == nil
-					} else {
-						c.Err = err
-					}
-				} else {
-					c.Err = errors.New("attached without a link; remove it with the software that made it")
-				}
-			}
-			out = append(out, c)
+// conflicts lists other software's programs on h (an XDP program on its interface, TCX
+// programs, classic filters given as on), each breaking or dormant; with cleanConflicts the
+// removable ones (Conflict.Removable) are removed.
+func (a *Attacher) conflicts(h Hook, wep bool, l netlink.Link, on []tcFilter) []Conflict {
+	if a.mode == AttachTC {
+		// Read again: sluice's own filter may have been put on since on was read, and the
+		// position of the others against it is what tells breaking from dormant.
+		if fs, err := tcFilters(h); err == nil {
+			on = fs
 		}
 	}
-	for _, f := range on {
-		if f.ours() {
-			continue
+	v := hookView{hook: h, wep: wep, mode: a.mode, tcx: tcxPrograms(h), tc: on,
+		ours:  func(id ebpf.ProgramID, _ string) bool { return a.ours[id] },
+		owner: programName}
+	if l != nil {
+		v.xdp = l.Attrs().Xdp
+	}
+	out := v.classify()
+	if a.cleanConflicts {
+		for i := range out {
+			if c := &out[i]; c.Removable() {
+				c.Err = c.remove()
+				c.Removed = c.Err == nil
+			}
 		}
-		c := Conflict{Hook: h, What: fmt.Sprintf("tc filter pref %d bpf %s", f.Priority, f.Name)}
-		if a.cleanConflicts {
-			c.Err = netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: h.Ifindex,
-				Parent: tcParent(h.Egress), Handle: f.Handle, Priority: f.Priority, Protocol: unix.ETH_P_ALL}})
-			c.Removed = c.Err == nil
-		}
-		out = append(out, c)
 	}
 	return out
 }

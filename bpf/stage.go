@@ -99,7 +99,7 @@ type Stage struct {
 	reserveProblem string
 
 	mu        sync.Mutex
-	conflicts map[string]bool
+	conflicts map[string]Conflict // reported and still there, by Conflict.Key
 	hostIP    netip.Addr
 	hostIP6   netip.Addr
 	// why is what keeps the stage from doing its whole job after the last apply ("": nothing).
@@ -198,7 +198,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		health = healthcheck.New()
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
-		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]bool{},
+		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]Conflict{},
 		Health: health, why: "not programmed yet", sockUnusable: sockUnusable}
 	s.CT.Live = s.Svc.LiveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
@@ -451,11 +451,22 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 	}
 	s.repairs.Pins = s.Repins
 	s.hooks = s.att.Hooks()
-	seen := map[string]bool{}
+	// Each conflict is reported when it appears and when it goes (a removed one is not
+	// reported again: its removal was).
+	seen := map[string]Conflict{}
 	for _, c := range conflicts {
-		key := c.String()
-		seen[key] = true
-		if !s.conflicts[key] && s.cfg.OnConflict != nil {
+		key := c.Key()
+		_, known := s.conflicts[key]
+		if !c.Removed {
+			seen[key] = c
+		}
+		if (!known || c.Removed) && s.cfg.OnConflict != nil {
+			s.cfg.OnConflict(c)
+		}
+	}
+	for key, c := range s.conflicts {
+		if _, still := seen[key]; !still && s.cfg.OnConflict != nil {
+			c.Gone, c.Err = true, nil
 			s.cfg.OnConflict(c)
 		}
 	}

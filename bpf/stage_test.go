@@ -1067,8 +1067,9 @@ func (e *stEnv) classicFilters(iface string) int {
 	return len(fs)
 }
 
-// 6. Other software's programs on a hook sluice uses are reported once and left, or with
-// CleanConflicts removed and reported removed.
+// 6. Other software's programs on a hook sluice uses are reported once, each breaking or
+// dormant; programs whose owner cannot be recognised are never removed, with CleanConflicts
+// neither (TestHookLeftoversTraffic removes recognisable ones and shows the traffic).
 func TestStageConflicts(t *testing.T) {
 	for _, clean := range []bool{false, true} {
 		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
@@ -1094,20 +1095,27 @@ func TestStageConflicts(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				got = append(got, c.String())
-				if c.Err != nil {
-					t.Errorf("conflict %s: %v", c, c.Err)
+				if c.Err != nil || c.Removed {
+					t.Errorf("conflict %s: removed %v, %v", c, c.Removed, c.Err)
+				}
+				if c.Breaks == "" || c.Fix == "" {
+					t.Errorf("conflict %s says nothing of what it breaks (%q) or of its fix (%q)", c, c.Breaks, c.Fix)
 				}
 			}
 			s, _ := e.start(cfg)
 			s.OnUpdate(stStandard())
 			e.apply(s)
-			suffix := ""
-			if clean {
-				suffix = " (removed)"
-			}
-			want := []string{"tc filter pref 1 bpf foreign on eth0 ingress" + suffix}
+			// The classic filter, added before sluice's at the same priority, runs after it
+			// (and after sluice's TCX program's verdict): dormant either way. The TCX program
+			// runs after sluice's (attached at the head) on the TCX path, and before sluice's
+			// classic filter on the classic path.
+			want := []string{"tc filter pref 1 handle 0x1 bpf foreign on eth0 ingress (dormant)"}
 			if tcx {
-				want = append(want, fmt.Sprintf("tcx program %d on eth0 ingress%s", fid, suffix))
+				effect := "dormant"
+				if stMode(t) == AttachTC {
+					effect = "breaking"
+				}
+				want = append(want, fmt.Sprintf("tcx program %d foreign on eth0 ingress (%s)", fid, effect))
 			}
 			mu.Lock()
 			sort.Strings(got)
@@ -1122,22 +1130,7 @@ func TestStageConflicts(t *testing.T) {
 				names = append(names, p.Name)
 			}
 			// Sluice's own classic filter, in tc mode, is no conflict.
-			ours := 0
 			if stMode(t) == AttachTC {
-				ours = 1
-			}
-			switch {
-			case clean:
-				if !slices.Equal(names, []string{"sl_from_host"}) || e.classicFilters("eth0") != ours {
-					t.Errorf("after cleaning eth0 ingress runs %v and %d classic filters", names, e.classicFilters("eth0"))
-				}
-			case ours == 0:
-				// Left in place: sluice's TCX program at the head, then the foreign one; the
-				// classic filter after both.
-				if !slices.Equal(names, []string{"sl_from_host", "foreign", "foreign"}) || e.classicFilters("eth0") != 1 {
-					t.Errorf("eth0 ingress runs %v and %d classic filters, want sluice's then the foreign one, and the filter", names, e.classicFilters("eth0"))
-				}
-			default:
 				// Left in place: the foreign TCX program, where there is one, runs first (TCX
 				// before classic tc), then sluice's classic filter, added after the foreign
 				// one at the same priority, then the foreign filter.
@@ -1148,12 +1141,27 @@ func TestStageConflicts(t *testing.T) {
 				if !slices.Equal(names, want) || e.classicFilters("eth0") != 2 {
 					t.Errorf("eth0 ingress runs %v and %d classic filters, want %v and 2", names, e.classicFilters("eth0"), want)
 				}
+			} else if !slices.Equal(names, []string{"sl_from_host", "foreign", "foreign"}) || e.classicFilters("eth0") != 1 {
+				// Left in place: sluice's TCX program at the head, then the foreign one; the
+				// classic filter after both.
+				t.Errorf("eth0 ingress runs %v and %d classic filters, want sluice's then the foreign one, and the filter", names, e.classicFilters("eth0"))
 			}
 			// Reported once, not at every apply.
 			e.apply(s)
 			mu.Lock()
 			if len(got) != 0 {
 				t.Errorf("reported again: %q", got)
+			}
+			mu.Unlock()
+			// Gone: reported once more, as gone.
+			if err := e.h.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: e.ifindex("eth0"), Parent: netlink.HANDLE_MIN_INGRESS,
+				Handle: netlink.MakeHandle(0, 1), Protocol: unix.ETH_P_ALL, Priority: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			e.apply(s)
+			mu.Lock()
+			if want := []string{"tc filter pref 1 handle 0x1 bpf foreign on eth0 ingress (dormant) (gone)"}; !slices.Equal(got, want) {
+				t.Errorf("after the filter went: %q, want %q", got, want)
 			}
 			mu.Unlock()
 		})

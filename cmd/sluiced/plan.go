@@ -266,18 +266,7 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Warn().Err(err).Int("writes", writes).Msg("service stage apply failed; retrying with backoff")
 		}
 	}
-	cfg.OnConflict = func(cf bpf.Conflict) {
-		state.leftovers.Inc()
-		switch {
-		case cf.Removed:
-			log.Warn().Str("conflict", cf.String()).Msg("removed another program on a hook sluice uses")
-		case cf.Err != nil:
-			log.Error().Err(cf.Err).Str("conflict", cf.String()).Msg("could not remove another program on a hook sluice uses")
-		default:
-			log.Warn().Str("conflict", cf.String()).Str("fix", "run with --clean-conflicts to remove it").
-				Msg("another program on a hook sluice uses may take traffic before sluice's")
-		}
-	}
+	cfg.OnConflict = func(cf bpf.Conflict) { reportHookLeftover(log, state, cf) }
 	cfg.OnClean = func(st bpf.CleanStats, err error) {
 		state.conntrackDeleted.Add(float64(st.Deleted))
 		if err != nil {
@@ -379,5 +368,44 @@ func (r *repairLog) flushLocked() {
 	if r.held > 0 {
 		r.log.Info().Int("count", r.held).Msg("and more deleted by someone, put back (not each logged)")
 		r.held = 0
+	}
+}
+
+// reportHookLeftover logs another program found on (or gone from, or removed from) a hook
+// the service stage holds, and keeps the gauge of those present and the removal counter.
+func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) {
+	owner := cf.Owner
+	if owner == "" {
+		owner = "unknown"
+	}
+	ev := log.Warn()
+	if cf.Err != nil {
+		ev = log.Error().Err(cf.Err)
+	}
+	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+		Str("effect", cf.Effect()).Str("breaks", cf.Breaks)
+	gauge := state.hookLeftovers.WithLabelValues(cf.Kind, owner, cf.Effect())
+	switch {
+	case cf.Gone:
+		gauge.Dec()
+		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+			Msg("another program on a hook sluice uses is gone")
+	case cf.Removed:
+		state.hookRemovals.WithLabelValues(cf.Kind, owner).Inc()
+		ev.Msg("removed another program on a hook sluice uses")
+	case cf.Err != nil:
+		gauge.Inc()
+		ev.Str("fix", cf.Fix).Msg("could not remove another program on a hook sluice uses")
+	case cf.Breaking:
+		gauge.Inc()
+		fix := cf.Fix
+		if cf.Removable() {
+			fix += " (or run with --clean-conflicts)"
+		}
+		ev.Str("fix", fix).Msg("another program on a hook sluice uses can take its traffic before sluice's")
+	default:
+		gauge.Inc()
+		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+			Str("breaks", cf.Breaks).Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
 	}
 }

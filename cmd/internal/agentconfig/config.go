@@ -222,7 +222,7 @@ func optionTable() []option {
 				c.BPF.ResyncInterval = c.DP.ResyncInterval
 				return nil
 			}},
-		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes; without it they are only reported",
+		{name: "clean-conflicts", env: "SLUICE_CLEAN_CONFLICTS", key: "cleanConflicts", def: "false", boolean: true, accepts: "true or false", help: "remove what other networking software left that breaks sluice's routes, and Calico's or Cilium's programs that take its hooks' traffic first; without it they are only reported",
 			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
 		{name: "services", env: "SLUICE_SERVICES", key: "services", def: "true", boolean: true, accepts: "true or false", help: "program service NAT in eBPF (cluster IPs, node ports, load-balancer and external IPs); false removes sluice's programs, links and pins",
 			set: func(c *Config, v string) (err error) { c.Services, err = parseBool(v); return }},

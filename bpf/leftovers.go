@@ -1,0 +1,313 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/dataplane"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The kinds of other software's programs found on a hook sluice holds (Conflict.Kind).
+const (
+	// KindXDP is an XDP program on an interface sluice hooks: it sees every arriving packet
+	// before tc (Calico's and Cilium's node-port acceleration, DDoS filters).
+	KindXDP = "xdp"
+	// KindTCX is a TCX program on a hook sluice holds: breaking when it runs before sluice's
+	// (or sluice is on the classic path, which runs after every TCX program), dormant after.
+	KindTCX = "tcx"
+	// KindTCFilter is a classic tc bpf filter on a hook sluice holds: dormant while sluice's
+	// TCX program runs (its verdict ends the hook before the classic filters); on the classic
+	// path, breaking when it precedes sluice's filter.
+	KindTCFilter = "tc-filter"
+)
+
+// Owners recognised by their programs' names (Conflict.Owner).
+const (
+	OwnerCalico = "calico"
+	OwnerCilium = "cilium"
+)
+
+// programOwner recognises another product by a program's name (the kernel keeps 15
+// characters) or a classic filter's ("object.o:[section]"): Calico's programs are cali_* and
+// calico_*, Cilium's cil_*, and its classic filters name its objects (bpf_lxc.o, bpf_host.o,
+// bpf_netdev.o, bpf_overlay.o, bpf_xdp.o). "" when the name says nothing.
+func programOwner(name string) string {
+	n := strings.ToLower(name)
+	switch {
+	case strings.HasPrefix(n, "cali"):
+		return OwnerCalico
+	case strings.HasPrefix(n, "cil_"), strings.HasPrefix(n, "cilium"):
+		return OwnerCilium
+	}
+	for _, obj := range []string{"bpf_lxc.o", "bpf_host.o", "bpf_netdev.o", "bpf_overlay.o", "bpf_xdp.o", "bpf_sock.o"} {
+		if strings.HasPrefix(n, obj) {
+			return OwnerCilium
+		}
+	}
+	return ""
+}
+
+// hookBreaks says which of sluice's paths a program taking h's packets first breaks.
+func hookBreaks(h Hook, wep bool) string {
+	switch {
+	case wep && h.Egress:
+		return fmt.Sprintf("traffic to the workload on %s: replies of its service flows", h.Iface)
+	case wep:
+		return fmt.Sprintf("services (cluster IPs, node ports) reached from the workload on %s", h.Iface)
+	case h.Egress:
+		return fmt.Sprintf("replies leaving by %s: node-port flows answered through this node", h.Iface)
+	default:
+		return fmt.Sprintf("node ports, external and load-balancer addresses arriving on %s, and forwarded node-port flows", h.Iface)
+	}
+}
+
+// dormantWhy is what a dormant program on h waits for.
+func dormantWhy(h Hook) string {
+	return fmt.Sprintf("dormant: acts only if sluice's program on %s goes (sluice's returns a verdict before it runs)", h)
+}
+
+// hookView is what classifying one hook's other programs needs: the hook, whether it is a
+// workload's, how sluice holds it, the programs on it in the order they run, and the XDP
+// program of its interface (ingress only).
+type hookView struct {
+	hook  Hook
+	wep   bool
+	mode  AttachMode // how sluice's program is attached here: tcx or tc
+	tcx   []tcxProg  // in run order
+	tc    []tcFilter // in run order
+	xdp   *netlink.LinkXdp
+	ours  func(id ebpf.ProgramID, name string) bool
+	owner func(id ebpf.ProgramID) string // a program's name, for its owner
+}
+
+type tcxProg struct {
+	id     ebpf.ProgramID
+	linkID link.ID // 0: attached without a link
+}
+
+// classify lists the other programs on v's hook, each breaking or dormant.
+func (v hookView) classify() []Conflict {
+	var out []Conflict
+	h := v.hook
+	breaks := hookBreaks(h, v.wep)
+	if x := v.xdp; x != nil && x.Attached && !h.Egress {
+		c := Conflict{Hook: h, Kind: KindXDP, Breaking: true, Breaks: breaks, xdpMode: x.AttachMode}
+		name := v.owner(ebpf.ProgramID(x.ProgId))
+		c.What = fmt.Sprintf("xdp program %d %s", x.ProgId, name)
+		c.Owner = programOwner(name)
+		c.Fix = fmt.Sprintf("ip link set dev %s %s off", h.Iface, xdpModeName(x.AttachMode))
+		out = append(out, c)
+	}
+	// TCX: in run order; sluice's first program found splits before from after.
+	oursAt := -1
+	for i, p := range v.tcx {
+		if v.ours(p.id, v.owner(p.id)) {
+			oursAt = i
+			break
+		}
+	}
+	for i, p := range v.tcx {
+		name := v.owner(p.id)
+		if v.ours(p.id, name) {
+			continue
+		}
+		c := Conflict{Hook: h, Kind: KindTCX, What: fmt.Sprintf("tcx program %d %s", p.id, name), Owner: programOwner(name), tcxLink: p.linkID}
+		if v.mode == AttachTC || oursAt < 0 || i < oursAt {
+			c.Breaking, c.Breaks = true, breaks
+		} else {
+			c.Breaks = dormantWhy(h)
+		}
+		if p.linkID != 0 {
+			c.Fix = fmt.Sprintf("bpftool link detach id %d", p.linkID)
+		} else {
+			c.Fix = fmt.Sprintf("remove program %d with the software that attached it (it holds no link)", p.id)
+		}
+		out = append(out, c)
+	}
+	tcOursAt := -1
+	for i, f := range v.tc {
+		if f.ours() {
+			tcOursAt = i
+			break
+		}
+	}
+	for i, f := range v.tc {
+		if f.ours() {
+			continue
+		}
+		c := Conflict{Hook: h, Kind: KindTCFilter, What: fmt.Sprintf("tc filter pref %d handle %#x bpf %s", f.Priority, f.Handle, f.Name),
+			Owner: programOwner(f.Name), filter: f}
+		if f.Name == "" || programOwner(f.Name) == "" {
+			c.Owner = programOwner(v.owner(f.ProgID))
+		}
+		// On the TCX path sluice's verdict ends the hook before any classic filter; on the
+		// classic path, filters before sluice's run first.
+		if (v.mode == AttachTCX && oursAt >= 0) || (v.mode == AttachTC && tcOursAt >= 0 && i > tcOursAt) {
+			c.Breaks = dormantWhy(h)
+		} else {
+			c.Breaking, c.Breaks = true, breaks
+		}
+		dir := "ingress"
+		if h.Egress {
+			dir = "egress"
+		}
+		c.Fix = fmt.Sprintf("tc filter del dev %s %s pref %d handle %#x bpf", h.Iface, dir, f.Priority, f.Handle)
+		out = append(out, c)
+	}
+	return out
+}
+
+func xdpModeName(mode uint32) string {
+	switch mode {
+	case xdpAttachedSKB:
+		return "xdpgeneric"
+	case xdpAttachedHW:
+		return "xdpoffload"
+	case xdpAttachedDrv:
+		return "xdpdrv"
+	}
+	return "xdp"
+}
+
+// The kernel's XDP attachment modes (IFLA_XDP_ATTACHED) and the flags that detach each.
+const (
+	xdpAttachedDrv = 1
+	xdpAttachedSKB = 2
+	xdpAttachedHW  = 3
+)
+
+func xdpFlags(mode uint32) int {
+	switch mode {
+	case xdpAttachedSKB:
+		return unix.XDP_FLAGS_SKB_MODE
+	case xdpAttachedDrv:
+		return unix.XDP_FLAGS_DRV_MODE
+	case xdpAttachedHW:
+		return unix.XDP_FLAGS_HW_MODE
+	}
+	return 0
+}
+
+// Removable says whether --clean-conflicts removes c: only what breaks sluice's path and is
+// recognisably another product's. Dormant programs and programs of unknown owners stay, with
+// their fix reported.
+func (c Conflict) Removable() bool { return c.Breaking && c.Owner != "" }
+
+// remove takes c off its hook.
+func (c *Conflict) remove() error {
+	switch c.Kind {
+	case KindXDP:
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: c.Hook.Ifindex}}
+		if err := netlink.LinkSetXdpFdWithFlags(l, -1, xdpFlags(c.xdpMode)); err != nil {
+			return fmt.Errorf("detaching the xdp program: %w (attached through a link its owner holds?)", err)
+		}
+		return nil
+	case KindTCX:
+		if c.tcxLink == 0 {
+			return errors.New("attached without a link; remove it with the software that made it")
+		}
+		l, err := link.NewFromID(c.tcxLink)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		return l.Detach()
+	case KindTCFilter:
+		f := c.filter
+		return netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: c.Hook.Ifindex,
+			Parent: tcParent(c.Hook.Egress), Handle: f.Handle, Priority: f.Priority, Protocol: unix.ETH_P_ALL}})
+	}
+	return fmt.Errorf("no way to remove a %s", c.Kind)
+}
+
+// programName returns the name of the program with id, "" when it cannot be read.
+func programName(id ebpf.ProgramID) string {
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return ""
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return ""
+	}
+	return info.Name
+}
+
+// tcxPrograms lists the TCX programs on h in run order (nil where the kernel has no TCX).
+func tcxPrograms(h Hook) []tcxProg {
+	attach := ebpf.AttachTCXIngress
+	if h.Egress {
+		attach = ebpf.AttachTCXEgress
+	}
+	res, err := link.QueryPrograms(link.QueryOptions{Target: h.Ifindex, Attach: attach})
+	if err != nil {
+		return nil
+	}
+	out := make([]tcxProg, 0, len(res.Programs))
+	for _, p := range res.Programs {
+		tp := tcxProg{id: p.ID}
+		if id, ok := p.LinkID(); ok {
+			tp.linkID = id
+		}
+		out = append(out, tp)
+	}
+	return out
+}
+
+// HookConflicts reads, in this network namespace, every hook that holds one of sluice's
+// programs (named sl_*, through a TCX link or a classic filter) and classifies the other
+// programs on it, as the agent does: what `sluicectl leftovers` shows on a node, without the
+// agent. Nothing is removed.
+func HookConflicts() ([]Conflict, error) {
+	links, err := dataplane.DumpAgain(netlink.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	filters, ferr := linkFilters(links)
+	names := map[ebpf.ProgramID]string{}
+	nameOf := func(id ebpf.ProgramID) string {
+		n, ok := names[id]
+		if !ok {
+			n = programName(id)
+			names[id] = n
+		}
+		return n
+	}
+	ours := func(_ ebpf.ProgramID, name string) bool { return strings.HasPrefix(name, "sl_") }
+	var out []Conflict
+	for _, l := range links {
+		for _, egress := range []bool{false, true} {
+			h := Hook{Iface: l.Attrs().Name, Ifindex: l.Attrs().Index, Egress: egress}
+			v := hookView{hook: h, tcx: tcxPrograms(h), tc: filters[h], xdp: l.Attrs().Xdp, ours: ours, owner: nameOf}
+			sluices := ""
+			for _, p := range v.tcx {
+				if n := nameOf(p.id); ours(p.id, n) {
+					v.mode, sluices = AttachTCX, n
+					break
+				}
+			}
+			if v.mode == "" {
+				for _, f := range v.tc {
+					if f.ours() {
+						v.mode, sluices = AttachTC, f.Name
+						break
+					}
+				}
+			}
+			if v.mode == "" {
+				continue // not a hook of sluice's
+			}
+			v.wep = strings.Contains(sluices, "wep")
+			out = append(out, v.classify()...)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return out, ferr
+}

@@ -1,0 +1,306 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestHookViewClassify: which of another program's positions on a hook break sluice's path
+// and which are dormant behind sluice's program, on the TCX and on the classic path, and
+// whose each is.
+func TestHookViewClassify(t *testing.T) {
+	names := map[ebpf.ProgramID]string{1: "sl_from_host", 2: "cil_from_netdev", 3: "op_counter", 4: "calico_tc_main", 5: "ddos_xdp"}
+	ours := func(id ebpf.ProgramID, _ string) bool { return id == 1 }
+	owner := func(id ebpf.ProgramID) string { return names[id] }
+	eth0 := Hook{Iface: "eth0", Ifindex: 2}
+	sluiceTC := tcFilter{Hook: eth0, Priority: TCPriority, Handle: TCHandle, Name: "sl_from_host", ProgID: 1}
+	calicoTC := tcFilter{Hook: eth0, Priority: 2, Handle: 1, Name: "calico_tc_main", ProgID: 4}
+	cases := []struct {
+		name string
+		v    hookView
+		want []string // "kind what: effect owner"
+	}{
+		{"tcx: one ahead of sluice's, one after; a classic filter behind them",
+			hookView{mode: AttachTCX, tcx: []tcxProg{{id: 2, linkID: 7}, {id: 1}, {id: 3, linkID: 8}}, tc: []tcFilter{calicoTC}},
+			[]string{"tcx tcx program 2 cil_from_netdev: breaking cilium", "tcx tcx program 3 op_counter: dormant ",
+				"tc-filter tc filter pref 2 handle 0x1 bpf calico_tc_main: dormant calico"}},
+		{"tcx mode with sluice's link missing: everything on the hook runs",
+			hookView{mode: AttachTCX, tcx: []tcxProg{{id: 3}}, tc: []tcFilter{calicoTC}},
+			[]string{"tcx tcx program 3 op_counter: breaking ", "tc-filter tc filter pref 2 handle 0x1 bpf calico_tc_main: breaking calico"}},
+		{"classic path: every TCX program runs first; filters before sluice's break, after are dormant",
+			hookView{mode: AttachTC, tcx: []tcxProg{{id: 3}}, tc: []tcFilter{{Hook: eth0, Priority: 1, Handle: 9, Name: "cil_early", ProgID: 2}, sluiceTC, calicoTC}},
+			[]string{"tcx tcx program 3 op_counter: breaking ", "tc-filter tc filter pref 1 handle 0x9 bpf cil_early: breaking cilium",
+				"tc-filter tc filter pref 2 handle 0x1 bpf calico_tc_main: dormant calico"}},
+		{"an XDP program runs before tc: breaking on ingress",
+			hookView{mode: AttachTCX, tcx: []tcxProg{{id: 1}}, xdp: &netlink.LinkXdp{Attached: true, ProgId: 5, AttachMode: xdpAttachedSKB}},
+			[]string{"xdp xdp program 5 ddos_xdp: breaking "}},
+		{"an XDP program is not an egress hook's",
+			hookView{hook: Hook{Iface: "eth0", Ifindex: 2, Egress: true}, mode: AttachTCX, tcx: []tcxProg{{id: 1}}, xdp: &netlink.LinkXdp{Attached: true, ProgId: 5}},
+			nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := c.v
+			if v.hook.Iface == "" {
+				v.hook = eth0
+			}
+			v.ours, v.owner = ours, owner
+			var got []string
+			for _, cf := range v.classify() {
+				got = append(got, fmt.Sprintf("%s %s: %s %s", cf.Kind, cf.What, cf.Effect(), cf.Owner))
+				if cf.Breaking && cf.Breaks == "" || !cf.Breaking && cf.Breaks == "" || cf.Fix == "" {
+					t.Errorf("%s: says nothing of what it breaks (%q) or of its fix (%q)", cf.What, cf.Breaks, cf.Fix)
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("classified\n%q\nwant\n%q", got, c.want)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name, owner string
+	}{{"cil_from_netdev", OwnerCilium}, {"bpf_netdev.o:[from-netdev]", OwnerCilium}, {"calico_tc_main", OwnerCalico},
+		{"cali_tc_preambl", OwnerCalico}, {"foreign", ""}, {"sl_from_host", ""}} {
+		if got := programOwner(c.name); got != c.owner {
+			t.Errorf("programOwner(%q) = %q, want %q", c.name, got, c.owner)
+		}
+	}
+}
+
+// TestHookLeftoversTraffic: programs other software leaves on the interface a node port's
+// clients come in by (node A's eth1), planted as Cilium and Calico leave them, beside an
+// operator's own: each is shown with traffic to break the node port or to be dormant, is
+// reported as such, and --clean-conflicts removes exactly the breaking ones whose owner is
+// recognisable; the node port then works and the operator's program is still there.
+func TestHookLeftoversTraffic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
+	}
+	if err := HaveTCX(); err != nil {
+		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's positions are TestHookViewClassify's", err)
+	}
+	// Services 0 and 1 carry the traffic; 10 keep the maps cheap to fill under emulation.
+	w := benchTrafficWorldN(t, 10)
+	np := netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort)).String() // service 0: its endpoint on node A
+	reach := func() error {
+		return benchInNS(w.client, func() error {
+			c, err := net.DialTimeout("tcp", np, 700*time.Millisecond)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			if _, err := c.Write([]byte{'c'}); err != nil {
+				return err
+			}
+			var b [1]byte
+			_, err = io.ReadFull(c, b[:])
+			return err
+		})
+	}
+	if err := reach(); err != nil {
+		t.Fatalf("the node port before any leftover: %v", err)
+	}
+	inA := func(f func() error) {
+		t.Helper()
+		if err := benchInNS(w.nodes[0], f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prog := func(name string, typ ebpf.ProgramType, ret int32) *ebpf.Program {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: typ, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
+		if err != nil {
+			t.Fatalf("loading %s: %v", name, err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	var eth1 netlink.Link
+	inA(func() (err error) { eth1, err = netlink.LinkByName("eth1"); return err })
+	tcx := func(p *ebpf.Program, anchor link.Anchor) link.Link {
+		var l link.Link
+		inA(func() (err error) {
+			l, err = link.AttachTCX(link.TCXOptions{Interface: eth1.Attrs().Index, Program: p, Attach: ebpf.AttachTCXIngress, Anchor: anchor})
+			return err
+		})
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+
+	// 1. Cilium's XDP program, dropping (a DDoS rule, or its node-port acceleration with
+	// another cluster's view): nothing reaches sluice's program.
+	xdp := prog("cil_xdp_entry", ebpf.XDP, 1 /* XDP_DROP */)
+	inA(func() error { return netlink.LinkSetXdpFdWithFlags(eth1, xdp.FD(), unix.XDP_FLAGS_SKB_MODE) })
+	t.Cleanup(func() {
+		_ = benchInNS(w.nodes[0], func() error { return netlink.LinkSetXdpFdWithFlags(eth1, -1, unix.XDP_FLAGS_SKB_MODE) })
+	})
+	if err := reach(); err == nil {
+		t.Fatal("the node port works with an XDP program dropping every packet of eth1")
+	}
+	inA(func() error { return netlink.LinkSetXdpFdWithFlags(eth1, -1, unix.XDP_FLAGS_SKB_MODE) })
+	if err := reach(); err != nil {
+		t.Fatalf("the node port without the XDP program: %v", err)
+	}
+
+	// 2. Cilium's TCX program placed ahead of sluice's, passing every packet up (TC_ACT_OK):
+	// sluice's never sees them, the node port meets no listener.
+	tcx(prog("cil_from_netdev", ebpf.SchedCLS, 0 /* TC_ACT_OK */), link.Head())
+	if err := reach(); err == nil {
+		t.Fatal("the node port works with a program ahead of sluice's passing every packet up")
+	}
+
+	// 3. An operator's TCX program after sluice's (it would drop everything), and Calico's
+	// classic filter dropping everything: both dormant, sluice's verdict comes first.
+	operator := tcx(prog("op_counter", ebpf.SchedCLS, 2 /* TC_ACT_SHOT */), link.Tail())
+	calico := prog("calico_tc_main", ebpf.SchedCLS, 2 /* TC_ACT_SHOT */)
+	inA(func() error {
+		q := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: eth1.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
+		if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+		return netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: eth1.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+			Handle: netlink.MakeHandle(0, 1), Protocol: unix.ETH_P_ALL, Priority: 5}, Fd: calico.FD(), Name: "calico_tc_main", DirectAction: true})
+	})
+	// And Cilium's XDP program back, passing (XDP_PASS): breaking still, as anything that
+	// runs first (sluice cannot know what it does to the packets it sees).
+	inA(func() error {
+		return netlink.LinkSetXdpFdWithFlags(eth1, prog("cil_xdp_entry", ebpf.XDP, 2 /* XDP_PASS */).FD(), unix.XDP_FLAGS_SKB_MODE)
+	})
+
+	// Node A's stage restarted as an operator would after a migration: first reporting only,
+	// then with --clean-conflicts.
+	restart := func(clean bool) []Conflict {
+		t.Helper()
+		var mu sync.Mutex
+		var got []Conflict
+		cfg := w.cfgs[0]
+		cfg.CleanConflicts = clean
+		cfg.OnConflict = func(c Conflict) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, c)
+		}
+		w.stages[0].Close()
+		inA(func() error {
+			st, err := StartStage(cfg)
+			if err != nil {
+				return err
+			}
+			w.stages[0] = st
+			t.Cleanup(st.Close)
+			st.OnUpdate(w.updates[0])
+			_, err = st.Apply()
+			return err
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		sort.Slice(got, func(i, j int) bool { return got[i].Key() < got[j].Key() })
+		return got
+	}
+	render := func(cs []Conflict) []string {
+		var out []string
+		for _, c := range cs {
+			if c.Hook.Iface == "eth1" && !c.Hook.Egress {
+				out = append(out, fmt.Sprintf("%s %s %s removed=%v", c.Kind, c.Effect(), c.Owner, c.Removed))
+			}
+		}
+		return out
+	}
+	got := restart(false)
+	want := []string{"tc-filter dormant calico removed=false", "tcx breaking cilium removed=false", "tcx dormant  removed=false",
+		"xdp breaking cilium removed=false"}
+	if r := render(got); !slices.Equal(r, want) {
+		t.Fatalf("reported on eth1 ingress %q, want %q (all: %v)", r, want, got)
+	}
+	for _, c := range got {
+		if c.Breaking && c.Hook.Iface == "eth1" && c.Breaks != hookBreaks(c.Hook, false) {
+			t.Errorf("%s: breaks %q", c, c.Breaks)
+		}
+	}
+	if err := reach(); err == nil {
+		t.Fatal("the node port works before the cleanup")
+	}
+	// What `sluicectl leftovers` reads on the node, without the agent: the same.
+	var read []Conflict
+	inA(func() (err error) { read, err = HookConflicts(); return err })
+	if r := render(read); !slices.Equal(r, want) {
+		t.Errorf("HookConflicts on eth1 ingress %q, want %q", r, want)
+	}
+
+	got = restart(true)
+	want = []string{"tc-filter dormant calico removed=false", "tcx breaking cilium removed=true", "tcx dormant  removed=false",
+		"xdp breaking cilium removed=true"}
+	if r := render(got); !slices.Equal(r, want) {
+		t.Fatalf("with --clean-conflicts, on eth1 ingress %q, want %q", r, want)
+	}
+	for _, c := range got {
+		if c.Err != nil {
+			t.Errorf("%s: %v", c, c.Err)
+		}
+	}
+	if err := reach(); err != nil {
+		t.Fatalf("the node port after the cleanup: %v", err)
+	}
+	// The dormant ones are still there, byte for byte: the operator's link and program, and
+	// Calico's filter.
+	info, err := operator.Info()
+	if err != nil {
+		t.Fatalf("the operator's link after the cleanup: %v", err)
+	}
+	var names []string
+	var filters int
+	inA(func() error {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: eth1.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		for _, p := range res.Programs {
+			names = append(names, programName(p.ID))
+		}
+		fs, err := tcFilters(Hook{Iface: "eth1", Ifindex: eth1.Attrs().Index})
+		for _, f := range fs {
+			if f.Name == "calico_tc_main" && f.Priority == 5 {
+				filters++
+			}
+		}
+		l, _ := netlink.LinkByIndex(eth1.Attrs().Index)
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return fmt.Errorf("xdp program %d still on eth1", x.ProgId)
+		}
+		return err
+	})
+	if !slices.Equal(names, []string{"sl_from_host", "op_counter"}) || filters != 1 || info.ID == 0 {
+		t.Errorf("after the cleanup eth1 ingress runs %v and holds %d of Calico's filters; want sluice's then the operator's, and the filter", names, filters)
+	}
+
+	// A cleaned leftover that comes back is found by the next apply, and removed again.
+	tcx(prog("cil_from_netdev", ebpf.SchedCLS, 0), link.Head())
+	var again []Conflict
+	var mu sync.Mutex
+	w.stages[0].cfg.OnConflict = func(c Conflict) { mu.Lock(); again = append(again, c); mu.Unlock() }
+	inA(func() error { _, err := w.stages[0].Apply(); return err })
+	mu.Lock()
+	defer mu.Unlock()
+	if r := render(again); !slices.Equal(r, []string{"tcx breaking cilium removed=true"}) {
+		t.Errorf("the program back: %q", r)
+	}
+	if err := reach(); err != nil {
+		t.Fatalf("the node port after the program came back and went: %v", err)
+	}
+}

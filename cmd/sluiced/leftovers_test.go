@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bpf"
+)
+
+// TestReportHookLeftover: a program on a hook is logged when it appears (a warning with its
+// fix when it breaks a path, information when dormant), when it goes and when it is removed;
+// the gauge counts those present by kind, owner and effect, the counter the removals.
+func TestReportHookLeftover(t *testing.T) {
+	var buf bytes.Buffer
+	log := zerolog.New(&buf)
+	state := newAgentState()
+	value := func(c prometheus.Collector) float64 {
+		var m dto.Metric
+		if err := c.(prometheus.Metric).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Gauge != nil {
+			return m.Gauge.GetValue()
+		}
+		return m.Counter.GetValue()
+	}
+	eth1 := bpf.Hook{Iface: "eth1", Ifindex: 3}
+	cil := bpf.Conflict{Hook: eth1, Kind: bpf.KindTCX, What: "tcx program 7 cil_from_netdev", Owner: bpf.OwnerCilium, Breaking: true,
+		Breaks: "node ports arriving on eth1", Fix: "bpftool link detach id 9"}
+	op := bpf.Conflict{Hook: eth1, Kind: bpf.KindTCX, What: "tcx program 8 op_counter", Breaks: "dormant: ...", Fix: "bpftool link detach id 10"}
+	breaking := state.hookLeftovers.WithLabelValues("tcx", "cilium", "breaking")
+	dormant := state.hookLeftovers.WithLabelValues("tcx", "unknown", "dormant")
+	removed := state.hookRemovals.WithLabelValues("tcx", "cilium")
+
+	step := func(cf bpf.Conflict, level string, says []string, b, d, r float64) {
+		t.Helper()
+		buf.Reset()
+		reportHookLeftover(log, state, cf)
+		line := buf.String()
+		if !strings.Contains(line, `"level":"`+level+`"`) {
+			t.Errorf("%s: logged %s, want level %s", cf, line, level)
+		}
+		for _, s := range says {
+			if !strings.Contains(line, s) {
+				t.Errorf("%s: logged %s, want it to say %q", cf, line, s)
+			}
+		}
+		if value(breaking) != b || value(dormant) != d || value(removed) != r {
+			t.Errorf("%s: gauge breaking %v dormant %v, removed %v; want %v %v %v", cf, value(breaking), value(dormant), value(removed), b, d, r)
+		}
+	}
+	step(cil, "warn", []string{"bpftool link detach id 9 (or run with --clean-conflicts)", `"owner":"cilium"`, "node ports arriving on eth1"}, 1, 0, 0)
+	step(op, "info", []string{"dormant behind sluice's", `"owner":"unknown"`, "bpftool link detach id 10"}, 1, 1, 0)
+	gone := cil
+	gone.Gone = true
+	step(gone, "info", []string{"is gone"}, 0, 1, 0)
+	rm := cil
+	rm.Removed = true
+	step(rm, "warn", []string{"removed another program"}, 0, 1, 1)
+	failed := cil
+	failed.Err = errors.New("attached without a link")
+	step(failed, "error", []string{"could not remove", "attached without a link"}, 1, 1, 1)
+}
