@@ -50,17 +50,18 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"apply":    {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
-	"get":      {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
-	"delete":   {"delete objects: delete KIND NAME [-n NS], or delete -f FILE|DIR|- (--force: even if in use)", runDelete},
-	"ipam":     {"claim blocks, assign and release addresses, show usage", runIPAM},
-	"record":   {"record the event stream to a file: record FILE", runRecord},
-	"replay":   {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
-	"plan":     {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
-	"diff":     {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
-	"status":   {"list every node's agent: in sync, lagging by N revisions, failing, starting, gone or none", runStatus},
-	"version":  {"print sluicectl's version (also --version)", runVersion},
-	"services": {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
+	"apply":     {"write objects from YAML or JSON files (-f FILE|DIR|-)", runApply},
+	"get":       {"list objects of a kind: get KIND [NAME] [-n NS] [-o table|yaml|json]", runGet},
+	"delete":    {"delete objects: delete KIND NAME [-n NS], or delete -f FILE|DIR|- (--force: even if in use)", runDelete},
+	"ipam":      {"claim blocks, assign and release addresses, show usage", runIPAM},
+	"record":    {"record the event stream to a file: record FILE", runRecord},
+	"replay":    {"replay a recorded event log and show the index it builds: replay FILE", runReplay},
+	"plan":      {"print the desired dataplane of a node: plan --node NAME [--from-log FILE] [-o table|json]", runPlan},
+	"diff":      {"on a node: compare its kernel with its desired state; exit 1 when they differ: diff --node NAME", runDiff},
+	"status":    {"list every node's agent: in sync, lagging by N revisions, failing, starting, gone or none", runStatus},
+	"version":   {"print sluicectl's version (also --version)", runVersion},
+	"services":  {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
+	"leftovers": {"on a node: other software's programs on sluice's hooks, breaking or dormant; exit 1 when one breaks", runLeftovers},
 }
 
 func (a *app) globalFlags(fs *flag.FlagSet) {

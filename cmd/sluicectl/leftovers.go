@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/sluice-net/sluice/bpf"
+)
+
+const leftoversUsage = `usage: sluicectl leftovers [-o table|json]
+
+On a node, as root: lists what other networking software left on the hooks sluice's
+programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters — each
+with its owner when its name gives it away (calico, cilium), whether it breaks one of
+sluice's paths (it sees the packets first) or is dormant behind sluice's program, which path,
+and the command that removes it. It reads the kernel only; sluiced removes the breaking ones
+of a recognised owner when started with --clean-conflicts. Exits 1 when anything breaking is
+present: the first thing to run after migrating a node to sluice.
+
+flags:
+`
+
+// leftoverJSON is one leftover as -o json prints it.
+type leftoverJSON struct {
+	Kind   string `json:"kind"`
+	Hook   string `json:"hook"`
+	What   string `json:"what"`
+	Owner  string `json:"owner"`
+	Effect string `json:"effect"`
+	Breaks string `json:"breaks"`
+	Fix    string `json:"fix"`
+}
+
+// runLeftovers lists other software's programs on sluice's hooks in this node's kernel.
+func runLeftovers(_ context.Context, a *app, args []string) error {
+	fs := a.flagSet("leftovers")
+	output := outputFlag(fs, "table or json")
+	fs.Usage = func() {
+		fmt.Fprint(a.stderr, leftoversUsage)
+		fs.PrintDefaults()
+	}
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if *output != "table" && *output != "json" {
+		return usagef("-o %q: want table or json", *output)
+	}
+	found, err := bpf.HookConflicts()
+	if err != nil && len(found) == 0 {
+		return fmt.Errorf("reading the hooks: %w", err)
+	}
+	if err != nil {
+		fmt.Fprintf(a.stderr, "sluicectl: some hooks could not be read: %v\n", err)
+	}
+	breaking := 0
+	for _, c := range found {
+		if c.Breaking {
+			breaking++
+		}
+	}
+	if *output == "json" {
+		out := make([]leftoverJSON, 0, len(found))
+		for _, c := range found {
+			out = append(out, leftoverJSON{Kind: c.Kind, Hook: c.Hook.String(), What: c.What, Owner: ownerName(c.Owner),
+				Effect: c.Effect(), Breaks: c.Breaks, Fix: c.Fix})
+		}
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else {
+		writeLeftovers(a.stdout, found, breaking)
+	}
+	if breaking > 0 {
+		return errDiffers
+	}
+	return nil
+}
+
+func ownerName(o string) string {
+	if o == "" {
+		return "unknown"
+	}
+	return o
+}
+
+// writeLeftovers prints the table, then what each breaking one breaks.
+func writeLeftovers(w io.Writer, found []bpf.Conflict, breaking int) {
+	if len(found) == 0 {
+		fmt.Fprintln(w, "no other software's programs on sluice's hooks")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EFFECT\tKIND\tOWNER\tHOOK\tWHAT\tFIX")
+	for _, c := range found {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Effect(), c.Kind, ownerName(c.Owner), c.Hook, c.What, c.Fix)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\n%d breaking, %d dormant (dormant: acts only if sluice's program on its hook goes)\n", breaking, len(found)-breaking)
+	for _, c := range found {
+		if c.Breaking {
+			fmt.Fprintf(w, "  %s on %s breaks %s\n", c.What, c.Hook, c.Breaks)
+		}
+	}
+}

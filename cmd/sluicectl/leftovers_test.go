@@ -1,0 +1,105 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/bpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// TestLeftoversOnANode: in a namespace of its own, an interface whose ingress holds a program
+// named as sluice's, Cilium's placed ahead of it and an operator's after it. leftovers names
+// both, Cilium's breaking and the operator's dormant, exits 1, and says the same in JSON; with
+// Cilium's gone it exits 0.
+func TestLeftoversOnANode(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces and eBPF programs need root")
+	}
+	if err := bpf.HaveTCX(); err != nil {
+		t.Skipf("needs TCX (Linux 6.6): %v", err)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New() // this thread is now in ns
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Set(orig); ns.Close() }()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-peer"}); err != nil {
+		t.Fatal(err)
+	}
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	attach := func(name string, anchor link.Anchor) (link.Link, ebpf.ProgramID) {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.SchedCLS, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		l, err := link.AttachTCX(link.TCXOptions{Interface: eth0.Attrs().Index, Program: p, Attach: ebpf.AttachTCXIngress, Anchor: anchor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		info, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		return l, id
+	}
+	attach("sl_from_host", link.Head())
+	cil, cilID := attach("cil_from_netdev", link.Head())
+	_, opID := attach("op_counter", link.Tail())
+
+	c := &cluster{t: t, env: map[string]string{}}
+	r := c.ctl("", "leftovers")
+	if r.code != 1 {
+		t.Fatalf("leftovers with a breaking program: exit %d, want 1\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("breaking  tcx   cilium   eth0 ingress  tcx program %d cil_from_netdev", cilID),
+		fmt.Sprintf("dormant   tcx   unknown  eth0 ingress  tcx program %d op_counter", opID),
+		"1 breaking, 1 dormant",
+		"breaks node ports, external and load-balancer addresses arriving on eth0",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("leftovers does not say %q:\n%s", want, r.stdout)
+		}
+	}
+	r = c.ctl("", "leftovers", "-o", "json")
+	var got []map[string]string
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != 1 || len(got) != 2 {
+		t.Fatalf("leftovers -o json: exit %d, %v\n%s", r.code, err, r.stdout)
+	}
+	for _, g := range got {
+		want := map[string]string{"cil_from_netdev": "breaking cilium", "op_counter": "dormant unknown"}
+		name := g["what"][strings.LastIndex(g["what"], " ")+1:]
+		if want[name] != g["effect"]+" "+g["owner"] || g["fix"] == "" || g["breaks"] == "" || g["kind"] != "tcx" {
+			t.Errorf("json entry %v", g)
+		}
+	}
+	if err := cil.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ctl("", "leftovers"); r.code != 0 || !strings.Contains(r.stdout, "0 breaking, 1 dormant") {
+		t.Errorf("with only the dormant program: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
