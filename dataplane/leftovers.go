@@ -24,6 +24,10 @@ type Leftover struct {
 	// Err is set when removing it failed.
 	Err error
 
+	// Owner is the product that left it, when its name gives it away (calico, cilium,
+	// flannel); only such a leftover is removed, with CleanConflicts.
+	Owner string
+
 	route *Route
 	link  string
 }
@@ -93,13 +97,8 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		if !ok || name == d.vxlan.cfg.Name || name == d.vxlan6.cfg.Name {
 			continue
 		}
-		if vx.VxlanId == d.vxlan.cfg.VNI || vx.Port == d.vxlan.cfg.Port {
-			out = append(out, Leftover{
-				Key:  "device " + name,
-				What: fmt.Sprintf("VXLAN device %s uses VNI %d and UDP port %d; sluice's %s needs VNI %d and port %d", name, vx.VxlanId, vx.Port, d.vxlan.cfg.Name, d.vxlan.cfg.VNI, d.vxlan.cfg.Port),
-				Fix:  fmt.Sprintf("ip link del %s (or start sluiced with --clean-conflicts)", name),
-				link: name,
-			})
+		if lo, ok := vxlanLeftover(vx, d.vxlan.cfg, d.vxlan6.cfg); ok {
+			out = append(out, lo)
 		}
 	}
 	return out, nil
@@ -114,7 +113,10 @@ func (d *Dataplane) handleLeftovers() bool {
 	}
 	removed := false
 	for _, l := range found {
-		if d.cfg.CleanConflicts && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
+		// A device is removed only when its owner is known (an unknown one may be someone's
+		// on purpose); a route over sluice's destinations through another program's device
+		// is by construction another program's.
+		if d.cfg.CleanConflicts && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
 				l.Err = d.routes.k.RouteDelMany([]*Route{l.route})[0]
@@ -144,4 +146,47 @@ func otherCNIDevice(name string) bool {
 		}
 	}
 	return false
+}
+
+// vxlanLeftover judges another program's VXLAN device against sluice's two (IPv4 and IPv6).
+// Two devices of one family on one UDP port share its socket, told apart by VNI: one on
+// sluice's VNI and port keeps sluice's from being created (the kernel refuses a second), and
+// a flow-based ("external", collect-metadata) one on sluice's port needs a socket of its own
+// there, so sluice's cannot open the port. A device on another VNI, or another port, coexists
+// and is no leftover.
+func vxlanLeftover(vx *netlink.Vxlan, v4, v6 VXLANConfig) (Leftover, bool) {
+	name := vx.Attrs().Name
+	ipv6 := (vx.SrcAddr != nil && vx.SrcAddr.To4() == nil) || (vx.Group != nil && vx.Group.To4() == nil)
+	own := v4
+	if ipv6 {
+		own = v6
+	}
+	lo := Leftover{Key: "device " + name, Owner: deviceOwner(name), link: name,
+		Fix: fmt.Sprintf("ip link del %s", name)}
+	switch {
+	case vx.FlowBased && vx.Port == own.Port:
+		lo.What = fmt.Sprintf("flow-based (external) VXLAN device %s takes UDP port %d for every VNI; sluice's %s needs that port", name, vx.Port, own.Name)
+	case vx.VxlanId == own.VNI && vx.Port == own.Port:
+		lo.What = fmt.Sprintf("VXLAN device %s uses VNI %d on UDP port %d, which sluice's %s needs (the kernel allows one device per VNI and port)", name, vx.VxlanId, vx.Port, own.Name)
+	default:
+		return Leftover{}, false
+	}
+	if lo.Owner != "" {
+		lo.Fix += " (or start sluiced with --clean-conflicts)"
+	}
+	return lo, true
+}
+
+// deviceOwner recognises the devices other products make by name: Calico's vxlan.calico and
+// vxlan-v6.calico, Cilium's cilium_*, Flannel's flannel.N; "" otherwise.
+func deviceOwner(name string) string {
+	switch {
+	case strings.HasSuffix(name, ".calico"):
+		return "calico"
+	case strings.HasPrefix(name, "cilium_"):
+		return "cilium"
+	case strings.HasPrefix(name, "flannel."), strings.HasPrefix(name, "flannel-v6."):
+		return "flannel"
+	}
+	return ""
 }
