@@ -53,13 +53,27 @@ type Conflict struct {
 	Gone     bool // reported before and no longer there (set by the Stage)
 	Err      error
 
-	xdpMode uint32
-	tcxLink link.ID
-	filter  tcFilter
+	// Cgroup and CgroupHook say where a cgroup socket hook's program is (KindCgroup): the
+	// cgroup directory and the hook (connect4, sendmsg6, ...); Hook is then unset.
+	Cgroup, CgroupHook string
+
+	xdpMode      uint32
+	tcxLink      link.ID
+	filter       tcFilter
+	progID       ebpf.ProgramID
+	cgroupAttach ebpf.AttachType
+}
+
+// Where is the hook c is on: an interface and direction, or a cgroup and socket hook.
+func (c Conflict) Where() string {
+	if c.Cgroup != "" {
+		return "cgroup " + c.Cgroup + " " + c.CgroupHook
+	}
+	return c.Hook.String()
 }
 
 // Key identifies c across syncs: its kind, what it is and where.
-func (c Conflict) Key() string { return c.Kind + " " + c.What + " on " + c.Hook.String() }
+func (c Conflict) Key() string { return c.Kind + " " + c.What + " on " + c.Where() }
 
 // Effect is "breaking" or "dormant".
 func (c Conflict) Effect() string {
@@ -70,7 +84,7 @@ func (c Conflict) Effect() string {
 }
 
 func (c Conflict) String() string {
-	s := fmt.Sprintf("%s on %s (%s", c.What, c.Hook, c.Effect())
+	s := fmt.Sprintf("%s on %s (%s", c.What, c.Where(), c.Effect())
 	if c.Owner != "" {
 		s += ", " + c.Owner
 	}

@@ -3,8 +3,12 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"os"
+	"runtime"
+	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -218,6 +222,21 @@ func (c *Conflict) remove() error {
 		}
 		defer l.Close()
 		return l.Detach()
+	case KindCgroup:
+		cg, err := os.Open(c.Cgroup)
+		if err != nil {
+			return err
+		}
+		defer cg.Close()
+		p, err := ebpf.NewProgramFromID(c.progID)
+		if err != nil {
+			return fmt.Errorf("opening program %d: %w", c.progID, err)
+		}
+		defer p.Close()
+		if err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(cg.Fd()), Program: p, Attach: c.cgroupAttach}); err != nil {
+			return fmt.Errorf("detaching program %d: %w (attached through a link its owner holds?)", c.progID, err)
+		}
+		return nil
 	case KindTCFilter:
 		f := c.filter
 		return netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: c.Hook.Ifindex,
@@ -310,4 +329,61 @@ func HookConflicts() ([]Conflict, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
 	return out, ferr
+}
+
+// KindCgroup is another program on a cgroup socket hook sluice uses (connect, sendmsg,
+// recvmsg, getpeername): Calico's connect-time load balancer, Cilium's socket LB.
+const KindCgroup = "cgroup"
+
+// cgroupQuery is what BPF_PROG_QUERY says of one cgroup hook: the flags it was attached with
+// (0: exclusive, BPF_F_ALLOW_OVERRIDE, BPF_F_ALLOW_MULTI) and its programs in run order.
+// cilium/ebpf's QueryPrograms leaves the flags out, and they tell why sluice's attach fails.
+func cgroupQuery(cgroupFD int, attach ebpf.AttachType) (flags uint32, ids []ebpf.ProgramID, err error) {
+	buf := make([]uint32, 64)
+	attr := struct {
+		targetFD    uint32
+		attachType  uint32
+		queryFlags  uint32
+		attachFlags uint32
+		progIDs     uint64
+		progCnt     uint32
+		_           uint32
+	}{targetFD: uint32(cgroupFD), attachType: uint32(attach), progIDs: uint64(uintptr(unsafe.Pointer(&buf[0]))), progCnt: uint32(len(buf))}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_QUERY, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(buf)
+	if errno != 0 {
+		return 0, nil, errno
+	}
+	for _, id := range buf[:min(int(attr.progCnt), len(buf))] {
+		ids = append(ids, ebpf.ProgramID(id))
+	}
+	return attr.attachFlags, ids, nil
+}
+
+// cgroupConflicts classifies the other programs on one cgroup hook: before sluice's (they
+// run first, and a socket load balancer rewrites a service address before sluice's sees it)
+// or holding the hook exclusively (sluice's cannot attach) they break the node's own
+// connections to services; after sluice's they are dormant for services (they see backends).
+func cgroupConflicts(cgroup, hook string, attach ebpf.AttachType, flags uint32, ids []ebpf.ProgramID, ours func(ebpf.ProgramID) bool, name func(ebpf.ProgramID) string) []Conflict {
+	oursAt := slices.IndexFunc(ids, ours)
+	var out []Conflict
+	for i, id := range ids {
+		if ours(id) {
+			continue
+		}
+		n := name(id)
+		c := Conflict{Cgroup: cgroup, CgroupHook: hook, Kind: KindCgroup, What: fmt.Sprintf("%s program %d %s", hook, id, n), Owner: programOwner(n),
+			progID: id, cgroupAttach: attach, Fix: fmt.Sprintf("bpftool cgroup detach %s %s id %d", cgroup, hook, id)}
+		breaks := fmt.Sprintf("the node's own connections to services (cluster IPs, node ports) from processes under %s", cgroup)
+		switch {
+		case flags&unix.BPF_F_ALLOW_MULTI == 0:
+			c.Breaking, c.Breaks = true, breaks+": it holds the hook alone (attached without BPF_F_ALLOW_MULTI), so sluice's program cannot attach"
+		case oursAt < 0 || i < oursAt:
+			c.Breaking, c.Breaks = true, breaks+": it runs before sluice's program, and may rewrite a service's address first"
+		default:
+			c.Breaks = fmt.Sprintf("dormant for services: it runs after sluice's program on %s and sees backends, not service addresses", hook)
+		}
+		out = append(out, c)
+	}
+	return out
 }

@@ -7,9 +7,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -302,5 +308,170 @@ func TestHookLeftoversTraffic(t *testing.T) {
 	}
 	if err := reach(); err != nil {
 		t.Fatalf("the node port after the program came back and went: %v", err)
+	}
+}
+
+// TestCgroupLeftovers: a connect-time load balancer left on the cgroup sluice's socket
+// programs use, attached as old Calico versions attach theirs (alone, without
+// BPF_F_ALLOW_MULTI). sluice's attach fails and says which program holds the hook and how to
+// remove it, and a process of that cgroup cannot reach a cluster IP; --clean-conflicts
+// detaches it, sluice's programs attach and the connection reaches the backend. An operator's
+// program attached after sluice's is dormant and stays.
+func TestCgroupLeftovers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("attaching cgroup socket programs needs root")
+	}
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("the cgroup's process is bash reaching the cluster IP through /dev/tcp")
+	}
+	root := skCgroupRoot(t)
+	child := filepath.Join(root, fmt.Sprintf("sluice-test-leftovers-%d", os.Getpid()))
+	if err := os.Mkdir(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.Remove(child); err != nil {
+			t.Errorf("removing the test's cgroup: %v", err)
+		}
+	})
+	cg, err := os.Open(child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cg.Close() })
+
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer orig.Close()
+		if err := netns.Set(orig); err != nil {
+			t.Errorf("returning to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+	skNetns(t)
+	cookie, err := NetnsCookie()
+	if err != nil {
+		t.Skipf("no SO_NETNS_COOKIE: %v", err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hello"))
+			c.Close()
+		}
+	}()
+	o, err := Load("", MapSizes{Frontends: 64, Backends: 64, SourceRanges: 64, ClusterNets: 64, Affinity: 64, Conntrack: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	backend := ln.Addr().(*net.TCPAddr).AddrPort()
+	for _, err := range []error{
+		o.SlCfg.Put(uint32(0), sluiceCfg{NetnsCookie: cookie}),
+		o.SlFeV4.Put(sluiceFeKeyV4{Addr: tpA(skVIP), Port: tpP(80), Proto: tpProtoTCP}, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1}),
+		o.SlFeV4.Put(sluiceFeKeyV4{Addr: tpA(skVIP)}, sluiceFeVal{SvcId: 1, Flags: tpFeAddrOnly}),
+		o.SlBeV4.Put(sluiceBeKey{ListId: 1}, tpBackend(backend, tpNodeA, true)),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pin := t.TempDir()
+	if err := unix.Mount("bpf", pin, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mounting bpffs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(pin, unix.MNT_DETACH) })
+
+	// A process of the cgroup, in this namespace, reaching the cluster IP.
+	reach := func() (string, error) {
+		cmd := exec.Command("bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/80 && head -c 5 <&3", skVIP))
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	prog := func(name string, attach ebpf.AttachType) *ebpf.Program {
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.CGroupSockAddr, AttachType: attach, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+		if err != nil {
+			t.Fatalf("loading %s: %v", name, err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p
+	}
+	calico := prog("calico_connect_v4", ebpf.AttachCGroupInet4Connect)
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(cg.Fd()), Program: calico, Attach: ebpf.AttachCGroupInet4Connect}); err != nil {
+		t.Fatalf("attaching Calico's program alone: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(cg.Fd()), Program: calico, Attach: ebpf.AttachCGroupInet4Connect})
+	})
+
+	h, err := NewSocketHooks(pin, child, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	found, err := h.Sync()
+	if err == nil {
+		t.Fatal("sluice's socket programs attached beside a program holding connect4 alone")
+	}
+	for _, want := range []string{"connect4 on cgroup " + child, "calico_connect_", "without BPF_F_ALLOW_MULTI", "bpftool cgroup detach " + child + " connect4 id", "--clean-conflicts"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the attach error does not say %q: %v", want, err)
+		}
+	}
+	if len(found) != 1 || found[0].Kind != KindCgroup || !found[0].Breaking || found[0].Owner != OwnerCalico || found[0].Removed ||
+		found[0].Where() != "cgroup "+child+" connect4" {
+		t.Fatalf("found %v; want Calico's connect4 program, breaking, not removed", found)
+	}
+	if out, err := reach(); err == nil {
+		t.Fatalf("the cluster IP answered %q with Calico's program in sluice's place", out)
+	}
+
+	h.CleanConflicts = true
+	found, err = h.Sync()
+	if err != nil {
+		t.Fatalf("after removing Calico's program: %v", err)
+	}
+	if len(found) != 1 || !found[0].Removed || found[0].Err != nil {
+		t.Fatalf("found %v; want Calico's program removed", found)
+	}
+	if out, err := reach(); err != nil || out != "hello" {
+		t.Fatalf("the cluster IP from the cgroup after the cleanup: %q, %v", out, err)
+	}
+
+	// An operator's program on getpeername4 after sluice's: dormant, kept.
+	audit := prog("op_audit", ebpf.AttachCgroupInet4GetPeername)
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: int(cg.Fd()), Program: audit, Attach: ebpf.AttachCgroupInet4GetPeername,
+		Flags: unix.BPF_F_ALLOW_MULTI}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(cg.Fd()), Program: audit, Attach: ebpf.AttachCgroupInet4GetPeername})
+	})
+	found, err = h.Sync()
+	if err != nil || len(found) != 1 || found[0].Breaking || found[0].Removed || found[0].Owner != "" {
+		t.Fatalf("with an operator's program after sluice's: %v, %v; want it dormant and kept", found, err)
+	}
+	_, ids, err := cgroupQuery(int(cg.Fd()), ebpf.AttachCgroupInet4GetPeername)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("getpeername4 holds %v (%v); want sluice's and the operator's", ids, err)
+	}
+	if out, err := reach(); err != nil || out != "hello" {
+		t.Fatalf("the cluster IP with the operator's program there: %q, %v", out, err)
 	}
 }

@@ -29,6 +29,9 @@ type SocketHooks struct {
 	ours   map[ebpf.ProgramID]bool
 	// Repairs counts links found detached, stale or unpinned and attached again.
 	Repairs int
+	// CleanConflicts removes other software's programs that break the hooks and whose owner
+	// is recognisable (Conflict.Removable).
+	CleanConflicts bool
 }
 
 type socketHook struct {
@@ -67,9 +70,12 @@ func NewSocketHooks(pinDir, cgroupPath string, objs *Objects) (*SocketHooks, err
 }
 
 // Sync attaches every socket program that is not attached, swapping in this agent's
-// programs where a previous run's links are found.
-func (h *SocketHooks) Sync() error {
+// programs where a previous run's links are found. It returns the other programs found on
+// the hooks (removed first, when CleanConflicts allows, so sluice's attach in the same
+// Sync); a hook another program holds alone is named in the error.
+func (h *SocketHooks) Sync() ([]Conflict, error) {
 	var errs []error
+	conflicts, holders := h.conflicts()
 	for _, hk := range h.hooks {
 		l, repaired, err := holdLink(filepath.Join(h.dir, "cgroup_"+hk.name), h.links[hk.name], func(info *link.Info) bool {
 			return info.Cgroup() != nil && info.Cgroup().CgroupId != 0
@@ -83,10 +89,52 @@ func (h *SocketHooks) Sync() error {
 			delete(h.links, hk.name)
 		}
 		if err != nil {
+			if held := holders[hk.name]; held != "" && errors.Is(err, unix.EPERM) {
+				err = fmt.Errorf("%w: %s holds the hook alone (attached without BPF_F_ALLOW_MULTI); sluice's program cannot attach beside it", err, held)
+			}
 			errs = append(errs, fmt.Errorf("%s on cgroup %s: %w", hk.name, h.cgroup, err))
 		}
 	}
-	return errors.Join(errs...)
+	return conflicts, errors.Join(errs...)
+}
+
+// conflicts lists the other programs on each hook, removing the removable ones when
+// CleanConflicts allows; holders names, by hook, the programs still holding one alone.
+func (h *SocketHooks) conflicts() (out []Conflict, holders map[string]string) {
+	cg, err := os.Open(h.cgroup)
+	if err != nil {
+		return nil, nil
+	}
+	defer cg.Close()
+	holders = map[string]string{}
+	for _, hk := range h.hooks {
+		flags, ids, err := cgroupQuery(int(cg.Fd()), hk.attach)
+		if err != nil {
+			continue
+		}
+		for _, c := range cgroupConflicts(h.cgroup, hk.name, hk.attach, flags, ids, func(id ebpf.ProgramID) bool { return h.ours[id] }, programName) {
+			if h.CleanConflicts && c.Removable() {
+				c.Err = c.remove()
+				c.Removed = c.Err == nil
+			}
+			if !c.Removed && flags&unix.BPF_F_ALLOW_MULTI == 0 {
+				fix := c.Fix
+				if c.Removable() {
+					fix += ", or run with --clean-conflicts"
+				}
+				holders[hk.name] = fmt.Sprintf("program %d %s (%s; remove it: %s)", c.progID, programName(c.progID), ownerOr(c.Owner), fix)
+			}
+			out = append(out, c)
+		}
+	}
+	return out, holders
+}
+
+func ownerOr(o string) string {
+	if o == "" {
+		return "owner unknown"
+	}
+	return o + "'s"
 }
 
 // Close releases the handles; the pins keep the programs attached.

@@ -442,7 +442,10 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 	case err != nil:
 		serr = err
 	case sock != nil:
-		serr = sock.Sync()
+		sock.CleanConflicts = s.cfg.CleanConflicts
+		var found []Conflict
+		found, serr = sock.Sync()
+		conflicts = append(conflicts, found...)
 	}
 	s.mu.Lock()
 	s.repairs.Links = s.att.Repairs + s.Progs6Mended

@@ -68,7 +68,7 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	if *output == "json" {
 		out := make([]leftoverJSON, 0, len(found))
 		for _, c := range found {
-			out = append(out, leftoverJSON{Kind: c.Kind, Hook: c.Hook.String(), What: c.What, Owner: ownerName(c.Owner),
+			out = append(out, leftoverJSON{Kind: c.Kind, Hook: c.Where(), What: c.What, Owner: ownerName(c.Owner),
 				Effect: c.Effect(), Breaks: c.Breaks, Fix: c.Fix})
 		}
 		enc := json.NewEncoder(a.stdout)
@@ -101,13 +101,13 @@ func writeLeftovers(w io.Writer, found []bpf.Conflict, breaking int) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EFFECT\tKIND\tOWNER\tHOOK\tWHAT\tFIX")
 	for _, c := range found {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Effect(), c.Kind, ownerName(c.Owner), c.Hook, c.What, c.Fix)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Effect(), c.Kind, ownerName(c.Owner), c.Where(), c.What, c.Fix)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n%d breaking, %d dormant (dormant: acts only if sluice's program on its hook goes)\n", breaking, len(found)-breaking)
 	for _, c := range found {
 		if c.Breaking {
-			fmt.Fprintf(w, "  %s on %s breaks %s\n", c.What, c.Hook, c.Breaks)
+			fmt.Fprintf(w, "  %s on %s breaks %s\n", c.What, c.Where(), c.Breaks)
 		}
 	}
 }

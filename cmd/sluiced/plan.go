@@ -382,13 +382,13 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 	if cf.Err != nil {
 		ev = log.Error().Err(cf.Err)
 	}
-	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 		Str("effect", cf.Effect()).Str("breaks", cf.Breaks)
 	gauge := state.hookLeftovers.WithLabelValues(cf.Kind, owner, cf.Effect())
 	switch {
 	case cf.Gone:
 		gauge.Dec()
-		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 			Msg("another program on a hook sluice uses is gone")
 	case cf.Removed:
 		state.hookRemovals.WithLabelValues(cf.Kind, owner).Inc()
@@ -405,7 +405,7 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 		ev.Str("fix", fix).Msg("another program on a hook sluice uses can take its traffic before sluice's")
 	default:
 		gauge.Inc()
-		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Hook.String()).Str("owner", owner).
+		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 			Str("breaks", cf.Breaks).Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
 	}
 }
