@@ -387,3 +387,43 @@ func cgroupConflicts(cgroup, hook string, attach ebpf.AttachType, flags uint32, 
 	}
 	return out
 }
+
+// CgroupConflicts reads the socket hooks of the cgroup v2 directory path ("" for the
+// hierarchy's root, as the agent defaults to) and classifies the programs on them other
+// than sluice's (named sl_*), as the agent does; nothing is removed. A hook without a
+// program of sluice's on it is read too: another program holding it alone is the reason.
+func CgroupConflicts(path string) ([]Conflict, error) {
+	if path == "" {
+		root, err := CgroupV2Root()
+		if err != nil {
+			return nil, err
+		}
+		path = root
+	}
+	cg, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening the cgroup: %w", err)
+	}
+	defer cg.Close()
+	names := map[ebpf.ProgramID]string{}
+	nameOf := func(id ebpf.ProgramID) string {
+		n, ok := names[id]
+		if !ok {
+			n = programName(id)
+			names[id] = n
+		}
+		return n
+	}
+	var out []Conflict
+	var errs []error
+	for _, hk := range socketHookTypes {
+		flags, ids, err := cgroupQuery(int(cg.Fd()), hk.attach)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s on %s: %w", hk.name, path, err))
+			continue
+		}
+		ours := func(id ebpf.ProgramID) bool { return strings.HasPrefix(nameOf(id), "sl_") }
+		out = append(out, cgroupConflicts(path, hk.name, hk.attach, flags, ids, ours, nameOf)...)
+	}
+	return out, errors.Join(errs...)
+}

@@ -34,6 +34,17 @@ type SocketHooks struct {
 	CleanConflicts bool
 }
 
+// socketHookTypes are the cgroup hooks the socket programs attach to, by bpftool's names.
+var socketHookTypes = []struct {
+	name   string
+	attach ebpf.AttachType
+}{
+	{"connect4", ebpf.AttachCGroupInet4Connect}, {"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg}, {"getpeername4", ebpf.AttachCgroupInet4GetPeername},
+	{"connect6", ebpf.AttachCGroupInet6Connect}, {"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg}, {"getpeername6", ebpf.AttachCgroupInet6GetPeername},
+}
+
 type socketHook struct {
 	name   string
 	attach ebpf.AttachType
@@ -44,15 +55,10 @@ type socketHook struct {
 func NewSocketHooks(pinDir, cgroupPath string, objs *Objects) (*SocketHooks, error) {
 	h := &SocketHooks{dir: filepath.Join(pinDir, "links"), cgroup: cgroupPath, links: map[string]link.Link{},
 		ours: map[ebpf.ProgramID]bool{}}
-	h.hooks = []socketHook{
-		{"connect4", ebpf.AttachCGroupInet4Connect, objs.SlSockConnect4},
-		{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, objs.SlSockSendmsg4},
-		{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, objs.SlSockRecvmsg4},
-		{"getpeername4", ebpf.AttachCgroupInet4GetPeername, objs.SlSockGetpeername4},
-		{"connect6", ebpf.AttachCGroupInet6Connect, objs.SlSockConnect6},
-		{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, objs.SlSockSendmsg6},
-		{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, objs.SlSockRecvmsg6},
-		{"getpeername6", ebpf.AttachCgroupInet6GetPeername, objs.SlSockGetpeername6},
+	progs := []*ebpf.Program{objs.SlSockConnect4, objs.SlSockSendmsg4, objs.SlSockRecvmsg4, objs.SlSockGetpeername4,
+		objs.SlSockConnect6, objs.SlSockSendmsg6, objs.SlSockRecvmsg6, objs.SlSockGetpeername6}
+	for i, t := range socketHookTypes {
+		h.hooks = append(h.hooks, socketHook{t.name, t.attach, progs[i]})
 	}
 	for _, hk := range h.hooks {
 		info, err := hk.prog.Info()

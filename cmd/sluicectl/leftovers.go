@@ -8,12 +8,14 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 )
 
-const leftoversUsage = `usage: sluicectl leftovers [-o table|json]
+const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--config FILE] [-o table|json]
 
 On a node, as root: lists what other networking software left on the hooks sluice's
-programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters — each
+programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters, and
+programs on the cgroup socket hooks (connect, sendmsg, recvmsg, getpeername) — each
 with its owner when its name gives it away (calico, cilium), whether it breaks one of
 sluice's paths (it sees the packets first) or is dormant behind sluice's program, which path,
 and the command that removes it. It reads the kernel only; sluiced removes the breaking ones
@@ -38,6 +40,8 @@ type leftoverJSON struct {
 func runLeftovers(_ context.Context, a *app, args []string) error {
 	fs := a.flagSet("leftovers")
 	output := outputFlag(fs, "table or json")
+	configFile := fs.String("config", "", "sluiced's configuration file, for its cgroup (default: SLUICE_CONFIG, or "+agentconfig.DefaultConfigFile+" when present)")
+	cgroup := fs.String("cgroup", "", "the cgroup v2 directory sluiced's socket programs use (default: its option cgroup-path)")
 	fs.Usage = func() {
 		fmt.Fprint(a.stderr, leftoversUsage)
 		fs.PrintDefaults()
@@ -58,6 +62,21 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	}
 	if err != nil {
 		fmt.Fprintf(a.stderr, "sluicectl: some hooks could not be read: %v\n", err)
+	}
+	path := *cgroup
+	if path == "" {
+		agent, err := a.agentConfig(*configFile)
+		if err != nil {
+			return err
+		}
+		path = agent.BPF.CgroupPath
+	}
+	if path != "none" {
+		cf, err := bpf.CgroupConflicts(path)
+		if err != nil {
+			fmt.Fprintf(a.stderr, "sluicectl: the cgroup socket hooks could not be read: %v\n", err)
+		}
+		found = append(found, cf...)
 	}
 	breaking := 0
 	for _, c := range found {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -70,7 +71,7 @@ func TestLeftoversOnANode(t *testing.T) {
 	_, opID := attach("op_counter", link.Tail())
 
 	c := &cluster{t: t, env: map[string]string{}}
-	r := c.ctl("", "leftovers")
+	r := c.ctl("", "leftovers", "--cgroup", "none")
 	if r.code != 1 {
 		t.Fatalf("leftovers with a breaking program: exit %d, want 1\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -84,7 +85,7 @@ func TestLeftoversOnANode(t *testing.T) {
 			t.Errorf("leftovers does not say %q:\n%s", want, r.stdout)
 		}
 	}
-	r = c.ctl("", "leftovers", "-o", "json")
+	r = c.ctl("", "leftovers", "-o", "json", "--cgroup", "none")
 	var got []map[string]string
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != 1 || len(got) != 2 {
 		t.Fatalf("leftovers -o json: exit %d, %v\n%s", r.code, err, r.stdout)
@@ -99,7 +100,41 @@ func TestLeftoversOnANode(t *testing.T) {
 	if err := cil.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if r := c.ctl("", "leftovers"); r.code != 0 || !strings.Contains(r.stdout, "0 breaking, 1 dormant") {
+	if r := c.ctl("", "leftovers", "--cgroup", "none"); r.code != 0 || !strings.Contains(r.stdout, "0 breaking, 1 dormant") {
 		t.Errorf("with only the dormant program: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// The cgroup socket hooks: Calico's connect-time load balancer holding connect4 alone on
+	// the cgroup sluiced is configured with.
+	root, err := bpf.CgroupV2Root()
+	if err != nil {
+		t.Skipf("no cgroup v2 hierarchy mounted: %v", err)
+	}
+	child := filepath.Join(root, fmt.Sprintf("sluicectl-test-%d", os.Getpid()))
+	if err := os.Mkdir(child, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(child)
+	cg, err := os.Open(child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "calico_connect_v4", Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect,
+		License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	opts := link.RawAttachProgramOptions{Target: int(cg.Fd()), Program: p, Attach: ebpf.AttachCGroupInet4Connect}
+	if err := link.RawAttachProgram(opts); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: opts.Target, Program: p, Attach: opts.Attach}) }()
+	c.env["SLUICE_CGROUP_PATH"] = child
+	r = c.ctl("", "leftovers")
+	if r.code != 1 || !strings.Contains(r.stdout, "breaking  cgroup  calico   cgroup "+child+" connect4") ||
+		!strings.Contains(r.stdout, "holds the hook alone") {
+		t.Errorf("with Calico's program alone on the cgroup's connect4: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
