@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -198,6 +199,11 @@ func (s *Servers) Apply() error {
 	for _, ap := range missing {
 		l, err := s.listen(ap)
 		if err != nil {
+			// Retried at the next apply; a port another process holds (a leftover
+			// kube-proxy) is named with it.
+			if who := PortHolder(ap.Port()); who != "" && errors.Is(err, syscall.EADDRINUSE) {
+				err = fmt.Errorf("%w: held by %s", err, who)
+			}
 			errs = append(errs, fmt.Errorf("opening health check node port %s for service %s: %w", ap, want[ap], err))
 			continue
 		}

@@ -130,7 +130,9 @@ func TestLeftoversOnANode(t *testing.T) {
 	if err := link.RawAttachProgram(opts); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: opts.Target, Program: p, Attach: opts.Attach}) }()
+	defer func() {
+		_ = link.RawDetachProgram(link.RawDetachProgramOptions{Target: opts.Target, Program: p, Attach: opts.Attach})
+	}()
 	c.env["SLUICE_CGROUP_PATH"] = child
 	r = c.ctl("", "leftovers")
 	if r.code != 1 || !strings.Contains(r.stdout, "breaking  cgroup  calico   cgroup "+child+" connect4") ||

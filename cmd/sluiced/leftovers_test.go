@@ -2,14 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/bpf/healthcheck"
 )
 
 // TestReportHookLeftover: a program on a hook is logged when it appears (a warning with its
@@ -65,4 +73,59 @@ func TestReportHookLeftover(t *testing.T) {
 	failed := cil
 	failed.Err = errors.New("attached without a link")
 	step(failed, "error", []string{"could not remove", "attached without a link"}, 1, 1, 1)
+}
+
+// TestProxyHealthPortHeld: the proxy health port held by another process (a leftover
+// kube-proxy) is not given up on: the agent says who holds it, tries again, and serves once
+// the port is free.
+func TestProxyHealthPortHeld(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := held.Addr().String()
+	var buf syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveProxyHealth(ctx, zerolog.New(&buf), addr, 20*time.Millisecond, healthcheck.New())
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitUntil(t, "the holder named", 5*time.Second, func() bool {
+		return strings.Contains(buf.String(), fmt.Sprintf("held by process %d (", os.Getpid()))
+	})
+	if n := strings.Count(buf.String(), "not served yet"); n != 1 {
+		t.Errorf("logged %d times while the port stayed held, want once:\n%s", n, buf.String())
+	}
+	held.Close()
+	waitUntil(t, "the proxy health check served once the port is free", 10*time.Second, func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable
+	})
+	if !strings.Contains(buf.String(), "proxy health check served") {
+		t.Errorf("no line saying it is served now:\n%s", buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

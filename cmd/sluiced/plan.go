@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -294,20 +297,50 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	loops.Add(1)
 	go func() { defer loops.Done(); svc.run(ctx) }()
 	if c.ProxyHealthListen != "" {
-		ln, err := net.Listen("tcp", c.ProxyHealthListen)
-		if err != nil {
-			log.Error().Err(err).Str("listen", c.ProxyHealthListen).Msg("proxy health check not served")
-		} else {
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				if err := healthcheck.ServeProxyHealth(ctx, ln, svc.health); err != nil {
-					log.Error().Err(err).Msg("proxy health check failed")
-				}
-			}()
-		}
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			serveProxyHealth(ctx, log, c.ProxyHealthListen, time.Second, svc.health)
+		}()
 	}
 	return svc, loops.Wait
+}
+
+// serveProxyHealth serves the proxy health check on addr until ctx is done. A port it cannot
+// listen on (a leftover kube-proxy holding 10256) is tried again every retry, doubling to a
+// minute; the first failure, and each change of why, is logged with the process holding it.
+func serveProxyHealth(ctx context.Context, log zerolog.Logger, addr string, retry time.Duration, h *healthcheck.Servers) {
+	var ln net.Listener
+	said := ""
+	for wait := retry; ; wait = min(2*wait, time.Minute) {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		why := err.Error()
+		if _, port, perr := net.SplitHostPort(addr); perr == nil && errors.Is(err, syscall.EADDRINUSE) {
+			if p, perr := strconv.ParseUint(port, 10, 16); perr == nil {
+				if who := healthcheck.PortHolder(uint16(p)); who != "" {
+					why += ": held by " + who
+				}
+			}
+		}
+		if why != said {
+			said = why
+			log.Error().Str("listen", addr).Str("why", why).Msg("proxy health check not served yet; trying again until the port is free")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+	if said != "" {
+		log.Info().Str("listen", addr).Msg("proxy health check served")
+	}
+	if err := healthcheck.ServeProxyHealth(ctx, ln, h); err != nil {
+		log.Error().Err(err).Msg("proxy health check failed")
+	}
 }
 
 // routeConflicts logs and counts what the route table found of other programs where sluice's
