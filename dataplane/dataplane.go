@@ -39,6 +39,14 @@ type Config struct {
 	CleanConflicts bool
 	// OnLeftover hears each leftover once (and again when it is removed).
 	OnLeftover func(Leftover)
+	// OnNetfilter, when set, has other products' netfilter chains read at each leftover pass
+	// (through the kernel's nftables connection: a fake kernel has none) and hears each when it
+	// appears, when it is removed, and when it goes (NetfilterLeftover.Gone).
+	OnNetfilter func(NetfilterLeftover)
+	// SocketProgramsOff says the service stage's socket programs are off (option
+	// cgroup-path none, or no service stage): netfilter's service rules in nat OUTPUT then
+	// take the node's own connections, and break them.
+	SocketProgramsOff bool
 	// OnKernelLatency, when set, hears, after each successful apply, how long the oldest
 	// update it carried waited between arriving and being in the kernel.
 	OnKernelLatency func(time.Duration)
@@ -91,6 +99,8 @@ type Dataplane struct {
 	// last removed (a program that puts its route back is not fought in a tight loop).
 	reportedLeftovers map[string]bool
 	removedLeftovers  map[string]time.Time
+	// netfilter are the netfilter leftovers reported and still there, by key.
+	netfilter map[string]NetfilterLeftover
 	// vxlanIndex and vxlan6Index are the VXLAN devices' indexes as of the last apply (for
 	// neighbour events).
 	vxlanIndex, vxlan6Index int
@@ -138,7 +148,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	rt := NewRouteTable(k, cfg.Routes)
 	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
-		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{},
+		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{}, netfilter: map[string]NetfilterLeftover{},
 		kick: make(chan struct{}, 1)}
 	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
 		d.nat = newOutgoingNAT(nk, cfg.NAT)

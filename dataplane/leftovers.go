@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -104,9 +105,53 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	return out, nil
 }
 
+// handleNetfilter reads other products' netfilter chains, reports each when it appears and
+// when it goes, and, when allowed, removes the removable ones (NetfilterLeftover.Removable).
+func (d *Dataplane) handleNetfilter() {
+	nk, ok := d.routes.k.(interface {
+		conn() (*nftables.Conn, error)
+	})
+	if d.cfg.OnNetfilter == nil || !ok {
+		return
+	}
+	c, err := nk.conn()
+	if err != nil {
+		return
+	}
+	found, _ := FindNetfilter(c, NetfilterView{SocketProgramsOff: d.cfg.SocketProgramsOff}) // what could be read is judged; a table that could not is left
+	seen := map[string]NetfilterLeftover{}
+	for _, n := range found {
+		key := n.Key()
+		if d.cfg.CleanConflicts && n.Removable() {
+			n.Err = n.Remove(c)
+			n.Removed = n.Err == nil
+			if n.Removed {
+				d.cfg.OnNetfilter(n)
+				continue
+			}
+		}
+		if old, known := d.netfilter[key]; !known || old.Effect() != n.Effect() {
+			if known { // judged otherwise now: the old judgement goes first
+				old.Gone, old.Err = true, nil
+				d.cfg.OnNetfilter(old)
+			}
+			d.cfg.OnNetfilter(n)
+		}
+		seen[key] = n
+	}
+	for key, n := range d.netfilter {
+		if _, still := seen[key]; !still {
+			n.Gone, n.Err = true, nil
+			d.cfg.OnNetfilter(n)
+		}
+	}
+	d.netfilter = seen
+}
+
 // handleLeftovers reports new leftovers and, when allowed, removes them. It returns whether
 // anything was removed (the routes must then be read again).
 func (d *Dataplane) handleLeftovers() bool {
+	d.handleNetfilter()
 	found, err := d.findLeftovers()
 	if err != nil {
 		return false

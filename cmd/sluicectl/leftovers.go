@@ -5,17 +5,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
+	"github.com/google/nftables"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
+	"github.com/sluice-net/sluice/dataplane"
 )
 
 const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--config FILE] [-o table|json]
 
 On a node, as root: lists what other networking software left on the hooks sluice's
 programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters, and
-programs on the cgroup socket hooks (connect, sendmsg, recvmsg, getpeername) — each
+programs on the cgroup socket hooks (connect, sendmsg, recvmsg, getpeername) — and other
+products' netfilter chains (kube-proxy's KUBE-*, Calico's cali-*, Cilium's CILIUM_*), each
 with its owner when its name gives it away (calico, cilium), whether it breaks one of
 sluice's paths (it sees the packets first) or is dormant behind sluice's program, which path,
 and the command that removes it. It reads the kernel only; sluiced removes the breaking ones
@@ -78,25 +82,37 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 		}
 		found = append(found, cf...)
 	}
-	breaking := 0
+	rows := make([]leftoverJSON, 0, len(found))
 	for _, c := range found {
-		if c.Breaking {
+		rows = append(rows, leftoverJSON{Kind: c.Kind, Hook: c.Where(), What: c.What, Owner: ownerName(c.Owner),
+			Effect: c.Effect(), Breaks: c.Breaks, Fix: c.Fix})
+	}
+	if nc, err := nftables.New(); err != nil {
+		fmt.Fprintf(a.stderr, "sluicectl: netfilter could not be read: %v\n", err)
+	} else {
+		nf, err := dataplane.FindNetfilter(nc, dataplane.NetfilterView{SocketProgramsOff: path == "none"})
+		if err != nil {
+			fmt.Fprintf(a.stderr, "sluicectl: some of netfilter could not be read: %v\n", err)
+		}
+		for _, n := range nf {
+			rows = append(rows, leftoverJSON{Kind: "netfilter", Hook: n.Family + " " + n.Table, What: n.String(), Owner: ownerName(n.Owner),
+				Effect: n.Effect(), Breaks: strings.Join(n.Breaks, "; "), Fix: n.Fix})
+		}
+	}
+	breaking := 0
+	for _, r := range rows {
+		if r.Effect == "breaking" {
 			breaking++
 		}
 	}
 	if *output == "json" {
-		out := make([]leftoverJSON, 0, len(found))
-		for _, c := range found {
-			out = append(out, leftoverJSON{Kind: c.Kind, Hook: c.Where(), What: c.What, Owner: ownerName(c.Owner),
-				Effect: c.Effect(), Breaks: c.Breaks, Fix: c.Fix})
-		}
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := enc.Encode(rows); err != nil {
 			return err
 		}
 	} else {
-		writeLeftovers(a.stdout, found, breaking)
+		writeLeftovers(a.stdout, rows, breaking)
 	}
 	if breaking > 0 {
 		return errDiffers
@@ -112,21 +128,21 @@ func ownerName(o string) string {
 }
 
 // writeLeftovers prints the table, then what each breaking one breaks.
-func writeLeftovers(w io.Writer, found []bpf.Conflict, breaking int) {
-	if len(found) == 0 {
-		fmt.Fprintln(w, "no other software's programs on sluice's hooks")
+func writeLeftovers(w io.Writer, rows []leftoverJSON, breaking int) {
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no other software's programs on sluice's hooks, nor its netfilter rules")
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EFFECT\tKIND\tOWNER\tHOOK\tWHAT\tFIX")
-	for _, c := range found {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Effect(), c.Kind, ownerName(c.Owner), c.Where(), c.What, c.Fix)
+	fmt.Fprintln(tw, "EFFECT\tKIND\tOWNER\tWHERE\tWHAT\tFIX")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Effect, r.Kind, r.Owner, r.Hook, r.What, r.Fix)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\n%d breaking, %d dormant (dormant: acts only if sluice's program on its hook goes)\n", breaking, len(found)-breaking)
-	for _, c := range found {
-		if c.Breaking {
-			fmt.Fprintf(w, "  %s on %s breaks %s\n", c.What, c.Where(), c.Breaks)
+	fmt.Fprintf(w, "\n%d breaking, %d dormant or unknown (dormant: acts only if sluice's programs go)\n", breaking, len(rows)-breaking)
+	for _, r := range rows {
+		if r.Effect == "breaking" {
+			fmt.Fprintf(w, "  %s on %s breaks %s\n", r.What, r.Hook, r.Breaks)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -102,6 +103,29 @@ func TestLeftoversOnANode(t *testing.T) {
 	}
 	if r := c.ctl("", "leftovers", "--cgroup", "none"); r.code != 0 || !strings.Contains(r.stdout, "0 breaking, 1 dormant") {
 		t.Errorf("with only the dormant program: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// kube-proxy's service chains, left in iptables-nft and hooked into nat OUTPUT: with the
+	// socket programs off (--cgroup none) they take the node's own connections to services.
+	if _, err := exec.LookPath("iptables"); err == nil {
+		for _, r := range [][]string{{"-t", "nat", "-N", "KUBE-SERVICES"}, {"-t", "nat", "-A", "OUTPUT", "-j", "KUBE-SERVICES"},
+			{"-t", "nat", "-A", "KUBE-SERVICES", "-d", "10.96.0.10/32", "-p", "udp", "--dport", "53", "-j", "DNAT", "--to-destination", "10.65.9.9:53"}} {
+			if out, err := exec.Command("iptables", append([]string{"-w"}, r...)...).CombinedOutput(); err != nil {
+				t.Fatalf("iptables %v: %v: %s", r, err, out)
+			}
+		}
+		r := c.ctl("", "leftovers", "--cgroup", "none")
+		if r.code != 1 || !strings.Contains(r.stdout, "breaking  netfilter  kube-proxy  ip nat") ||
+			!strings.Contains(r.stdout, "take the node's own connections to services") {
+			t.Errorf("with kube-proxy's KUBE-SERVICES in nat OUTPUT: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		for _, r := range [][]string{{"-t", "nat", "-F"}, {"-t", "nat", "-X"}} {
+			if out, err := exec.Command("iptables", append([]string{"-w"}, r...)...).CombinedOutput(); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+		}
+	} else {
+		t.Log("no iptables: the netfilter part is dataplane's TestNetfilterLeftovers'")
 	}
 
 	// The cgroup socket hooks: Calico's connect-time load balancer holding connect4 alone on

@@ -54,10 +54,11 @@ type agentState struct {
 	applySeconds prometheus.Histogram
 	kernelDelay  prometheus.Histogram
 	leftovers    prometheus.Counter
-	// hookLeftovers are other software's programs on the hooks sluice holds, present now, by
-	// kind, owner and effect; hookRemovals those --clean-conflicts removed.
-	hookLeftovers *prometheus.GaugeVec
-	hookRemovals  *prometheus.CounterVec
+	// leftoversPresent are other software's objects found in sluice's way, present now, by
+	// kind (xdp, tcx, tc-filter, cgroup, netfilter), owner and effect; leftoverRemovals those
+	// --clean-conflicts removed.
+	leftoversPresent *prometheus.GaugeVec
+	leftoverRemovals *prometheus.CounterVec
 	// service stage
 	serviceErrors    prometheus.Counter
 	conntrackDeleted prometheus.Counter
@@ -166,11 +167,11 @@ func newAgentState() *agentState {
 			Help: "Time from an etcd change reaching sluiced to its effect being in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
 			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
-		hookLeftovers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_hook_leftovers",
-			Help: "Other software's programs on the hooks sluice holds (xdp, tcx, tc-filter), present now, by owner (calico, cilium, unknown) and effect (breaking: it can take the traffic before sluice's program; dormant: behind it)."},
+		leftoversPresent: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_leftovers_present",
+			Help: "Other software's objects in sluice's way, present now: programs on the hooks sluice holds (xdp, tcx, tc-filter, cgroup) and netfilter chains (netfilter), by owner (calico, cilium, kube-proxy, unknown) and effect (breaking: it breaks one of sluice's paths; dormant: it acts only if sluice's programs go; unknown)."},
 			[]string{"kind", "owner", "effect"}),
-		hookRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_hook_leftovers_removed_total",
-			Help: "Other software's programs removed from the hooks sluice holds (--clean-conflicts: breaking and recognisably another product's), by kind and owner."},
+		leftoverRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_leftovers_removed_total",
+			Help: "Other software's objects removed (--clean-conflicts: breaking and recognisably another product's), by kind and owner."},
 			[]string{"kind", "owner"}),
 		stateFile: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_state_file_total",
 			Help: "What became of the state file (option state-file), by outcome: restored, not-current (etcd changed, another build or configuration), etcd-unavailable, missing, unreadable, saved, save-failed."}, []string{"outcome"}),
@@ -208,7 +209,7 @@ const driftHelp = "Drift someone made that sluice put back, by kind: route, next
 // the intake, index and dataplane when scraped.
 func (a *agentState) registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.hookLeftovers, a.hookRemovals, a.serviceErrors, a.conntrackDeleted, a.stateFile)
+	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.leftoversPresent, a.leftoverRemovals, a.serviceErrors, a.conntrackDeleted, a.stateFile)
 	gauge := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}

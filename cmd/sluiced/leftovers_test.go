@@ -41,9 +41,9 @@ func TestReportHookLeftover(t *testing.T) {
 	cil := bpf.Conflict{Hook: eth1, Kind: bpf.KindTCX, What: "tcx program 7 cil_from_netdev", Owner: bpf.OwnerCilium, Breaking: true,
 		Breaks: "node ports arriving on eth1", Fix: "bpftool link detach id 9"}
 	op := bpf.Conflict{Hook: eth1, Kind: bpf.KindTCX, What: "tcx program 8 op_counter", Breaks: "dormant: ...", Fix: "bpftool link detach id 10"}
-	breaking := state.hookLeftovers.WithLabelValues("tcx", "cilium", "breaking")
-	dormant := state.hookLeftovers.WithLabelValues("tcx", "unknown", "dormant")
-	removed := state.hookRemovals.WithLabelValues("tcx", "cilium")
+	breaking := state.leftoversPresent.WithLabelValues("tcx", "cilium", "breaking")
+	dormant := state.leftoversPresent.WithLabelValues("tcx", "unknown", "dormant")
+	removed := state.leftoverRemovals.WithLabelValues("tcx", "cilium")
 
 	step := func(cf bpf.Conflict, level string, says []string, b, d, r float64) {
 		t.Helper()

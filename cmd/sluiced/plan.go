@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -197,6 +198,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	}
 	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
 	cfg.OnRepair = (&repairLog{log: log}).heard
+	cfg.OnNetfilter = func(n dataplane.NetfilterLeftover) { reportNetfilterLeftover(log, state, n) }
 	cfg.OnLeftover = func(l dataplane.Leftover) {
 		state.leftovers.Inc()
 		switch {
@@ -417,14 +419,14 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 	}
 	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 		Str("effect", cf.Effect()).Str("breaks", cf.Breaks)
-	gauge := state.hookLeftovers.WithLabelValues(cf.Kind, owner, cf.Effect())
+	gauge := state.leftoversPresent.WithLabelValues(cf.Kind, owner, cf.Effect())
 	switch {
 	case cf.Gone:
 		gauge.Dec()
 		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 			Msg("another program on a hook sluice uses is gone")
 	case cf.Removed:
-		state.hookRemovals.WithLabelValues(cf.Kind, owner).Inc()
+		state.leftoverRemovals.WithLabelValues(cf.Kind, owner).Inc()
 		ev.Msg("removed another program on a hook sluice uses")
 	case cf.Err != nil:
 		gauge.Inc()
@@ -440,5 +442,41 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 		gauge.Inc()
 		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 			Str("breaks", cf.Breaks).Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
+	}
+}
+
+// reportNetfilterLeftover logs another product's netfilter chains found (or gone, or
+// removed), and keeps the gauge of those present and the removal counter.
+func reportNetfilterLeftover(log zerolog.Logger, state *agentState, n dataplane.NetfilterLeftover) {
+	owner := n.Owner
+	if owner == "" {
+		owner = "unknown"
+	}
+	breaks := strings.Join(n.Breaks, "; ")
+	gauge := state.leftoversPresent.WithLabelValues("netfilter", owner, n.Effect())
+	switch {
+	case n.Gone:
+		gauge.Dec()
+		log.Info().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Msg("another product's netfilter chains are gone")
+	case n.Removed:
+		state.leftoverRemovals.WithLabelValues("netfilter", owner).Inc()
+		log.Warn().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("breaks", breaks).
+			Msg("removed another product's netfilter chains")
+	case n.Err != nil:
+		gauge.Inc()
+		log.Error().Err(n.Err).Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("fix", n.Fix).
+			Msg("could not remove another product's netfilter chains")
+	case n.Breaking:
+		gauge.Inc()
+		fix := n.Fix
+		if n.Removable() {
+			fix += " (or run with --clean-conflicts)"
+		}
+		log.Warn().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("breaks", breaks).Str("fix", fix).
+			Msg("another product's netfilter rules break sluice's traffic")
+	default:
+		gauge.Inc()
+		log.Info().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("effect", n.Effect()).Str("breaks", breaks).
+			Str("fix", n.Fix).Msg("another product's netfilter chains are present")
 	}
 }

@@ -461,6 +461,8 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 	c.BPF.Services.VXLANPort = uint16(c.DP.VXLAN.Port)
 	c.BPF.TunnelDevices = []string{c.Calc.VXLANDevice, c.Calc.VXLANDeviceV6}
 	c.BPF.CleanConflicts = c.DP.CleanConflicts
+	// Without socket programs, netfilter's service rules take the node's own connections.
+	c.DP.SocketProgramsOff = !c.Services || c.BPF.CgroupPath == "none"
 	if c.BPF.Services.VNI == uint32(c.DP.VXLAN.VNI) {
 		return nil, fmt.Errorf("options nodeport-vni and vxlan-vni are both %d: node-port forwarding needs a VNI of its own", c.DP.VXLAN.VNI)
 	}
