@@ -368,10 +368,12 @@ func cgroupConflicts(cgroup, hook string, attach ebpf.AttachType, flags uint32, 
 	oursAt := slices.IndexFunc(ids, ours)
 	var out []Conflict
 	for i, id := range ids {
-		if ours(id) {
+		n := name(id)
+		if ours(id) || strings.HasPrefix(n, "sl_") {
+			// Another sluice agent's (agents of several namespaces can share a cgroup: their
+			// programs act on their own namespace's sockets only).
 			continue
 		}
-		n := name(id)
 		c := Conflict{Cgroup: cgroup, CgroupHook: hook, Kind: KindCgroup, What: fmt.Sprintf("%s program %d %s", hook, id, n), Owner: programOwner(n),
 			progID: id, cgroupAttach: attach, Fix: fmt.Sprintf("bpftool cgroup detach %s %s id %d", cgroup, hook, id)}
 		breaks := fmt.Sprintf("the node's own connections to services (cluster IPs, node ports) from processes under %s", cgroup)

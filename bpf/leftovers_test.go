@@ -475,3 +475,27 @@ func TestCgroupLeftovers(t *testing.T) {
 		t.Fatalf("the cluster IP with the operator's program there: %q, %v", out, err)
 	}
 }
+
+// TestCgroupConflictsClassify: on a cgroup hook, programs before sluice's break, after are
+// dormant, one holding the hook alone breaks; another sluice agent's (agents of several
+// namespaces share the cgroup) is none.
+func TestCgroupConflictsClassify(t *testing.T) {
+	names := map[ebpf.ProgramID]string{1: "sl_sock_connect", 2: "calico_connect_", 3: "sl_sock_connect", 4: "op_audit"}
+	ours := func(id ebpf.ProgramID) bool { return id == 1 }
+	name := func(id ebpf.ProgramID) string { return names[id] }
+	render := func(cs []Conflict) (out []string) {
+		for _, c := range cs {
+			out = append(out, fmt.Sprintf("%s %s %s", c.What, c.Effect(), c.Owner))
+		}
+		return out
+	}
+	got := render(cgroupConflicts("/cg", "connect4", ebpf.AttachCGroupInet4Connect, unix.BPF_F_ALLOW_MULTI, []ebpf.ProgramID{2, 3, 1, 4}, ours, name))
+	want := []string{"connect4 program 2 calico_connect_ breaking calico", "connect4 program 4 op_audit dormant "}
+	if !slices.Equal(got, want) {
+		t.Errorf("multi: %q, want %q", got, want)
+	}
+	got = render(cgroupConflicts("/cg", "connect4", ebpf.AttachCGroupInet4Connect, 0, []ebpf.ProgramID{2}, ours, name))
+	if want := []string{"connect4 program 2 calico_connect_ breaking calico"}; !slices.Equal(got, want) {
+		t.Errorf("alone: %q, want %q", got, want)
+	}
+}

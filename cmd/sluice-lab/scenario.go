@@ -523,3 +523,45 @@ spec:
 	l.check(leadsNowhere("192.168.50.3:8092"), "with the floating IP disassociated, 192.168.50.3 leads nowhere")
 	return nil
 }
+
+// migratedNode: node-c as a node migrated from Cilium and kube-proxy keeps them: Cilium's
+// program ahead of sluice's on its uplink (node ports through node-c break) and kube-proxy's
+// service chain (dormant). sluicectl leftovers names both and exits 1; node-c's sluiced
+// restarted with --clean-conflicts removes Cilium's program only; the node port works again.
+func (l *lab) migratedNode() error {
+	l.step("a migrated node: Cilium's program and kube-proxy's rules left on node-c, found and cleaned")
+	up := l.uplink("node-c")
+	pin := filepath.Join(l.dir, "bpf", "foreign-cilium-link")
+	if _, err := nsRun(nodeNS("node-c"), l.tool(), "plant-leftovers", up, pin); err != nil {
+		return fmt.Errorf("planting the leftovers on node-c: %v", err)
+	}
+	np := nodeIPs["node-c"] + ":30092"
+	out, err := nsRun(nsExt, l.tool(), "tcp-ask", np, "3")
+	l.check(err != nil, "with Cilium's program ahead of sluice's on %s, node-c's node port fails: %s", up, oneLine(out))
+	leftovers := func() (string, error) {
+		cmd := exec.Command("ip", "netns", "exec", nodeNS("node-c"), filepath.Join(l.bin, "sluicectl"), "leftovers", "--cgroup", filepath.Join(l.dir, "cgroup"))
+		out, err := cmd.CombinedOutput()
+		fmt.Fprintf(l.out, "$ sluicectl leftovers   (in %s)\n%s", nodeNS("node-c"), out)
+		return string(out), err
+	}
+	out, err = leftovers()
+	l.check(err != nil && strings.Contains(out, "breaking  tcx") && strings.Contains(out, "cil_from_netdev") && strings.Contains(out, "cilium") &&
+		strings.Contains(out, "dormant") && strings.Contains(out, "kube-proxy's netfilter chains in ip nat"),
+		"sluicectl leftovers names Cilium's program (breaking) and kube-proxy's chain (dormant), and exits 1")
+	l.check(l.agents["node-c"].stop() == nil, "sluiced on node-c stopped")
+	nc, err := l.startAgent("node-c", "--clean-conflicts")
+	if err != nil {
+		return err
+	}
+	l.check(nc.waitFor(30*time.Second, "removed another program on a hook sluice uses", "cil_from_netdev"),
+		"sluiced on node-c started with --clean-conflicts removes Cilium's program: %q", nc.matching("another program"))
+	l.check(nc.count("kind=cgroup") == 0, "the other nodes' sluice socket programs on the lab's shared cgroup are not taken for leftovers: %q", nc.matching("kind=cgroup"))
+	_, err = retry(10*time.Second, func() error { _, err := nsRun(nsExt, l.tool(), "tcp-ask", np, "1"); return err })
+	out, err2 := nsRun(nsExt, l.tool(), "tcp-ask", np, "20")
+	l.check(err == nil && err2 == nil && strings.Contains(out, "answer 192.168.40.100 20"),
+		"20 of 20 connections to node-c's node port reach the endpoint again, the client's address kept: %s", oneLine(out))
+	out, err = leftovers()
+	l.check(err == nil && !strings.Contains(out, "cil_from_netdev") && strings.Contains(out, "kube-proxy's netfilter chains in ip nat"),
+		"sluicectl leftovers exits 0: kube-proxy's dormant chain is listed and left alone")
+	return nil
+}

@@ -177,6 +177,12 @@ func (l *lab) seed000() error {
 			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
 	}
 
+	// While node port 30092 leads to web-b's whoami: the same node ports through a node
+	// migrated from Cilium and kube-proxy.
+	if err := l.migratedNode(); err != nil {
+		return err
+	}
+
 	l.step("IPv4 options: every packet of the connection with Record Route, both ways")
 	for _, n := range []string{"node-a", "node-b"} {
 		out, err := nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")

@@ -19,7 +19,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/store/etcdtest"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The lab's network tools run inside the namespaces (`ip netns exec NS sluice-lab TOOL ...`),
@@ -801,4 +806,49 @@ func toolSynFlood(args []string) error {
 	took := time.Since(start)
 	fmt.Printf("sent %d SYNs in %.1f s (%.0f/s)\n", sent, took.Seconds(), float64(sent)/took.Seconds())
 	return nil
+}
+
+// toolPlantLeftovers plants on the namespace's node what a node migrated from Cilium and
+// kube-proxy keeps: Cilium's TCX program at the head of IFACE's ingress, passing every packet
+// up (sluice's program never sees them: node ports through the node break), its link pinned at
+// PIN so it outlives this process; and kube-proxy's iptables-nft service chain (a DNAT of a
+// cluster IP to an endpoint long gone, hooked into nat PREROUTING: dormant behind sluice).
+func toolPlantLeftovers(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: plant-leftovers IFACE PIN")
+	}
+	l, err := netlink.LinkByName(args[0])
+	if err != nil {
+		return err
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "cil_from_netdev", Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0 /* TC_ACT_OK */), asm.Return()}})
+	if err != nil {
+		return fmt.Errorf("loading Cilium's program: %w", err)
+	}
+	defer p.Close()
+	tl, err := link.AttachTCX(link.TCXOptions{Interface: l.Attrs().Index, Program: p, Attach: ebpf.AttachTCXIngress, Anchor: link.Head()})
+	if err != nil {
+		return fmt.Errorf("attaching Cilium's program: %w", err)
+	}
+	defer tl.Close()
+	if err := tl.Pin(args[1]); err != nil {
+		return fmt.Errorf("pinning its link: %w", err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	nat := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "nat"})
+	pre := c.AddChain(&nftables.Chain{Name: "PREROUTING", Table: nat, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting,
+		Priority: nftables.ChainPriorityNATDest})
+	svc := c.AddChain(&nftables.Chain{Name: "KUBE-SERVICES", Table: nat})
+	c.AddRule(&nftables.Rule{Table: nat, Chain: pre, Exprs: []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: "KUBE-SERVICES"}}})
+	c.AddRule(&nftables.Rule{Table: nat, Chain: svc, Exprs: []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{10, 96, 0, 10}},
+		&expr.Immediate{Register: 1, Data: []byte{10, 65, 9, 9}},
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1},
+	}})
+	return c.Flush()
 }
