@@ -25,6 +25,11 @@ type NodeStatus struct {
 	// Problems is how many inputs the agent cannot act on (a block whose node has no tunnel
 	// address, say); its log and `sluicectl plan` name them.
 	Problems int `json:"problems"`
+	// LeftoversBreaking and LeftoversDormant count other products' objects in sluice's way
+	// found on the node and still there (programs on its hooks, netfilter chains): breaking
+	// ones break one of its paths; `sluicectl leftovers` on the node names them.
+	LeftoversBreaking int `json:"leftoversBreaking,omitempty"`
+	LeftoversDormant  int `json:"leftoversDormant,omitempty"`
 	// Services is the eBPF service stage's state: "running", "down: <why>" (the agent runs
 	// and programs routes, but node ports and cluster IPs do not work), or "" with services off.
 	Services  string    `json:"services,omitempty"`

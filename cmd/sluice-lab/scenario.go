@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -563,5 +564,16 @@ func (l *lab) migratedNode() error {
 	out, err = leftovers()
 	l.check(err == nil && !strings.Contains(out, "cil_from_netdev") && strings.Contains(out, "kube-proxy's netfilter chains in ip nat"),
 		"sluicectl leftovers exits 0: kube-proxy's dormant chain is listed and left alone")
+	var status string
+	_, err = retry(5*time.Second, func() error {
+		status, _ = l.ctl("status")
+		for _, line := range strings.Split(status, "\n") {
+			if strings.HasPrefix(line, "node-c ") && strings.Contains(line, " 1 dormant ") {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	l.check(err == nil, "sluicectl status counts node-c's leftover (1 dormant):\n%s", status)
 	return nil
 }

@@ -68,15 +68,15 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tSERVICES\tLAST-ERROR")
+	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tLEFTOVERS\tSERVICES\tLAST-ERROR")
 	for _, r := range rows {
 		if r.Status == nil {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
 			continue
 		}
 		s := r.Status
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems,
-			or(s.Services, "off"), or(s.LastError, "-"))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems,
+			leftoverCounts(s), or(s.Services, "off"), or(s.LastError, "-"))
 	}
 	return tw.Flush()
 }
@@ -160,4 +160,20 @@ func nodeStatuses(ctx context.Context, cli *clientv3.Client, latest int64) ([]st
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	return out, nil
+}
+
+// leftoverCounts says how many leftovers the node's agent found: "2 breaking", "1 dormant",
+// "1 breaking, 3 dormant", or "-" (`sluicectl leftovers` on the node names them).
+func leftoverCounts(s *store.NodeStatus) string {
+	var parts []string
+	if s.LeftoversBreaking > 0 {
+		parts = append(parts, fmt.Sprintf("%d breaking", s.LeftoversBreaking))
+	}
+	if s.LeftoversDormant > 0 {
+		parts = append(parts, fmt.Sprintf("%d dormant", s.LeftoversDormant))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }

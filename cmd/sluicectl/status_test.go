@@ -29,16 +29,17 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
-	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, BadValues: 1, Problems: 2})
+	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, BadValues: 1, Problems: 2,
+		LeftoversBreaking: 1, LeftoversDormant: 2})
 	put(store.NodeStatus{Node: "node-x", Revision: latest, AppliedRevision: latest, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
 	put(store.NodeStatus{Node: "node-y", Revision: latest, AppliedRevision: latest, InSync: true, RoutesDesired: 3, RoutesProgrammed: 3,
 		Services: "down: loading the eBPF programs: invalid argument"})
 	out := table(c.mustCtl("status", "--settle", "0"))
 	for _, want := range []string{
-		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS SERVICES LAST-ERROR",
+		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LEFTOVERS SERVICES LAST-ERROR",
 		"node-a in sync", "7/7",
-		"node-b lagging by 3", "0/0 1 2 off -", // one bad value, two inputs it cannot act on
-		"node-y services down (routes programmed)", "3/3 0 0 down: loading the eBPF programs: invalid argument -",
+		"node-b lagging by 3", "0/0 1 2 1 breaking, 2 dormant off -", // one bad value, two inputs it cannot act on, leftovers
+		"node-y services down (routes programmed)", "3/3 0 0 - down: loading the eBPF programs: invalid argument -",
 		"node-c no agent (none ever reported)",
 		"node-z gone (its agent last started 2026-12-04T05:00:00Z)",
 		"node-x failing", "no such device",

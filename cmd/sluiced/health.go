@@ -58,7 +58,10 @@ type agentState struct {
 	// kind (xdp, tcx, tc-filter, cgroup, netfilter), owner and effect; leftoverRemovals those
 	// --clean-conflicts removed.
 	leftoversPresent *prometheus.GaugeVec
-	leftoverRemovals *prometheus.CounterVec
+	// leftoversBreaking and leftoversDormant are the gauge's sums by effect, for the status
+	// key ("unknown" counts as dormant there).
+	leftoversBreaking, leftoversDormant atomic.Int64
+	leftoverRemovals                    *prometheus.CounterVec
 	// service stage
 	serviceErrors    prometheus.Counter
 	conntrackDeleted prometheus.Counter

@@ -61,6 +61,10 @@ func TestReportHookLeftover(t *testing.T) {
 		if value(breaking) != b || value(dormant) != d || value(removed) != r {
 			t.Errorf("%s: gauge breaking %v dormant %v, removed %v; want %v %v %v", cf, value(breaking), value(dormant), value(removed), b, d, r)
 		}
+		// The status key's counts follow the gauge.
+		if st := state.status("node-a", new(int64)); st.LeftoversBreaking != int(b) || st.LeftoversDormant != int(d) {
+			t.Errorf("%s: status key counts %d breaking, %d dormant; want %v, %v", cf, st.LeftoversBreaking, st.LeftoversDormant, b, d)
+		}
 	}
 	step(cil, "warn", []string{"bpftool link detach id 9 (or run with --clean-conflicts)", `"owner":"cilium"`, "node ports arriving on eth1"}, 1, 0, 0)
 	step(op, "info", []string{"dormant behind sluice's", `"owner":"unknown"`, "bpftool link detach id 10"}, 1, 1, 0)

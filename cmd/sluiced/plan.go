@@ -419,7 +419,7 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 	}
 	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
 		Str("effect", cf.Effect()).Str("breaks", cf.Breaks)
-	gauge := state.leftoversPresent.WithLabelValues(cf.Kind, owner, cf.Effect())
+	gauge := state.leftoverGauge(cf.Kind, owner, cf.Effect())
 	switch {
 	case cf.Gone:
 		gauge.Dec()
@@ -453,7 +453,7 @@ func reportNetfilterLeftover(log zerolog.Logger, state *agentState, n dataplane.
 		owner = "unknown"
 	}
 	breaks := strings.Join(n.Breaks, "; ")
-	gauge := state.leftoversPresent.WithLabelValues("netfilter", owner, n.Effect())
+	gauge := state.leftoverGauge("netfilter", owner, n.Effect())
 	switch {
 	case n.Gone:
 		gauge.Dec()
@@ -480,3 +480,21 @@ func reportNetfilterLeftover(log zerolog.Logger, state *agentState, n dataplane.
 			Str("fix", n.Fix).Msg("another product's netfilter chains are present")
 	}
 }
+
+// leftoverGauge is the present-leftovers gauge of one kind, owner and effect, whose changes
+// also move the status key's counts.
+func (a *agentState) leftoverGauge(kind, owner, effect string) leftoverCount {
+	c := &a.leftoversDormant
+	if effect == "breaking" {
+		c = &a.leftoversBreaking
+	}
+	return leftoverCount{a.leftoversPresent.WithLabelValues(kind, owner, effect), c}
+}
+
+type leftoverCount struct {
+	g prometheus.Gauge
+	n *atomic.Int64
+}
+
+func (c leftoverCount) Inc() { c.g.Inc(); c.n.Add(1) }
+func (c leftoverCount) Dec() { c.g.Dec(); c.n.Add(-1) }

@@ -139,6 +139,7 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 	}
 	s.AppliedRevision = *applied
 	s.Problems = int(a.problems.Load())
+	s.LeftoversBreaking, s.LeftoversDormant = int(a.leftoversBreaking.Load()), int(a.leftoversDormant.Load())
 	if a.dp != nil {
 		ds := a.dp.Stats()
 		s.RoutesDesired, s.RoutesProgrammed = ds.DesiredRoutes, ds.ProgrammedRoutes
