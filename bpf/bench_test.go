@@ -756,10 +756,13 @@ func (t *benchTraffic) download(addr string, d time.Duration) (float64, error) {
 }
 
 // benchTrafficWorld builds the namespaces, starts both nodes' service stages and the servers.
-func benchTrafficWorld(b testing.TB) *benchTraffic { return benchTrafficWorldN(b, benchServices) }
+func benchTrafficWorld(b testing.TB) *benchTraffic {
+	return benchTrafficWorldN(b, benchServices, false)
+}
 
-// benchTrafficWorldN is the traffic world with n services (at least 2).
-func benchTrafficWorldN(b testing.TB, services int) *benchTraffic {
+// benchTrafficWorldN is the traffic world with n services (at least 2); ipv4Only loads the
+// IPv4 programs only (IPv6 packets then pass untouched).
+func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic {
 	client, nodeA, nodeB, srvA, srvB := benchNewNS(b), benchNewNS(b), benchNewNS(b), benchNewNS(b), benchNewNS(b)
 	n := &benchNet{b: b, handles: map[netns.NsHandle]*netlink.Handle{}}
 	n.veth(nodeA, "eth0", benchMACA0, nodeB, "eth0", benchMACB0, 1500)
@@ -837,7 +840,8 @@ func benchTrafficWorldN(b testing.TB, services int) *benchTraffic {
 		special6 := map[int][]benchBackend{0: {{netip.AddrPortFrom(benchPodA6, benchNPPort), 0}}, 1: {{netip.AddrPortFrom(benchPodB6, benchNPPort), 1}}}
 		u := benchUpdateN(services, i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)}, &bench6{special: special6})
 		cfgs[i] = StageConfig{PinDir: filepath.Join(bpffs, benchNodeName(i)), Sizes: DefaultMapSizes,
-			HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts}
+			HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts,
+			ipv4Programs: ipv4Only}
 		updates[i] = u
 		err := benchInNS(node.ns, func() error {
 			st, err := StartStage(cfgs[i])

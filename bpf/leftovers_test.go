@@ -100,8 +100,9 @@ func TestHookLeftoversTraffic(t *testing.T) {
 	if err := HaveTCX(); err != nil {
 		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's positions are TestHookViewClassify's", err)
 	}
-	// Services 0 and 1 carry the traffic; 10 keep the maps cheap to fill under emulation.
-	w := benchTrafficWorldN(t, 10)
+	// Services 0 and 1 carry the traffic; 10 keep the maps cheap to fill under emulation, and
+	// the IPv4 programs alone are loaded (verifying the IPv6 ones is most of a load there).
+	w := benchTrafficWorldN(t, 10, true)
 	np := netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort)).String() // service 0: its endpoint on node A
 	reach := func() error {
 		return benchInNS(w.client, func() error {
