@@ -151,6 +151,10 @@ func (k *netlinkKernel) NeighSetMany(ns []*netlink.Neigh) []error { return k.bat
 
 func (k *netlinkKernel) RouteList(table int) ([]Route, error) { return k.batch.routes(table) }
 
+// ruleList lists the policy routing rules of both families (the leftover pass reads them;
+// fake kernels have none).
+func (k *netlinkKernel) ruleList() ([]netlink.Rule, error) { return k.h.RuleList(netlink.FAMILY_ALL) }
+
 func (k *netlinkKernel) RouteReplace(r *netlink.Route) error { return k.h.RouteReplace(r) }
 
 func (k *netlinkKernel) RouteDel(r *netlink.Route) error {

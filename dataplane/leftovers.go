@@ -92,6 +92,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 			route: &rr,
 		})
 	}
+	out = append(out, d.ruleLeftovers(dsts)...)
 	for _, l := range links {
 		vx, ok := l.(*netlink.Vxlan)
 		name := l.Attrs().Name
@@ -234,4 +235,65 @@ func deviceOwner(name string) string {
 		return "flannel"
 	}
 	return ""
+}
+
+// ruleLeftovers lists the ip rules ahead of the main table (a priority below 32766) that send
+// packets to another table holding a route over one of sluice's destinations: that route wins
+// over sluice's for the packets the rule selects (Cilium's and the AWS CNI's rules are left
+// so). A rule that selects by firewall mark is dormant (sluice marks nothing) and not listed.
+// Their owners cannot be told from the kernel: they are reported with their fix, never removed.
+func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
+	rk, ok := d.routes.k.(interface {
+		ruleList() ([]netlink.Rule, error)
+	})
+	if !ok || len(dsts) == 0 {
+		return nil
+	}
+	rules, err := rk.ruleList()
+	if err != nil {
+		return nil
+	}
+	var out []Leftover
+	tables := map[int][]Route{}
+	for _, r := range rules {
+		if r.Priority < 0 || r.Priority >= 32766 || r.Table == unix.RT_TABLE_MAIN || r.Table == unix.RT_TABLE_LOCAL || r.Table == unix.RT_TABLE_DEFAULT ||
+			r.Table <= 0 || r.Mark != 0 || r.Invert || (r.Type != 0 && r.Type != unix.FR_ACT_TO_TBL) {
+			continue
+		}
+		rs, seen := tables[r.Table]
+		if !seen {
+			rs, _ = d.routes.k.RouteList(r.Table)
+			tables[r.Table] = rs
+		}
+		for _, rt := range rs {
+			k, _, ok := fromKernel(rt)
+			if !ok {
+				continue
+			}
+			var hit netip.Prefix
+			for _, dst := range dsts {
+				if dst.Overlaps(k.dst) && k.dst.Bits() > 0 {
+					hit = dst
+					break
+				}
+			}
+			if !hit.IsValid() {
+				continue
+			}
+			sel := "all"
+			if r.Src != nil {
+				sel = "from " + r.Src.String()
+			}
+			if r.Dst != nil {
+				sel += " to " + r.Dst.String()
+			}
+			out = append(out, Leftover{
+				Key:  fmt.Sprintf("rule %d table %d", r.Priority, r.Table),
+				What: fmt.Sprintf("ip rule %d (%s lookup %d) sends packets to table %d, whose route %s overlaps sluice's route to %s", r.Priority, sel, r.Table, r.Table, k.dst, hit),
+				Fix:  fmt.Sprintf("ip rule del priority %d (and ip route flush table %d, if nothing else uses it)", r.Priority, r.Table),
+			})
+			break
+		}
+	}
+	return out
 }

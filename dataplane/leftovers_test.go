@@ -222,3 +222,39 @@ func TestVXLANLeftover(t *testing.T) {
 		}
 	}
 }
+
+// TestRuleLeftovers: an ip rule ahead of the main table sending packets to a table with a
+// route over sluice's pool is reported (and, its owner unknown, never removed); a rule that
+// selects by firewall mark, and one whose table routes nothing of sluice's, are not.
+func TestRuleLeftovers(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	for _, c := range [][]string{
+		{"route", "add", "10.65.0.0/16", "dev", "eth0", "table", "200"},
+		{"rule", "add", "priority", "100", "to", "10.65.0.0/16", "lookup", "200"},
+		{"route", "add", "10.65.0.0/16", "dev", "eth0", "table", "201"},
+		{"rule", "add", "priority", "101", "fwmark", "0x200/0xf00", "lookup", "201"},
+		{"route", "add", "198.18.0.0/16", "dev", "eth0", "table", "202"},
+		{"rule", "add", "priority", "102", "lookup", "202"},
+	} {
+		if out, err := exec.Command("ip", append([]string{"-n", n.name}, c...)...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", c, err, out)
+		}
+	}
+	d, log := runDataplane(t, n, true)
+	waitFor(t, "sync", d.Synced)
+	waitFor(t, "the rule reported", func() bool { return strings.Contains(strings.Join(log.keys(false), "|"), "rule 100 table 200") })
+	time.Sleep(100 * time.Millisecond)
+	for _, x := range log.got {
+		if strings.Contains(x.Key, "rule 101") || strings.Contains(x.Key, "rule 102") || x.Removed {
+			t.Errorf("reported %+v", x)
+		}
+		if x.Key == "rule 100 table 200" && (!strings.Contains(x.What, "overlaps sluice's route to 10.65.0.") || !strings.Contains(x.Fix, "ip rule del priority 100")) {
+			t.Errorf("the rule's report: %+v", x)
+		}
+	}
+	if out, _ := exec.Command("ip", "-n", n.name, "rule", "show", "priority", "100").CombinedOutput(); !strings.Contains(string(out), "lookup 200") {
+		t.Errorf("the rule of an unknown owner was removed: %s", out)
+	}
+}
