@@ -322,9 +322,6 @@ func TestCgroupLeftovers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("attaching cgroup socket programs needs root")
 	}
-	if _, err := exec.LookPath("bash"); err != nil {
-		t.Skip("the cgroup's process is bash reaching the cluster IP through /dev/tcp")
-	}
 	root := skCgroupRoot(t)
 	child := filepath.Join(root, fmt.Sprintf("sluice-test-leftovers-%d", os.Getpid()))
 	if err := os.Mkdir(child, 0o755); err != nil {
@@ -397,11 +394,16 @@ func TestCgroupLeftovers(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = unix.Unmount(pin, unix.MNT_DETACH) })
 
-	// A process of the cgroup, in this namespace, reaching the cluster IP.
+	// A process of the cgroup, in this namespace, reaching the cluster IP: this test binary
+	// again, as helperDial (the kernel matrix's guests have no shell tools).
 	reach := func() (string, error) {
-		cmd := exec.Command("bash", "-c", fmt.Sprintf("exec 3<>/dev/tcp/%s/80 && head -c 5 <&3", skVIP))
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "SLUICE_HELPER_DIAL="+netip.AddrPortFrom(skVIP, 80).String())
 		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
-		out, err := cmd.CombinedOutput()
+		out, err := cmd.Output()
+		if i := strings.Index(string(out), "answer:"); i >= 0 {
+			return strings.TrimSpace(string(out)[i+len("answer:"):][:5]), err
+		}
 		return string(out), err
 	}
 	prog := func(name string, attach ebpf.AttachType) *ebpf.Program {
@@ -499,4 +501,24 @@ func TestCgroupConflictsClassify(t *testing.T) {
 	if want := []string{"connect4 program 2 calico_connect_ breaking calico"}; !slices.Equal(got, want) {
 		t.Errorf("alone: %q, want %q", got, want)
 	}
+}
+
+// helperDial is TestCgroupLeftovers' process in the test cgroup (the test binary run again,
+// with SLUICE_HELPER_DIAL set: TestMain calls it instead of the tests): it connects to that
+// address and prints what the server says first.
+func helperDial(addr string) int {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 1
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(c, b); err != nil {
+		fmt.Println("read:", err)
+		return 1
+	}
+	fmt.Printf("answer:%s\n", b)
+	return 0
 }
