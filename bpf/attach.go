@@ -56,6 +56,8 @@ type Conflict struct {
 	// Cgroup and CgroupHook say where a cgroup socket hook's program is (KindCgroup): the
 	// cgroup directory and the hook (connect4, sendmsg6, ...); Hook is then unset.
 	Cgroup, CgroupHook string
+	// Path is a pin directory's (KindPin); Hook is then unset.
+	Path string
 
 	xdpMode      uint32
 	tcxLink      link.ID
@@ -66,6 +68,9 @@ type Conflict struct {
 
 // Where is the hook c is on: an interface and direction, or a cgroup and socket hook.
 func (c Conflict) Where() string {
+	if c.Path != "" {
+		return "bpffs " + c.Path
+	}
 	if c.Cgroup != "" {
 		return "cgroup " + c.Cgroup + " " + c.CgroupHook
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -428,4 +429,48 @@ func CgroupConflicts(path string) ([]Conflict, error) {
 		out = append(out, cgroupConflicts(path, hk.name, hk.attach, flags, ids, ours, nameOf)...)
 	}
 	return out, errors.Join(errs...)
+}
+
+// KindPin is another product's pin directory on the bpffs sluice pins under: Calico's and
+// Cilium's, and iproute2's tc/globals where both pinned maps. It acts on nothing by itself,
+// but keeps their maps (and the programs holding them) alive after their agents stopped.
+const KindPin = "pin"
+
+// ForeignPins lists the pin directories of other products under the bpffs root (the
+// directory holding sluice's pin directory): dormant, reported with the count of what they
+// hold, never removed.
+func ForeignPins(root string) []Conflict {
+	var out []Conflict
+	for _, d := range []struct{ dir, owner string }{{"calico", OwnerCalico}, {"cilium", OwnerCilium}, {"tc/globals", ""}} {
+		path := filepath.Join(root, d.dir)
+		entries, err := os.ReadDir(path)
+		if err != nil || len(entries) == 0 {
+			continue
+		}
+		owner := d.owner
+		if owner == "" { // tc/globals: whose maps, their names tell (cali_*, cilium_*)
+			for _, e := range entries {
+				if o := programOwner(e.Name()); o != "" {
+					owner = o
+					break
+				}
+			}
+		}
+		out = append(out, Conflict{Kind: KindPin, Path: path, Owner: owner,
+			What:   fmt.Sprintf("%d pinned objects (%s)", len(entries), pinSample(entries)),
+			Breaks: "dormant: pinned maps and programs act on nothing by themselves; they keep another agent's state alive after it stopped",
+			Fix:    fmt.Sprintf("rm -r %s (once nothing of that product runs)", path)})
+	}
+	return out
+}
+
+func pinSample(entries []os.DirEntry) string {
+	var names []string
+	for _, e := range entries[:min(3, len(entries))] {
+		names = append(names, e.Name())
+	}
+	if len(entries) > 3 {
+		names = append(names, "...")
+	}
+	return strings.Join(names, ", ")
 }

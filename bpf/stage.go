@@ -447,6 +447,7 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		found, serr = sock.Sync()
 		conflicts = append(conflicts, found...)
 	}
+	conflicts = append(conflicts, ForeignPins(filepath.Dir(s.cfg.PinDir))...)
 	s.mu.Lock()
 	s.repairs.Links = s.att.Repairs + s.Progs6Mended
 	if s.sock != nil {

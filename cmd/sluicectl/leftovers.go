@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 
@@ -14,12 +16,13 @@ import (
 	"github.com/sluice-net/sluice/dataplane"
 )
 
-const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--config FILE] [-o table|json]
+const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--pin-dir DIR] [--config FILE] [-o table|json]
 
 On a node, as root: lists what other networking software left on the hooks sluice's
 programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters, and
 programs on the cgroup socket hooks (connect, sendmsg, recvmsg, getpeername) — and other
-products' netfilter chains (kube-proxy's KUBE-*, Calico's cali-*, Cilium's CILIUM_*), each
+products' netfilter chains (kube-proxy's KUBE-*, Calico's cali-*, Cilium's CILIUM_*) and
+their pins on sluice's bpffs (calico/, cilium/, tc/globals/), each
 with its owner when its name gives it away (calico, cilium), whether it breaks one of
 sluice's paths (it sees the packets first) or is dormant behind sluice's program, which path,
 and the command that removes it. It reads the kernel only; sluiced removes the breaking ones
@@ -46,6 +49,7 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	output := outputFlag(fs, "table or json")
 	configFile := fs.String("config", "", "sluiced's configuration file, for its cgroup (default: SLUICE_CONFIG, or "+agentconfig.DefaultConfigFile+" when present)")
 	cgroup := fs.String("cgroup", "", "the cgroup v2 directory sluiced's socket programs use (default: its option cgroup-path)")
+	pinDir := fs.String("pin-dir", "", "sluiced's pin directory, whose bpffs is searched for other products' pins (default: its option bpf-pin-dir)")
 	fs.Usage = func() {
 		fmt.Fprint(a.stderr, leftoversUsage)
 		fs.PrintDefaults()
@@ -67,14 +71,15 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	if err != nil {
 		fmt.Fprintf(a.stderr, "sluicectl: some hooks could not be read: %v\n", err)
 	}
-	path := *cgroup
-	if path == "" {
+	path, pins := *cgroup, *pinDir
+	if path == "" || pins == "" {
 		agent, err := a.agentConfig(*configFile)
 		if err != nil {
 			return err
 		}
-		path = agent.BPF.CgroupPath
+		path, pins = cmp.Or(path, agent.BPF.CgroupPath), cmp.Or(pins, agent.BPF.PinDir)
 	}
+	found = append(found, bpf.ForeignPins(filepath.Dir(pins))...)
 	if path != "none" {
 		cf, err := bpf.CgroupConflicts(path)
 		if err != nil {

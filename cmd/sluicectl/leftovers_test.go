@@ -105,6 +105,24 @@ func TestLeftoversOnANode(t *testing.T) {
 		t.Errorf("with only the dormant program: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
+	// Calico's pins on the bpffs sluice pins under: dormant, listed.
+	fsRoot := privateBPFFS(t)
+	if err := os.Mkdir(filepath.Join(fsRoot, "calico"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: "cali_v4_ct", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Pin(filepath.Join(fsRoot, "calico", "cali_v4_ct")); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.ctl("", "leftovers", "--cgroup", "none", "--pin-dir", filepath.Join(fsRoot, "sluice")); r.code != 0 ||
+		!strings.Contains(table(r.stdout), "dormant pin calico bpffs "+filepath.Join(fsRoot, "calico")+" 1 pinned objects (cali_v4_ct)") {
+		t.Errorf("with Calico's pins: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
 	// kube-proxy's service chains, left in iptables-nft and hooked into nat OUTPUT: with the
 	// socket programs off (--cgroup none) they take the node's own connections to services.
 	if _, err := exec.LookPath("iptables"); err == nil {
