@@ -64,10 +64,14 @@ type Conflict struct {
 	filter       tcFilter
 	progID       ebpf.ProgramID
 	cgroupAttach ebpf.AttachType
+	ipvsAddrs    []netlink.Addr // kube-ipvs0's addresses that are sluice's frontends
 }
 
 // Where is the hook c is on: an interface and direction, or a cgroup and socket hook.
 func (c Conflict) Where() string {
+	if c.Kind == KindIPVS {
+		return c.Hook.Iface
+	}
 	if c.Path != "" {
 		return "bpffs " + c.Path
 	}

@@ -3,11 +3,13 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -236,6 +238,20 @@ func (c *Conflict) remove() error {
 		defer p.Close()
 		if err := link.RawDetachProgram(link.RawDetachProgramOptions{Target: int(cg.Fd()), Program: p, Attach: c.cgroupAttach}); err != nil {
 			return fmt.Errorf("detaching program %d: %w (attached through a link its owner holds?)", c.progID, err)
+		}
+		return nil
+	case KindIPVS:
+		if len(c.ipvsAddrs) == 0 {
+			return errors.New("an IPVS virtual service: remove it with ipvsadm")
+		}
+		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: c.Hook.Ifindex}}
+		for _, a := range c.ipvsAddrs {
+			if err := netlink.AddrDel(l, &a); err != nil {
+				return fmt.Errorf("removing %s from kube-ipvs0: %w", a.IP, err)
+			}
+		}
+		if rest, err := netlink.AddrList(l, netlink.FAMILY_ALL); err == nil && len(rest) == 0 {
+			return netlink.LinkDel(l)
 		}
 		return nil
 	case KindTCFilter:
@@ -473,4 +489,146 @@ func pinSample(entries []os.DirEntry) string {
 		names = append(names, "...")
 	}
 	return strings.Join(names, ", ")
+}
+
+// KindIPVS is kube-proxy's IPVS mode's state: its dummy device kube-ipvs0 holding service
+// addresses as the node's own, and IPVS virtual services.
+const KindIPVS = "ipvs"
+
+// KubeIPVS reads kube-proxy's IPVS leftovers in this network namespace against sluice's
+// frontend addresses: kube-ipvs0 holding some of them makes them the node's own addresses
+// (the local stack, and IPVS, take the packets sluice's programs leave, and node ports answer
+// on them); IPVS virtual services on them (/proc/net/ip_vs) take such packets to the endpoints
+// kube-proxy last knew. Both breaking when they hold a frontend of sluice's; dormant otherwise.
+func KubeIPVS(frontends map[netip.Addr]bool) []Conflict {
+	var out []Conflict
+	if l, err := netlink.LinkByName("kube-ipvs0"); err == nil {
+		addrs, _ := netlink.AddrList(l, netlink.FAMILY_ALL)
+		var ours, others []string
+		var held []netlink.Addr
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP)
+			if !ok {
+				continue
+			}
+			ip = ip.Unmap()
+			if frontends[ip] {
+				ours = append(ours, ip.String())
+				held = append(held, a)
+			} else {
+				others = append(others, ip.String())
+			}
+		}
+		c := Conflict{Kind: KindIPVS, Path: "", Hook: Hook{Iface: "kube-ipvs0", Ifindex: l.Attrs().Index}, Owner: "kube-proxy",
+			What: fmt.Sprintf("device kube-ipvs0 holding %d addresses as the node's own (%d of them sluice's frontends: %s)", len(addrs), len(ours), abbreviateAddrs(ours)),
+			Fix:  "ip addr del ADDRESS dev kube-ipvs0 for each of sluice's frontends listed; ip link del kube-ipvs0 when it holds none", ipvsAddrs: held}
+		if len(ours) > 0 {
+			c.Breaking = true
+			c.Breaks = "services at " + abbreviateAddrs(ours) + ": the node takes them as its own addresses (the local stack and IPVS answer what sluice's programs leave; node ports answer on them)"
+		} else {
+			c.Breaks = "dormant: it holds none of sluice's frontends"
+		}
+		out = append(out, c)
+	}
+	for _, vs := range ipvsServices("/proc/thread-self/net/ip_vs") {
+		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "ip_vs"}, Owner: "kube-proxy", What: "IPVS virtual service " + vs.String(),
+			Fix: fmt.Sprintf("ipvsadm -D -%s %s", map[bool]string{true: "t", false: "u"}[vs.tcp], vs.addr)}
+		if frontends[vs.addr.Addr()] {
+			c.Breaking, c.Breaks = true, "the service at "+vs.addr.String()+": IPVS takes what sluice's programs leave to the endpoints kube-proxy last knew"
+		} else {
+			c.Breaks = "dormant: not one of sluice's frontends"
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func abbreviateAddrs(a []string) string {
+	if len(a) == 0 {
+		return "none"
+	}
+	if len(a) > 4 {
+		return strings.Join(a[:4], ", ") + fmt.Sprintf(" and %d more", len(a)-4)
+	}
+	return strings.Join(a, ", ")
+}
+
+type ipvsService struct {
+	tcp  bool
+	addr netip.AddrPort
+}
+
+func (v ipvsService) String() string {
+	if v.tcp {
+		return "TCP " + v.addr.String()
+	}
+	return "UDP " + v.addr.String()
+}
+
+// ipvsServices reads the virtual services of /proc/net/ip_vs ("TCP  0A60000A:0035 rr": the
+// address and port in hex; IPv6 as [hex groups]:port), none when IPVS is not loaded.
+func ipvsServices(file string) []ipvsService {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	return parseIPVS(string(b))
+}
+
+func parseIPVS(text string) []ipvsService {
+	var out []ipvsService
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || (f[0] != "TCP" && f[0] != "UDP") {
+			continue
+		}
+		i := strings.LastIndexByte(f[1], ':')
+		if i < 0 {
+			continue
+		}
+		port, err := strconv.ParseUint(f[1][i+1:], 16, 16)
+		if err != nil {
+			continue
+		}
+		host := strings.Trim(f[1][:i], "[]")
+		var addr netip.Addr
+		if len(host) == 8 {
+			v, err := strconv.ParseUint(host, 16, 32)
+			if err != nil {
+				continue
+			}
+			addr = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		} else if a, err := netip.ParseAddr(host); err == nil {
+			addr = a
+		} else {
+			continue
+		}
+		out = append(out, ipvsService{tcp: f[0] == "TCP", addr: netip.AddrPortFrom(addr, uint16(port))})
+	}
+	return out
+}
+
+// PinnedFrontendAddrs returns the frontend addresses in the service maps pinned at t (what
+// sluicectl reads on a node, without the agent).
+func PinnedFrontendAddrs(t Tables) (map[netip.Addr]bool, error) {
+	out := map[netip.Addr]bool{}
+	fe, err := t.Frontends.Dump()
+	if err != nil {
+		return nil, err
+	}
+	for k := range fe {
+		a, _, _ := v4{}.feView(k)
+		out[a] = true
+	}
+	if t.V6.Frontends != nil {
+		fe6, err := t.V6.Frontends.Dump()
+		if err != nil {
+			return nil, err
+		}
+		for k := range fe6 {
+			a, _, _ := v6{}.feView(k)
+			out[a] = true
+		}
+	}
+	return out, nil
 }

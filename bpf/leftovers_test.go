@@ -522,3 +522,79 @@ func helperDial(addr string) int {
 	fmt.Printf("answer:%s\n", b)
 	return 0
 }
+
+// TestParseIPVS: /proc/net/ip_vs's virtual services, both families.
+func TestParseIPVS(t *testing.T) {
+	text := `IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A60000A:0035 rr
+  -> 0A410005:0035      Masq    1      0          0
+UDP  [fd00:0096:0000:0000:0000:0000:0000:000a]:0035 rr
+`
+	got := parseIPVS(text)
+	if len(got) != 2 || got[0].String() != "TCP 10.96.0.10:53" || got[1].String() != "UDP [fd00:96::a]:53" {
+		t.Fatalf("parsed %v", got)
+	}
+}
+
+// TestKubeIPVSLeftover: kube-proxy's kube-ipvs0 holding one of sluice's cluster IPs makes it
+// the node's own address (the kernel routes it locally); the cleanup removes that address
+// only, and the device once it holds none of sluice's is dormant.
+func TestKubeIPVSLeftover(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer orig.Close()
+		if err := netns.Set(orig); err != nil {
+			t.Errorf("returning to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+	skNetns(t)
+	// kube-proxy makes it a dummy device; a veth stands in (the kernels sluice targets may
+	// lack the dummy driver).
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}, PeerName: "kube-ipvs0-p"}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := netlink.LinkByName("kube-ipvs0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"10.96.0.10/32", "10.96.9.9/32"} {
+		addr, _ := netlink.ParseAddr(a)
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local := func(a string) bool {
+		rs, err := netlink.RouteGet(net.ParseIP(a))
+		return err == nil && len(rs) == 1 && rs[0].Type == unix.RTN_LOCAL
+	}
+	if !local("10.96.0.10") {
+		t.Fatal("the kernel does not take kube-ipvs0's address as the node's own")
+	}
+	frontends := map[netip.Addr]bool{netip.MustParseAddr("10.96.0.10"): true}
+	found := KubeIPVS(frontends)
+	if len(found) != 1 || !found[0].Breaking || found[0].Owner != "kube-proxy" || !strings.Contains(found[0].What, "1 of them sluice's frontends: 10.96.0.10") ||
+		found[0].Where() != "kube-ipvs0" {
+		t.Fatalf("found %v", found)
+	}
+	if err := found[0].remove(); err != nil {
+		t.Fatal(err)
+	}
+	if local("10.96.0.10") || !local("10.96.9.9") {
+		t.Errorf("after the cleanup 10.96.0.10 local %v (want not), 10.96.9.9 local %v (want kept)", local("10.96.0.10"), local("10.96.9.9"))
+	}
+	if found := KubeIPVS(frontends); len(found) != 1 || found[0].Breaking {
+		t.Errorf("with none of sluice's addresses left: %v; want it dormant", found)
+	}
+}

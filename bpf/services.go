@@ -508,6 +508,23 @@ func (s *Services) SetTunnelMTU(mtu int) {
 }
 
 // Workloads returns the workload interfaces this node's routes name.
+// FrontendAddrs returns the addresses of every frontend wanted (cluster IPs, external and
+// load-balancer addresses; node ports' node addresses and wildcards too).
+func (s *Services) FrontendAddrs() map[netip.Addr]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[netip.Addr]bool{}
+	for k := range s.v4.fronts {
+		a, _, _ := s.v4.fam.feView(k)
+		out[a] = true
+	}
+	for k := range s.v6.fronts {
+		a, _, _ := s.v6.fam.feView(k)
+		out[a] = true
+	}
+	return out
+}
+
 func (s *Services) Workloads() map[string]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

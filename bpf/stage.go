@@ -448,6 +448,13 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		conflicts = append(conflicts, found...)
 	}
 	conflicts = append(conflicts, ForeignPins(filepath.Dir(s.cfg.PinDir))...)
+	for _, c := range KubeIPVS(s.Svc.FrontendAddrs()) {
+		if s.cfg.CleanConflicts && c.Removable() {
+			c.Err = c.remove()
+			c.Removed = c.Err == nil
+		}
+		conflicts = append(conflicts, c)
+	}
 	s.mu.Lock()
 	s.repairs.Links = s.att.Repairs + s.Progs6Mended
 	if s.sock != nil {

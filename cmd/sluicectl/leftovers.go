@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -80,6 +81,14 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 		path, pins = cmp.Or(path, agent.BPF.CgroupPath), cmp.Or(pins, agent.BPF.PinDir)
 	}
 	found = append(found, bpf.ForeignPins(filepath.Dir(pins))...)
+	frontends := map[netip.Addr]bool{}
+	if p, err := bpf.OpenPinned(pins); err == nil {
+		if fa, err := bpf.PinnedFrontendAddrs(p.Tables()); err == nil {
+			frontends = fa
+		}
+		p.Close()
+	}
+	found = append(found, bpf.KubeIPVS(frontends)...)
 	if path != "none" {
 		cf, err := bpf.CgroupConflicts(path)
 		if err != nil {
