@@ -97,7 +97,7 @@ type Dataplane struct {
 	stats   Stats
 	// reportedLeftovers keys the leftovers already reported; removedLeftovers when each was
 	// last removed (a program that puts its route back is not fought in a tight loop).
-	reportedLeftovers map[string]bool
+	reportedLeftovers map[string]Leftover
 	removedLeftovers  map[string]time.Time
 	// netfilter are the netfilter leftovers reported and still there, by key.
 	netfilter map[string]NetfilterLeftover
@@ -148,7 +148,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	rt := NewRouteTable(k, cfg.Routes)
 	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
-		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]bool{}, removedLeftovers: map[string]time.Time{}, netfilter: map[string]NetfilterLeftover{},
+		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]Leftover{}, removedLeftovers: map[string]time.Time{}, netfilter: map[string]NetfilterLeftover{},
 		kick: make(chan struct{}, 1)}
 	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
 		d.nat = newOutgoingNAT(nk, cfg.NAT)

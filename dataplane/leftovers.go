@@ -20,8 +20,11 @@ type Leftover struct {
 	Key string
 	// What describes it; Fix says how to remove it by hand.
 	What, Fix string
-	// Removed is set when sluice removed it (CleanConflicts).
-	Removed bool
+	// Kind is route, device or rule.
+	Kind string
+	// Removed is set when sluice removed it (CleanConflicts); Gone when it was reported and
+	// is no longer there.
+	Removed, Gone bool
 	// Err is set when removing it failed.
 	Err error
 
@@ -86,6 +89,8 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 			dev = "no device"
 		}
 		out = append(out, Leftover{
+			Kind:  "route",
+			Owner: deviceOwner(dev),
 			Key:   fmt.Sprintf("route %s metric %d dev %s", k.dst, k.metric, dev),
 			What:  fmt.Sprintf("route %s (protocol %d, metric %d) via %s overlaps sluice's route to %s", k.dst, r.Protocol, k.metric, dev, hit),
 			Fix:   fmt.Sprintf("ip route del %s metric %d dev %s (or start sluiced with --clean-conflicts)", k.dst, k.metric, dev),
@@ -158,6 +163,7 @@ func (d *Dataplane) handleLeftovers() bool {
 		return false
 	}
 	removed := false
+	seen := map[string]Leftover{}
 	for _, l := range found {
 		// A device is removed only when its owner is known (an unknown one may be someone's
 		// on purpose); a route over sluice's destinations through another program's device
@@ -172,12 +178,28 @@ func (d *Dataplane) handleLeftovers() bool {
 			l.Removed = l.Err == nil
 			removed = removed || l.Removed
 		}
-		if d.reportedLeftovers[l.Key] && !l.Removed {
+		if !l.Removed {
+			seen[l.Key] = l
+		}
+		if _, known := d.reportedLeftovers[l.Key]; known && !l.Removed {
 			continue
 		}
-		d.reportedLeftovers[l.Key] = true
+		if !l.Removed {
+			d.reportedLeftovers[l.Key] = l
+		}
 		if d.cfg.OnLeftover != nil {
 			d.cfg.OnLeftover(l)
+		}
+	}
+	// Reported and no longer found (removed by someone, or by sluice at an earlier pass):
+	// said once more, as gone.
+	for key, l := range d.reportedLeftovers {
+		if _, still := seen[key]; !still {
+			delete(d.reportedLeftovers, key)
+			if d.cfg.OnLeftover != nil {
+				l.Gone, l.Err = true, nil
+				d.cfg.OnLeftover(l)
+			}
 		}
 	}
 	return removed
@@ -207,7 +229,7 @@ func vxlanLeftover(vx *netlink.Vxlan, v4, v6 VXLANConfig) (Leftover, bool) {
 	if ipv6 {
 		own = v6
 	}
-	lo := Leftover{Key: "device " + name, Owner: deviceOwner(name), link: name,
+	lo := Leftover{Kind: "device", Key: "device " + name, Owner: deviceOwner(name), link: name,
 		Fix: fmt.Sprintf("ip link del %s", name)}
 	switch {
 	case vx.FlowBased && vx.Port == own.Port:
@@ -288,6 +310,7 @@ func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
 				sel += " to " + r.Dst.String()
 			}
 			out = append(out, Leftover{
+				Kind: "rule",
 				Key:  fmt.Sprintf("rule %d table %d", r.Priority, r.Table),
 				What: fmt.Sprintf("ip rule %d (%s lookup %d) sends packets to table %d, whose route %s overlaps sluice's route to %s", r.Priority, sel, r.Table, r.Table, k.dst, hit),
 				Fix:  fmt.Sprintf("ip rule del priority %d (and ip route flush table %d, if nothing else uses it)", r.Priority, r.Table),

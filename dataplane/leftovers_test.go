@@ -98,6 +98,20 @@ func TestLeftoversReportedNotTouched(t *testing.T) {
 	if _, err := n.h.LinkByName("vxlan.calico"); err != nil {
 		t.Fatal("the leftover device was removed without --clean-conflicts")
 	}
+	// Removed by hand: reported once more, as gone, at the next read.
+	if err := n.h.LinkDel(n.link("vxlan.calico")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the device reported gone", func() bool {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for _, x := range log.got {
+			if x.Key == "device vxlan.calico" && x.Gone && x.Kind == "device" && x.Owner == "calico" {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func TestLeftoversCleaned(t *testing.T) {

@@ -53,7 +53,7 @@ type agentState struct {
 	events       *prometheus.CounterVec
 	applySeconds prometheus.Histogram
 	kernelDelay  prometheus.Histogram
-	leftovers    prometheus.Counter
+	leftovers    *prometheus.CounterVec
 	// leftoversPresent are other software's objects found in sluice's way, present now, by
 	// kind (xdp, tcx, tc-filter, cgroup, netfilter), owner and effect; leftoverRemovals those
 	// --clean-conflicts removed.
@@ -168,10 +168,10 @@ func newAgentState() *agentState {
 			Help: "Time one dataplane apply took (only applies that changed something or failed).", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		kernelDelay: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_event_to_kernel_seconds",
 			Help: "Time from an etcd change reaching sluiced to its effect being in the kernel.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		leftovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_leftovers_total",
-			Help: "Leftovers of other networking software found (or removed with --clean-conflicts)."}),
+		leftovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_leftovers_total",
+			Help: "Other programs' objects met where sluice's go, by kind: route-replaced (a route at a desired route's destination and metric, replaced by sluice's), nexthop-moved (a nexthop object at an ID sluice used; sluice's moves). Leftovers that stay are sluice_leftovers_present."}, []string{"kind"}),
 		leftoversPresent: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_leftovers_present",
-			Help: "Other software's objects in sluice's way, present now: programs on the hooks sluice holds (xdp, tcx, tc-filter, cgroup) and netfilter chains (netfilter), by owner (calico, cilium, kube-proxy, unknown) and effect (breaking: it breaks one of sluice's paths; dormant: it acts only if sluice's programs go; unknown)."},
+			Help: "Other software's objects in sluice's way, present now: programs on the hooks sluice holds (xdp, tcx, tc-filter, cgroup), pins (pin), kube-proxy's IPVS state (ipvs), netfilter chains (netfilter), routes, devices and ip rules (route, device, rule), by owner (calico, cilium, flannel, kube-proxy, unknown) and effect (breaking: it breaks one of sluice's paths; dormant: it acts only if sluice's programs go; unknown)."},
 			[]string{"kind", "owner", "effect"}),
 		leftoverRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_leftovers_removed_total",
 			Help: "Other software's objects removed (--clean-conflicts: breaking and recognisably another product's), by kind and owner."},

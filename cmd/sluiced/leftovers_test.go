@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/bpf/healthcheck"
+	"github.com/sluice-net/sluice/dataplane"
 )
 
 // TestReportHookLeftover: a program on a hook is logged when it appears (a warning with its
@@ -132,4 +133,36 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestReportRouteLeftover: a route, device or rule leftover counts in the gauge by kind and
+// owner while present, and leaves it when gone; a removal is counted, not kept.
+func TestReportRouteLeftover(t *testing.T) {
+	var buf bytes.Buffer
+	state := newAgentState()
+	dev := dataplane.Leftover{Kind: "device", Key: "device vxlan.calico", Owner: "calico", What: "VXLAN device vxlan.calico ...", Fix: "ip link del vxlan.calico"}
+	gauge := func() float64 {
+		var m dto.Metric
+		if err := state.leftoversPresent.WithLabelValues("device", "calico", "breaking").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.Gauge.GetValue()
+	}
+	reportRouteLeftover(zerolog.New(&buf), state, dev)
+	if gauge() != 1 || state.leftoversBreaking.Load() != 1 || !strings.Contains(buf.String(), "ip link del vxlan.calico") {
+		t.Fatalf("found: gauge %v, status %d, log %s", gauge(), state.leftoversBreaking.Load(), buf.String())
+	}
+	gone := dev
+	gone.Gone = true
+	reportRouteLeftover(zerolog.New(&buf), state, gone)
+	if gauge() != 0 || state.leftoversBreaking.Load() != 0 || !strings.Contains(buf.String(), "is gone") {
+		t.Fatalf("gone: gauge %v, status %d, log %s", gauge(), state.leftoversBreaking.Load(), buf.String())
+	}
+	removed := dev
+	removed.Removed = true
+	reportRouteLeftover(zerolog.New(&buf), state, removed)
+	var m dto.Metric
+	if err := state.leftoverRemovals.WithLabelValues("device", "calico").Write(&m); err != nil || m.Counter.GetValue() != 1 || gauge() != 0 {
+		t.Fatalf("removed: counter %v, gauge %v (%v)", m.Counter.GetValue(), gauge(), err)
+	}
 }

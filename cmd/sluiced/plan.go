@@ -199,17 +199,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
 	cfg.OnRepair = (&repairLog{log: log}).heard
 	cfg.OnNetfilter = func(n dataplane.NetfilterLeftover) { reportNetfilterLeftover(log, state, n) }
-	cfg.OnLeftover = func(l dataplane.Leftover) {
-		state.leftovers.Inc()
-		switch {
-		case l.Removed:
-			log.Warn().Str("leftover", l.What).Msg("removed a leftover of other networking software")
-		case l.Err != nil:
-			log.Error().Err(l.Err).Str("leftover", l.What).Msg("could not remove a leftover of other networking software")
-		default:
-			log.Warn().Str("leftover", l.What).Str("fix", l.Fix).Msg("leftover of other networking software breaks sluice's routes")
-		}
-	}
+	cfg.OnLeftover = func(l dataplane.Leftover) { reportRouteLeftover(log, state, l) }
 	cfg.Routes.Reporter = routeConflicts{log: log, count: state.leftovers}
 	dp := dataplane.New(k, cfg)
 	var loops sync.WaitGroup
@@ -350,16 +340,16 @@ func serveProxyHealth(ctx context.Context, log zerolog.Logger, addr string, retr
 // nexthop object at an ID sluice held or picked (sluice's moves to another ID).
 type routeConflicts struct {
 	log   zerolog.Logger
-	count prometheus.Counter
+	count *prometheus.CounterVec
 }
 
 func (r routeConflicts) Conflict(dst netip.Prefix, metric, protocol int) {
-	r.count.Inc()
+	r.count.WithLabelValues("route-replaced").Inc()
 	r.log.Warn().Str("route", dst.String()).Int("metric", metric).Int("protocol", protocol).Msg("replaced another program's route where sluice's goes")
 }
 
 func (r routeConflicts) NexthopConflict(id uint32, protocol int) {
-	r.count.Inc()
+	r.count.WithLabelValues("nexthop-moved").Inc()
 	r.log.Warn().Uint32("nexthop", id).Int("protocol", protocol).Msg("another program's nexthop object holds an ID sluice used; sluice's object moves to another ID")
 }
 
@@ -498,3 +488,28 @@ type leftoverCount struct {
 
 func (c leftoverCount) Inc() { c.g.Inc(); c.n.Add(1) }
 func (c leftoverCount) Dec() { c.g.Dec(); c.n.Add(-1) }
+
+// reportRouteLeftover logs another program's route, device or rule in sluice's way (found,
+// removed, or gone), and keeps the gauge of those present and the removal counter.
+func reportRouteLeftover(log zerolog.Logger, state *agentState, l dataplane.Leftover) {
+	owner := l.Owner
+	if owner == "" {
+		owner = "unknown"
+	}
+	gauge := state.leftoverGauge(l.Kind, owner, "breaking")
+	switch {
+	case l.Gone:
+		gauge.Dec()
+		log.Info().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("a leftover of other networking software is gone")
+	case l.Removed:
+		state.leftoverRemovals.WithLabelValues(l.Kind, owner).Inc()
+		log.Warn().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("removed a leftover of other networking software")
+	case l.Err != nil:
+		gauge.Inc()
+		log.Error().Err(l.Err).Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("could not remove a leftover of other networking software")
+	default:
+		gauge.Inc()
+		log.Warn().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Str("fix", l.Fix).
+			Msg("leftover of other networking software breaks sluice's routes")
+	}
+}
