@@ -262,6 +262,20 @@ func (c *Conflict) remove() error {
 	return fmt.Errorf("no way to remove a %s", c.Kind)
 }
 
+// programNames returns programName remembering what it read: a node's hooks name the same
+// programs many times.
+func programNames() func(ebpf.ProgramID) string {
+	names := map[ebpf.ProgramID]string{}
+	return func(id ebpf.ProgramID) string {
+		n, ok := names[id]
+		if !ok {
+			n = programName(id)
+			names[id] = n
+		}
+		return n
+	}
+}
+
 // programName returns the name of the program with id, "" when it cannot be read.
 func programName(id ebpf.ProgramID) string {
 	p, err := ebpf.NewProgramFromID(id)
@@ -307,15 +321,7 @@ func HookConflicts() ([]Conflict, error) {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}
 	filters, ferr := linkFilters(links)
-	names := map[ebpf.ProgramID]string{}
-	nameOf := func(id ebpf.ProgramID) string {
-		n, ok := names[id]
-		if !ok {
-			n = programName(id)
-			names[id] = n
-		}
-		return n
-	}
+	nameOf := programNames()
 	ours := func(_ ebpf.ProgramID, name string) bool { return strings.HasPrefix(name, "sl_") }
 	var out []Conflict
 	for _, l := range links {
@@ -424,15 +430,7 @@ func CgroupConflicts(path string) ([]Conflict, error) {
 		return nil, fmt.Errorf("opening the cgroup: %w", err)
 	}
 	defer cg.Close()
-	names := map[ebpf.ProgramID]string{}
-	nameOf := func(id ebpf.ProgramID) string {
-		n, ok := names[id]
-		if !ok {
-			n = programName(id)
-			names[id] = n
-		}
-		return n
-	}
+	nameOf := programNames()
 	var out []Conflict
 	var errs []error
 	for _, hk := range socketHookTypes {

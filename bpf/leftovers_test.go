@@ -338,21 +338,7 @@ func TestCgroupLeftovers(t *testing.T) {
 	}
 	t.Cleanup(func() { cg.Close() })
 
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
-	skNetns(t)
+	lfInNewNetns(t)
 	cookie, err := NetnsCookie()
 	if err != nil {
 		t.Skipf("no SO_NETNS_COOKIE: %v", err)
@@ -545,21 +531,7 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
-	skNetns(t)
+	lfInNewNetns(t)
 	// kube-proxy makes it a dummy device; a veth stands in (the kernels sluice targets may
 	// lack the dummy driver).
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}, PeerName: "kube-ipvs0-p"}); err != nil {
@@ -597,4 +569,25 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	if found := KubeIPVS(frontends); len(found) != 1 || found[0].Breaking {
 		t.Errorf("with none of sluice's addresses left: %v; want it dormant", found)
 	}
+}
+
+// lfInNewNetns locks the test's goroutine to its thread and moves the thread into a new
+// network namespace with lo up, back to the test's own at cleanup.
+func lfInNewNetns(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer orig.Close()
+		if err := netns.Set(orig); err != nil {
+			t.Errorf("returning to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+	skNetns(t)
 }
