@@ -409,16 +409,17 @@ func holdLink(path string, held link.Link, valid func(*link.Info) bool, ours map
 // programs, classic filters given as on), each breaking or dormant; with cleanConflicts the
 // removable ones (Conflict.Removable) are removed.
 func (a *Attacher) conflicts(h Hook, wep bool, l netlink.Link, on []tcFilter) []Conflict {
-	if a.mode == AttachTC {
-		// Read again: sluice's own filter may have been put on since on was read, and the
-		// position of the others against it is what tells breaking from dormant.
+	if a.mode == AttachTC && !slices.ContainsFunc(on, tcFilter.ours) {
+		// Read again: sluice's own filter was put on since on was read (a first attach), and
+		// the position of the others against it is what tells breaking from dormant.
 		if fs, err := tcFilters(h); err == nil {
 			on = fs
 		}
 	}
 	v := hookView{hook: h, wep: wep, mode: a.mode, tcx: tcxPrograms(h), tc: on,
-		ours:  func(id ebpf.ProgramID, _ string) bool { return a.ours[id] },
-		owner: programName}
+		ours:   func(id ebpf.ProgramID, _ string) bool { return a.ours[id] },
+		oursID: func(id ebpf.ProgramID) bool { return a.ours[id] },
+		owner:  programNames()}
 	if l != nil {
 		v.xdp = l.Attrs().Xdp
 	}

@@ -83,14 +83,24 @@ func dormantWhy(h Hook) string {
 // workload's, how sluice holds it, the programs on it in the order they run, and the XDP
 // program of its interface (ingress only).
 type hookView struct {
-	hook  Hook
-	wep   bool
-	mode  AttachMode // how sluice's program is attached here: tcx or tc
-	tcx   []tcxProg  // in run order
-	tc    []tcFilter // in run order
-	xdp   *netlink.LinkXdp
-	ours  func(id ebpf.ProgramID, name string) bool
-	owner func(id ebpf.ProgramID) string // a program's name, for its owner
+	hook Hook
+	wep  bool
+	mode AttachMode // how sluice's program is attached here: tcx or tc
+	tcx  []tcxProg  // in run order
+	tc   []tcFilter // in run order
+	xdp  *netlink.LinkXdp
+	ours func(id ebpf.ProgramID, name string) bool
+	// oursID, when set, tells sluice's programs by ID alone, sparing a name read per program
+	// and sync (the agent knows its programs' IDs; sluicectl goes by name).
+	oursID func(id ebpf.ProgramID) bool
+	owner  func(id ebpf.ProgramID) string // a program's name, for its owner
+}
+
+func (v hookView) isOurs(id ebpf.ProgramID) bool {
+	if v.oursID != nil {
+		return v.oursID(id)
+	}
+	return v.ours(id, v.owner(id))
 }
 
 type tcxProg struct {
@@ -114,16 +124,16 @@ func (v hookView) classify() []Conflict {
 	// TCX: in run order; sluice's first program found splits before from after.
 	oursAt := -1
 	for i, p := range v.tcx {
-		if v.ours(p.id, v.owner(p.id)) {
+		if v.isOurs(p.id) {
 			oursAt = i
 			break
 		}
 	}
 	for i, p := range v.tcx {
-		name := v.owner(p.id)
-		if v.ours(p.id, name) {
+		if v.isOurs(p.id) {
 			continue
 		}
+		name := v.owner(p.id)
 		c := Conflict{Hook: h, Kind: KindTCX, What: fmt.Sprintf("tcx program %d %s", p.id, name), Owner: programOwner(name), tcxLink: p.linkID}
 		if v.mode == AttachTC || oursAt < 0 || i < oursAt {
 			c.Breaking, c.Breaks = true, breaks
@@ -391,8 +401,11 @@ func cgroupConflicts(cgroup, hook string, attach ebpf.AttachType, flags uint32, 
 	oursAt := slices.IndexFunc(ids, ours)
 	var out []Conflict
 	for i, id := range ids {
+		if ours(id) {
+			continue
+		}
 		n := name(id)
-		if ours(id) || strings.HasPrefix(n, "sl_") {
+		if strings.HasPrefix(n, "sl_") {
 			// Another sluice agent's (agents of several namespaces can share a cgroup: their
 			// programs act on their own namespace's sockets only).
 			continue

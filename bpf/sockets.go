@@ -113,12 +113,13 @@ func (h *SocketHooks) conflicts() (out []Conflict, holders map[string]string) {
 	}
 	defer cg.Close()
 	holders = map[string]string{}
+	names := programNames()
 	for _, hk := range h.hooks {
 		flags, ids, err := cgroupQuery(int(cg.Fd()), hk.attach)
 		if err != nil {
 			continue
 		}
-		for _, c := range cgroupConflicts(h.cgroup, hk.name, hk.attach, flags, ids, func(id ebpf.ProgramID) bool { return h.ours[id] }, programName) {
+		for _, c := range cgroupConflicts(h.cgroup, hk.name, hk.attach, flags, ids, func(id ebpf.ProgramID) bool { return h.ours[id] }, names) {
 			if h.CleanConflicts && c.Removable() {
 				c.Err = c.remove()
 				c.Removed = c.Err == nil
@@ -128,7 +129,7 @@ func (h *SocketHooks) conflicts() (out []Conflict, holders map[string]string) {
 				if c.Removable() {
 					fix += ", or run with --clean-conflicts"
 				}
-				holders[hk.name] = fmt.Sprintf("program %d %s (%s; remove it: %s)", c.progID, programName(c.progID), ownerOr(c.Owner), fix)
+				holders[hk.name] = fmt.Sprintf("program %d %s (%s; remove it: %s)", c.progID, names(c.progID), ownerOr(c.Owner), fix)
 			}
 			out = append(out, c)
 		}
