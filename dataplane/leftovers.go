@@ -22,6 +22,9 @@ type Leftover struct {
 	What, Fix string
 	// Kind is route, device or rule.
 	Kind string
+	// Dormant says it breaks nothing of sluice's by itself (another agent's device left
+	// behind): reported, never removed.
+	Dormant bool
 	// Removed is set when sluice removed it (CleanConflicts); Gone when it was reported and
 	// is no longer there.
 	Removed, Gone bool
@@ -108,6 +111,17 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 			out = append(out, lo)
 		}
 	}
+	// Other agents' own devices, left behind: dormant (their routes, when they overlap
+	// sluice's, are leftovers of their own above).
+	for _, l := range links {
+		name := l.Attrs().Name
+		switch name {
+		case "cilium_host", "cilium_net", "bpfin.cali", "bpfout.cali":
+			out = append(out, Leftover{Kind: "device", Key: "device " + name, Owner: deviceOwner(name), Dormant: true, link: name,
+				What: fmt.Sprintf("%s's device %s, left by its agent: it carries nothing of sluice's", deviceOwner(name), name),
+				Fix:  "ip link del " + name + " (once nothing of that product runs)"})
+		}
+	}
 	return out, nil
 }
 
@@ -168,7 +182,7 @@ func (d *Dataplane) handleLeftovers() bool {
 		// A device is removed only when its owner is known (an unknown one may be someone's
 		// on purpose); a route over sluice's destinations through another program's device
 		// is by construction another program's.
-		if d.cfg.CleanConflicts && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
+		if d.cfg.CleanConflicts && !l.Dormant && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
 				l.Err = d.routes.k.RouteDelMany([]*Route{l.route})[0]
@@ -253,6 +267,8 @@ func deviceOwner(name string) string {
 		return "calico"
 	case strings.HasPrefix(name, "cilium_"):
 		return "cilium"
+	case strings.HasSuffix(name, ".cali"):
+		return "calico"
 	case strings.HasPrefix(name, "flannel."), strings.HasPrefix(name, "flannel-v6."):
 		return "flannel"
 	}

@@ -272,3 +272,34 @@ func TestRuleLeftovers(t *testing.T) {
 		t.Errorf("the rule of an unknown owner was removed: %s", out)
 	}
 }
+
+// TestDormantDevices: other agents' own devices left behind (Cilium's cilium_host, Calico's
+// bpfin.cali) are reported dormant, with their owner, and never removed.
+func TestDormantDevices(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	for _, name := range []string{"cilium_host", "bpfin.cali"} {
+		if err := n.h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name[:6] + "-p"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, log := runDataplane(t, n, true)
+	waitFor(t, "sync", d.Synced)
+	waitFor(t, "both reported", func() bool {
+		got := strings.Join(log.keys(false), "|")
+		return strings.Contains(got, "device cilium_host") && strings.Contains(got, "device bpfin.cali")
+	})
+	log.mu.Lock()
+	for _, x := range log.got {
+		if !x.Dormant || x.Removed || (x.Owner != "cilium" && x.Owner != "calico") {
+			t.Errorf("reported %+v; want dormant, kept, its owner named", x)
+		}
+	}
+	log.mu.Unlock()
+	for _, name := range []string{"cilium_host", "bpfin.cali"} {
+		if _, err := n.h.LinkByName(name); err != nil {
+			t.Errorf("%s removed: %v", name, err)
+		}
+	}
+}

@@ -496,7 +496,11 @@ func reportRouteLeftover(log zerolog.Logger, state *agentState, l dataplane.Left
 	if owner == "" {
 		owner = "unknown"
 	}
-	gauge := state.leftoverGauge(l.Kind, owner, "breaking")
+	effect := "breaking"
+	if l.Dormant {
+		effect = "dormant"
+	}
+	gauge := state.leftoverGauge(l.Kind, owner, effect)
 	switch {
 	case l.Gone:
 		gauge.Dec()
@@ -507,6 +511,10 @@ func reportRouteLeftover(log zerolog.Logger, state *agentState, l dataplane.Left
 	case l.Err != nil:
 		gauge.Inc()
 		log.Error().Err(l.Err).Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("could not remove a leftover of other networking software")
+	case l.Dormant:
+		gauge.Inc()
+		log.Info().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Str("fix", l.Fix).
+			Msg("a leftover of other networking software is present (dormant)")
 	default:
 		gauge.Inc()
 		log.Warn().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Str("fix", l.Fix).
