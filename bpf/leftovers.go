@@ -114,7 +114,7 @@ func (v hookView) classify() []Conflict {
 	h := v.hook
 	breaks := hookBreaks(h, v.wep)
 	if x := v.xdp; x != nil && x.Attached && !h.Egress {
-		c := Conflict{Hook: h, Kind: KindXDP, Breaking: true, Breaks: breaks, xdpMode: x.AttachMode}
+		c := Conflict{Hook: h, Kind: KindXDP, Breaking: true, Breaks: breaks, xdpMode: x.AttachMode, progID: ebpf.ProgramID(x.ProgId)}
 		name := v.owner(ebpf.ProgramID(x.ProgId))
 		c.What = fmt.Sprintf("xdp program %d %s", x.ProgId, name)
 		c.Owner = programOwner(name)
@@ -221,8 +221,13 @@ func (c *Conflict) remove() error {
 	switch c.Kind {
 	case KindXDP:
 		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: c.Hook.Ifindex}}
-		if err := netlink.LinkSetXdpFdWithFlags(l, -1, xdpFlags(c.xdpMode)); err != nil {
-			return fmt.Errorf("detaching the xdp program: %w (attached through a link its owner holds?)", err)
+		err := netlink.LinkSetXdpFdWithFlags(l, -1, xdpFlags(c.xdpMode))
+		if err == nil {
+			return nil
+		}
+		// Attached through a bpf link (newer Cilium): netlink may not detach it; the link may.
+		if lerr := detachXDPLink(c.Hook.Ifindex, c.progID); lerr != nil {
+			return fmt.Errorf("detaching the xdp program: %w; through its link: %w", err, lerr)
 		}
 		return nil
 	case KindTCX:
@@ -642,4 +647,24 @@ func PinnedFrontendAddrs(t Tables) (map[netip.Addr]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// detachXDPLink detaches the bpf link that holds program prog as XDP on ifindex.
+func detachXDPLink(ifindex int, prog ebpf.ProgramID) error {
+	var it link.Iterator
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err != nil || info.Type != link.XDPType || info.Program != prog {
+			continue
+		}
+		if x := info.XDP(); x == nil || int(x.Ifindex) != ifindex {
+			continue
+		}
+		return it.Link.Detach()
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	return errors.New("no bpf link holds it")
 }

@@ -591,3 +591,44 @@ func lfInNewNetns(t *testing.T) {
 	})
 	skNetns(t)
 }
+
+// TestXDPLinkLeftoverRemoved: Cilium's XDP program attached through a bpf link (as newer
+// Cilium attaches it) is removed through its link when netlink cannot detach it.
+func TestXDPLinkLeftoverRemoved(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces and eBPF programs need root")
+	}
+	lfInNewNetns(t)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-p"}); err != nil {
+		t.Fatal(err)
+	}
+	eth0, err := netlink.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "cil_xdp_entry", Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	l, err := link.AttachXDP(link.XDPOptions{Program: p, Interface: eth0.Attrs().Index, Flags: link.XDPGenericMode})
+	if err != nil {
+		t.Skipf("attaching XDP through a link: %v", err)
+	}
+	defer l.Close()
+	eth0, _ = netlink.LinkByName("eth0")
+	v := hookView{hook: Hook{Iface: "eth0", Ifindex: eth0.Attrs().Index}, mode: AttachTCX, xdp: eth0.Attrs().Xdp,
+		ours: func(ebpf.ProgramID, string) bool { return false }, owner: programNames()}
+	found := v.classify()
+	if len(found) != 1 || found[0].Kind != KindXDP || !found[0].Removable() {
+		t.Fatalf("found %v; want Cilium's XDP program, removable", found)
+	}
+	if err := found[0].remove(); err != nil {
+		t.Fatalf("removing it: %v", err)
+	}
+	eth0, _ = netlink.LinkByName("eth0")
+	if x := eth0.Attrs().Xdp; x != nil && x.Attached {
+		t.Fatalf("xdp program %d still on eth0", x.ProgId)
+	}
+}
