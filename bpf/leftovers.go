@@ -516,9 +516,18 @@ const KindIPVS = "ipvs"
 // (the local stack, and IPVS, take the packets sluice's programs leave, and node ports answer
 // on them); IPVS virtual services on them (/proc/net/ip_vs) take such packets to the endpoints
 // kube-proxy last knew. Both breaking when they hold a frontend of sluice's; dormant otherwise.
-func KubeIPVS(frontends map[netip.Addr]bool) []Conflict {
+//
+// frontends is called only when there is something to judge (most nodes have neither): a
+// cluster's frontend addresses are tens of thousands.
+func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 	var out []Conflict
-	if l, err := netlink.LinkByName("kube-ipvs0"); err == nil {
+	var frontends map[netip.Addr]bool
+	l, err := netlink.LinkByName("kube-ipvs0")
+	vss := ipvsServices("/proc/thread-self/net/ip_vs")
+	if err == nil || len(vss) > 0 {
+		frontends = frontendsOf()
+	}
+	if err == nil {
 		addrs, _ := netlink.AddrList(l, netlink.FAMILY_ALL)
 		var ours, others []string
 		var held []netlink.Addr
@@ -546,7 +555,7 @@ func KubeIPVS(frontends map[netip.Addr]bool) []Conflict {
 		}
 		out = append(out, c)
 	}
-	for _, vs := range ipvsServices("/proc/thread-self/net/ip_vs") {
+	for _, vs := range vss {
 		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "ip_vs"}, Owner: "kube-proxy", What: "IPVS virtual service " + vs.String(),
 			Fix: fmt.Sprintf("ipvsadm -D -%s %s", map[bool]string{true: "t", false: "u"}[vs.tcp], vs.addr)}
 		if frontends[vs.addr.Addr()] {

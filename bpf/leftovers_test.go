@@ -555,7 +555,7 @@ func TestKubeIPVSLeftover(t *testing.T) {
 		t.Fatal("the kernel does not take kube-ipvs0's address as the node's own")
 	}
 	frontends := map[netip.Addr]bool{netip.MustParseAddr("10.96.0.10"): true}
-	found := KubeIPVS(frontends)
+	found := KubeIPVS(func() map[netip.Addr]bool { return frontends })
 	if len(found) != 1 || !found[0].Breaking || found[0].Owner != "kube-proxy" || !strings.Contains(found[0].What, "1 of them sluice's frontends: 10.96.0.10") ||
 		found[0].Where() != "kube-ipvs0" {
 		t.Fatalf("found %v", found)
@@ -566,7 +566,7 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	if local("10.96.0.10") || !local("10.96.9.9") {
 		t.Errorf("after the cleanup 10.96.0.10 local %v (want not), 10.96.9.9 local %v (want kept)", local("10.96.0.10"), local("10.96.9.9"))
 	}
-	if found := KubeIPVS(frontends); len(found) != 1 || found[0].Breaking {
+	if found := KubeIPVS(func() map[netip.Addr]bool { return frontends }); len(found) != 1 || found[0].Breaking {
 		t.Errorf("with none of sluice's addresses left: %v; want it dormant", found)
 	}
 }

@@ -448,7 +448,7 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 		conflicts = append(conflicts, found...)
 	}
 	conflicts = append(conflicts, ForeignPins(filepath.Dir(s.cfg.PinDir))...)
-	for _, c := range KubeIPVS(s.Svc.FrontendAddrs()) {
+	for _, c := range KubeIPVS(s.Svc.FrontendAddrs) {
 		if s.cfg.CleanConflicts && c.Removable() {
 			c.Err = c.remove()
 			c.Removed = c.Err == nil

@@ -81,14 +81,16 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 		path, pins = cmp.Or(path, agent.BPF.CgroupPath), cmp.Or(pins, agent.BPF.PinDir)
 	}
 	found = append(found, bpf.ForeignPins(filepath.Dir(pins))...)
-	frontends := map[netip.Addr]bool{}
-	if p, err := bpf.OpenPinned(pins); err == nil {
-		if fa, err := bpf.PinnedFrontendAddrs(p.Tables()); err == nil {
-			frontends = fa
+	found = append(found, bpf.KubeIPVS(func() map[netip.Addr]bool {
+		frontends := map[netip.Addr]bool{}
+		if p, err := bpf.OpenPinned(pins); err == nil {
+			if fa, err := bpf.PinnedFrontendAddrs(p.Tables()); err == nil {
+				frontends = fa
+			}
+			p.Close()
 		}
-		p.Close()
-	}
-	found = append(found, bpf.KubeIPVS(frontends)...)
+		return frontends
+	})...)
 	if path != "none" {
 		cf, err := bpf.CgroupConflicts(path)
 		if err != nil {
