@@ -417,9 +417,8 @@ func (a *Attacher) conflicts(h Hook, wep bool, l netlink.Link, on []tcFilter) []
 		}
 	}
 	v := hookView{hook: h, wep: wep, mode: a.mode, tcx: tcxPrograms(h), tc: on,
-		ours:   func(id ebpf.ProgramID, _ string) bool { return a.ours[id] },
-		oursID: func(id ebpf.ProgramID) bool { return a.ours[id] },
-		owner:  programNames()}
+		ours:  func(id ebpf.ProgramID) bool { return a.ours[id] },
+		owner: programNames()}
 	if l != nil {
 		v.xdp = l.Attrs().Xdp
 	}

@@ -89,18 +89,10 @@ type hookView struct {
 	tcx  []tcxProg  // in run order
 	tc   []tcFilter // in run order
 	xdp  *netlink.LinkXdp
-	ours func(id ebpf.ProgramID, name string) bool
-	// oursID, when set, tells sluice's programs by ID alone, sparing a name read per program
-	// and sync (the agent knows its programs' IDs; sluicectl goes by name).
-	oursID func(id ebpf.ProgramID) bool
-	owner  func(id ebpf.ProgramID) string // a program's name, for its owner
-}
-
-func (v hookView) isOurs(id ebpf.ProgramID) bool {
-	if v.oursID != nil {
-		return v.oursID(id)
-	}
-	return v.ours(id, v.owner(id))
+	// ours tells sluice's programs: the agent by the IDs it loaded (no name read per program
+	// and sync), sluicectl by their sl_* names.
+	ours  func(id ebpf.ProgramID) bool
+	owner func(id ebpf.ProgramID) string // a program's name, for its owner
 }
 
 type tcxProg struct {
@@ -124,13 +116,13 @@ func (v hookView) classify() []Conflict {
 	// TCX: in run order; sluice's first program found splits before from after.
 	oursAt := -1
 	for i, p := range v.tcx {
-		if v.isOurs(p.id) {
+		if v.ours(p.id) {
 			oursAt = i
 			break
 		}
 	}
 	for i, p := range v.tcx {
-		if v.isOurs(p.id) {
+		if v.ours(p.id) {
 			continue
 		}
 		name := v.owner(p.id)
@@ -277,6 +269,12 @@ func (c *Conflict) remove() error {
 	return fmt.Errorf("no way to remove a %s", c.Kind)
 }
 
+// sluiceByName tells sluice's programs by their sl_* names, as a reader without the agent's
+// program IDs does (sluicectl).
+func sluiceByName(name func(ebpf.ProgramID) string) func(ebpf.ProgramID) bool {
+	return func(id ebpf.ProgramID) bool { return strings.HasPrefix(name(id), "sl_") }
+}
+
 // programNames returns programName remembering what it read: a node's hooks name the same
 // programs many times.
 func programNames() func(ebpf.ProgramID) string {
@@ -337,7 +335,7 @@ func HookConflicts() ([]Conflict, error) {
 	}
 	filters, ferr := linkFilters(links)
 	nameOf := programNames()
-	ours := func(_ ebpf.ProgramID, name string) bool { return strings.HasPrefix(name, "sl_") }
+	ours := sluiceByName(nameOf)
 	var out []Conflict
 	for _, l := range links {
 		for _, egress := range []bool{false, true} {
@@ -345,8 +343,8 @@ func HookConflicts() ([]Conflict, error) {
 			v := hookView{hook: h, tcx: tcxPrograms(h), tc: filters[h], xdp: l.Attrs().Xdp, ours: ours, owner: nameOf}
 			sluices := ""
 			for _, p := range v.tcx {
-				if n := nameOf(p.id); ours(p.id, n) {
-					v.mode, sluices = AttachTCX, n
+				if ours(p.id) {
+					v.mode, sluices = AttachTCX, nameOf(p.id)
 					break
 				}
 			}
@@ -457,8 +455,7 @@ func CgroupConflicts(path string) ([]Conflict, error) {
 			errs = append(errs, fmt.Errorf("%s on %s: %w", hk.name, path, err))
 			continue
 		}
-		ours := func(id ebpf.ProgramID) bool { return strings.HasPrefix(nameOf(id), "sl_") }
-		out = append(out, cgroupConflicts(path, hk.name, hk.attach, flags, ids, ours, nameOf)...)
+		out = append(out, cgroupConflicts(path, hk.name, hk.attach, flags, ids, sluiceByName(nameOf), nameOf)...)
 	}
 	return out, errors.Join(errs...)
 }
@@ -544,7 +541,7 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 				others = append(others, ip.String())
 			}
 		}
-		c := Conflict{Kind: KindIPVS, Path: "", Hook: Hook{Iface: "kube-ipvs0", Ifindex: l.Attrs().Index}, Owner: "kube-proxy",
+		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "kube-ipvs0", Ifindex: l.Attrs().Index}, Owner: "kube-proxy",
 			What: fmt.Sprintf("device kube-ipvs0 holding %d addresses as the node's own (%d of them sluice's frontends: %s)", len(addrs), len(ours), abbreviateAddrs(ours)),
 			Fix:  "ip addr del ADDRESS dev kube-ipvs0 for each of sluice's frontends listed; ip link del kube-ipvs0 when it holds none", ipvsAddrs: held}
 		if len(ours) > 0 {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -22,7 +21,6 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,7 +29,7 @@ import (
 // whose each is.
 func TestHookViewClassify(t *testing.T) {
 	names := map[ebpf.ProgramID]string{1: "sl_from_host", 2: "cil_from_netdev", 3: "op_counter", 4: "calico_tc_main", 5: "ddos_xdp"}
-	ours := func(id ebpf.ProgramID, _ string) bool { return id == 1 }
+	ours := func(id ebpf.ProgramID) bool { return id == 1 }
 	owner := func(id ebpf.ProgramID) string { return names[id] }
 	eth0 := Hook{Iface: "eth0", Ifindex: 2}
 	sluiceTC := tcFilter{Hook: eth0, Priority: TCPriority, Handle: TCHandle, Name: "sl_from_host", ProgID: 1}
@@ -338,7 +336,8 @@ func TestCgroupLeftovers(t *testing.T) {
 	}
 	t.Cleanup(func() { cg.Close() })
 
-	lfInNewNetns(t)
+	lockNetns(t)
+	skNetns(t)
 	cookie, err := NetnsCookie()
 	if err != nil {
 		t.Skipf("no SO_NETNS_COOKIE: %v", err)
@@ -531,7 +530,8 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
-	lfInNewNetns(t)
+	lockNetns(t)
+	skNetns(t)
 	// kube-proxy makes it a dummy device; a veth stands in (the kernels sluice targets may
 	// lack the dummy driver).
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}, PeerName: "kube-ipvs0-p"}); err != nil {
@@ -571,34 +571,14 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	}
 }
 
-// lfInNewNetns locks the test's goroutine to its thread and moves the thread into a new
-// network namespace with lo up, back to the test's own at cleanup.
-func lfInNewNetns(t *testing.T) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
-	skNetns(t)
-}
-
 // TestXDPLinkLeftoverRemoved: Cilium's XDP program attached through a bpf link (as newer
 // Cilium attaches it) is removed through its link when netlink cannot detach it.
 func TestXDPLinkLeftoverRemoved(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces and eBPF programs need root")
 	}
-	lfInNewNetns(t)
+	lockNetns(t)
+	skNetns(t)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-p"}); err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +599,7 @@ func TestXDPLinkLeftoverRemoved(t *testing.T) {
 	defer l.Close()
 	eth0, _ = netlink.LinkByName("eth0")
 	v := hookView{hook: Hook{Iface: "eth0", Ifindex: eth0.Attrs().Index}, mode: AttachTCX, xdp: eth0.Attrs().Xdp,
-		ours: func(ebpf.ProgramID, string) bool { return false }, owner: programNames()}
+		ours: func(ebpf.ProgramID) bool { return false }, owner: programNames()}
 	found := v.classify()
 	if len(found) != 1 || found[0].Kind != KindXDP || !found[0].Removable() {
 		t.Fatalf("found %v; want Cilium's XDP program, removable", found)

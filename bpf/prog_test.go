@@ -10,7 +10,6 @@ import (
 	"os"
 	"reflect"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,21 +248,7 @@ func tpNewWorld(t *testing.T) *tpWorld {
 	if os.Geteuid() != 0 {
 		t.Skip("running eBPF programs in network namespaces needs root")
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("getting the test's network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked: the runtime ends it with the test's goroutine.
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
+	lockNetns(t)
 	return &tpWorld{t: t}
 }
 

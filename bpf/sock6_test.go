@@ -6,14 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,20 +74,7 @@ func TestSockNAT6(t *testing.T) {
 		t.Skip("attaching cgroup socket programs needs root")
 	}
 	root := skCgroupRoot(t)
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
+	lockNetns(t)
 	skNetns(t)
 	cookie, err := NetnsCookie()
 	if errors.Is(err, unix.ENOPROTOOPT) {

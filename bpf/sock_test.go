@@ -86,6 +86,27 @@ func skNetns(t *testing.T) netns.NsHandle {
 	return ns
 }
 
+// lockNetns locks the test's goroutine to its OS thread, which the test then moves between
+// network namespaces, and at cleanup returns it to the test's own namespace and unlocks it
+// (a thread that cannot return stays locked: the runtime ends it with the goroutine).
+func lockNetns(t testing.TB) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("getting the test's network namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		defer orig.Close()
+		if err := netns.Set(orig); err != nil {
+			t.Errorf("returning to the test's network namespace: %v", err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+}
+
 func skEnter(t *testing.T, ns netns.NsHandle) {
 	t.Helper()
 	if err := netns.Set(ns); err != nil {
@@ -133,21 +154,7 @@ func TestSockNAT(t *testing.T) {
 	}
 	root := skCgroupRoot(t)
 
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("getting the test's network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked: the runtime ends it with the test's goroutine.
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
+	lockNetns(t)
 	ns := skNetns(t)
 	cookie, err := NetnsCookie()
 	if errors.Is(err, unix.ENOPROTOOPT) {

@@ -36,7 +36,7 @@ flags:
 // leftoverJSON is one leftover as -o json prints it.
 type leftoverJSON struct {
 	Kind   string `json:"kind"`
-	Hook   string `json:"hook"`
+	Where  string `json:"where"`
 	What   string `json:"what"`
 	Owner  string `json:"owner"`
 	Effect string `json:"effect"`
@@ -100,7 +100,7 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	}
 	rows := make([]leftoverJSON, 0, len(found))
 	for _, c := range found {
-		rows = append(rows, leftoverJSON{Kind: c.Kind, Hook: c.Where(), What: c.What, Owner: ownerName(c.Owner),
+		rows = append(rows, leftoverJSON{Kind: c.Kind, Where: c.Where(), What: c.What, Owner: ownerName(c.Owner),
 			Effect: c.Effect(), Breaks: c.Breaks, Fix: c.Fix})
 	}
 	if nc, err := nftables.New(); err != nil {
@@ -111,7 +111,7 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 			fmt.Fprintf(a.stderr, "sluicectl: some of netfilter could not be read: %v\n", err)
 		}
 		for _, n := range nf {
-			rows = append(rows, leftoverJSON{Kind: "netfilter", Hook: n.Family + " " + n.Table, What: n.String(), Owner: ownerName(n.Owner),
+			rows = append(rows, leftoverJSON{Kind: "netfilter", Where: n.Family + " " + n.Table, What: n.String(), Owner: ownerName(n.Owner),
 				Effect: n.Effect(), Breaks: strings.Join(n.Breaks, "; "), Fix: n.Fix})
 		}
 	}
@@ -152,13 +152,13 @@ func writeLeftovers(w io.Writer, rows []leftoverJSON, breaking int) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EFFECT\tKIND\tOWNER\tWHERE\tWHAT\tFIX")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Effect, r.Kind, r.Owner, r.Hook, r.What, r.Fix)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.Effect, r.Kind, r.Owner, r.Where, r.What, r.Fix)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n%d breaking, %d dormant or unknown (dormant: acts only if sluice's programs go)\n", breaking, len(rows)-breaking)
 	for _, r := range rows {
 		if r.Effect == "breaking" {
-			fmt.Fprintf(w, "  %s on %s breaks %s\n", r.What, r.Hook, r.Breaks)
+			fmt.Fprintf(w, "  %s on %s breaks %s\n", r.What, r.Where, r.Breaks)
 		}
 	}
 }

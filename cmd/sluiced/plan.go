@@ -403,35 +403,29 @@ func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) 
 	if owner == "" {
 		owner = "unknown"
 	}
-	ev := log.Warn()
-	if cf.Err != nil {
-		ev = log.Error().Err(cf.Err)
-	}
-	ev = ev.Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
-		Str("effect", cf.Effect()).Str("breaks", cf.Breaks)
+	l := log.With().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
+		Str("effect", cf.Effect()).Str("breaks", cf.Breaks).Logger()
 	gauge := state.leftoverGauge(cf.Kind, owner, cf.Effect())
 	switch {
 	case cf.Gone:
 		gauge.Dec()
-		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
-			Msg("another program on a hook sluice uses is gone")
+		l.Info().Msg("another program on a hook sluice uses is gone")
 	case cf.Removed:
 		state.leftoverRemovals.WithLabelValues(cf.Kind, owner).Inc()
-		ev.Msg("removed another program on a hook sluice uses")
+		l.Warn().Msg("removed another program on a hook sluice uses")
 	case cf.Err != nil:
 		gauge.Inc()
-		ev.Str("fix", cf.Fix).Msg("could not remove another program on a hook sluice uses")
+		l.Error().Err(cf.Err).Str("fix", cf.Fix).Msg("could not remove another program on a hook sluice uses")
 	case cf.Breaking:
 		gauge.Inc()
 		fix := cf.Fix
 		if cf.Removable() {
 			fix += " (or run with --clean-conflicts)"
 		}
-		ev.Str("fix", fix).Msg("another program on a hook sluice uses can take its traffic before sluice's")
+		l.Warn().Str("fix", fix).Msg("another program on a hook sluice uses can take its traffic before sluice's")
 	default:
 		gauge.Inc()
-		log.Info().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
-			Str("breaks", cf.Breaks).Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
+		l.Info().Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
 	}
 }
 
