@@ -510,6 +510,55 @@ func TestIntakeNoticesSilence(t *testing.T) {
 	}
 }
 
+// silenceOnSync silences a proxy when the first in-sync reaches it, before the intake opens
+// its watch.
+type silenceOnSync struct {
+	store.Handler
+	proxy *etcdtest.Proxy
+	once  sync.Once
+}
+
+func (h *silenceOnSync) OnEvents(batch []store.Event) {
+	h.Handler.OnEvents(batch)
+	if batch[len(batch)-1].Type == store.EventInSync {
+		h.once.Do(h.proxy.Silence)
+	}
+}
+
+// TestIntakeNoticesSilenceAtWatchStart: a link that goes silent between the read and the
+// watch's creation (etcd confirms a new watch before the client hands it over) is noticed
+// within the liveness time too; the watch opens once the link is back, without a resync.
+func TestIntakeNoticesSilenceAtWatchStart(t *testing.T) {
+	writer, proxy, cli := behindProxy(t)
+	put(t, writer, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
+	s, r := newSink(), &reporter{}
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: &silenceOnSync{Handler: s, proxy: proxy}, Reporter: r,
+		Liveness: time.Second, Prefixes: store.NodePrefixes("node-a"), MinBackoff: 10 * time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+	cutAt := time.Now()
+	eventually(t, 10*time.Second, "the silence noticed", func() bool { return in.Stats().Silent.Load() })
+	t.Logf("silence noticed after %v (liveness 1s)", time.Since(cutAt).Round(time.Millisecond))
+	if in.Stats().InSync.Load() {
+		t.Fatal("silent, yet in sync")
+	}
+	last := put(t, writer, store.NodePrefix+"node-b", nodeValue("node-b", "192.0.2.12/24", ""))
+	proxy.Restore()
+	eventually(t, 20*time.Second, "in sync again with node-b", func() bool {
+		return in.Stats().InSync.Load() && s.index.Snapshot().Get(store.KindNode, "node-b") != nil
+	})
+	if sil, heard := r.outages(); sil != 1 || heard != 1 {
+		t.Fatalf("reported %d silences and %d recoveries; want 1 and 1", sil, heard)
+	}
+	if in.Stats().Resyncs.Load() != 0 || in.Stats().Revision.Load() < last {
+		t.Fatalf("resyncs %d, revision %d (want >= %d): want the watch opened from the read's revision",
+			in.Stats().Resyncs.Load(), in.Stats().Revision.Load(), last)
+	}
+}
+
 // TestWatchSpans: one watch per root, from its least prefix to the end of its greatest, in
 // the order the roots first appear; every prefix inside its root's span.
 func TestWatchSpans(t *testing.T) {
