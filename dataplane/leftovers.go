@@ -37,6 +37,35 @@ type Leftover struct {
 
 	route *Route
 	link  string
+	// replaced: a foreign route at a desired route's key, which sluice's route replaces once
+	// it can be written; never removed on its own.
+	replaced bool
+}
+
+// protocolOwner names the product behind a route protocol number, when one is known: Felix
+// writes its routes with protocol 80, and Calico's BGP mode has BIRD write the blackholes of
+// a node's blocks.
+func protocolOwner(protocol int) string {
+	switch protocol {
+	case 80, unix.RTPROT_BIRD:
+		return "calico"
+	}
+	return ""
+}
+
+// routeTypeName is how ip route names a route's type.
+func routeTypeName(t int) string {
+	switch t {
+	case unix.RTN_BLACKHOLE:
+		return "blackhole"
+	case unix.RTN_UNREACHABLE:
+		return "unreachable"
+	case unix.RTN_PROHIBIT:
+		return "prohibit"
+	case unix.RTN_LOCAL:
+		return "local"
+	}
+	return "unicast"
 }
 
 // findLeftovers lists the leftovers in the kernel now. Routes are judged against the desired
@@ -98,6 +127,30 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 			What:  fmt.Sprintf("route %s (protocol %d, metric %d) via %s overlaps sluice's route to %s", k.dst, r.Protocol, k.metric, dev, hit),
 			Fix:   fmt.Sprintf("ip route del %s metric %d dev %s (or start sluiced with --clean-conflicts)", k.dst, k.metric, dev),
 			route: &rr,
+		})
+	}
+	// Foreign routes at exactly a desired route's destination and metric that the last write
+	// could not replace (sluice's route unresolved: its device missing, say behind Calico's
+	// vxlan.calico; or refused): they hold the destination meanwhile. Never removed: sluice's
+	// own route replaces each once it can be written.
+	for k, r := range d.routes.replacing {
+		why := "writing sluice's route failed (see the apply error)"
+		if d.routes.unres[k] {
+			why = "sluice's route cannot be written yet: its device or gateway is missing"
+		}
+		kind := routeTypeName(r.Type)
+		owner := deviceOwner(names[r.LinkIndex])
+		if owner == "" {
+			owner = protocolOwner(int(r.Protocol))
+		}
+		out = append(out, Leftover{
+			Kind:  "route",
+			Owner: owner,
+			Key:   fmt.Sprintf("route %s metric %d at sluice's", k.dst, k.metric),
+			What: fmt.Sprintf("%s route %s (protocol %d, metric %d) where sluice's route to %s goes; %s",
+				kind, k.dst, r.Protocol, k.metric, k.dst, why),
+			Fix:      "clear what keeps sluice's route out (a leftover device in its way is listed too); sluice's route then replaces this one",
+			replaced: true,
 		})
 	}
 	out = append(out, d.ruleLeftovers(dsts)...)
@@ -182,7 +235,7 @@ func (d *Dataplane) handleLeftovers() bool {
 		// A device is removed only when its owner is known (an unknown one may be someone's
 		// on purpose); a route over sluice's destinations through another program's device
 		// is by construction another program's.
-		if d.cfg.CleanConflicts && !l.Dormant && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
+		if d.cfg.CleanConflicts && !l.Dormant && !l.replaced && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
 				l.Err = d.routes.k.RouteDelMany([]*Route{l.route})[0]

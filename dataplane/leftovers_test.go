@@ -2,8 +2,11 @@ package dataplane
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -301,5 +304,93 @@ func TestDormantDevices(t *testing.T) {
 		if _, err := n.h.LinkByName(name); err != nil {
 			t.Errorf("%s removed: %v", name, err)
 		}
+	}
+}
+
+// replacedLog hears the route table's replacements (a RouteReporter), from the dataplane's
+// goroutine.
+type replacedLog struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *replacedLog) Conflict(dst netip.Prefix, metric, proto int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, fmt.Sprintf("%s metric %d proto %d", dst, metric, proto))
+}
+
+func (r *replacedLog) NexthopConflict(uint32, int) {}
+
+func (r *replacedLog) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
+// TestCalicoBlockNowRemote: a node that ran Calico keeps Felix's blackhole for a block that is
+// now another node's, and vxlan.calico on sluice's VNI and port, so sluice's VXLAN device and
+// its route to that block cannot be made. The blackhole is a breaking leftover, owned by
+// Calico, never said to be replaced while it stays (before, "replaced another program's
+// route" was logged at once), and never removed by --clean-conflicts on its own. Once the
+// device is gone, sluice's route replaces it, which is reported once, and the leftover is
+// reported gone.
+func TestCalicoBlockNowRemote(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	if err := n.h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "vxlan.calico"}, VxlanId: 4096, Port: 4789}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ip", "-n", n.name, "route", "add", "blackhole", "10.65.0.128/26", "proto", "80").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	ns := n.handle()
+	log, replaced := &leftoverLog{}, &replacedLog{}
+	d := New(n.kernel(), Config{Sysctl: (&sysctlLog{writes: map[string]string{}}).write, OnLeftover: log.add,
+		Routes: RouteTableConfig{Reporter: replaced}})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); d.Run(ctx) }()
+	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, {Dst: pfx("10.65.0.128/26"), Type: calc.RouteUnicast, Device: "vxlan.sluice", Gateway: ip("10.65.0.128"), OnLink: true}}, []calc.VTEP{vLocal, vC}))
+
+	const key = "route 10.65.0.128/26 metric 0 at sluice's"
+	find := func(gone bool) *Leftover {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for _, x := range log.got {
+			if x.Key == key && x.Gone == gone {
+				return &x
+			}
+		}
+		return nil
+	}
+	waitFor(t, "the blackhole reported", func() bool { return find(false) != nil })
+	lo := find(false)
+	if lo.Dormant || lo.Owner != "calico" || lo.Kind != "route" || !strings.Contains(lo.What, "blackhole route 10.65.0.128/26 (protocol 80") ||
+		!strings.Contains(lo.What, "cannot be written yet") {
+		t.Fatalf("reported %+v", lo)
+	}
+	time.Sleep(300 * time.Millisecond) // a few applies
+	if got := replaced.list(); len(got) != 0 {
+		t.Fatalf("reported as replaced while it stays: %q", got)
+	}
+	if out := n.routes(-1); !strings.Contains(out, "blackhole 10.65.0.128/26 proto 80") {
+		t.Fatalf("the blackhole:\n%s", out)
+	}
+
+	// The device in the way removed by hand: sluice's device and route follow.
+	if err := n.h.LinkDel(n.link("vxlan.calico")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "sluice's route in place", func() bool {
+		return strings.Contains(n.routes(-1), "10.65.0.128/26 via 10.65.0.128 dev vxlan.sluice")
+	})
+	waitFor(t, "the blackhole reported gone", func() bool { return find(true) != nil })
+	if got := replaced.list(); len(got) != 1 || got[0] != "10.65.0.128/26 metric 0 proto 80" {
+		t.Fatalf("replacements reported %q; want Calico's blackhole, once", got)
 	}
 }

@@ -40,7 +40,8 @@ type kernelRoute struct {
 // RouteReporter hears what the route table does beyond its own routes.
 type RouteReporter interface {
 	// Conflict is called once for each foreign route that sat exactly where a sluice route
-	// must go and was replaced.
+	// must go, once sluice's has replaced it (one that cannot be replaced yet, its route
+	// unresolved or refused, is a leftover instead: Dataplane's OnLeftover).
 	Conflict(dst netip.Prefix, metric int, protocol int)
 	// NexthopConflict is called once for each nexthop object ID sluice held or picked that
 	// another program's object turned out to hold; sluice's object moves to another ID.
@@ -85,11 +86,14 @@ type RouteTable struct {
 	changed map[routeKey]bool
 	unres   map[routeKey]bool
 	// foreign holds the other programs' routes as of the last read, for the leftover scan.
-	foreign    []Route
-	needRead   bool
-	parent     int // index of the link holding ParentAddr, as of the last Apply
-	parent6    int // and of the link holding ParentAddr6
-	reported   map[routeKey]bool
+	foreign  []Route
+	needRead bool
+	parent   int // index of the link holding ParentAddr, as of the last Apply
+	parent6  int // and of the link holding ParentAddr6
+	reported map[routeKey]bool
+	// replacing holds the foreign routes at a desired route's key, as of the last read, until
+	// sluice's replaces them: what stays after a write is in sluice's way.
+	replacing  map[routeKey]Route
 	writes     int
 	unresolved int
 }
@@ -103,7 +107,7 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 		cfg.Protocol = DefaultRouteProtocol
 	}
 	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
-		routes: map[netip.Prefix]desiredRoute{}, needRead: true, reported: map[routeKey]bool{},
+		routes: map[netip.Prefix]desiredRoute{}, needRead: true, reported: map[routeKey]bool{}, replacing: map[routeKey]Route{},
 		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
 }
 
@@ -528,6 +532,13 @@ func (t *RouteTable) write() error {
 		t.writes++
 		t.tracker.SetActual(c.k, c.v)
 		t.tracker.Clean(c.k)
+		if r, ok := t.replacing[c.k]; ok {
+			delete(t.replacing, c.k)
+			if !t.reported[c.k] && t.cfg.Reporter != nil {
+				t.cfg.Reporter.Conflict(c.k.dst, c.k.metric, int(r.Protocol))
+			}
+			t.reported[c.k] = true
+		}
 	}
 	for i, err := range t.k.RouteDelMany(kernelRoutes(dels)) {
 		c := dels[i]
@@ -615,7 +626,7 @@ func (t *RouteTable) deleteNexthops() error {
 }
 
 // read loads the table: sluice's routes, and foreign routes sitting exactly where a desired
-// route goes (those are replaced, and reported once).
+// route goes (those are replaced by the write, and reported once when they are).
 func (t *RouteTable) read() (collided bool, err error) {
 	nhs, err := t.k.NexthopList()
 	if err != nil && t.cfg.Nexthops {
@@ -634,6 +645,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 	}
 	actual := make(map[routeKey]kernelRoute, max(len(rs), len(t.routes))) // room for what is wanted too: it will be written
 	t.foreign = t.foreign[:0]
+	clear(t.replacing)
 	for _, r := range rs {
 		k, kr, ok := fromKernel(r)
 		if !ok {
@@ -650,10 +662,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 		}
 		if wanted && kr.protocol != unix.RTPROT_KERNEL {
 			actual[k] = kr
-			if !t.reported[k] && t.cfg.Reporter != nil {
-				t.cfg.Reporter.Conflict(k.dst, k.metric, int(kr.protocol))
-			}
-			t.reported[k] = true
+			t.replacing[k] = r
 		}
 	}
 	t.tracker.ReplaceActual(actual)
