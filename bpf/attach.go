@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cloudflare/ipvs"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
 )
@@ -65,6 +66,7 @@ type Conflict struct {
 	progID       ebpf.ProgramID
 	cgroupAttach ebpf.AttachType
 	ipvsAddrs    []netlink.Addr // kube-ipvs0's addresses that are sluice's frontends
+	ipvsService  *ipvs.Service  // an IPVS virtual service (KindIPVS, not kube-ipvs0)
 }
 
 // Where is the hook c is on: an interface and direction, or a cgroup and socket hook.

@@ -3,18 +3,19 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cloudflare/ipvs"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -248,8 +249,13 @@ func (c *Conflict) remove() error {
 		}
 		return nil
 	case KindIPVS:
-		if len(c.ipvsAddrs) == 0 {
-			return errors.New("an IPVS virtual service: remove it with ipvsadm")
+		if c.ipvsService != nil {
+			client, err := ipvs.New()
+			if err != nil {
+				return fmt.Errorf("IPVS: %w", err)
+			}
+			defer closeIPVS(client)
+			return client.RemoveService(*c.ipvsService)
 		}
 		l := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: c.Hook.Ifindex}}
 		for _, a := range c.ipvsAddrs {
@@ -511,7 +517,7 @@ const KindIPVS = "ipvs"
 // KubeIPVS reads kube-proxy's IPVS leftovers in this network namespace against sluice's
 // frontend addresses: kube-ipvs0 holding some of them makes them the node's own addresses
 // (the local stack, and IPVS, take the packets sluice's programs leave, and node ports answer
-// on them); IPVS virtual services on them (/proc/net/ip_vs) take such packets to the endpoints
+// on them); IPVS virtual services on them (netlink's IPVS family) take such packets to the endpoints
 // kube-proxy last knew. Both breaking when they hold a frontend of sluice's; dormant otherwise.
 //
 // frontends is called only when there is something to judge (most nodes have neither): a
@@ -520,7 +526,10 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 	var out []Conflict
 	var frontends map[netip.Addr]bool
 	l, err := netlink.LinkByName("kube-ipvs0")
-	vss := ipvsServices("/proc/thread-self/net/ip_vs")
+	vss, client := ipvsServices()
+	if client != nil {
+		closeIPVS(client)
+	}
 	if err == nil || len(vss) > 0 {
 		frontends = frontendsOf()
 	}
@@ -553,10 +562,11 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 		out = append(out, c)
 	}
 	for _, vs := range vss {
-		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "ip_vs"}, Owner: "kube-proxy", What: "IPVS virtual service " + vs.String(),
-			Fix: fmt.Sprintf("ipvsadm -D -%s %s", map[bool]string{true: "t", false: "u"}[vs.tcp], vs.addr)}
-		if frontends[vs.addr.Addr()] {
-			c.Breaking, c.Breaks = true, "the service at "+vs.addr.String()+": IPVS takes what sluice's programs leave to the endpoints kube-proxy last knew"
+		addr := netip.AddrPortFrom(vs.Address.Unmap(), vs.Port)
+		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "ip_vs"}, Owner: "kube-proxy", What: "IPVS virtual service " + ipvsServiceName(vs),
+			Fix: fmt.Sprintf("ipvsadm -D %s %s", ipvsadmFlag(vs.Protocol), addr), ipvsService: &vs}
+		if frontends[addr.Addr()] {
+			c.Breaking, c.Breaks = true, "the service at "+addr.String()+": IPVS takes what sluice's programs leave to the endpoints kube-proxy last knew"
 		} else {
 			c.Breaks = "dormant: not one of sluice's frontends"
 		}
@@ -575,59 +585,54 @@ func abbreviateAddrs(a []string) string {
 	return strings.Join(a, ", ")
 }
 
-type ipvsService struct {
-	tcp  bool
-	addr netip.AddrPort
-}
-
-func (v ipvsService) String() string {
-	if v.tcp {
-		return "TCP " + v.addr.String()
+// ipvsServices lists the IPVS virtual services of this network namespace (netlink's IPVS
+// family, as ipvsadm reads them), with a client that removes them; none when ip_vs is not
+// loaded. Firewall-mark services (kube-proxy makes none) name no address and are left out.
+func ipvsServices() ([]ipvs.Service, ipvs.Client) {
+	// Asked for while ip_vs is not loaded, the kernel would load it (generic netlink
+	// requests a module for an unknown family): a node that never ran IPVS must not get it
+	// from sluice's scan. ip_vs makes this file in every namespace once loaded.
+	if _, err := os.Stat("/proc/thread-self/net/ip_vs"); err != nil {
+		return nil, nil
 	}
-	return "UDP " + v.addr.String()
-}
-
-// ipvsServices reads the virtual services of /proc/net/ip_vs ("TCP  0A60000A:0035 rr": the
-// address and port in hex; IPv6 as [hex groups]:port), none when IPVS is not loaded.
-func ipvsServices(file string) []ipvsService {
-	b, err := os.ReadFile(file)
+	c, err := ipvs.New()
 	if err != nil {
-		return nil
+		return nil, nil // no IPVS family: the module is not loaded, so nothing is there
 	}
-	return parseIPVS(string(b))
+	list, err := c.Services()
+	if err != nil {
+		closeIPVS(c)
+		return nil, nil
+	}
+	out := make([]ipvs.Service, 0, len(list))
+	for _, s := range list {
+		if s.FWMark == 0 && s.Address.IsValid() {
+			out = append(out, s.Service)
+		}
+	}
+	return out, c
 }
 
-func parseIPVS(text string) []ipvsService {
-	var out []ipvsService
-	for _, line := range strings.Split(text, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 || (f[0] != "TCP" && f[0] != "UDP") {
-			continue
-		}
-		i := strings.LastIndexByte(f[1], ':')
-		if i < 0 {
-			continue
-		}
-		port, err := strconv.ParseUint(f[1][i+1:], 16, 16)
-		if err != nil {
-			continue
-		}
-		host := strings.Trim(f[1][:i], "[]")
-		var addr netip.Addr
-		if len(host) == 8 {
-			v, err := strconv.ParseUint(host, 16, 32)
-			if err != nil {
-				continue
-			}
-			addr = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-		} else if a, err := netip.ParseAddr(host); err == nil {
-			addr = a
-		} else {
-			continue
-		}
-		out = append(out, ipvsService{tcp: f[0] == "TCP", addr: netip.AddrPortFrom(addr, uint16(port))})
+func closeIPVS(c ipvs.Client) {
+	if cl, ok := c.(io.Closer); ok {
+		cl.Close()
 	}
-	return out
+}
+
+// ipvsServiceName is how ipvsadm names a virtual service: "TCP 10.96.0.10:53".
+func ipvsServiceName(s ipvs.Service) string {
+	return s.Protocol.String() + " " + netip.AddrPortFrom(s.Address.Unmap(), s.Port).String()
+}
+
+// ipvsadmFlag is ipvsadm's flag for a service's protocol.
+func ipvsadmFlag(p ipvs.Protocol) string {
+	switch p {
+	case ipvs.UDP:
+		return "-u"
+	case ipvs.SCTP:
+		return "--sctp-service"
+	}
+	return "-t"
 }
 
 // PinnedFrontendAddrs returns the frontend addresses in the service maps pinned at t (what

@@ -22,6 +22,7 @@ var defaultModules = []string{
 	"veth", "vxlan", "bridge", "8021q", "bonding", "tun", "dummy", // links
 	"sch_ingress", "cls_bpf", // clsact and tc's BPF classifier (the tc attach mode)
 	"nf_tables", "nf_conntrack", "nf_nat", "nft_chain_nat", "nft_nat", "nft_masq", "nft_ct", // sluice's inet sluice-nat table
+	"ip_vs", "ip_vs_rr", // kube-proxy's IPVS mode, planted by the leftover tests (rr: its scheduler)
 	// Not xfrm_user: sluiced must start on a host without it (issue #24), and the guests
 	// prove it (its tests' netlink handles open the route family alone, as the agent's do).
 }
