@@ -549,13 +549,31 @@ func (l *lab) migratedNode() error {
 	l.check(err != nil && strings.Contains(out, "breaking  tcx") && strings.Contains(out, "cil_from_netdev") && strings.Contains(out, "cilium") &&
 		strings.Contains(out, "dormant") && strings.Contains(out, "kube-proxy's netfilter chains in ip nat"),
 		"sluicectl leftovers names Cilium's program (breaking) and kube-proxy's chain (dormant), and exits 1")
+	// The running agent finds it at its next resync (30 s here); one started now, at once.
 	l.check(l.agents["node-c"].stop() == nil, "sluiced on node-c stopped")
-	nc, err := l.startAgent("node-c", "--clean-conflicts")
+	nc, err := l.startAgent("node-c")
 	if err != nil {
 		return err
 	}
-	l.check(nc.waitFor(30*time.Second, "removed another program on a hook sluice uses", "cil_from_netdev"),
-		"sluiced on node-c started with --clean-conflicts removes Cilium's program: %q", nc.matching("another program"))
+	var body string
+	took, err := retry(30*time.Second, func() error {
+		var code int
+		if code, body = l.health("node-c", "/readyz"); code != 503 || !strings.Contains(body, "cil_from_netdev (cilium)") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	l.check(err == nil && nc.count("a leftover of other software breaks sluice's paths") > 0,
+		"sluiced on node-c, started again, says not ready %v after its start and names Cilium's program: %s", took.Round(100*time.Millisecond), oneLine(body))
+	l.check(nc.stop() == nil, "sluiced on node-c stopped")
+	nc, err = l.startAgent("node-c", "--clean-conflicts")
+	if err != nil {
+		return err
+	}
+	l.check(nc.waitFor(30*time.Second, "removed a leftover of other software", "cil_from_netdev"),
+		"sluiced on node-c started with --clean-conflicts removes Cilium's program: %q", nc.matching("leftover of other software"))
+	_, body, ok := l.waitReady("node-c", 200, 30*time.Second)
+	l.check(ok, "and is ready: %s", oneLine(body))
 	l.check(nc.count("kind=cgroup") == 0, "the other nodes' sluice socket programs on the lab's shared cgroup are not taken for leftovers: %q", nc.matching("kind=cgroup"))
 	_, err = retry(10*time.Second, func() error { _, err := nsRun(nsExt, l.tool(), "tcp-ask", np, "1"); return err })
 	out, err2 := nsRun(nsExt, l.tool(), "tcp-ask", np, "20")

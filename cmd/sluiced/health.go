@@ -61,7 +61,9 @@ type agentState struct {
 	// leftoversBreaking and leftoversDormant are the gauge's sums by effect, for the status
 	// key ("unknown" counts as dormant there).
 	leftoversBreaking, leftoversDormant atomic.Int64
-	leftoverRemovals                    *prometheus.CounterVec
+	// leftoverBreaks are the breaking ones present, named by /readyz.
+	leftoverBreaks   breakingLeftovers
+	leftoverRemovals *prometheus.CounterVec
 	// service stage
 	serviceErrors    prometheus.Counter
 	conntrackDeleted prometheus.Counter
@@ -91,9 +93,10 @@ func (a *agentState) ready() bool {
 	return ok
 }
 
-// readiness says whether the node is ready and, when not, why: its routes (routesReadiness)
-// and, with services on, the service stage. A node whose node ports are dead is not ready,
-// though its routes are programmed: whatever watches /readyz must see it.
+// readiness says whether the node is ready and, when not, why: its routes (routesReadiness),
+// with services on the service stage, and other software's leftovers that break one of
+// sluice's paths. A node whose node ports are dead is not ready, though its routes are
+// programmed: whatever watches /readyz must see it.
 func (a *agentState) readiness() (bool, string) {
 	if ok, why := a.routesReadiness(); !ok {
 		return false, why
@@ -102,6 +105,9 @@ func (a *agentState) readiness() (bool, string) {
 		if ok, _, why := a.svc.status(); !ok {
 			return false, "service stage not working (routes are programmed; node ports and cluster IPs are not): " + why
 		}
+	}
+	if why := a.leftoverBreaks.why(); why != "" {
+		return false, why
 	}
 	return true, ""
 }

@@ -49,7 +49,7 @@ func TestReportHookLeftover(t *testing.T) {
 	step := func(cf bpf.Conflict, level string, says []string, b, d, r float64) {
 		t.Helper()
 		buf.Reset()
-		reportHookLeftover(log, state, cf)
+		state.reportLeftover(log, hookLeftover(cf))
 		line := buf.String()
 		if !strings.Contains(line, `"level":"`+level+`"`) {
 			t.Errorf("%s: logged %s, want level %s", cf, line, level)
@@ -66,15 +66,19 @@ func TestReportHookLeftover(t *testing.T) {
 		if st := state.status("node-a", new(int64)); st.LeftoversBreaking != int(b) || st.LeftoversDormant != int(d) {
 			t.Errorf("%s: status key counts %d breaking, %d dormant; want %v, %v", cf, st.LeftoversBreaking, st.LeftoversDormant, b, d)
 		}
+		// /readyz names a breaking one while it is there.
+		if why := state.leftoverBreaks.why(); (why != "") != (b > 0) || b > 0 && !strings.Contains(why, "cil_from_netdev (cilium): node ports arriving on eth1") {
+			t.Errorf("%s: /readyz would say %q with %v breaking", cf, why, b)
+		}
 	}
 	step(cil, "warn", []string{"bpftool link detach id 9 (or run with --clean-conflicts)", `"owner":"cilium"`, "node ports arriving on eth1"}, 1, 0, 0)
-	step(op, "info", []string{"dormant behind sluice's", `"owner":"unknown"`, "bpftool link detach id 10"}, 1, 1, 0)
+	step(op, "info", []string{"present, dormant", `"owner":"unknown"`, "bpftool link detach id 10"}, 1, 1, 0)
 	gone := cil
 	gone.Gone = true
 	step(gone, "info", []string{"is gone"}, 0, 1, 0)
 	rm := cil
 	rm.Removed = true
-	step(rm, "warn", []string{"removed another program"}, 0, 1, 1)
+	step(rm, "warn", []string{"removed a leftover"}, 0, 1, 1)
 	failed := cil
 	failed.Err = errors.New("attached without a link")
 	step(failed, "error", []string{"could not remove", "attached without a link"}, 1, 1, 1)
@@ -148,19 +152,19 @@ func TestReportRouteLeftover(t *testing.T) {
 		}
 		return m.Gauge.GetValue()
 	}
-	reportRouteLeftover(zerolog.New(&buf), state, dev)
+	state.reportLeftover(zerolog.New(&buf), routeLeftover(dev))
 	if gauge() != 1 || state.leftoversBreaking.Load() != 1 || !strings.Contains(buf.String(), "ip link del vxlan.calico") {
 		t.Fatalf("found: gauge %v, status %d, log %s", gauge(), state.leftoversBreaking.Load(), buf.String())
 	}
 	gone := dev
 	gone.Gone = true
-	reportRouteLeftover(zerolog.New(&buf), state, gone)
+	state.reportLeftover(zerolog.New(&buf), routeLeftover(gone))
 	if gauge() != 0 || state.leftoversBreaking.Load() != 0 || !strings.Contains(buf.String(), "is gone") {
 		t.Fatalf("gone: gauge %v, status %d, log %s", gauge(), state.leftoversBreaking.Load(), buf.String())
 	}
 	removed := dev
 	removed.Removed = true
-	reportRouteLeftover(zerolog.New(&buf), state, removed)
+	state.reportLeftover(zerolog.New(&buf), routeLeftover(removed))
 	var m dto.Metric
 	if err := state.leftoverRemovals.WithLabelValues("device", "calico").Write(&m); err != nil || m.Counter.GetValue() != 1 || gauge() != 0 {
 		t.Fatalf("removed: counter %v, gauge %v (%v)", m.Counter.GetValue(), gauge(), err)

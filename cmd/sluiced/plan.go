@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -198,8 +197,8 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 	}
 	cfg.OnKernelLatency = func(d time.Duration) { state.kernelDelay.Observe(d.Seconds()) }
 	cfg.OnRepair = (&repairLog{log: log}).heard
-	cfg.OnNetfilter = func(n dataplane.NetfilterLeftover) { reportNetfilterLeftover(log, state, n) }
-	cfg.OnLeftover = func(l dataplane.Leftover) { reportRouteLeftover(log, state, l) }
+	cfg.OnNetfilter = func(n dataplane.NetfilterLeftover) { state.reportLeftover(log, netfilterLeftover(n)) }
+	cfg.OnLeftover = func(l dataplane.Leftover) { state.reportLeftover(log, routeLeftover(l)) }
 	cfg.Routes.Reporter = routeConflicts{log: log, count: state.leftovers}
 	dp := dataplane.New(k, cfg)
 	var loops sync.WaitGroup
@@ -261,7 +260,7 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Warn().Err(err).Int("writes", writes).Msg("service stage apply failed; retrying with backoff")
 		}
 	}
-	cfg.OnConflict = func(cf bpf.Conflict) { reportHookLeftover(log, state, cf) }
+	cfg.OnConflict = func(cf bpf.Conflict) { state.reportLeftover(log, hookLeftover(cf)) }
 	cfg.OnClean = func(st bpf.CleanStats, err error) {
 		state.conntrackDeleted.Add(float64(st.Deleted))
 		if err != nil {
@@ -393,125 +392,5 @@ func (r *repairLog) flushLocked() {
 	if r.held > 0 {
 		r.log.Info().Int("count", r.held).Msg("and more deleted by someone, put back (not each logged)")
 		r.held = 0
-	}
-}
-
-// reportHookLeftover logs another program found on (or gone from, or removed from) a hook
-// the service stage holds, and keeps the gauge of those present and the removal counter.
-func reportHookLeftover(log zerolog.Logger, state *agentState, cf bpf.Conflict) {
-	owner := cf.Owner
-	if owner == "" {
-		owner = "unknown"
-	}
-	l := log.With().Str("kind", cf.Kind).Str("what", cf.What).Str("hook", cf.Where()).Str("owner", owner).
-		Str("effect", cf.Effect()).Str("breaks", cf.Breaks).Logger()
-	gauge := state.leftoverGauge(cf.Kind, owner, cf.Effect())
-	switch {
-	case cf.Gone:
-		gauge.Dec()
-		l.Info().Msg("another program on a hook sluice uses is gone")
-	case cf.Removed:
-		state.leftoverRemovals.WithLabelValues(cf.Kind, owner).Inc()
-		l.Warn().Msg("removed another program on a hook sluice uses")
-	case cf.Err != nil:
-		gauge.Inc()
-		l.Error().Err(cf.Err).Str("fix", cf.Fix).Msg("could not remove another program on a hook sluice uses")
-	case cf.Breaking:
-		gauge.Inc()
-		fix := cf.Fix
-		if cf.Removable() {
-			fix += " (or run with --clean-conflicts)"
-		}
-		l.Warn().Str("fix", fix).Msg("another program on a hook sluice uses can take its traffic before sluice's")
-	default:
-		gauge.Inc()
-		l.Info().Str("fix", cf.Fix).Msg("another program on a hook sluice uses is dormant behind sluice's")
-	}
-}
-
-// reportNetfilterLeftover logs another product's netfilter chains found (or gone, or
-// removed), and keeps the gauge of those present and the removal counter.
-func reportNetfilterLeftover(log zerolog.Logger, state *agentState, n dataplane.NetfilterLeftover) {
-	owner := n.Owner
-	if owner == "" {
-		owner = "unknown"
-	}
-	breaks := strings.Join(n.Breaks, "; ")
-	gauge := state.leftoverGauge("netfilter", owner, n.Effect())
-	switch {
-	case n.Gone:
-		gauge.Dec()
-		log.Info().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Msg("another product's netfilter chains are gone")
-	case n.Removed:
-		state.leftoverRemovals.WithLabelValues("netfilter", owner).Inc()
-		log.Warn().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("breaks", breaks).
-			Msg("removed another product's netfilter chains")
-	case n.Err != nil:
-		gauge.Inc()
-		log.Error().Err(n.Err).Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("fix", n.Fix).
-			Msg("could not remove another product's netfilter chains")
-	case n.Breaking:
-		gauge.Inc()
-		fix := n.Fix
-		if n.Removable() {
-			fix += " (or run with --clean-conflicts)"
-		}
-		log.Warn().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("breaks", breaks).Str("fix", fix).
-			Msg("another product's netfilter rules break sluice's traffic")
-	default:
-		gauge.Inc()
-		log.Info().Str("kind", "netfilter").Str("what", n.String()).Str("owner", owner).Str("effect", n.Effect()).Str("breaks", breaks).
-			Str("fix", n.Fix).Msg("another product's netfilter chains are present")
-	}
-}
-
-// leftoverGauge is the present-leftovers gauge of one kind, owner and effect, whose changes
-// also move the status key's counts.
-func (a *agentState) leftoverGauge(kind, owner, effect string) leftoverCount {
-	c := &a.leftoversDormant
-	if effect == "breaking" {
-		c = &a.leftoversBreaking
-	}
-	return leftoverCount{a.leftoversPresent.WithLabelValues(kind, owner, effect), c}
-}
-
-type leftoverCount struct {
-	g prometheus.Gauge
-	n *atomic.Int64
-}
-
-func (c leftoverCount) Inc() { c.g.Inc(); c.n.Add(1) }
-func (c leftoverCount) Dec() { c.g.Dec(); c.n.Add(-1) }
-
-// reportRouteLeftover logs another program's route, device or rule in sluice's way (found,
-// removed, or gone), and keeps the gauge of those present and the removal counter.
-func reportRouteLeftover(log zerolog.Logger, state *agentState, l dataplane.Leftover) {
-	owner := l.Owner
-	if owner == "" {
-		owner = "unknown"
-	}
-	effect := "breaking"
-	if l.Dormant {
-		effect = "dormant"
-	}
-	gauge := state.leftoverGauge(l.Kind, owner, effect)
-	switch {
-	case l.Gone:
-		gauge.Dec()
-		log.Info().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("a leftover of other networking software is gone")
-	case l.Removed:
-		state.leftoverRemovals.WithLabelValues(l.Kind, owner).Inc()
-		log.Warn().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("removed a leftover of other networking software")
-	case l.Err != nil:
-		gauge.Inc()
-		log.Error().Err(l.Err).Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Msg("could not remove a leftover of other networking software")
-	case l.Dormant:
-		gauge.Inc()
-		log.Info().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Str("fix", l.Fix).
-			Msg("a leftover of other networking software is present (dormant)")
-	default:
-		gauge.Inc()
-		log.Warn().Str("kind", l.Kind).Str("leftover", l.What).Str("owner", owner).Str("fix", l.Fix).
-			Msg("leftover of other networking software breaks sluice's routes")
 	}
 }
