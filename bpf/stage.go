@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/dataplane"
 	"github.com/vishvananda/netlink"
 )
 
@@ -99,7 +100,7 @@ type Stage struct {
 	reserveProblem string
 
 	mu        sync.Mutex
-	conflicts map[string]Conflict // reported and still there, by Conflict.Key
+	conflicts dataplane.Sightings[Conflict] // reported and still there
 	hostIP    netip.Addr
 	hostIP6   netip.Addr
 	// why is what keeps the stage from doing its whole job after the last apply ("": nothing).
@@ -198,7 +199,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 		health = healthcheck.New()
 	}
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
-		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1), conflicts: map[string]Conflict{},
+		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1),
 		Health: health, why: "not programmed yet", sockUnusable: sockUnusable}
 	s.CT.Live = s.Svc.LiveEndpoint
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
@@ -462,26 +463,26 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 	}
 	s.repairs.Pins = s.Repins
 	s.hooks = s.att.Hooks()
-	// Each conflict is reported when it appears and when it goes (a removed one is not
-	// reported again: its removal was).
-	seen := map[string]Conflict{}
+	// Each conflict is reported when it appears and when it goes; a removed one, when it is
+	// removed (and as gone, if it was seen before).
+	kept := conflicts[:0]
 	for _, c := range conflicts {
-		key := c.Key()
-		_, known := s.conflicts[key]
-		if !c.Removed {
-			seen[key] = c
+		if c.Removed {
+			if s.cfg.OnConflict != nil {
+				s.cfg.OnConflict(c)
+			}
+			continue
 		}
-		if (!known || c.Removed) && s.cfg.OnConflict != nil {
-			s.cfg.OnConflict(c)
-		}
+		kept = append(kept, c)
 	}
-	for key, c := range s.conflicts {
-		if _, still := seen[key]; !still && s.cfg.OnConflict != nil {
+	s.conflicts.Pass(kept, Conflict.Key, Conflict.Effect, func(c Conflict, gone bool) {
+		if gone {
 			c.Gone, c.Err = true, nil
+		}
+		if s.cfg.OnConflict != nil {
 			s.cfg.OnConflict(c)
 		}
-	}
-	s.conflicts = seen
+	})
 	s.mu.Unlock()
 	s.hooksOK = aerr == nil && perr == nil && serr == nil
 	return aerr, perr, serr

@@ -95,12 +95,12 @@ type Dataplane struct {
 	locals  map[string]int // workload interfaces with local routes, and how many
 	sysctls map[string]string
 	stats   Stats
-	// reportedLeftovers keys the leftovers already reported; removedLeftovers when each was
-	// last removed (a program that puts its route back is not fought in a tight loop).
-	reportedLeftovers map[string]Leftover
-	removedLeftovers  map[string]time.Time
-	// netfilter are the netfilter leftovers reported and still there, by key.
-	netfilter map[string]NetfilterLeftover
+	// leftovers and netfilter are the leftovers reported and still there; removedLeftovers
+	// when each was last removed (a program that puts its route back is not fought in a
+	// tight loop).
+	leftovers        Sightings[Leftover]
+	netfilter        Sightings[NetfilterLeftover]
+	removedLeftovers map[string]time.Time
 	// vxlanIndex and vxlan6Index are the VXLAN devices' indexes as of the last apply (for
 	// neighbour events).
 	vxlanIndex, vxlan6Index int
@@ -148,7 +148,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	rt := NewRouteTable(k, cfg.Routes)
 	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
-		locals: map[string]int{}, sysctls: map[string]string{}, reportedLeftovers: map[string]Leftover{}, removedLeftovers: map[string]time.Time{}, netfilter: map[string]NetfilterLeftover{},
+		locals: map[string]int{}, sysctls: map[string]string{}, removedLeftovers: map[string]time.Time{},
 		kick: make(chan struct{}, 1)}
 	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
 		d.nat = newOutgoingNAT(nk, cfg.NAT)

@@ -192,9 +192,8 @@ func (d *Dataplane) handleNetfilter() {
 		return
 	}
 	found, _ := FindNetfilter(c, NetfilterView{SocketProgramsOff: d.cfg.SocketProgramsOff}) // what could be read is judged; a table that could not is left
-	seen := map[string]NetfilterLeftover{}
+	kept := found[:0]
 	for _, n := range found {
-		key := n.Key()
 		if d.cfg.CleanConflicts && n.Removable() {
 			n.Err = n.Remove(c)
 			n.Removed = n.Err == nil
@@ -203,22 +202,14 @@ func (d *Dataplane) handleNetfilter() {
 				continue
 			}
 		}
-		if old, known := d.netfilter[key]; !known || old.Effect() != n.Effect() {
-			if known { // judged otherwise now: the old judgement goes first
-				old.Gone, old.Err = true, nil
-				d.cfg.OnNetfilter(old)
-			}
-			d.cfg.OnNetfilter(n)
-		}
-		seen[key] = n
+		kept = append(kept, n)
 	}
-	for key, n := range d.netfilter {
-		if _, still := seen[key]; !still {
+	d.netfilter.Pass(kept, NetfilterLeftover.Key, NetfilterLeftover.Effect, func(n NetfilterLeftover, gone bool) {
+		if gone {
 			n.Gone, n.Err = true, nil
-			d.cfg.OnNetfilter(n)
 		}
-	}
-	d.netfilter = seen
+		d.cfg.OnNetfilter(n)
+	})
 }
 
 // handleLeftovers reports new leftovers and, when allowed, removes them. It returns whether
@@ -230,7 +221,7 @@ func (d *Dataplane) handleLeftovers() bool {
 		return false
 	}
 	removed := false
-	seen := map[string]Leftover{}
+	kept := found[:0]
 	for _, l := range found {
 		// A device is removed only when its owner is known (an unknown one may be someone's
 		// on purpose); a route over sluice's destinations through another program's device
@@ -245,30 +236,23 @@ func (d *Dataplane) handleLeftovers() bool {
 			l.Removed = l.Err == nil
 			removed = removed || l.Removed
 		}
-		if !l.Removed {
-			seen[l.Key] = l
-		}
-		if _, known := d.reportedLeftovers[l.Key]; known && !l.Removed {
-			continue
-		}
-		if !l.Removed {
-			d.reportedLeftovers[l.Key] = l
-		}
-		if d.cfg.OnLeftover != nil {
-			d.cfg.OnLeftover(l)
-		}
-	}
-	// Reported and no longer found (removed by someone, or by sluice at an earlier pass):
-	// said once more, as gone.
-	for key, l := range d.reportedLeftovers {
-		if _, still := seen[key]; !still {
-			delete(d.reportedLeftovers, key)
+		if l.Removed {
 			if d.cfg.OnLeftover != nil {
-				l.Gone, l.Err = true, nil
 				d.cfg.OnLeftover(l)
 			}
+			continue
 		}
+		kept = append(kept, l)
 	}
+	d.leftovers.Pass(kept, func(l Leftover) string { return l.Key }, func(l Leftover) string { return fmt.Sprint(l.Dormant) },
+		func(l Leftover, gone bool) {
+			if gone {
+				l.Gone, l.Err = true, nil
+			}
+			if d.cfg.OnLeftover != nil {
+				d.cfg.OnLeftover(l)
+			}
+		})
 	return removed
 }
 
