@@ -345,21 +345,7 @@ func TestCgroupLeftovers(t *testing.T) {
 	if err != nil {
 		t.Skipf("no SO_NETNS_COOKIE: %v", err)
 	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
+	ln := skHello(t, "tcp4", "127.0.0.1:0", nil)
 	o, err := Load("", MapSizes{Frontends: 64, Backends: 64, SourceRanges: 64, ClusterNets: 64, Affinity: 64, Conntrack: 64})
 	if err != nil {
 		t.Fatal(err)

@@ -35,21 +35,7 @@ type sk6Server struct {
 
 func sk6Serve(t *testing.T, network string, addr string) sk6Server {
 	t.Helper()
-	ln, err := net.Listen("tcp"+network, net.JoinHostPort(addr, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
+	ln := skHello(t, "tcp"+network, net.JoinHostPort(addr, "0"), nil)
 	u, err := net.ListenUDP("udp"+network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(addr), 0)))
 	if err != nil {
 		t.Fatal(err)

@@ -165,23 +165,8 @@ func TestSockNAT(t *testing.T) {
 	}
 
 	// The backends: a TCP server that greets, a UDP server that echoes, on lo.
-	tcpLn, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tcpLn.Close() })
 	accepted := make(chan net.Addr, 16)
-	go func() {
-		for {
-			c, err := tcpLn.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c.RemoteAddr()
-			c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
+	tcpLn := skHello(t, "tcp4", "127.0.0.1:0", accepted)
 	udpLn, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(tpAP("127.0.0.1:0")))
 	if err != nil {
 		t.Fatal(err)
@@ -483,4 +468,29 @@ func skRefusedDatagram(t *testing.T, network string, a netip.AddrPort) {
 	if n, from, err := u.ReadFromUDPAddrPort(buf); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("after sending to %v: read %q from %v, %v; want ECONNREFUSED", a, buf[:n], from, err)
 	}
+}
+
+// skHello listens on addr and answers each connection with "hello", then closes it; each
+// peer's address goes to accepted when it is not nil. The listener closes at cleanup.
+func skHello(t testing.TB, network, addr string, accepted chan<- net.Addr) net.Listener {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if accepted != nil {
+				accepted <- c.RemoteAddr()
+			}
+			c.Write([]byte("hello"))
+			c.Close()
+		}
+	}()
+	return ln
 }
