@@ -89,23 +89,33 @@ func TestHookViewClassify(t *testing.T) {
 	}
 }
 
-// TestHookLeftoversTraffic: programs other software leaves on the interface a node port's
-// clients come in by (node A's eth1), planted as Cilium and Calico leave them, beside an
-// operator's own: each is shown with traffic to break the node port or to be dormant, is
-// reported as such, and --clean-conflicts removes exactly the breaking ones whose owner is
-// recognisable; the node port then works and the operator's program is still there.
-func TestHookLeftoversTraffic(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
-	}
-	if err := HaveTCX(); err != nil {
-		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's positions are TestHookViewClassify's", err)
-	}
+// hookLeftoverWorld is the traffic world (benchTrafficWorldN) seen from node A's uplink eth1,
+// where the hook leftover tests plant other software's programs: the node port of service 0
+// (its endpoint on node A) from the client, and node A's stage restarted as an operator would
+// after a migration.
+type hookLeftoverWorld struct {
+	w    *benchTraffic
+	eth1 netlink.Link
+	// reach connects to the node port from the client and reads the endpoint's answer.
+	reach func() error
+	// inA runs f in node A's namespace, failing the test on its error.
+	inA func(f func() error)
+	// prog loads a program that only returns ret, named name.
+	prog func(name string, typ ebpf.ProgramType, ret int32) *ebpf.Program
+	// restart starts node A's stage again (in mode, when set) and returns what it reported,
+	// sorted by key.
+	restart func(clean bool, mode AttachMode) []Conflict
+	// render says each report on eth1's ingress as "kind effect owner removed=".
+	render func(cs []Conflict) []string
+}
+
+func newHookLeftoverWorld(t *testing.T) *hookLeftoverWorld {
 	// Services 0 and 1 carry the traffic; 10 keep the maps cheap to fill under emulation, and
 	// the IPv4 programs alone are loaded (verifying the IPv6 ones is most of a load there).
 	w := benchTrafficWorldN(t, 10, true)
+	h := &hookLeftoverWorld{w: w}
 	np := netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort)).String() // service 0: its endpoint on node A
-	reach := func() error {
+	h.reach = func() error {
 		return benchInNS(w.client, func() error {
 			c, err := net.DialTimeout("tcp", np, 700*time.Millisecond)
 			if err != nil {
@@ -121,16 +131,13 @@ func TestHookLeftoversTraffic(t *testing.T) {
 			return err
 		})
 	}
-	if err := reach(); err != nil {
-		t.Fatalf("the node port before any leftover: %v", err)
-	}
-	inA := func(f func() error) {
+	h.inA = func(f func() error) {
 		t.Helper()
 		if err := benchInNS(w.nodes[0], f); err != nil {
 			t.Fatal(err)
 		}
 	}
-	prog := func(name string, typ ebpf.ProgramType, ret int32) *ebpf.Program {
+	h.prog = func(name string, typ ebpf.ProgramType, ret int32) *ebpf.Program {
 		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: typ, License: "GPL",
 			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, ret), asm.Return()}})
 		if err != nil {
@@ -139,8 +146,132 @@ func TestHookLeftoversTraffic(t *testing.T) {
 		t.Cleanup(func() { p.Close() })
 		return p
 	}
-	var eth1 netlink.Link
-	inA(func() (err error) { eth1, err = netlink.LinkByName("eth1"); return err })
+	h.inA(func() (err error) { h.eth1, err = netlink.LinkByName("eth1"); return err })
+	h.restart = func(clean bool, mode AttachMode) []Conflict {
+		t.Helper()
+		var mu sync.Mutex
+		var got []Conflict
+		cfg := w.cfgs[0]
+		cfg.CleanConflicts = clean
+		if mode != "" {
+			cfg.Attach = mode
+		}
+		cfg.OnConflict = func(c Conflict) {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, c)
+		}
+		w.stages[0].Close()
+		h.inA(func() error {
+			st, err := StartStage(cfg)
+			if err != nil {
+				return err
+			}
+			w.stages[0] = st
+			t.Cleanup(st.Close)
+			st.OnUpdate(w.updates[0])
+			_, err = st.Apply()
+			return err
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		sort.Slice(got, func(i, j int) bool { return got[i].Key() < got[j].Key() })
+		return got
+	}
+	h.render = func(cs []Conflict) []string {
+		var out []string
+		for _, c := range cs {
+			if c.Hook.Iface == "eth1" && !c.Hook.Egress {
+				out = append(out, fmt.Sprintf("%s %s %s removed=%v", c.Kind, c.Effect(), c.Owner, c.Removed))
+			}
+		}
+		return out
+	}
+	return h
+}
+
+// TestHookLeftoversClassic: on the classic tc path (kernels before 6.6, or attach-mode tc),
+// filters run in the order the kernel lists them: by preference, and within sluice's
+// preference newest first. Cilium's filter added at sluice's preference after sluice's runs
+// first and, passing every packet up, breaks the node port; an operator's filter at a later
+// preference, dropping everything, never runs (sluice's program returns a verdict) and is
+// dormant. --clean-conflicts removes Cilium's only: the node port works and the operator's
+// filter stays.
+func TestHookLeftoversClassic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
+	}
+	h := newHookLeftoverWorld(t)
+	if st := h.w.stages[0]; st.Mode() != AttachTC {
+		h.restart(false, AttachTC)
+	}
+	if err := h.reach(); err != nil {
+		t.Fatalf("the node port on the classic path, before any leftover: %v", err)
+	}
+	filter := func(name string, pref uint16, handle uint32, ret int32) {
+		p := h.prog(name, ebpf.SchedCLS, ret)
+		h.inA(func() error {
+			return netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: h.eth1.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS,
+				Handle: handle, Protocol: unix.ETH_P_ALL, Priority: pref}, Fd: p.FD(), Name: name, DirectAction: true})
+		})
+	}
+	filter("op_drop", TCPriority+1, 1, 2 /* TC_ACT_SHOT */)
+	if err := h.reach(); err != nil {
+		t.Fatalf("the node port with an operator's dropping filter behind sluice's: %v", err)
+	}
+	filter("cil_from_netdev", TCPriority, 1, 0 /* TC_ACT_OK */)
+	if err := h.reach(); err == nil {
+		t.Fatal("the node port works with Cilium's filter passing every packet up ahead of sluice's")
+	}
+	want := []string{"tc-filter breaking cilium removed=false", "tc-filter dormant  removed=false"}
+	if r := h.render(h.restart(false, AttachTC)); !slices.Equal(r, want) {
+		t.Fatalf("reported on eth1 ingress %q, want %q", r, want)
+	}
+	var read []Conflict
+	h.inA(func() (err error) { read, err = HookConflicts(); return err })
+	if r := h.render(read); !slices.Equal(r, want) {
+		t.Errorf("HookConflicts (sluicectl leftovers) on eth1 ingress %q, want %q", r, want)
+	}
+	if err := h.reach(); err == nil {
+		t.Fatal("the node port works before the cleanup")
+	}
+	want = []string{"tc-filter breaking cilium removed=true", "tc-filter dormant  removed=false"}
+	if r := h.render(h.restart(true, AttachTC)); !slices.Equal(r, want) {
+		t.Fatalf("with --clean-conflicts, on eth1 ingress %q, want %q", r, want)
+	}
+	if err := h.reach(); err != nil {
+		t.Fatalf("the node port after the cleanup: %v", err)
+	}
+	var names []string
+	h.inA(func() error {
+		fs, err := tcFilters(Hook{Iface: "eth1", Ifindex: h.eth1.Attrs().Index})
+		for _, f := range fs {
+			names = append(names, fmt.Sprintf("%s pref %d", f.Name, f.Priority))
+		}
+		return err
+	})
+	if !slices.Equal(names, []string{fmt.Sprintf("sl_from_host pref %d", TCPriority), fmt.Sprintf("op_drop pref %d", TCPriority+1)}) {
+		t.Errorf("after the cleanup eth1 ingress holds %q; want sluice's filter, then the operator's", names)
+	}
+}
+
+// TestHookLeftoversTraffic: programs other software leaves on the interface a node port's
+// clients come in by (node A's eth1), planted as Cilium and Calico leave them, beside an
+// operator's own: each is shown with traffic to break the node port or to be dormant, is
+// reported as such, and --clean-conflicts removes exactly the breaking ones whose owner is
+// recognisable; the node port then works and the operator's program is still there.
+func TestHookLeftoversTraffic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
+	}
+	if err := HaveTCX(); err != nil {
+		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's positions are TestHookViewClassify's", err)
+	}
+	h := newHookLeftoverWorld(t)
+	w, reach, inA, prog, eth1, restart, render := h.w, h.reach, h.inA, h.prog, h.eth1, h.restart, h.render
+	if err := reach(); err != nil {
+		t.Fatalf("the node port before any leftover: %v", err)
+	}
 	tcx := func(p *ebpf.Program, anchor link.Anchor) link.Link {
 		var l link.Link
 		inA(func() (err error) {
@@ -191,46 +322,7 @@ func TestHookLeftoversTraffic(t *testing.T) {
 		return netlink.LinkSetXdpFdWithFlags(eth1, prog("cil_xdp_entry", ebpf.XDP, 2 /* XDP_PASS */).FD(), unix.XDP_FLAGS_SKB_MODE)
 	})
 
-	// Node A's stage restarted as an operator would after a migration: first reporting only,
-	// then with --clean-conflicts.
-	restart := func(clean bool) []Conflict {
-		t.Helper()
-		var mu sync.Mutex
-		var got []Conflict
-		cfg := w.cfgs[0]
-		cfg.CleanConflicts = clean
-		cfg.OnConflict = func(c Conflict) {
-			mu.Lock()
-			defer mu.Unlock()
-			got = append(got, c)
-		}
-		w.stages[0].Close()
-		inA(func() error {
-			st, err := StartStage(cfg)
-			if err != nil {
-				return err
-			}
-			w.stages[0] = st
-			t.Cleanup(st.Close)
-			st.OnUpdate(w.updates[0])
-			_, err = st.Apply()
-			return err
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		sort.Slice(got, func(i, j int) bool { return got[i].Key() < got[j].Key() })
-		return got
-	}
-	render := func(cs []Conflict) []string {
-		var out []string
-		for _, c := range cs {
-			if c.Hook.Iface == "eth1" && !c.Hook.Egress {
-				out = append(out, fmt.Sprintf("%s %s %s removed=%v", c.Kind, c.Effect(), c.Owner, c.Removed))
-			}
-		}
-		return out
-	}
-	got := restart(false)
+	got := restart(false, "")
 	want := []string{"tc-filter dormant calico removed=false", "tcx breaking cilium removed=false", "tcx dormant  removed=false",
 		"xdp breaking cilium removed=false"}
 	if r := render(got); !slices.Equal(r, want) {
@@ -251,7 +343,7 @@ func TestHookLeftoversTraffic(t *testing.T) {
 		t.Errorf("HookConflicts on eth1 ingress %q, want %q", r, want)
 	}
 
-	got = restart(true)
+	got = restart(true, "")
 	want = []string{"tc-filter dormant calico removed=false", "tcx breaking cilium removed=true", "tcx dormant  removed=false",
 		"xdp breaking cilium removed=true"}
 	if r := render(got); !slices.Equal(r, want) {
