@@ -117,8 +117,24 @@ func TestLeftoversReportedNotTouched(t *testing.T) {
 	})
 }
 
+// TestLeftoversCleaned: --clean-conflicts removes the route through cni0 over sluice's pool
+// and Calico's vxlan.calico on sluice's VNI and port; the decoys of the same kinds stay byte
+// for byte: Flannel's VXLAN device on another VNI and port, and an operator's ip rule.
 func TestLeftoversCleaned(t *testing.T) {
 	n := leftoverNode(t)
+	if err := n.h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "flannel.1"}, VxlanId: 1, Port: 8472}); err != nil {
+		t.Fatal(err)
+	}
+	ip := func(args ...string) string {
+		out, err := exec.Command("ip", append([]string{"-n", n.name}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+		return string(out)
+	}
+	ip("rule", "add", "priority", "200", "from", "198.51.100.0/24", "lookup", "300")
+	decoys := func() string { return ip("-d", "link", "show", "flannel.1") + ip("rule", "show") }
+	before := decoys()
 	d, log := runDataplane(t, n, true)
 	waitFor(t, "the leftovers removed and sluice's dataplane complete", func() bool {
 		out := n.routes(-1)
@@ -138,6 +154,9 @@ func TestLeftoversCleaned(t *testing.T) {
 	rs, _ := n.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: dst, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
 	if len(rs) != 1 || rs[0].Type != unix.RTN_BLACKHOLE {
 		t.Fatalf("the blackhole: %+v", rs)
+	}
+	if after := decoys(); after != before {
+		t.Errorf("the decoys changed:\n%s\nwere\n%s", after, before)
 	}
 }
 
