@@ -265,7 +265,7 @@ func TestHookLeftoversTraffic(t *testing.T) {
 		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
 	}
 	if err := HaveTCX(); err != nil {
-		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's positions are TestHookViewClassify's", err)
+		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's are TestHookLeftoversClassic's", err)
 	}
 	h := newHookLeftoverWorld(t)
 	w, reach, inA, prog, eth1, restart, render := h.w, h.reach, h.inA, h.prog, h.eth1, h.restart, h.render
