@@ -535,7 +535,7 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 	}
 	if err == nil {
 		addrs, _ := netlink.AddrList(l, netlink.FAMILY_ALL)
-		var ours, others []string
+		var ours []string
 		var held []netlink.Addr
 		for _, a := range addrs {
 			ip, ok := netip.AddrFromSlice(a.IP)
@@ -546,8 +546,6 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 			if frontends[ip] {
 				ours = append(ours, ip.String())
 				held = append(held, a)
-			} else {
-				others = append(others, ip.String())
 			}
 		}
 		c := Conflict{Kind: KindIPVS, Hook: Hook{Iface: "kube-ipvs0", Ifindex: l.Attrs().Index}, Owner: "kube-proxy",

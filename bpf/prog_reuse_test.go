@@ -97,7 +97,7 @@ func TestProgDirectAfterNodePort(t *testing.T) {
 				// Node A, where the client's packets to the pod may pass too: its direct SYN
 				// drops the closed flow's state there as well, so an answer leaving node A
 				// for the client is not turned into the node port's.
-				rc, out = a.fromHost("nic1", tpTCPFrame(tpMACEdge, tpMACA1, client, pod, tpSYN, 7000, 0, nil))
+				rc, _ = a.fromHost("nic1", tpTCPFrame(tpMACEdge, tpMACA1, client, pod, tpSYN, 7000, 0, nil))
 				if rc != tpOK {
 					t.Fatalf("node A: the direct SYN got verdict %d, want %d", rc, tpOK)
 				}

@@ -638,11 +638,6 @@ func indexKey(id uint64, v BackendValue) BackendIndex {
 	return BackendIndex{ListId: id, Addr: v.Addr, Port: v.Port}
 }
 
-// indexOf is the index an IPv4 list of more than AffinityScan entries wants (indexOfFam).
-func indexOf(id uint64, l []BackendValue) map[BackendIndex]uint32 {
-	return indexOfFam(family4(v4{}), id, l)
-}
-
 // readLocked reads every map into the trackers: adoption after a restart (what matches is
 // kept, only the difference is written) and drift repair.
 func (s *Services) readLocked() error {

@@ -359,11 +359,6 @@ type (
 	svtRouteKey netip.Prefix
 )
 
-func svtFKey(ap string, proto store.Protocol) calc.FrontendKey {
-	a := netip.MustParseAddrPort(ap)
-	return calc.FrontendKey{Addr: a.Addr(), Port: a.Port(), Protocol: proto}
-}
-
 // svtUpdates turns the steps into calc updates: the first is the full update of its sets,
 // the rest deltas in calc's order, removals carrying the object as it was.
 func svtUpdates(t *testing.T, steps []svtStep) []*calc.Update {

@@ -1311,9 +1311,9 @@ func testConntrackCleanup(t *testing.T, userSpace bool) {
 	fk, fv, rk, rv := pinnedFlow(t0-60*sec, t0)
 	fwd := stFlow{name: "forwarded", keys: []ConntrackKey{fk, rk}, vals: []ConntrackValue{fv, rv}}
 	// Forwarded the same way, idle longer than the established timeout at the first cleanup.
-	ofk, ofv, ork, orv := pinnedFlow(t0-est-60*sec, t0-est-2*sec)
+	ofk, ofv, _, orv := pinnedFlow(t0-est-60*sec, t0-est-2*sec)
 	ofk.Sport, ofv.NatSport = NetPort(40001), NetPort(20002)
-	ork = PairKey(ofk, ofv)
+	ork := PairKey(ofk, ofv)
 	orv.NatSport = ofk.Sport
 	old := stFlow{name: "forwarded, idle too long", keys: []ConntrackKey{ofk, ork}, vals: []ConntrackValue{ofv, orv}}
 	// A flow forwarded here from node-c (this node is the backend's node): a tunnel entry.

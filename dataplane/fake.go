@@ -336,15 +336,6 @@ func (f *FakeKernel) Links() ([]netlink.Link, error) {
 	return out, nil
 }
 
-// PutLink adds a link of any type as another program would, without counting a write.
-func (f *FakeKernel) PutLink(l netlink.Link) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	idx := f.addLinkLocked(l.Attrs().Name)
-	f.linkObj[l.Attrs().Name] = l
-	return idx
-}
-
 func (f *FakeKernel) LinkHoldingAddr(addr []byte) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -372,12 +372,6 @@ func (t *Tracker[K, V]) MarkDirty(k K) {
 // DesiredLen is how many keys are wanted.
 func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
 
-// IsActual says whether the kernel holds v at k, as far as the tracker knows.
-func (t *Tracker[K, V]) IsActual(k K, v V) bool {
-	have, ok := t.Actual(k)
-	return ok && t.equal(have, v)
-}
-
 // emptied returns m emptied: cleared when it is small, a new map when it held many keys. A Go
 // map never gives back its buckets, and ranging over it costs its capacity, so a set that held
 // a cold start's 20,000 keys would make every later small apply walk 20,000 empty slots.

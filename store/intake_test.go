@@ -128,8 +128,8 @@ func TestIntakeCompactedWhileDisconnected(t *testing.T) {
 	del(t, writer, keys["recreated"])
 	put(t, writer, keys["recreated"], nodeValue("recreated", "192.0.2.1/24", "")) // same value, new key version
 	put(t, writer, store.NodePrefix+"appears", nodeValue("appears", "192.0.2.3/24", ""))
-	rev := put(t, writer, store.NodePrefix+"scratch", nodeValue("scratch", "192.0.2.4/24", ""))
-	rev = del(t, writer, store.NodePrefix+"scratch") // born and gone while away: never seen
+	put(t, writer, store.NodePrefix+"scratch", nodeValue("scratch", "192.0.2.4/24", ""))
+	rev := del(t, writer, store.NodePrefix+"scratch") // born and gone while away: never seen
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := writer.Compact(ctx, rev); err != nil {

@@ -860,8 +860,7 @@ func (l *lab) faultNoCgroup2() error {
 	})
 	l.check(err == nil, "node-a itself reaches cluster IP 10.96.0.20:80 (socket programs on sluice's own cgroup2 mount)")
 	l.check(agent.stop() == nil, "stopped")
-	agent, err = l.startAgent("node-a")
-	if err != nil {
+	if _, err := l.startAgent("node-a"); err != nil {
 		return err
 	}
 	_, _, ok = l.waitReady("node-a", 200, 30*time.Second)

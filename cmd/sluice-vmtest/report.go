@@ -11,14 +11,13 @@ import (
 
 // stepOutput is one guest step as the transcript tells it.
 type stepOutput struct {
-	name   string
-	begun  bool
-	ended  bool
-	rc     int
-	secs   float64
-	err    string
-	lines  []string
-	result string
+	name  string
+	begun bool
+	ended bool
+	rc    int
+	secs  float64
+	err   string
+	lines []string
 }
 
 // stepsOf groups the transcript's lines by step.
@@ -186,7 +185,6 @@ type kernelResult struct {
 	err     string // a step of the harness that failed: download, extract, initramfs, boot, timeout
 	modules []string
 	bpf     *goTestRun
-	bpfRan  bool
 	smoke   *smokeRun
 	logs    []string
 	notes   []string
