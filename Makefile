@@ -17,8 +17,10 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
 
+# go vet, then staticcheck (a tool of go.mod: its version is pinned there).
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
