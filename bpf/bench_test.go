@@ -205,7 +205,7 @@ func BenchmarkServicesColdApply(b *testing.B) {
 func benchColdApply(b *testing.B, u *calc.Update, dual bool) {
 	cfg := benchConfig(0)
 	sizes := DefaultMapSizes
-	ft, fakes := FakeTables(sizes)
+	ft, fakes := MemTables(sizes)
 	fs := NewServices(ft, cfg)
 	fs.OnUpdate(u)
 	if err := fs.Apply(); err != nil {

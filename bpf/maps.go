@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -302,77 +301,6 @@ func walk[K comparable, V any](m *ebpf.Map, fn func(K, V)) error {
 
 func (t MapTable[K, V]) Max() int { return int(t.Map.MaxEntries()) }
 
-// FakeTable is an in-memory Table for tests: it holds max entries like the kernel's and fails
-// the operations Fail says.
-type FakeTable[K comparable, V any] struct {
-	mu      sync.Mutex
-	Entries map[K]V
-	Size    int
-	// Fail, when set, is asked before each operation ("put" or "delete") and its error
-	// returned instead.
-	Fail   func(op string, k K) error
-	Writes int
-}
-
-// NewFakeTable returns an empty fake of size max.
-func NewFakeTable[K comparable, V any](max int) *FakeTable[K, V] {
-	return &FakeTable[K, V]{Entries: map[K]V{}, Size: max}
-}
-
-func (t *FakeTable[K, V]) Put(k K, v V) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.Fail != nil {
-		if err := t.Fail("put", k); err != nil {
-			return err
-		}
-	}
-	if _, ok := t.Entries[k]; !ok && len(t.Entries) >= t.Size {
-		return ErrMapFull
-	}
-	t.Entries[k] = v
-	t.Writes++
-	return nil
-}
-
-// PutBatch writes entries one by one, stopping at the first failure, as the kernel does.
-func (t *FakeTable[K, V]) PutBatch(keys []K, vals []V) (int, error) {
-	for i := range keys {
-		if err := t.Put(keys[i], vals[i]); err != nil {
-			return i, err
-		}
-	}
-	return len(keys), nil
-}
-
-func (t *FakeTable[K, V]) Delete(k K) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.Fail != nil {
-		if err := t.Fail("delete", k); err != nil {
-			return err
-		}
-	}
-	if _, ok := t.Entries[k]; ok {
-		t.Writes++
-	}
-	delete(t.Entries, k)
-	return nil
-}
-
-func (t *FakeTable[K, V]) Dump() (map[K]V, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make(map[K]V, len(t.Entries))
-	for k, v := range t.Entries {
-		out[k] = v
-	}
-	return out, nil
-}
-
-func (t *FakeTable[K, V]) Len() int { t.mu.Lock(); defer t.mu.Unlock(); return len(t.Entries) }
-func (t *FakeTable[K, V]) Max() int { return t.Size }
-
 // Tables are the service maps the driver writes.
 type Tables struct {
 	Frontends Table[FrontendKey, FrontendValue]
@@ -428,49 +356,6 @@ func tables6Of(m map[string]*ebpf.Map) Tables6 {
 		SourceRanges: MapTable[SourceRangeKey6, uint32]{m["sl_src_v6"]},
 		ClusterNets:  MapTable[ClusterNetKey6, ClusterNetVal]{m["sl_cnet_v6"]},
 	}
-}
-
-// FakeTables returns in-memory tables of the given sizes.
-func FakeTables(s MapSizes) (Tables, *FakeSet) {
-	f := &FakeSet{
-		Frontends:    NewFakeTable[FrontendKey, FrontendValue](s.Frontends),
-		Backends:     NewFakeTable[BackendKey, BackendValue](s.Backends),
-		BackendIndex: NewFakeTable[BackendIndex, uint32](s.Backends),
-		SourceRanges: NewFakeTable[SourceRangeKey, uint32](s.SourceRanges),
-		ClusterNets:  NewFakeTable[ClusterNetKey, ClusterNetVal](s.ClusterNets),
-		Settings:     NewFakeTable[uint32, Settings](1),
-		Settings6:    NewFakeTable[uint32, Settings6](1),
-		V6: FakeSet6{
-			Frontends:    NewFakeTable[FrontendKey6, FrontendValue](s.Frontends),
-			Backends:     NewFakeTable[BackendKey, BackendValue6](s.Backends),
-			BackendIndex: NewFakeTable[BackendIndex6, uint32](s.Backends),
-			SourceRanges: NewFakeTable[SourceRangeKey6, uint32](s.SourceRanges),
-			ClusterNets:  NewFakeTable[ClusterNetKey6, ClusterNetVal](s.ClusterNets),
-		},
-	}
-	return Tables{f.Frontends, f.Backends, f.BackendIndex, f.SourceRanges, f.ClusterNets, f.Settings,
-		Tables6{f.V6.Frontends, f.V6.Backends, f.V6.BackendIndex, f.V6.SourceRanges, f.V6.ClusterNets}, f.Settings6}, f
-}
-
-// FakeSet holds the fakes behind FakeTables.
-type FakeSet struct {
-	Frontends    *FakeTable[FrontendKey, FrontendValue]
-	Backends     *FakeTable[BackendKey, BackendValue]
-	BackendIndex *FakeTable[BackendIndex, uint32]
-	SourceRanges *FakeTable[SourceRangeKey, uint32]
-	ClusterNets  *FakeTable[ClusterNetKey, ClusterNetVal]
-	Settings     *FakeTable[uint32, Settings]
-	Settings6    *FakeTable[uint32, Settings6]
-	V6           FakeSet6
-}
-
-// FakeSet6 holds the IPv6 fakes behind FakeTables.
-type FakeSet6 struct {
-	Frontends    *FakeTable[FrontendKey6, FrontendValue]
-	Backends     *FakeTable[BackendKey, BackendValue6]
-	BackendIndex *FakeTable[BackendIndex6, uint32]
-	SourceRanges *FakeTable[SourceRangeKey6, uint32]
-	ClusterNets  *FakeTable[ClusterNetKey6, ClusterNetVal]
 }
 
 // Render returns the tables as sorted text, one entry a line, for transition tests and

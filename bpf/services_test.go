@@ -199,12 +199,12 @@ type svtDriver struct {
 	t      *testing.T
 	s      *Services
 	tables Tables
-	fakes  *FakeSet
+	fakes  *MemSet
 }
 
 func newSvtDriver(t *testing.T) *svtDriver {
 	t.Helper()
-	tables, fakes := FakeTables(svtSizes)
+	tables, fakes := MemTables(svtSizes)
 	return &svtDriver{t: t, s: NewServices(tables, svtConfig()), tables: tables, fakes: fakes}
 }
 
@@ -251,7 +251,7 @@ func svtFresh(t *testing.T, st *svtState) (text string, problems map[string]stri
 
 // svtDangling lists the frontends in the fakes that point at a missing backend entry: a
 // packet there would meet a half-written service.
-func svtDangling(f *FakeSet) []string {
+func svtDangling(f *MemSet) []string {
 	fe, _ := f.Frontends.Dump()
 	be, _ := f.Backends.Dump()
 	var out []string
@@ -1170,7 +1170,7 @@ func svtWithout(t *testing.T, text, prefix string) string {
 
 // svtIndexProblems compares the backend index with the lists: every entry's address names
 // its first ordinal, and nothing else is there.
-func svtIndexProblems(f *FakeSet) []string {
+func svtIndexProblems(f *MemSet) []string {
 	return indexProblems(f.Backends.Entries, f.BackendIndex.Entries)
 }
 
@@ -1316,7 +1316,7 @@ func TestServicesMapFull(t *testing.T) {
 	next := svtStateOf(web, dns, shop)
 	sizes := svtSizes
 	sizes.Frontends = 4 // web's and dns's entries, each with its address-only entry
-	tables, fakes := FakeTables(sizes)
+	tables, fakes := MemTables(sizes)
 	d := &svtDriver{t: t, s: NewServices(tables, svtConfig()), tables: tables, fakes: fakes}
 	d.s.OnUpdate(svtDiff(nil, base))
 	d.apply()
@@ -1363,7 +1363,7 @@ func TestServicesColdStartMapFull(t *testing.T) {
 	all := svtStateOf(web, dns, shop)
 	sizes := svtSizes
 	sizes.Frontends = 4 // of the 5 entries (two cluster IPs with their address-only entries, one LB)
-	tables, fakes := FakeTables(sizes)
+	tables, fakes := MemTables(sizes)
 	d := &svtDriver{t: t, s: NewServices(tables, svtConfig()), tables: tables, fakes: fakes}
 	d.s.OnUpdate(svtDiff(nil, all))
 	err := d.s.Apply()
@@ -1659,7 +1659,7 @@ func TestServicesNotProgrammed(t *testing.T) {
 
 // svtConsistent checks every frontend's counts against its list: the local set and the
 // cluster set lie inside the list, and every entry exists.
-func svtConsistent(t *testing.T, f *FakeSet) {
+func svtConsistent(t *testing.T, f *MemSet) {
 	t.Helper()
 	for k, v := range f.Frontends.Entries {
 		if v.Flags&FrontendAddrOnly == 0 && (v.ClusterStart > v.Local || v.Local > v.Count) {

@@ -303,7 +303,7 @@ func stStandard() *calc.Update {
 // kernel must hold.
 func stFakeRender(t *testing.T, cfg StageConfig, us ...*calc.Update) string {
 	t.Helper()
-	ft, _ := FakeTables(MapSizes{Frontends: 1 << 16, Backends: 1 << 16, SourceRanges: 1 << 16, ClusterNets: 1 << 16})
+	ft, _ := MemTables(MapSizes{Frontends: 1 << 16, Backends: 1 << 16, SourceRanges: 1 << 16, ClusterNets: 1 << 16})
 	svc := NewServices(ft, cfg.Services)
 	for _, u := range us {
 		svc.OnUpdate(u)

@@ -443,3 +443,30 @@ func TestSightings(t *testing.T) {
 		}
 	}
 }
+
+// TestOrdinaryRoutesAreNotLeftovers: a second card's connected subnet, a VPN's split default
+// route and an operator's override at the same destination are left alone, even with
+// --clean-conflicts.
+func TestOrdinaryRoutesAreNotLeftovers(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("eth1", "10.0.0.1/8")
+	n.iface("tun0", "")
+	n.iface("cali-web-1", "")
+	for _, r := range []string{"0.0.0.0/1 dev tun0", "10.65.0.0/26 via 192.0.2.254 dev eth0 metric 10"} {
+		if out, err := exec.Command("ip", append([]string{"-n", n.name, "route", "add"}, strings.Fields(r)...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+	}
+	d, log := runDataplane(t, n, true)
+	waitFor(t, "sync", d.Synced)
+	if got := append(log.keys(false), log.keys(true)...); len(got) != 0 {
+		t.Fatalf("ordinary routes taken for leftovers: %v", got)
+	}
+	out := n.routes(-1)
+	for _, want := range []string{"10.0.0.0/8 dev eth1", "0.0.0.0/1 dev tun0", "10.65.0.0/26 via 192.0.2.254 dev eth0 proto 3 metric 10"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("%q was removed:\n%s", want, out)
+		}
+	}
+}

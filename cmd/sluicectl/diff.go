@@ -106,7 +106,7 @@ func diffServiceMaps(full *calc.Update, cfg bpf.Config, sizes bpf.MapSizes, pinD
 	if full == nil {
 		full = &calc.Update{Full: true}
 	}
-	tables, _ := bpf.FakeTables(sizes)
+	tables, _ := bpf.MemTables(sizes)
 	svc := bpf.NewServices(tables, cfg)
 	svc.OnUpdate(full)
 	if err := svc.Apply(); err != nil {

@@ -1,0 +1,63 @@
+package dataplane
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// RenderNexthop prints a nexthop object like `ip nexthop` does, with the device by name.
+func RenderNexthop(n Nexthop, names map[int]string) string {
+	if n.Other {
+		return fmt.Sprintf("id %d (a group, blackhole or FDB nexthop) proto %d", n.ID, n.Protocol)
+	}
+	dev := names[n.Link]
+	if dev == "" {
+		dev = fmt.Sprintf("if%d", n.Link)
+	}
+	line := fmt.Sprintf("id %d via %s dev %s proto %d", n.ID, n.Gw, dev, n.Protocol)
+	if n.OnLink {
+		line += " onlink"
+	}
+	return line
+}
+
+// RenderRoute prints a route like `ip route` does, with the device by name.
+func RenderRoute(r Route, names map[int]string) string {
+	var b strings.Builder
+	switch r.Type {
+	case unix.RTN_BLACKHOLE:
+		b.WriteString("blackhole ")
+	case unix.RTN_UNREACHABLE:
+		b.WriteString("unreachable ")
+	case unix.RTN_PROHIBIT:
+		b.WriteString("prohibit ")
+	}
+	b.WriteString(r.Dst.String())
+	if r.NH != 0 {
+		fmt.Fprintf(&b, " nhid %d", r.NH)
+	}
+	if r.Gw != nil {
+		b.WriteString(" via " + r.Gw.String())
+	}
+	if r.Type == unix.RTN_UNICAST && r.LinkIndex != 0 {
+		n := names[r.LinkIndex]
+		if n == "" {
+			n = fmt.Sprintf("if%d", r.LinkIndex)
+		}
+		b.WriteString(" dev " + n)
+	}
+	fmt.Fprintf(&b, " proto %d", r.Protocol)
+	if r.Scope == netlink.SCOPE_LINK {
+		b.WriteString(" scope link")
+	}
+	if r.Priority != 0 {
+		fmt.Fprintf(&b, " metric %d", r.Priority)
+	}
+	if r.Flags&unix.RTNH_F_ONLINK != 0 {
+		b.WriteString(" onlink")
+	}
+	return b.String()
+}
