@@ -13,7 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cloudflare/ipvs"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/nlutil"
 	"github.com/vishvananda/netlink"
 )
 
@@ -190,7 +190,7 @@ func isHookPin(name string) bool {
 // Sync attaches to every wanted interface present now and detaches from every other one.
 // It returns the conflicts found on the hooks it holds.
 func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
-	links, err := dataplane.DumpAgain(netlink.LinkList)
+	links, err := nlutil.DumpAgain(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}

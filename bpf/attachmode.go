@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/nlutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -191,7 +191,7 @@ func linkFilters(links []netlink.Link) (map[Hook][]tcFilter, error) {
 // SluiceFilters returns the hooks of this namespace's interfaces that hold sluice's classic
 // filter (left by a run in tc mode).
 func SluiceFilters() ([]Hook, error) {
-	links, err := dataplane.DumpAgain(netlink.LinkList)
+	links, err := nlutil.DumpAgain(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cloudflare/ipvs"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/nlutil"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -335,7 +335,7 @@ func tcxPrograms(h Hook) []tcxProg {
 // programs on it, as the agent does: what `sluicectl leftovers` shows on a node, without the
 // agent. Nothing is removed.
 func HookConflicts() ([]Conflict, error) {
-	links, err := dataplane.DumpAgain(netlink.LinkList)
+	links, err := nlutil.DumpAgain(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing interfaces: %w", err)
 	}

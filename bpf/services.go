@@ -11,7 +11,7 @@ import (
 	"sync"
 
 	"github.com/sluice-net/sluice/calc"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/tracker"
 	"github.com/sluice-net/sluice/store"
 )
 
@@ -119,10 +119,10 @@ type Services struct {
 	// The maps of each family: IPv4's and IPv6's.
 	v4       *famMaps4
 	v6       *famMaps6
-	settings *dataplane.Tracker[uint32, Settings]
+	settings *tracker.Tracker[uint32, Settings]
 	// settings6 are the IPv6 tunnel's (sl_cfg_v6): this node's IPv6 underlay address and
 	// the inner MTU over it.
-	settings6 *dataplane.Tracker[uint32, Settings6]
+	settings6 *tracker.Tracker[uint32, Settings6]
 	svcIDs    map[uint64]*idOwner
 	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
 	self      map[netip.Prefix]bool              // this node's own addresses (both families)
@@ -164,8 +164,8 @@ func NewServices(t Tables, cfg Config) *Services {
 func (s *Services) reset() {
 	s.v4.reset()
 	s.v6.reset()
-	s.settings = dataplane.NewTracker[uint32, Settings](func(a, b Settings) bool { return a == b })
-	s.settings6 = dataplane.NewTracker[uint32, Settings6](func(a, b Settings6) bool { return a == b })
+	s.settings = tracker.New[uint32, Settings](func(a, b Settings) bool { return a == b })
+	s.settings6 = tracker.New[uint32, Settings6](func(a, b Settings6) bool { return a == b })
 	s.svcIDs = map[uint64]*idOwner{}
 	s.refused = map[calc.FrontendKey]calc.Frontend{}
 	s.self = map[netip.Prefix]bool{}
@@ -595,30 +595,28 @@ func (s *Services) Apply() error {
 			errs = append(errs, errors.New("more failures not shown"))
 		}
 	}
-	wrote := func(err error) bool {
-		if err == nil {
-			s.stats.Writes++
-		}
-		return err == nil
-	}
-	never := func(uint32, Settings) bool { return false }
-	s.settings.Pending(func(k uint32, v Settings) bool {
+	// wrote counts one write the kernel confirmed; the settings are never deleted.
+	wrote := func() { s.stats.Writes++ }
+	never := func(uint32, Settings) tracker.Outcome { return tracker.Skipped }
+	s.settings.Pending(func(k uint32, v Settings) tracker.Outcome {
 		if err := s.t.Settings.Put(k, v); err != nil {
 			fail("writing settings", err)
-			return false
+			return tracker.Failed
 		}
 		s.settings.SetActual(k, v)
-		return wrote(nil)
+		wrote()
+		return tracker.Done
 	}, never)
 	if s.t.Settings6 != nil {
-		s.settings6.Pending(func(k uint32, v Settings6) bool {
+		s.settings6.Pending(func(k uint32, v Settings6) tracker.Outcome {
 			if err := s.t.Settings6.Put(k, v); err != nil {
 				fail("writing the IPv6 settings", err)
-				return false
+				return tracker.Failed
 			}
 			s.settings6.SetActual(k, v)
-			return wrote(nil)
-		}, func(uint32, Settings6) bool { return false })
+			wrote()
+			return tracker.Done
+		}, func(uint32, Settings6) tracker.Outcome { return tracker.Skipped })
 	}
 	s.v4.apply(fail, wrote)
 	if s.v6.usable() {

@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	"github.com/sluice-net/sluice/calc"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/tracker"
 )
 
 // famMaps is the service driver's state for one address family's maps: the desired and
@@ -19,18 +19,18 @@ type famMaps[FK, BV, IK, SK, CK comparable] struct {
 	fam family[FK, BV, IK, SK, CK]
 	t   famTables[FK, BV, IK, SK, CK]
 
-	fe *dataplane.Tracker[FK, FrontendValue]
+	fe *tracker.Tracker[FK, FrontendValue]
 	// be tracks backend lists, not single entries: a list's identity is a hash of its
 	// content, so it is written and removed whole (a cold start handles 10,000 lists where it
 	// would handle 100,000 entries). An actual list read with a gap holds a zero entry there.
-	be      *dataplane.Tracker[uint64, []BV]
+	be      *tracker.Tracker[uint64, []BV]
 	beCount [2]int       // backend entries desired and programmed
 	strays  []BackendKey // backend entries read that no list can hold, to delete
 	// idxStrays are backend-index entries read that no list's entry names, to delete. The
 	// index is part of a list: an entry whose index entry reads wrong is rewritten with it.
 	idxStrays []IK
-	src       *dataplane.Tracker[SK, uint32]
-	cnet      *dataplane.Tracker[CK, ClusterNetVal]
+	src       *tracker.Tracker[SK, uint32]
+	cnet      *tracker.Tracker[CK, ClusterNetVal]
 	fronts    map[FK]wanted // by the frontend's map key (calc's key, encoded: hashed faster)
 	// sources are the source-range keys of the frontends that have any.
 	sources  map[FK][]SK
@@ -72,11 +72,11 @@ func (m *famMaps[FK, BV, IK, SK, CK]) usable() bool {
 }
 
 func (m *famMaps[FK, BV, IK, SK, CK]) reset() {
-	m.fe = dataplane.NewTracker[FK, FrontendValue](func(a, b FrontendValue) bool { return a == b })
-	m.be = dataplane.NewTracker[uint64, []BV](slices.Equal[[]BV])
+	m.fe = tracker.New[FK, FrontendValue](func(a, b FrontendValue) bool { return a == b })
+	m.be = tracker.New[uint64, []BV](slices.Equal[[]BV])
 	m.beCount = [2]int{}
-	m.src = dataplane.NewTracker[SK, uint32](func(a, b uint32) bool { return a == b })
-	m.cnet = dataplane.NewTracker[CK, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
+	m.src = tracker.New[SK, uint32](func(a, b uint32) bool { return a == b })
+	m.cnet = tracker.New[CK, ClusterNetVal](func(a, b ClusterNetVal) bool { return a == b })
 	m.fronts = map[FK]wanted{}
 	m.sources = map[FK][]SK{}
 	m.lists = map[uint64]*list[BV]{}
@@ -287,23 +287,23 @@ func (m *famMaps[FK, BV, IK, SK, CK]) setClusterNet(n calc.ClusterNet, remove bo
 // apply writes the difference between the desired and the actual maps of the family:
 // cluster networks, frontends no longer wanted, backend lists, frontends, then the lists and
 // source ranges no longer wanted. A failed entry stays pending and the rest goes on.
-func (m *famMaps[FK, BV, IK, SK, CK]) apply(fail func(string, error), wrote func(error) bool) {
+func (m *famMaps[FK, BV, IK, SK, CK]) apply(fail func(string, error), wrote func()) {
 	m.applyClusterNets(fail, wrote)
 	// Backend lists and frontends are written in batches: collected from the trackers (as
 	// clean), written, then marked (a failed one dirty again). A list with an entry refused
 	// is not written whole, and no frontend is pointed at it in this apply.
 	lw := &listWriter[FK, BV, IK, SK, CK]{m: m, fail: fail, wrote: wrote, failed: map[uint64]bool{}}
 	// Frontends no longer wanted go first, making room in a full map for the new ones.
-	m.fe.Pending(func(FK, FrontendValue) bool { return false }, m.delFrontend(fail, wrote))
+	m.fe.Pending(func(FK, FrontendValue) tracker.Outcome { return tracker.Later }, m.delFrontend(fail, wrote))
 	// Adds first: lists and source ranges exist before the frontends that use them.
 	n := min(max(0, m.beCount[0]-m.beCount[1]), writeChunk)
 	lw.keys, lw.vals = make([]BackendKey, 0, n), make([]BV, 0, n)
 	// Index entries are for long lists only: not sized ahead (100,000 IPv6 index keys zeroed
 	// for nothing were a twentieth of a cold start's apply).
-	m.be.Pending(lw.collect, func(uint64, []BV) bool { return false })
+	m.be.Pending(lw.collect, func(uint64, []BV) tracker.Outcome { return tracker.Later })
 	lw.write()
 	setSrc, delSrc := m.srcWriters(fail, wrote)
-	m.src.Pending(setSrc, func(SK, uint32) bool { return false })
+	m.src.Pending(setSrc, func(SK, uint32) tracker.Outcome { return tracker.Later })
 	m.applyFrontends(lw.failed, fail, wrote)
 	m.be.Pending(lw.collect, lw.del)
 	lw.write()
@@ -315,59 +315,64 @@ func (m *famMaps[FK, BV, IK, SK, CK]) apply(fail func(string, error), wrote func
 	m.cnet.Settle()
 }
 
-func (m *famMaps[FK, BV, IK, SK, CK]) applyClusterNets(fail func(string, error), wrote func(error) bool) {
-	m.cnet.Pending(func(k CK, v ClusterNetVal) bool {
+func (m *famMaps[FK, BV, IK, SK, CK]) applyClusterNets(fail func(string, error), wrote func()) {
+	m.cnet.Pending(func(k CK, v ClusterNetVal) tracker.Outcome {
 		if err := m.t.ClusterNets.Put(k, v); err != nil {
 			fail("cluster network "+m.fam.cnetString(k, v), m.s.full1(err, "cluster-nets", m.t.ClusterNets.Max()))
-			return false
+			return tracker.Failed
 		}
 		m.cnet.SetActual(k, v)
-		return wrote(nil)
-	}, func(k CK, v ClusterNetVal) bool {
+		wrote()
+		return tracker.Done
+	}, func(k CK, v ClusterNetVal) tracker.Outcome {
 		if err := m.t.ClusterNets.Delete(k); err != nil {
 			fail("deleting cluster network "+m.fam.cnetString(k, v), err)
-			return false
+			return tracker.Failed
 		}
 		m.cnet.DeleteActual(k)
-		return wrote(nil)
+		wrote()
+		return tracker.Done
 	})
 }
 
-func (m *famMaps[FK, BV, IK, SK, CK]) srcWriters(fail func(string, error), wrote func(error) bool) (set, del func(SK, uint32) bool) {
-	set = func(k SK, v uint32) bool {
+func (m *famMaps[FK, BV, IK, SK, CK]) srcWriters(fail func(string, error), wrote func()) (set, del func(SK, uint32) tracker.Outcome) {
+	set = func(k SK, v uint32) tracker.Outcome {
 		if err := m.t.SourceRanges.Put(k, v); err != nil {
 			fail("source range "+m.fam.srcString(k), m.s.full1(err, "source-ranges", m.t.SourceRanges.Max()))
-			return false
+			return tracker.Failed
 		}
 		m.src.SetActual(k, v)
-		return wrote(nil)
+		wrote()
+		return tracker.Done
 	}
-	del = func(k SK, v uint32) bool {
+	del = func(k SK, v uint32) tracker.Outcome {
 		if err := m.t.SourceRanges.Delete(k); err != nil {
 			fail("deleting source range "+m.fam.srcString(k), err)
-			return false
+			return tracker.Failed
 		}
 		m.src.DeleteActual(k)
-		return wrote(nil)
+		wrote()
+		return tracker.Done
 	}
 	return set, del
 }
 
-func (m *famMaps[FK, BV, IK, SK, CK]) delFrontend(fail func(string, error), wrote func(error) bool) func(FK, FrontendValue) bool {
-	return func(k FK, v FrontendValue) bool {
+func (m *famMaps[FK, BV, IK, SK, CK]) delFrontend(fail func(string, error), wrote func()) func(FK, FrontendValue) tracker.Outcome {
+	return func(k FK, v FrontendValue) tracker.Outcome {
 		if err := m.t.Frontends.Delete(k); err != nil {
 			fail("deleting frontend "+m.fam.feString(k, v), err)
-			return false
+			return tracker.Failed
 		}
 		m.hold(k, v, false)
 		m.fe.DeleteActual(k)
-		return wrote(nil)
+		wrote()
+		return tracker.Done
 	}
 }
 
 // applyFrontends writes the frontends wanted, in one batch; none is pointed at a list whose
 // writing failed.
-func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool, fail func(string, error), wrote func(error) bool) {
+func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool, fail func(string, error), wrote func()) {
 	// Cold: nothing in the map and every wanted frontend about to be written. The tracker then
 	// adopts the desired state in one step rather than a SetActual per frontend, and the
 	// frontends are written a chunk at a time as they are collected (the tracker, all dirty,
@@ -390,7 +395,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool
 				m.hold(k, v, true)
 				m.fe.SetActual(k, v)
 			}
-			wrote(nil)
+			wrote()
 		}, func(i int, err error) {
 			k, v := feKeys[i], feVals[i]
 			if cold {
@@ -402,19 +407,19 @@ func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool
 		})
 		feKeys, feVals = feKeys[:0], feVals[:0]
 	}
-	collect := func(k FK, v FrontendValue) bool {
+	collect := func(k FK, v FrontendValue) tracker.Outcome {
 		if v.Flags&FrontendAddrOnly == 0 && failedLists[v.ListId] {
 			fail(fmt.Sprintf("frontend %s", m.fam.feString(k, v)), errors.New("its backend list is not written yet"))
 			if cold {
 				unwritten = append(unwritten, k)
 			}
-			return false
+			return tracker.Failed
 		}
 		if cold && len(feKeys) == writeChunk {
 			flush()
 		}
 		feKeys, feVals = append(feKeys, k), append(feVals, v)
-		return true
+		return tracker.Assumed // flush marks a refused one dirty again
 	}
 	m.fe.Pending(collect, m.delFrontend(fail, wrote))
 	flush()
@@ -423,7 +428,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) applyFrontends(failedLists map[uint64]bool
 	}
 }
 
-func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wrote func(error) bool) {
+func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wrote func()) {
 	for len(m.strays) > 0 {
 		k := m.strays[len(m.strays)-1]
 		if err := m.t.Backends.Delete(k); err != nil {
@@ -431,7 +436,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wro
 			break
 		}
 		m.strays = m.strays[:len(m.strays)-1]
-		wrote(nil)
+		wrote()
 	}
 	for len(m.idxStrays) > 0 {
 		k := m.idxStrays[len(m.idxStrays)-1]
@@ -440,7 +445,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wro
 			break
 		}
 		m.idxStrays = m.idxStrays[:len(m.idxStrays)-1]
-		wrote(nil)
+		wrote()
 	}
 }
 
@@ -449,7 +454,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) deleteStrays(fail func(string, error), wro
 type listWriter[FK, BV, IK, SK, CK comparable] struct {
 	m       *famMaps[FK, BV, IK, SK, CK]
 	fail    func(string, error)
-	wrote   func(error) bool
+	wrote   func()
 	failed  map[uint64]bool
 	ids     []uint64
 	keys    []BackendKey
@@ -463,7 +468,7 @@ type listWriter[FK, BV, IK, SK, CK comparable] struct {
 // fresh memory, faulted in page by page.
 const writeChunk = 1 << 14
 
-func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
+func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) tracker.Outcome {
 	m, fam := lw.m, lw.m.fam
 	if len(lw.keys) > 0 && len(lw.keys)+len(want) > writeChunk {
 		lw.flush() // lists are never split between writes
@@ -480,7 +485,7 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
 		for i, v := range want {
 			lw.keys, lw.vals = append(lw.keys, BackendKey{ListId: id, Ordinal: uint32(i)}), append(lw.vals, v)
 		}
-		return true
+		return tracker.Assumed // write marks a refused list dirty again
 	}
 	var zero BV
 	for i, v := range want {
@@ -495,7 +500,7 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) collect(id uint64, want []BV) bool {
 			lw.idxKeys, lw.idxVals = append(lw.idxKeys, fam.indexKey(id, v)), append(lw.idxVals, uint32(i))
 		}
 	}
-	return true
+	return tracker.Assumed
 }
 
 func (lw *listWriter[FK, BV, IK, SK, CK]) refused(id uint64, err error) {
@@ -509,8 +514,8 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) refused(id uint64, err error) {
 // flush writes the entries collected so far.
 func (lw *listWriter[FK, BV, IK, SK, CK]) flush() {
 	m, fam := lw.m, lw.m.fam
-	putAll(m.t.Backends, lw.keys, lw.vals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(lw.keys[i].ListId, err) })
-	putAll(m.t.BackendIndex, lw.idxKeys, lw.idxVals, func(int) { lw.wrote(nil) }, func(i int, err error) { lw.refused(fam.indexList(lw.idxKeys[i]), err) })
+	putAll(m.t.Backends, lw.keys, lw.vals, func(int) { lw.wrote() }, func(i int, err error) { lw.refused(lw.keys[i].ListId, err) })
+	putAll(m.t.BackendIndex, lw.idxKeys, lw.idxVals, func(int) { lw.wrote() }, func(i int, err error) { lw.refused(fam.indexList(lw.idxKeys[i]), err) })
 	lw.keys, lw.vals, lw.idxKeys, lw.idxVals = lw.keys[:0], lw.vals[:0], lw.idxKeys[:0], lw.idxVals[:0]
 }
 
@@ -544,10 +549,10 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) write() {
 	lw.ids = lw.ids[:0]
 }
 
-func (lw *listWriter[FK, BV, IK, SK, CK]) del(id uint64, have []BV) bool {
+func (lw *listWriter[FK, BV, IK, SK, CK]) del(id uint64, have []BV) tracker.Outcome {
 	m, fam := lw.m, lw.m.fam
 	if m.heldLists[id] > 0 {
-		return false // a frontend in the map still points at it (moving it failed): later
+		return tracker.Later // a frontend in the map still points at it (moving it failed)
 	}
 	var zero BV
 	for i, v := range have {
@@ -556,18 +561,18 @@ func (lw *listWriter[FK, BV, IK, SK, CK]) del(id uint64, have []BV) bool {
 			// deletes, never a pointer into a list half gone.
 			if err := m.t.BackendIndex.Delete(fam.indexKey(id, v)); err != nil {
 				lw.fail(fmt.Sprintf("deleting backend list %016x", id), err)
-				return false
+				return tracker.Failed
 			}
 		}
 		if err := m.t.Backends.Delete(BackendKey{ListId: id, Ordinal: uint32(i)}); err != nil {
 			lw.fail(fmt.Sprintf("deleting backend list %016x", id), err)
-			return false
+			return tracker.Failed
 		}
-		lw.wrote(nil)
+		lw.wrote()
 	}
 	m.beCount[1] -= realEntries(have)
 	m.be.DeleteActual(id)
-	return true
+	return tracker.Done
 }
 
 // indexOfFam is the index a list of more than AffinityScan entries wants: each address:port

@@ -17,7 +17,7 @@ import (
 
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
-	"github.com/sluice-net/sluice/dataplane"
+	"github.com/sluice-net/sluice/internal/tracker"
 	"github.com/vishvananda/netlink"
 )
 
@@ -100,7 +100,7 @@ type Stage struct {
 	reserveProblem string
 
 	mu        sync.Mutex
-	conflicts dataplane.Sightings[Conflict] // reported and still there
+	conflicts tracker.Sightings[Conflict] // reported and still there
 	hostIP    netip.Addr
 	hostIP6   netip.Addr
 	// why is what keeps the stage from doing its whole job after the last apply ("": nothing).

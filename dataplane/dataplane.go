@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/tracker"
 )
 
 // Config configures the dataplane.
@@ -98,8 +99,8 @@ type Dataplane struct {
 	// leftovers and netfilter are the leftovers reported and still there; removedLeftovers
 	// when each was last removed (a program that puts its route back is not fought in a
 	// tight loop).
-	leftovers        Sightings[Leftover]
-	netfilter        Sightings[NetfilterLeftover]
+	leftovers        tracker.Sightings[Leftover]
+	netfilter        tracker.Sightings[NetfilterLeftover]
 	removedLeftovers map[string]time.Time
 	// vxlanIndex and vxlan6Index are the VXLAN devices' indexes as of the last apply (for
 	// neighbour events).

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/sluice-net/sluice/internal/nlutil"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -166,7 +167,7 @@ func (k *netlinkKernel) RouteDel(r *netlink.Route) error {
 }
 
 func (k *netlinkKernel) LinkIndexes() (map[string]int, error) {
-	links, err := DumpAgain(k.h.LinkList)
+	links, err := nlutil.DumpAgain(k.h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -177,21 +178,10 @@ func (k *netlinkKernel) LinkIndexes() (map[string]int, error) {
 	return out, nil
 }
 
-func (k *netlinkKernel) Links() ([]netlink.Link, error) { return DumpAgain(k.h.LinkList) }
-
-// DumpAgain runs a netlink dump again when the kernel says its objects changed during it
-// (ErrDumpInterrupted: a workload's interface appearing, say), up to five times: an apply must
-// not fail over a list that is merely out of date.
-func DumpAgain[T any](dump func() (T, error)) (T, error) {
-	v, err := dump()
-	for try := 0; errors.Is(err, netlink.ErrDumpInterrupted) && try < 5; try++ {
-		v, err = dump()
-	}
-	return v, err
-}
+func (k *netlinkKernel) Links() ([]netlink.Link, error) { return nlutil.DumpAgain(k.h.LinkList) }
 
 func (k *netlinkKernel) LinkHoldingAddr(addr []byte) (int, error) {
-	addrs, err := DumpAgain(func() ([]netlink.Addr, error) { return k.h.AddrList(nil, netlink.FAMILY_ALL) })
+	addrs, err := nlutil.DumpAgain(func() ([]netlink.Addr, error) { return k.h.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return 0, fmt.Errorf("listing addresses: %w", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+
+	"github.com/sluice-net/sluice/internal/tracker"
 )
 
 // The route table's nexthop layout (RouteTableConfig.Nexthops): every route with a gateway
@@ -54,7 +56,7 @@ type nexthopRec struct {
 
 // nexthops is the route table's nexthop state.
 type nexthops struct {
-	tracker *Tracker[uint32, nexthopValue]
+	tracker *tracker.Tracker[uint32, nexthopValue]
 	byKey   map[nexthopKey]*nexthopRec
 	// needID holds objects wanted but without an ID; freed those no route needs any more,
 	// whose IDs are given to a new object of the same node (a moved gateway) or deleted at
@@ -71,7 +73,7 @@ type nexthops struct {
 }
 
 func newNexthops(protocol int) *nexthops {
-	return &nexthops{tracker: NewTracker[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
+	return &nexthops{tracker: tracker.New[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
 		byKey: map[nexthopKey]*nexthopRec{}, needID: map[*nexthopRec]bool{},
 		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{},
 		base: uint32(protocol) << 24, next: 1}

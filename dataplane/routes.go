@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/tracker"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -72,7 +73,7 @@ type RouteTableConfig struct {
 type RouteTable struct {
 	k       Kernel
 	cfg     RouteTableConfig
-	tracker *Tracker[routeKey, kernelRoute]
+	tracker *tracker.Tracker[routeKey, kernelRoute]
 	nh      *nexthops
 	// routes holds the desired routes by destination, as calc gave them (resolved to their
 	// kernel form at Apply time), with the nexthop object each goes through. One entry per
@@ -106,7 +107,7 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 	if cfg.Protocol == 0 {
 		cfg.Protocol = DefaultRouteProtocol
 	}
-	return &RouteTable{k: k, cfg: cfg, tracker: NewTracker[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
+	return &RouteTable{k: k, cfg: cfg, tracker: tracker.New[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
 		routes: map[netip.Prefix]desiredRoute{}, needRead: true, reported: map[routeKey]bool{}, replacing: map[routeKey]Route{},
 		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
 }
@@ -430,16 +431,14 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 	renderNH := func(id uint32, v nexthopValue) string {
 		return "nexthop " + RenderNexthop(Nexthop{ID: id, Gw: v.gw, Link: v.link, OnLink: v.onlink, Protocol: t.cfg.Protocol, Other: v.link == 0}, names)
 	}
-	t.nh.tracker.Pending(func(id uint32, want nexthopValue) bool {
+	t.nh.tracker.Differences(func(id uint32, want, have nexthopValue, held bool) {
 		line := renderNH(id, want)
-		if have, ok := t.nh.tracker.Actual(id); ok {
+		if held {
 			line += "  (the kernel has: " + renderNH(id, have) + ")"
 		}
 		missing = append(missing, line)
-		return false
-	}, func(id uint32, have nexthopValue) bool {
+	}, func(id uint32, have nexthopValue) {
 		extra = append(extra, renderNH(id, have))
-		return false
 	})
 	// A route through a nexthop object is shown with the object's gateway and device, as
 	// `ip route` shows it: the one wanted, or the one the kernel has.
@@ -453,18 +452,16 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		}
 		return RenderRoute(*r, names)
 	}
-	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
+	t.tracker.Differences(func(k routeKey, want, have kernelRoute, held bool) {
 		line := render(k, want, t.nh.tracker.Desired)
-		if have, ok := t.tracker.Actual(k); ok {
+		if held {
 			line += "  (the kernel has: " + render(k, have, t.nh.tracker.Actual) + ")"
 		}
 		missing = append(missing, line)
-		return false
-	}, func(k routeKey, have kernelRoute) bool {
+	}, func(k routeKey, have kernelRoute) {
 		if int(have.protocol) == t.cfg.Protocol {
 			extra = append(extra, render(k, have, t.nh.tracker.Actual))
 		}
-		return false
 	})
 	for k := range t.unres {
 		r, ok := t.routes[k.dst]
@@ -493,15 +490,15 @@ func (t *RouteTable) write() error {
 		v kernelRoute
 	}
 	var sets, dels []change
-	t.tracker.Pending(func(k routeKey, want kernelRoute) bool {
+	t.tracker.Pending(func(k routeKey, want kernelRoute) tracker.Outcome {
 		sets = append(sets, change{k, want})
-		return false // cleaned below, once the kernel acknowledged it
-	}, func(k routeKey, have kernelRoute) bool {
+		return tracker.Queued
+	}, func(k routeKey, have kernelRoute) tracker.Outcome {
 		if int(have.protocol) != t.cfg.Protocol {
-			return true // not ours: never deleted
+			return tracker.Skipped // not ours: never deleted
 		}
 		dels = append(dels, change{k, have})
-		return false
+		return tracker.Queued
 	})
 	byDst := func(a, b change) int {
 		return cmp.Or(a.k.dst.Addr().Compare(b.k.dst.Addr()), cmp.Compare(a.k.dst.Bits(), b.k.dst.Bits()), cmp.Compare(a.k.metric, b.k.metric))
@@ -571,15 +568,15 @@ func (t *RouteTable) write() error {
 // kernel refused.
 func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 	var fresh, changed []Nexthop
-	t.nh.tracker.Pending(func(id uint32, want nexthopValue) bool {
+	t.nh.tracker.Pending(func(id uint32, want nexthopValue) tracker.Outcome {
 		n := Nexthop{ID: id, Gw: want.gw, Link: want.link, OnLink: want.onlink, Protocol: t.cfg.Protocol}
 		if _, held := t.nh.tracker.Actual(id); held {
 			changed = append(changed, n)
 		} else {
 			fresh = append(fresh, n)
 		}
-		return false
-	}, func(uint32, nexthopValue) bool { return false }) // deleted after the routes
+		return tracker.Queued
+	}, func(uint32, nexthopValue) tracker.Outcome { return tracker.Later }) // deleted after the routes
 	var errs []error
 	refused := map[uint32]bool{}
 	for _, batch := range []struct {
@@ -607,9 +604,9 @@ func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 // deleteNexthops deletes sluice's nexthop objects that nothing wants.
 func (t *RouteTable) deleteNexthops() error {
 	var ids []uint32
-	t.nh.tracker.Pending(func(uint32, nexthopValue) bool { return false }, func(id uint32, _ nexthopValue) bool {
+	t.nh.tracker.Pending(func(uint32, nexthopValue) tracker.Outcome { return tracker.Later }, func(id uint32, _ nexthopValue) tracker.Outcome {
 		ids = append(ids, id)
-		return false
+		return tracker.Queued
 	})
 	slices.Sort(ids)
 	var errs []error

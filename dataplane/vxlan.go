@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/tracker"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -50,8 +51,8 @@ type VXLAN struct {
 	// remotes are the remote VTEPs by node; neigh: remote tunnel address → MAC; fdb: remote
 	// MAC → underlay address.
 	remotes  map[string]remoteVTEP
-	neigh    *Tracker[netip.Addr, macAddr]
-	fdb      *Tracker[macAddr, netip.Addr]
+	neigh    *tracker.Tracker[netip.Addr, macAddr]
+	fdb      *tracker.Tracker[macAddr, netip.Addr]
 	needRead bool
 	writes   int
 	// index is the device's index as of the last Apply (0: none).
@@ -84,8 +85,8 @@ func NewVXLAN(k Kernel, cfg VXLANConfig) *VXLAN {
 		cfg.Port = DefaultVXLANPort
 	}
 	eq := func(a, b macAddr) bool { return a == b }
-	return &VXLAN{k: k, cfg: cfg, remotes: map[string]remoteVTEP{}, neigh: NewTracker[netip.Addr, macAddr](eq),
-		fdb: NewTracker[macAddr, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
+	return &VXLAN{k: k, cfg: cfg, remotes: map[string]remoteVTEP{}, neigh: tracker.New[netip.Addr, macAddr](eq),
+		fdb: tracker.New[macAddr, netip.Addr](func(a, b netip.Addr) bool { return a == b }), needRead: true}
 }
 
 // family is the address family of the device's tunnel addresses and underlay.
@@ -229,34 +230,34 @@ func (x *VXLAN) Apply() error {
 	}
 	var sets []entry
 	var dels []func()
-	x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
+	x.neigh.Pending(func(ip netip.Addr, mac macAddr) tracker.Outcome {
 		hw := mac.hw()
 		sets = append(sets, entry{"setting neighbour " + ip.String(),
 			&netlink.Neigh{LinkIndex: idx, Family: x.family(), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: hw},
 			func() { x.neigh.SetActual(ip, mac); x.neigh.Clean(ip) }})
-		return false // cleaned once the kernel acknowledged it
-	}, func(ip netip.Addr, mac macAddr) bool {
+		return tracker.Queued
+	}, func(ip netip.Addr, mac macAddr) tracker.Outcome {
 		dels = append(dels, func() {
 			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: x.family(), IP: ip.AsSlice()})
 			x.done(err, &errs, "deleting neighbour "+ip.String(), func() { x.neigh.DeleteActual(ip); x.neigh.Clean(ip) })
 		})
-		return false
+		return tracker.Queued
 	})
 	slices.SortFunc(sets, func(a, b entry) int { return slices.Compare(a.n.IP, b.n.IP) })
 	neighs := len(sets)
-	x.fdb.Pending(func(mac macAddr, dst netip.Addr) bool {
+	x.fdb.Pending(func(mac macAddr, dst netip.Addr) tracker.Outcome {
 		hw := mac.hw()
 		sets = append(sets, entry{"setting FDB entry " + mac.String(),
 			&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT, IP: dst.AsSlice(), HardwareAddr: hw},
 			func() { x.fdb.SetActual(mac, dst); x.fdb.Clean(mac) }})
-		return false
-	}, func(mac macAddr, dst netip.Addr) bool {
+		return tracker.Queued
+	}, func(mac macAddr, dst netip.Addr) tracker.Outcome {
 		hw := mac.hw()
 		dels = append(dels, func() {
 			err := x.k.NeighDel(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: hw})
 			x.done(err, &errs, "deleting FDB entry "+mac.String(), func() { x.fdb.DeleteActual(mac); x.fdb.Clean(mac) })
 		})
-		return false
+		return tracker.Queued
 	})
 	slices.SortFunc(sets[neighs:], func(a, b entry) int { return slices.Compare(a.n.HardwareAddr, b.n.HardwareAddr) })
 	batch := make([]*netlink.Neigh, len(sets))
@@ -433,10 +434,9 @@ func (x *VXLAN) Diff() (missing, extra []string, err error) {
 	}
 	if l == nil {
 		missing = append(missing, fmt.Sprintf("device %s (VNI %d, port %d, address %s, MAC %s)", x.cfg.Name, x.cfg.VNI, x.cfg.Port, x.local.TunnelAddr, x.local.MAC))
-		x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
+		x.neigh.Differences(func(ip netip.Addr, mac, _ macAddr, _ bool) {
 			missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s", ip, mac))
-			return false
-		}, func(netip.Addr, macAddr) bool { return false })
+		}, func(netip.Addr, macAddr) {})
 		return missing, nil, nil
 	}
 	parent, _ := x.k.LinkHoldingAddr(x.cfg.ParentAddr.AsSlice())
@@ -449,19 +449,15 @@ func (x *VXLAN) Diff() (missing, extra []string, err error) {
 	if err := x.read(l.Attrs().Index); err != nil {
 		return nil, nil, err
 	}
-	x.neigh.Pending(func(ip netip.Addr, mac macAddr) bool {
+	x.neigh.Differences(func(ip netip.Addr, mac, _ macAddr, _ bool) {
 		missing = append(missing, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
-		return false
-	}, func(ip netip.Addr, mac macAddr) bool {
+	}, func(ip netip.Addr, mac macAddr) {
 		extra = append(extra, fmt.Sprintf("neighbour %s lladdr %s dev %s", ip, mac, x.cfg.Name))
-		return false
 	})
-	x.fdb.Pending(func(mac macAddr, dst netip.Addr) bool {
+	x.fdb.Differences(func(mac macAddr, dst, _ netip.Addr, _ bool) {
 		missing = append(missing, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
-		return false
-	}, func(mac macAddr, dst netip.Addr) bool {
+	}, func(mac macAddr, dst netip.Addr) {
 		extra = append(extra, fmt.Sprintf("fdb %s dst %s dev %s", mac, dst, x.cfg.Name))
-		return false
 	})
 	return missing, extra, nil
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tracker
 
 // Sightings turns the findings of repeated scans (leftovers of other software) into reports:
 // each thing once when it appears and once when it goes. A thing judged otherwise than at the

@@ -1,4 +1,4 @@
-package dataplane
+package tracker
 
 import (
 	"fmt"
@@ -19,29 +19,29 @@ type trackerKernel struct {
 // pass runs one Pending against the kernel, recording every write tried.
 func (kn *trackerKernel) pass(tr *Tracker[int, string]) {
 	kn.sets, kn.deletes = nil, nil
-	tr.Pending(func(k int, want string) bool {
+	tr.Pending(func(k int, want string) Outcome {
 		kn.sets = append(kn.sets, k)
 		if kn.refuse != nil && kn.refuse(k) {
-			return false
+			return Failed
 		}
 		kn.held[k] = want
 		tr.SetActual(k, want)
-		return true
-	}, func(k int, _ string) bool {
+		return Done
+	}, func(k int, _ string) Outcome {
 		kn.deletes = append(kn.deletes, k)
 		if kn.refuse != nil && kn.refuse(k) {
-			return false
+			return Failed
 		}
 		delete(kn.held, k)
 		tr.DeleteActual(k)
-		return true
+		return Done
 	})
 	slices.Sort(kn.sets)
 	slices.Sort(kn.deletes)
 }
 
 func newIntTracker() *Tracker[int, string] {
-	return NewTracker[int, string](func(a, b string) bool { return a == b })
+	return New[int, string](func(a, b string) bool { return a == b })
 }
 
 func TestTrackerTransitions(t *testing.T) {
@@ -299,6 +299,50 @@ func TestTrackerSettleChangesNothing(t *testing.T) {
 		if settled.actual != nil || len(settled.off) != 0 || !maps.Equal(kns.held, settled.desired) {
 			t.Fatalf("seed %d: in sync, the settled tracker keeps %d actual and %d off keys (kernel %v, desired %v)",
 				seed, len(settled.actual), len(settled.off), kns.held, settled.desired)
+		}
+	}
+}
+
+// TestTrackerDifferences: Differences shows what Pending would write, in both ways of holding
+// the dirty keys (all dirty after a read; listed once settled), and changes nothing: Pending
+// afterwards still writes exactly that.
+func TestTrackerDifferences(t *testing.T) {
+	for _, settled := range []bool{false, true} {
+		tr := newIntTracker()
+		tr.ReplaceActual(map[int]string{1: "a", 2: "old", 3: "stray"})
+		tr.SetDesired(1, "a")
+		tr.SetDesired(2, "b")
+		tr.SetDesired(4, "d")
+		if settled {
+			tr.Settle()
+			tr.MarkDirty(1)
+			tr.MarkDirty(2)
+			tr.MarkDirty(3)
+			tr.MarkDirty(4)
+		}
+		show := func() string {
+			var want, extra []string
+			tr.Differences(func(k int, w, have string, held bool) {
+				want = append(want, fmt.Sprintf("%d=%s (held %v %s)", k, w, held, have))
+			}, func(k int, have string) { extra = append(extra, fmt.Sprintf("%d=%s", k, have)) })
+			slices.Sort(want)
+			slices.Sort(extra)
+			return fmt.Sprint(want, extra)
+		}
+		const wantShown = "[2=b (held true old) 4=d (held false )] [3=stray]"
+		if got := show(); got != wantShown {
+			t.Errorf("settled %v: shown %s, want %s", settled, got, wantShown)
+		}
+		if got := show(); got != wantShown {
+			t.Errorf("settled %v: shown again %s: Differences changed the tracker", settled, got)
+		}
+		kn := &trackerKernel{held: map[int]string{1: "a", 2: "old", 3: "stray"}}
+		kn.pass(tr)
+		if !slices.Equal(kn.sets, []int{2, 4}) || !slices.Equal(kn.deletes, []int{3}) {
+			t.Errorf("settled %v: Pending after Differences wrote %v, deleted %v", settled, kn.sets, kn.deletes)
+		}
+		if got := show(); got != "[] []" {
+			t.Errorf("settled %v: after the writes shown %s", settled, got)
 		}
 	}
 }

@@ -1,16 +1,38 @@
-package dataplane
-
-// Tracker holds the desired and the actual (as last read or written) value of each key of
-// one kind of kernel object, and which keys may differ. It is the one diff used for every
-// kind: routes, nexthop objects, neighbours, FDB entries and the service maps' entries.
+// Package tracker holds, for each kind of kernel object a driver owns, what is desired and
+// what the kernel holds, and which keys may differ: one diff for routes, nexthop objects,
+// neighbours, FDB entries and the service maps' entries. It also turns repeated scans for
+// other software's leftovers into reports (Sightings).
 //
-// Hazard: a key is clean only once the kernel confirmed the write; a failed write leaves it
-// dirty, so the next Apply retries it without rereading everything.
+// A Tracker's key is in one of these states (desired: wanted by calc; actual: held by the
+// kernel, as last read or written; dirty: to be compared at the next Pending):
+//
+//	                   desired
+//	        ┌──────────────┴──────────────┐
+//	actual == desired        actual != desired or missing
+//	(clean once written)     (dirty: Pending calls set)
+//
+//	        not desired, actual held by the kernel
+//	        (dirty: Pending calls del)
+//
+// How the actual state is held, in three modes:
+//   - whole: after a read of the kernel, or on a new tracker, actual is a full copy;
+//   - off: once settled (Settle, at the end of an apply), only the keys where the kernel
+//     does not hold the desired value are kept, so a settled agent holds each object once;
+//   - allDirty: every key counts as dirty without being listed (a cold start, a fresh read):
+//     the next Pending walks everything once instead of copying every key into the dirty set.
+//
+// A key is clean only once the kernel confirmed the write: a failed write leaves it dirty, so
+// the next Apply retries it without reading everything again. The callbacks of Pending say
+// what they did with each key (Outcome).
+package tracker
+
+// Tracker holds the desired and the actual value of each key of one kind of kernel object,
+// and which keys may differ.
 //
 // The actual state is held whole only between a read of the kernel (or a cold start) and
 // the next Settle; after that only where it is not the desired state (off). A settled agent
-// holds each object once, not twice: at 20,000 nodes the kernel's routes, nexthop objects,
-// neighbours and FDB entries, equal to the desired ones, took 8 MB of a 71 MB heap.
+// holds each object once, not twice (BenchmarkDataplane in cmd/sluiced reports the settled
+// agent's memory at 20,000 nodes).
 type Tracker[K comparable, V any] struct {
 	equal   func(a, b V) bool
 	desired map[K]V
@@ -36,8 +58,42 @@ type offValue[V any] struct {
 	held bool
 }
 
-// NewTracker returns an empty tracker comparing values with equal.
-func NewTracker[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
+// Outcome is what a Pending callback did with one key: whether the key is clean afterwards
+// (Done, Assumed, Skipped) or stays dirty (Failed, Queued, Later).
+type Outcome uint8
+
+const (
+	// Failed: the write was refused; the key stays dirty and is tried at the next Pending.
+	Failed Outcome = iota
+	// Queued: handed to a batch the caller writes after Pending; the key stays dirty until
+	// the caller records the kernel's answer (SetActual or DeleteActual, then Clean).
+	Queued
+	// Later: left for another Pending of the same apply (a pass that only deletes, say, to
+	// make room first); the key stays dirty.
+	Later
+	// Done: written and recorded, or nothing to write; the key is clean.
+	Done
+	// Assumed: handed to a batch the caller writes after Pending; the key is clean now, and
+	// the caller marks it dirty again if the write fails (MarkDirty).
+	Assumed
+	// Skipped: not sluice's to write or delete (another program's object at the key); the
+	// key is clean.
+	Skipped
+)
+
+// Clean says whether the key is clean after the outcome.
+func (o Outcome) Clean() bool { return o >= Done }
+
+// Of is Done for a write that succeeded (err nil) and Failed otherwise.
+func Of(err error) Outcome {
+	if err != nil {
+		return Failed
+	}
+	return Done
+}
+
+// New returns an empty tracker comparing values with equal.
+func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 	return &Tracker[K, V]{equal: equal, desired: map[K]V{}, actual: map[K]V{}, whole: true, dirty: map[K]struct{}{}}
 }
 
@@ -255,9 +311,9 @@ func (t *Tracker[K, V]) DeleteActual(k K) {
 }
 
 // Pending calls set for each dirty key whose desired value the kernel lacks, then del for
-// each dirty key the kernel holds but nobody wants (adds before deletes). Keys whose callback
-// returns true are clean afterwards; the rest stay dirty.
-func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V) bool) {
+// each dirty key the kernel holds but nobody wants (adds before deletes). Each callback's
+// Outcome says whether its key is clean afterwards.
+func (t *Tracker[K, V]) Pending(set func(k K, want V) Outcome, del func(k K, have V) Outcome) {
 	if t.allDirty {
 		t.pendingAll(set, del)
 		return
@@ -270,7 +326,7 @@ func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V
 		have, held := t.Actual(k)
 		switch {
 		case wanted && (!held || !t.equal(want, have)):
-			if set(k, want) {
+			if set(k, want).Clean() {
 				delete(t.dirty, k)
 			}
 		case !wanted && held:
@@ -281,17 +337,54 @@ func (t *Tracker[K, V]) Pending(set func(k K, want V) bool, del func(k K, have V
 	}
 	for k := range t.dirty {
 		have, held := t.Actual(k)
-		if _, wanted := t.desired[k]; !wanted && held && del(k, have) {
+		if _, wanted := t.desired[k]; !wanted && held && del(k, have).Clean() {
 			delete(t.dirty, k)
 		}
 	}
 	t.shrinkDirty()
 }
 
+// Differences calls want for each dirty key whose desired value the kernel lacks (with what
+// the kernel holds there, if anything), then extra for each dirty key the kernel holds but
+// nobody wants. It changes nothing: it is how a diff is shown.
+func (t *Tracker[K, V]) Differences(want func(k K, want V, have V, held bool), extra func(k K, have V)) {
+	differs := func(k K) (V, bool) { // the desired value at k, when the kernel lacks it
+		w, wanted := t.desired[k]
+		if !wanted {
+			return w, false
+		}
+		have, held := t.Actual(k)
+		return w, !held || !t.equal(w, have)
+	}
+	if t.allDirty {
+		for k := range t.desired {
+			if w, ok := differs(k); ok {
+				have, held := t.Actual(k)
+				want(k, w, have, held)
+			}
+		}
+		t.heldUnwanted(extra)
+		return
+	}
+	for k := range t.dirty {
+		if w, ok := differs(k); ok {
+			have, held := t.Actual(k)
+			want(k, w, have, held)
+		}
+	}
+	for k := range t.dirty {
+		if _, wanted := t.desired[k]; !wanted {
+			if have, held := t.Actual(k); held {
+				extra(k, have)
+			}
+		}
+	}
+}
+
 // pendingAll is Pending over every key. The keys left dirty are listed only when they are
 // few; when most are (a pass that only deletes, or one whose writes all failed), the tracker
 // stays all-dirty instead of copying them.
-func (t *Tracker[K, V]) pendingAll(set func(k K, want V) bool, del func(k K, have V) bool) {
+func (t *Tracker[K, V]) pendingAll(set func(k K, want V) Outcome, del func(k K, have V) Outcome) {
 	var left []K
 	total := 0
 	keep := func(k K) {
@@ -301,12 +394,12 @@ func (t *Tracker[K, V]) pendingAll(set func(k K, want V) bool, del func(k K, hav
 		}
 	}
 	for k, want := range t.desired {
-		if have, held := t.Actual(k); (!held || !t.equal(want, have)) && !set(k, want) {
+		if have, held := t.Actual(k); (!held || !t.equal(want, have)) && !set(k, want).Clean() {
 			keep(k)
 		}
 	}
 	t.heldUnwanted(func(k K, have V) {
-		if !del(k, have) {
+		if !del(k, have).Clean() {
 			keep(k)
 		}
 	})
@@ -371,14 +464,3 @@ func (t *Tracker[K, V]) MarkDirty(k K) {
 
 // DesiredLen is how many keys are wanted.
 func (t *Tracker[K, V]) DesiredLen() int { return len(t.desired) }
-
-// emptied returns m emptied: cleared when it is small, a new map when it held many keys. A Go
-// map never gives back its buckets, and ranging over it costs its capacity, so a set that held
-// a cold start's 20,000 keys would make every later small apply walk 20,000 empty slots.
-func emptied[K comparable, V any](m map[K]V) map[K]V {
-	if len(m) > 1024 {
-		return map[K]V{}
-	}
-	clear(m)
-	return m
-}
