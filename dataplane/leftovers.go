@@ -97,7 +97,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		}
 		dev := names[r.LinkIndex]
 		otherCNI := otherCNIDevice(dev)
-		if r.Protocol == unix.RTPROT_KERNEL && !otherCNI {
+		if ownerOfRoute(int(r.Protocol), d.protocol) == routeKernel && !otherCNI {
 			continue // a connected subnet of one of the node's own interfaces
 		}
 		var hit netip.Prefix

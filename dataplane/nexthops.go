@@ -186,7 +186,7 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 	n.unclaimed = emptied(n.unclaimed)
 	for _, nh := range all {
 		switch {
-		case nh.Protocol != protocol:
+		case !ownedNexthop(nh.Protocol, protocol):
 			n.foreign[nh.ID] = nh.Protocol
 		case nh.Other:
 			// One of sluice's IDs holding a kind sluice never makes: replaced or deleted like

@@ -459,7 +459,7 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		}
 		missing = append(missing, line)
 	}, func(k routeKey, have kernelRoute) {
-		if int(have.protocol) == t.cfg.Protocol {
+		if ownerOfRoute(int(have.protocol), t.cfg.Protocol) == routeSluice {
 			extra = append(extra, render(k, have, t.nh.tracker.Actual))
 		}
 	})
@@ -494,7 +494,7 @@ func (t *RouteTable) write() error {
 		sets = append(sets, change{k, want})
 		return tracker.Queued
 	}, func(k routeKey, have kernelRoute) tracker.Outcome {
-		if int(have.protocol) != t.cfg.Protocol {
+		if ownerOfRoute(int(have.protocol), t.cfg.Protocol) != routeSluice {
 			return tracker.Skipped // not ours: never deleted
 		}
 		dels = append(dels, change{k, have})
@@ -648,7 +648,8 @@ func (t *RouteTable) read() (collided bool, err error) {
 		if !ok {
 			continue
 		}
-		if int(kr.protocol) == t.cfg.Protocol {
+		owner := ownerOfRoute(int(kr.protocol), t.cfg.Protocol)
+		if owner == routeSluice {
 			actual[k] = kr
 			continue
 		}
@@ -657,7 +658,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 		if !wanted {
 			t.foreign = append(t.foreign, r)
 		}
-		if wanted && kr.protocol != unix.RTPROT_KERNEL {
+		if wanted && owner == routeOther {
 			actual[k] = kr
 			t.replacing[k] = r
 		}

@@ -106,7 +106,7 @@ func attachOwnRouteFilter(fd, proto int) error {
 func subscribeNexthopDeletions(ns *netns.NsHandle, proto int, ch chan<- uint32, done <-chan struct{}, onErr func(error)) error {
 	return subscribeDeletions(ns, unix.RTNLGRP_NEXTHOP, unix.RTM_DELNEXTHOP, "nexthop", func(b []byte) error {
 		n, err := parseNexthop(b)
-		if err == nil && n.Protocol == proto {
+		if err == nil && ownedNexthop(n.Protocol, proto) {
 			ch <- n.ID
 		}
 		return err

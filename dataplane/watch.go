@@ -220,10 +220,11 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 // sluice's table (the caller decides when to resync). Sluice's own new routes never get here:
 // the subscription's socket filter drops them in the kernel (routewatch.go).
 func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
-	if u.Table != d.table || u.Protocol == unix.RTPROT_KERNEL {
+	owner := ownerOfRoute(int(u.Protocol), d.protocol)
+	if u.Table != d.table || owner == routeKernel {
 		return false
 	}
-	ours := int(u.Protocol) == d.protocol
+	ours := owner == routeSluice
 	switch {
 	case ours && u.Type == unix.RTM_DELROUTE:
 		ip, _ := netip.AddrFromSlice(u.Dst.IP)
