@@ -27,7 +27,7 @@ import (
 // then the kernel's conntrack entry, which outlives sluiced (a restart or crash cuts nothing,
 // and no cleanup of sluice's can cut a long connection), picks a free source port itself, and
 // translates replies and ICMP errors back; the per-connection cost is measured beside the
-// same traffic without it in `make bench` (ARCHITECTURE.md). Masquerade keeps the source port
+// same traffic without it in `make bench` (the README's figures). Masquerade keeps the source port
 // when it can and otherwise picks one above the node-port range, so a reply never lands on a
 // node port the service stage's programs (which run before conntrack on the way in) would
 // take for a new connection.
