@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,9 +13,13 @@ import (
 )
 
 const ipamUsage = `ipam claim   --node NODE --pool POOL [--cidr BLOCK]
-ipam assign  --node NODE --handle HANDLE [--pool POOL] [--ip ADDR | --count N] [--attr KEY=VALUE ...]
+ipam assign  --node NODE --handle HANDLE [--pool POOL]
+             [--ip ADDR | --count N] [--attr KEY=VALUE ...]
 ipam release --handle HANDLE | --ip ADDR
 ipam show`
+
+// ipamSubcommands are ipam's subcommands, each with its own flags.
+var ipamSubcommands = []string{"claim", "assign", "release", "show"}
 
 func runIPAM(ctx context.Context, a *app, args []string) error {
 	if len(args) == 0 {
@@ -25,8 +30,8 @@ func runIPAM(ctx context.Context, a *app, args []string) error {
 	case "-h", "-help", "--help", "help":
 		fmt.Fprintf(a.stdout, "usage:\n%s\n\nsluicectl ipam SUBCOMMAND --help lists a subcommand's flags.\n", ipamUsage)
 		return nil
-	case "claim", "assign", "release", "show":
-	default:
+	}
+	if !slices.Contains(ipamSubcommands, sub) {
 		return usagef("unknown ipam subcommand %q:\n%s", sub, ipamUsage)
 	}
 	// Each subcommand has its own flags, so that its --help lists only those.

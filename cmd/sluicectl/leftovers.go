@@ -17,18 +17,20 @@ import (
 	"github.com/sluice-net/sluice/dataplane"
 )
 
-const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--pin-dir DIR] [--config FILE] [-o table|json]
+const leftoversUsage = `usage: sluicectl leftovers [--cgroup DIR] [--pin-dir DIR] [--config FILE]
+                           [-o table|json]
 
-On a node, as root: lists what other networking software left on the hooks sluice's
-programs hold — XDP programs on their interfaces, TCX programs, classic tc bpf filters, and
-programs on the cgroup socket hooks (connect, sendmsg, recvmsg, getpeername) — and other
-products' netfilter chains (kube-proxy's KUBE-*, Calico's cali-*, Cilium's CILIUM_*) and
-their pins on sluice's bpffs (calico/, cilium/, tc/globals/), each
-with its owner when its name gives it away (calico, cilium), whether it breaks one of
-sluice's paths (it sees the packets first) or is dormant behind sluice's program, which path,
-and the command that removes it. It reads the kernel only; sluiced removes the breaking ones
-of a recognised owner when started with --clean-conflicts. Exits 1 when anything breaking is
-present: the first thing to run after migrating a node to sluice.
+On a node, as root: lists what other networking software left on the hooks
+sluice's programs hold — XDP programs on their interfaces, TCX programs, classic
+tc bpf filters, and programs on the cgroup socket hooks (connect, sendmsg,
+recvmsg, getpeername) — and other products' netfilter chains (kube-proxy's
+KUBE-*, Calico's cali-*, Cilium's CILIUM_*) and their pins on sluice's bpffs
+(calico/, cilium/, tc/globals/), each with its owner when its name gives it away
+(calico, cilium), whether it breaks one of sluice's paths (it sees the packets
+first) or is dormant behind sluice's program, which path, and the command that
+removes it. It reads the kernel only; sluiced removes the breaking ones of a
+recognised owner when started with --clean-conflicts. Exits 1 when anything
+breaking is present: the first thing to run after migrating a node to sluice.
 
 flags:
 `
@@ -53,7 +55,7 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	pinDir := fs.String("pin-dir", "", "sluiced's pin directory, whose bpffs is searched for other products' pins (default: its option bpf-pin-dir)")
 	fs.Usage = func() {
 		fmt.Fprint(a.stderr, leftoversUsage)
-		fs.PrintDefaults()
+		printFlags(a.stderr, fs)
 	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {

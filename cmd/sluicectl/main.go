@@ -152,6 +152,10 @@ func (a *app) connect(ctx context.Context) (*clientv3.Client, context.Context, f
 func (a *app) flagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
+	fs.Usage = func() { // flag's own, in helpWidth columns
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		printFlags(fs.Output(), fs)
+	}
 	a.globalFlags(fs)
 	return fs
 }
@@ -187,8 +191,17 @@ func usage(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	nameWidth := 0
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+		nameWidth = max(nameWidth, len(n))
+	}
+	indent := strings.Repeat(" ", 2+nameWidth+2)
+	for _, n := range names {
+		lead := fmt.Sprintf("  %-*s  ", nameWidth, n)
+		for _, l := range wrap(commands[n].summary, helpWidth-len(indent)) {
+			fmt.Fprintln(w, lead+l)
+			lead = indent
+		}
 	}
 	fmt.Fprintln(w, "\nkinds: ippools (ipp, pool), nodes (no), blocks, blockaffinities (affinity),\n  workloadendpoints (wep), services (svc), endpointslices")
 	fmt.Fprintln(w, "\nglobal flags (also accepted after the command):")
@@ -196,7 +209,7 @@ func usage(w io.Writer) {
 	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
 	fs.SetOutput(w)
 	a.globalFlags(fs)
-	fs.PrintDefaults()
+	printFlags(w, fs)
 }
 
 // run is main without the process: it returns the exit code. getenv stands for the

@@ -20,16 +20,19 @@ import (
 
 const servicesUsage = `usage: sluicectl services [VIEW] [--pin-dir DIR] [--config FILE] [-o table|json]
 
-Shows this node's service maps as its sluiced pinned them: run it on the node, as root.
-It only reads; nothing is written.
+Shows this node's service maps as its sluiced pinned them: run it on the node,
+as root. It only reads; nothing is written.
 
 views:
-  frontends  (the default) every frontend: its kind and flags, service identity, backends
-             (the local set and the cluster set; remote ones @ their node) and affinity
-  backends   every entry of every backend list, and how many frontends use the list
-  conntrack  the connection table, one line per entry: where each flow's packets are
-             translated and sent, its TCP state, idle time and age; --forwarded shows only
-             the flows forwarded between nodes through the tunnel
+  frontends  (the default) every frontend: its kind and flags, service
+             identity, backends (the local set and the cluster set; remote
+             ones @ their node) and affinity
+  backends   every entry of every backend list, and how many frontends use
+             the list
+  conntrack  the connection table, one line per entry: where each flow's
+             packets are translated and sent, its TCP state, idle time and age;
+             --forwarded shows only the flows forwarded between nodes through
+             the tunnel
   drops      the datapath's counters, drops and rejects first
 
 flags:
@@ -44,7 +47,7 @@ func runServices(_ context.Context, a *app, args []string) error {
 	forwarded := fs.Bool("forwarded", false, "conntrack: only the flows forwarded between nodes")
 	fs.Usage = func() {
 		fmt.Fprint(a.stderr, servicesUsage)
-		fs.PrintDefaults()
+		printFlags(a.stderr, fs)
 	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {

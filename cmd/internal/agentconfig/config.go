@@ -382,7 +382,8 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 	fromFlags := map[string]string{}
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
 	// The flag package would print the whole help under a mistyped flag's error; the error
-	// alone is returned, with a pointer to --help, and --help prints the help.
+	// alone is returned, with a pointer to --help, and --help prints the help. The pointer is
+	// short: after "sluiced: ", the line fits 80 columns for a flag of up to 18 characters.
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	configFile := fs.String("config", "", "configuration file (env SLUICE_CONFIG; default "+DefaultConfigFile+" when present)")
@@ -400,7 +401,7 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 			WriteHelp(stderr)
 			return nil, err
 		}
-		return nil, fmt.Errorf("%v (sluiced --help lists the options)", err)
+		return nil, fmt.Errorf("%v (see sluiced --help)", err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
