@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -389,40 +390,10 @@ const (
 	benchDirectPort = 8081 // the same server, for the direct path
 )
 
-// benchInNS runs f on a thread of its own in ns. The thread is never unlocked: it ends with
-// the goroutine, so no other goroutine ever runs in ns by accident.
-func benchInNS(ns netns.NsHandle, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(ns); err != nil {
-			errc <- fmt.Errorf("entering a network namespace: %w", err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
-}
-
-// benchNewNS makes a network namespace, held only by its handle (closed at cleanup: the
-// namespace, its links and routes go with it).
+// benchNewNS makes a network namespace (nstest.New) set up to forward, with rp_filter off.
 func benchNewNS(b testing.TB) netns.NsHandle {
-	type res struct {
-		ns  netns.NsHandle
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread, now in the new namespace, ends here
-		ns, err := netns.New()
-		ch <- res{ns, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		b.Fatalf("creating a network namespace: %v", r.err)
-	}
-	b.Cleanup(func() { r.ns.Close() })
-	err := benchInNS(r.ns, func() error {
+	ns := nstest.New(b)
+	err := nstest.Run(ns, func() error {
 		for _, s := range []string{"ipv4/conf/all/forwarding", "ipv6/conf/all/forwarding", "ipv4/conf/all/rp_filter", "ipv4/conf/default/rp_filter"} {
 			v := "0"
 			if strings.HasSuffix(s, "/forwarding") {
@@ -432,16 +403,12 @@ func benchNewNS(b testing.TB) netns.NsHandle {
 				return err
 			}
 		}
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
+		return nil
 	})
 	if err != nil {
 		b.Fatalf("setting up a network namespace: %v", err)
 	}
-	return r.ns
+	return ns
 }
 
 type benchNet struct {
@@ -597,7 +564,7 @@ type benchTraffic struct {
 // server counts the bytes (counter): it returns bits per second received.
 func (t *benchTraffic) udpGSO(addr string, seg int, counter *atomic.Int64, d time.Duration) (float64, error) {
 	var bits float64
-	err := benchInNS(t.client, func() error {
+	err := nstest.Run(t.client, func() error {
 		c, err := net.Dial("udp", addr)
 		if err != nil {
 			return err
@@ -635,7 +602,7 @@ func (t *benchTraffic) connRate(addr string, workers int, d time.Duration) (floa
 	end := start.Add(d)
 	for range workers {
 		go func() {
-			errs <- benchInNS(t.client, func() error {
+			errs <- nstest.Run(t.client, func() error {
 				dialer := net.Dialer{Timeout: 3 * time.Second}
 				var b [1]byte
 				for first := true; first || time.Now().Before(end); first = false {
@@ -674,7 +641,7 @@ func (t *benchTraffic) connRate(addr string, workers int, d time.Duration) (floa
 // connection whose first SYN went unanswered or was refused waited a second for its next.
 func (t *benchTraffic) synRetrans() (int64, error) {
 	var n int64
-	err := benchInNS(t.client, func() error {
+	err := nstest.Run(t.client, func() error {
 		raw, err := os.ReadFile("/proc/thread-self/net/netstat")
 		if err != nil {
 			return err
@@ -698,7 +665,7 @@ func (t *benchTraffic) synRetrans() (int64, error) {
 // them, over the time until the server's count arrived.
 func (t *benchTraffic) upload(addr string, d time.Duration) (float64, error) {
 	var bits float64
-	err := benchInNS(t.client, func() error {
+	err := nstest.Run(t.client, func() error {
 		c, err := net.DialTimeout("tcp", addr, 3*time.Second)
 		if err != nil {
 			return err
@@ -731,7 +698,7 @@ func (t *benchTraffic) upload(addr string, d time.Duration) (float64, error) {
 // download asks for data for d on one connection and returns bits per second received.
 func (t *benchTraffic) download(addr string, d time.Duration) (float64, error) {
 	var bits float64
-	err := benchInNS(t.client, func() error {
+	err := nstest.Run(t.client, func() error {
 		c, err := net.DialTimeout("tcp", addr, 3*time.Second)
 		if err != nil {
 			return err
@@ -843,7 +810,7 @@ func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic
 			HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts,
 			ipv4Programs: ipv4Only}
 		updates[i] = u
-		err := benchInNS(node.ns, func() error {
+		err := nstest.Run(node.ns, func() error {
 			st, err := StartStage(cfgs[i])
 			if err != nil {
 				return err
@@ -871,7 +838,7 @@ func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic
 	}{{srvA, benchPodA}, {srvB, benchPodB}, {srvA, benchPodA6}, {srvB, benchPodB6}} {
 		for _, port := range []uint16{benchNPPort, benchDirectPort} {
 			var ln net.Listener
-			if err := benchInNS(srv.ns, func() (err error) {
+			if err := nstest.Run(srv.ns, func() (err error) {
 				ln, err = net.Listen("tcp", netip.AddrPortFrom(srv.pod, port).String())
 				return err
 			}); err != nil {
@@ -891,7 +858,7 @@ func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic
 		for _, port := range []uint16{benchNPPort, benchDirectPort} {
 			addr := netip.AddrPortFrom(srv.pod, port)
 			var pc net.PacketConn
-			if err := benchInNS(srv.ns, func() (err error) {
+			if err := nstest.Run(srv.ns, func() (err error) {
 				pc, err = net.ListenPacket("udp", addr.String())
 				return err
 			}); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cloudflare/ipvs"
 	"github.com/cloudflare/ipvs/netmask"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -116,7 +117,7 @@ func newHookLeftoverWorld(t *testing.T) *hookLeftoverWorld {
 	h := &hookLeftoverWorld{w: w}
 	np := netip.AddrPortFrom(benchNodeAddr(0), uint16(benchNodePort)).String() // service 0: its endpoint on node A
 	h.reach = func() error {
-		return benchInNS(w.client, func() error {
+		return nstest.Run(w.client, func() error {
 			c, err := net.DialTimeout("tcp", np, 700*time.Millisecond)
 			if err != nil {
 				return err
@@ -133,7 +134,7 @@ func newHookLeftoverWorld(t *testing.T) *hookLeftoverWorld {
 	}
 	h.inA = func(f func() error) {
 		t.Helper()
-		if err := benchInNS(w.nodes[0], f); err != nil {
+		if err := nstest.Run(w.nodes[0], f); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -287,7 +288,7 @@ func TestHookLeftoversTraffic(t *testing.T) {
 	xdp := prog("cil_xdp_entry", ebpf.XDP, 1 /* XDP_DROP */)
 	inA(func() error { return netlink.LinkSetXdpFdWithFlags(eth1, xdp.FD(), unix.XDP_FLAGS_SKB_MODE) })
 	t.Cleanup(func() {
-		_ = benchInNS(w.nodes[0], func() error { return netlink.LinkSetXdpFdWithFlags(eth1, -1, unix.XDP_FLAGS_SKB_MODE) })
+		_ = nstest.Run(w.nodes[0], func() error { return netlink.LinkSetXdpFdWithFlags(eth1, -1, unix.XDP_FLAGS_SKB_MODE) })
 	})
 	if err := reach(); err == nil {
 		t.Fatal("the node port works with an XDP program dropping every packet of eth1")
@@ -431,8 +432,7 @@ func TestCgroupLeftovers(t *testing.T) {
 	}
 	t.Cleanup(func() { cg.Close() })
 
-	lockNetns(t)
-	skNetns(t)
+	nstest.Enter(t)
 	cookie, err := NetnsCookie()
 	if err != nil {
 		t.Skipf("no SO_NETNS_COOKIE: %v", err)
@@ -602,7 +602,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 	}
 	node, backend := benchNewNS(t), benchNewNS(t)
 	n := &benchNet{b: t, handles: map[netns.NsHandle]*netlink.Handle{}}
-	if err := benchInNS(node, func() error {
+	if err := nstest.Run(node, func() error {
 		c, err := ipvs.New()
 		if err != nil {
 			return err
@@ -623,7 +623,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 	n.addr(node, "kube-ipvs0", "10.96.9.9/32")
 	var wg sync.WaitGroup
 	var ln net.Listener
-	if err := benchInNS(backend, func() (err error) {
+	if err := nstest.Run(backend, func() (err error) {
 		ln, err = net.Listen("tcp4", "10.99.0.2:8080")
 		return err
 	}); err != nil {
@@ -636,7 +636,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 		Netmask: netmask.MaskFrom(32, 32)} // as kube-proxy makes them
 	decoy := vip
 	decoy.Address = netip.MustParseAddr("10.96.9.9")
-	if err := benchInNS(node, func() error {
+	if err := nstest.Run(node, func() error {
 		c, err := ipvs.New()
 		if err != nil {
 			return err
@@ -656,7 +656,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 		t.Fatal(err)
 	}
 	reach := func(addr string) error {
-		return benchInNS(node, func() error {
+		return nstest.Run(node, func() error {
 			c, err := net.DialTimeout("tcp4", addr, 2*time.Second)
 			if err != nil {
 				return err
@@ -675,7 +675,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 	}
 	frontends := func() map[netip.Addr]bool { return map[netip.Addr]bool{netip.MustParseAddr("10.96.0.10"): true} }
 	var found []Conflict
-	_ = benchInNS(node, func() error { found = KubeIPVS(frontends); return nil })
+	_ = nstest.Run(node, func() error { found = KubeIPVS(frontends); return nil })
 	byWhat := map[string]Conflict{}
 	for _, c := range found {
 		byWhat[c.What] = c
@@ -690,7 +690,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 	if len(found) != 3 {
 		t.Fatalf("found %d, want the device and two services: %v", len(found), found)
 	}
-	if err := benchInNS(node, func() error {
+	if err := nstest.Run(node, func() error {
 		for _, c := range found {
 			if c.Removable() {
 				if err := c.remove(); err != nil {
@@ -708,7 +708,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 	if err := reach("10.96.9.9:80"); err != nil {
 		t.Errorf("the decoy service no longer works: %v", err)
 	}
-	_ = benchInNS(node, func() error { found = KubeIPVS(frontends); return nil })
+	_ = nstest.Run(node, func() error { found = KubeIPVS(frontends); return nil })
 	for _, c := range found {
 		if c.Breaking {
 			t.Errorf("after the cleanup: %+v", c)
@@ -726,8 +726,7 @@ func TestKubeIPVSLeftover(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
-	lockNetns(t)
-	skNetns(t)
+	nstest.Enter(t)
 	// kube-proxy makes it a dummy device; a veth stands in (the kernels sluice targets may
 	// lack the dummy driver).
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}, PeerName: "kube-ipvs0-p"}); err != nil {
@@ -773,8 +772,7 @@ func TestXDPLinkLeftoverRemoved(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("network namespaces and eBPF programs need root")
 	}
-	lockNetns(t)
-	skNetns(t)
+	nstest.Enter(t)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-p"}); err != nil {
 		t.Fatal(err)
 	}

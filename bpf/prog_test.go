@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -248,7 +249,7 @@ func tpNewWorld(t *testing.T) *tpWorld {
 	if os.Geteuid() != 0 {
 		t.Skip("running eBPF programs in network namespaces needs root")
 	}
-	lockNetns(t)
+	nstest.Lock(t)
 	return &tpWorld{t: t}
 }
 
@@ -272,11 +273,7 @@ type tpNode struct {
 func (w *tpWorld) node(name string, host netip.Addr, ifaces []tpIfaceSpec) *tpNode {
 	t := w.t
 	t.Helper()
-	ns, err := netns.New() // the thread is now in ns
-	if err != nil {
-		t.Fatalf("%s: creating a network namespace: %v", name, err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	ns := nstest.Another(t) // the thread is now in ns
 	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
 	if err != nil {
 		t.Fatalf("%s: netlink handle: %v", name, err)

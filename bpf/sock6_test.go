@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -60,8 +61,7 @@ func TestSockNAT6(t *testing.T) {
 		t.Skip("attaching cgroup socket programs needs root")
 	}
 	root := skCgroupRoot(t)
-	lockNetns(t)
-	skNetns(t)
+	nstest.Enter(t)
 	cookie, err := NetnsCookie()
 	if errors.Is(err, unix.ENOPROTOOPT) {
 		t.Skip("no SO_NETNS_COOKIE (before Linux 5.14): sluiced leaves the socket programs off there")

@@ -5,15 +5,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,53 +66,6 @@ func skCgroupRoot(t *testing.T) string {
 	return dir
 }
 
-// skNetns moves the test's locked thread into a new network namespace with lo up and returns
-// it.
-func skNetns(t *testing.T) netns.NsHandle {
-	t.Helper()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatalf("creating a network namespace: %v", err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	lo, err := netlink.LinkByName("lo")
-	if err == nil {
-		err = netlink.LinkSetUp(lo)
-	}
-	if err != nil {
-		t.Fatalf("setting lo up: %v", err)
-	}
-	return ns
-}
-
-// lockNetns locks the test's goroutine to its OS thread, which the test then moves between
-// network namespaces, and at cleanup returns it to the test's own namespace and unlocks it
-// (a thread that cannot return stays locked: the runtime ends it with the goroutine).
-func lockNetns(t testing.TB) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("getting the test's network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
-}
-
-func skEnter(t *testing.T, ns netns.NsHandle) {
-	t.Helper()
-	if err := netns.Set(ns); err != nil {
-		t.Fatalf("entering a network namespace: %v", err)
-	}
-}
-
 // skCookie is the socket cookie of c (SO_COOKIE), the first word of sl_sock_v4's keys.
 func skCookie(t *testing.T, c syscall.Conn) uint64 {
 	t.Helper()
@@ -154,8 +106,7 @@ func TestSockNAT(t *testing.T) {
 	}
 	root := skCgroupRoot(t)
 
-	lockNetns(t)
-	ns := skNetns(t)
+	ns := nstest.Enter(t)
 	cookie, err := NetnsCookie()
 	if errors.Is(err, unix.ENOPROTOOPT) {
 		t.Skip("no SO_NETNS_COOKIE (before Linux 5.14): sluiced leaves the socket programs off there (TestStageWithoutNetnsCookie)")
@@ -357,7 +308,7 @@ func TestSockNAT(t *testing.T) {
 	// address's neighbour entry set, so that the first packet sent is the SYN) and a server
 	// where the backend would be: its connection goes to the real address, which never
 	// answers.
-	skNetns(t) // the thread is now there
+	nstest.Another(t) // the thread is now there
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "up0p"}
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("adding a veth pair: %v", err)
@@ -414,7 +365,7 @@ func TestSockNAT(t *testing.T) {
 		t.Errorf("with the other namespace's cookie, connecting to %v:81 there: %v, want ECONNREFUSED", skVIP, err)
 	}
 	putCfg(cookie)
-	skEnter(t, ns)
+	nstest.Set(t, ns)
 
 	if got := skCounter(t, o, skCSockNat); got != 3 {
 		t.Errorf("C_SOCK_NAT = %d, want 3", got)

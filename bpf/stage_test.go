@@ -21,6 +21,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -70,28 +71,7 @@ func stNewEnv(t *testing.T) *stEnv {
 	if os.Geteuid() != 0 {
 		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
 	}
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("getting the test's network namespace: %v", err)
-	}
-	ns, err := netns.New() // the thread is now in ns
-	if err != nil {
-		orig.Close()
-		runtime.UnlockOSThread()
-		t.Fatalf("creating a network namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		defer ns.Close()
-		if err := netns.Set(orig); err != nil {
-			// The thread stays locked: the runtime ends it with the test's goroutine.
-			t.Errorf("returning to the test's network namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	})
+	ns := nstest.Enter(t)
 	base := t.TempDir()
 	fs := filepath.Join(base, "bpffs")
 	if err := os.Mkdir(fs, 0o700); err != nil {

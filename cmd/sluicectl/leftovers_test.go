@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -14,8 +13,8 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 )
 
 // TestLeftoversOnANode: in a namespace of its own, an interface whose ingress holds a program
@@ -29,18 +28,7 @@ func TestLeftoversOnANode(t *testing.T) {
 	if err := bpf.HaveTCX(); err != nil {
 		t.Skipf("needs TCX (Linux 6.6): %v", err)
 	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New() // this thread is now in ns
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Set(orig); ns.Close() }()
+	nstest.Enter(t)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-peer"}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/sluice-net/sluice/store"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -357,25 +356,7 @@ func TestDiffServicesOnNode(t *testing.T) {
 	c.loadSample()
 	c.env["SLUICE_BPF_PIN_DIR"] = dir
 	c.env["SLUICE_CONFIG"] = "/dev/null"
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer orig.Close()
-		if err := netns.Set(orig); err != nil {
-			t.Errorf("returning to the test's network namespace: %v", err) // the thread ends with the test
-			return
-		}
-		runtime.UnlockOSThread()
-	})
-	ns, err := netns.New() // this thread is now in ns
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
+	nstest.Enter(t)
 
 	r := c.ctl("", "diff", "--node", "node-a")
 	if r.code != 1 || !strings.Contains(r.stdout, "  missing: service maps not found at "+dir+": ") {
