@@ -109,6 +109,9 @@ func ieVXLANInner(t *testing.T, rc uint32, out []byte, srcMAC, dstMAC tpMAC, src
 // Case 1: a workload's UDP flow to a cluster IP, the backend on the same node answers with
 // port unreachable.
 func TestICMPErrorFromLocalBackend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	a := tpNewWorld(t).node("node-a", tpNodeA, tpNodeASpec())
 	vip := netip.MustParseAddr("10.96.0.10")
 	a.frontend(vip, 53, tpProtoUDP, sluiceFeVal{ListId: 1, SvcId: 1, Count: 1, Local: 1})
@@ -178,6 +181,9 @@ func TestICMPErrorNodePortLocal(t *testing.T) {
 // Case 3: backend on another node. The pod's error about a tunnelled flow goes back through
 // the tunnel to the ingress node, which unwraps and translates it.
 func TestICMPErrorThroughTunnel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	t.Run("node port", func(t *testing.T) {
 		a, b := tpRemoteNodePort(t)
 		client := netip.AddrPortFrom(tpClient, 41000)

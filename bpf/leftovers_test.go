@@ -199,6 +199,9 @@ func newHookLeftoverWorld(t *testing.T) *hookLeftoverWorld {
 // dormant. --clean-conflicts removes Cilium's only: the node port works and the operator's
 // filter stays.
 func TestHookLeftoversClassic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
 	}
@@ -262,6 +265,9 @@ func TestHookLeftoversClassic(t *testing.T) {
 // reported as such, and --clean-conflicts removes exactly the breaking ones whose owner is
 // recognisable; the node port then works and the operator's program is still there.
 func TestHookLeftoversTraffic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (3 s): make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
 	}
@@ -413,6 +419,9 @@ func TestHookLeftoversTraffic(t *testing.T) {
 // detaches it, sluice's programs attach and the connection reaches the backend. An operator's
 // program attached after sluice's is dormant and stays.
 func TestCgroupLeftovers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("attaching cgroup socket programs needs root")
 	}

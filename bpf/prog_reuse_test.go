@@ -65,6 +65,9 @@ var rtCloses = []struct {
 // by node B's host interface, by a path no ingress program sees (the kernel's VXLAN device:
 // only the workload interface's egress sees it), and not at all (only the answer is seen).
 func TestProgDirectAfterNodePort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	client := netip.AddrPortFrom(tpClient, 40000)
 	pod := netip.AddrPortFrom(tpPodB5, 8080)
 	for _, cl := range rtCloses {

@@ -98,6 +98,9 @@ func skCounter(t *testing.T, o *Objects, c int) uint64 {
 }
 
 func TestSockNAT(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("attaching cgroup socket programs needs root")
 	}

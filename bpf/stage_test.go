@@ -655,6 +655,9 @@ func TestStageRestartInvisible(t *testing.T) {
 // 4a. A program detached by someone else is attached again at the next apply and counted; a
 // link pin removed by someone else is put back (the agent still holds the link).
 func TestStageDriftProgramDetached(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (4 s): make test runs it")
+	}
 	t.Run("detached", func(t *testing.T) {
 		e := stNewEnv(t)
 		s, _ := e.start(stConfig(e.pin))
@@ -767,6 +770,9 @@ func TestStageDriftProgramDetached(t *testing.T) {
 
 // 4b. Map entries changed, deleted or added by hand are put right by a resync.
 func TestStageDriftMapEntry(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	cfg := stConfig(e.pin)
 	s, _ := e.start(cfg)
@@ -860,6 +866,9 @@ func (e *stEnv) indexProblems() []string {
 // 4c. A map pin removed by someone is put back: the same map, so a restart still finds the
 // connections.
 func TestStageDriftMapPin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (3 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	cfg := stConfig(e.pin)
 	s, stop := e.start(cfg)
@@ -914,6 +923,9 @@ func TestStageDriftMapPin(t *testing.T) {
 // 4d. A workload interface that goes loses its links and pins; one that comes back (with a
 // new ifindex) gets them again, also when it went and came back between two applies.
 func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	s, _ := e.start(stConfig(e.pin))
 	s.OnUpdate(stStandard())
@@ -966,6 +978,9 @@ func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
 
 // 5. Turning the stage off leaves no pin and no program.
 func TestStageRemoveAll(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (3 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	s, stop := e.start(stConfig(e.pin))
 	s.OnUpdate(stStandard())
@@ -1051,6 +1066,9 @@ func (e *stEnv) classicFilters(iface string) int {
 // dormant; programs whose owner cannot be recognised are never removed, with CleanConflicts
 // neither (TestHookLeftoversTraffic removes recognisable ones and shows the traffic).
 func TestStageConflicts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	for _, clean := range []bool{false, true} {
 		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
 			e := stNewEnv(t)
@@ -1152,6 +1170,9 @@ func TestStageConflicts(t *testing.T) {
 // counts it, and leaves the services that were programmed alone; a restart with the larger
 // size programs everything and keeps the rest.
 func TestStageMapFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	cfg := stConfig(e.pin)
 	cfg.Sizes.Frontends = 16
@@ -1263,6 +1284,9 @@ func stLocalFlow(name string, proto uint8, sport uint16, tcp uint8, seen uint64)
 // 8. Connection cleanup judged at chosen times: each kind of flow lives exactly as long as its
 // idle timeout, and a flow goes with its pair.
 func TestStageConntrackCleanup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	t.Run("cleaner-program", func(t *testing.T) { testConntrackCleanup(t, false) })
 	// Kernels before 5.14 have no syscall programs: user space deletes, the same entries.
 	t.Run("user-space", func(t *testing.T) { testConntrackCleanup(t, true) })
@@ -1525,6 +1549,9 @@ func TestStageSocketHookPins(t *testing.T) {
 // Flows whose endpoint left its service go at the next cleanup, busy or not; flows to an
 // endpoint that is terminating but still named by its slice stay (it drains).
 func TestStageConntrackStale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	s, _ := e.start(stConfig(e.pin))
 	web := stWeb()
@@ -1678,6 +1705,9 @@ func (b *atomicBool) get() bool {
 // refused by name and left; the service stage switched from TCX to tc and back leaves only
 // the current mode's objects (where the kernel has TCX).
 func TestStageTC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	t.Run("restart-in-place", func(t *testing.T) {
 		e := stNewEnv(t)
 		cfg := stConfig(e.pin)
@@ -1949,6 +1979,9 @@ func TestStageDottedAndTunnelInterfaces(t *testing.T) {
 // The tunnel MTU option is used when the underlay carries it, and refused (the most the
 // underlay carries used instead, and the stage says why) when it does not.
 func TestStageTunnelMTUOption(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	for _, tc := range []struct {
 		option, want int
 		problem      bool
@@ -1974,6 +2007,9 @@ func TestStageTunnelMTUOption(t *testing.T) {
 // The node-port range is added to the namespace's ip_local_reserved_ports, keeping what
 // other software reserved there, and written once.
 func TestStageReservesNodePorts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	e := stNewEnv(t) // a namespace of its own: its own setting
 	if err := os.WriteFile(reservedPortsFile, []byte("8080,9000-9001"), 0o644); err != nil {
 		t.Fatal(err)
@@ -2002,6 +2038,9 @@ func TestStageReservesNodePorts(t *testing.T) {
 // one here, this kernel having no bonding) gets no programs; its master does. Released, it
 // gets them at the next sync.
 func TestStageEnslavedInterfaces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	e := stNewEnv(t)
 	e.hostIface("eth3", "203.0.113.3/24")
 	e.made["bond9"] = true

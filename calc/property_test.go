@@ -21,6 +21,9 @@ import (
 // Blocks of /26, /32 and /23 (more than one bucket of calc's address index) are in the mix,
 // and a /32 pool that may equal a node's address.
 func TestIncrementalMatchesScratch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (9 s): make test runs it")
+	}
 	const runs = 1500
 	for seed := range uint64(runs) {
 		r := rand.New(rand.NewPCG(seed, 7))

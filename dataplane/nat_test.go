@@ -128,6 +128,9 @@ func TestMergePrefixesAndRanges(t *testing.T) {
 //	work (10.65.0.5) ── node (10.65.0.1 side; 192.0.2.11 uplink) ── outside (192.0.2.1)
 //	peer (10.66.0.9) ──┘
 func TestOutgoingNATRealKernel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	tp := newNATTopology(t)
 	node, work, peer, k := tp.node, tp.work, tp.peer, tp.k
 	ip := tp.ip
@@ -496,6 +499,9 @@ func BenchmarkOutgoingNAT(b *testing.B) {
 // natOutgoing reaches the outside as the node; the outside reaches it through its IPv6
 // floating IP, its own address kept, and its traffic out then leaves from the floating IP.
 func TestOutgoingNATRealKernelIPv6(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	node, work, out := newTestNode(t), newTestNode(t), newTestNode(t)
 	tp := &natTopology{tb: t, node: node, work: work, out: out}
 	ip := tp.ip

@@ -193,6 +193,9 @@ func TestIntakeSurvivesEtcdRestart(t *testing.T) {
 }
 
 func TestIntakeThreeMemberFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (4 s): make test runs it")
+	}
 	cl := etcdtest.NewCluster(t, 3)
 	cli := mustClient(t, store.ClientConfig{Endpoints: cl.Endpoints()})
 	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
@@ -268,6 +271,9 @@ func TestIntakeBadValues(t *testing.T) {
 }
 
 func TestIntakeTLSAndAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (5 s): make test runs it")
+	}
 	files, err := etcdtest.WriteTLSFiles(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +331,9 @@ func TestIntakeTLSAndAuth(t *testing.T) {
 // (WithRequireLeader), the intake retry with bounded, growing backoff, and once quorum is back
 // read again and carry on.
 func TestIntakeLostLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	cl := etcdtest.NewCluster(t, 3)
 	cli := mustClient(t, store.ClientConfig{Endpoints: []string{cl.Members[2].Endpoint()}})
 	put(t, cli, poolKey, poolValue("pool-a", "10.65.0.0/16", "Always"))
@@ -462,6 +471,9 @@ func TestIntakeShrinksPagesTooLargeForOneMessage(t *testing.T) {
 // in sync (once), keeps what it holds, and once the link is back catches up from its
 // revision (no resync) with what changed meanwhile.
 func TestIntakeNoticesSilence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (6 s): make test runs it")
+	}
 	writer, proxy, cli := behindProxy(t)
 	put(t, writer, nodeKey, nodeValue("node-a", "192.0.2.11/24", ""))
 	s, r := newSink(), &reporter{}

@@ -68,6 +68,9 @@ func stallIntake(t *testing.T, cli *clientv3.Client, after time.Duration) (*stor
 // moves on is taken for lost after StallAfter, and the read that follows brings what it
 // missed; before the stall, the same changes with the watches served read nothing again.
 func TestIntakeResyncsAStalledWatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (4 s): make test runs it")
+	}
 	progressEvery(t, 200*time.Millisecond) // the idle /sluice/ watch kept current too
 	srv := etcdtest.New(t)
 	writer := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
@@ -100,6 +103,9 @@ func TestIntakeResyncsAStalledWatch(t *testing.T) {
 // on etcd directly and through etcd's gRPC proxy (which passes its own watches' notifications
 // on to every client watch it serves from them).
 func TestIntakeIdleWatchIsNotStalled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (8 s): make test runs it")
+	}
 	progressEvery(t, 200*time.Millisecond)
 	for _, via := range []string{"direct", "grpc-proxy"} {
 		t.Run(via, func(t *testing.T) {

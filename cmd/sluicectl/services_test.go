@@ -164,6 +164,9 @@ func TestServicesPinDirMissing(t *testing.T) {
 
 // TestServicesViews: each view reads what an agent wrote into its pinned maps.
 func TestServicesViews(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (3 s): make test runs it")
+	}
 	dir := privateBPFFS(t)
 	objs := agentMaps(t, dir)
 	putFlows(t, objs)
@@ -273,6 +276,9 @@ tunnel TCP 10.65.0.1:8080 → 198.51.100.77:21000 tunnel back to 198.51.100.13 t
 // removed and a cluster network added behind its back are a missing and an extra line; no
 // maps at all is one missing line naming the directory.
 func TestDiffServiceMaps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (3 s): make test runs it")
+	}
 	dir := privateBPFFS(t)
 	objs := agentMaps(t, dir)
 	full := firstFullUpdate(t, servicesLog, "node-a")
@@ -437,6 +443,9 @@ func TestServicesRowsHairpinUDPRouted(t *testing.T) {
 // its address-only entry, its backends (local and through the IPv6 tunnel), its source range,
 // and an IPv6 flow's forward and reverse entries.
 func TestServicesIPv6(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	dir := privateBPFFS(t)
 	objs, err := bpf.Load(dir, testMapSizes)
 	if err != nil {

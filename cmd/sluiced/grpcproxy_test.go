@@ -32,6 +32,9 @@ const nodeE = `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"n
 // to etcd directly arrive through the proxy's shared watch, its status key is written,
 // kept alive and released through the proxy, and it is ready.
 func TestRunThroughGRPCProxy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (11 s): make test runs it")
+	}
 	srv, cli, counts := loadedEtcd(t)
 
 	// Directly first: what the agent counts against etcd itself.
@@ -153,6 +156,9 @@ func TestRunThroughGRPCProxy(t *testing.T) {
 // fails, and the agent is not ready either way. Its status key expires too: the proxy cannot
 // keep the lease alive.
 func TestRunThroughGRPCProxyCompacted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (8 s): make test runs it")
+	}
 	for _, tc := range []struct {
 		name string
 		// chain starts a proxy and a cuttable link in front of srv, in one order or the

@@ -618,6 +618,9 @@ func metric(t *testing.T, addr, name string) string {
 // metrics, logs it once, stays live, and once the link is back is ready again with what
 // changed meanwhile (issue #10: the outage used to be invisible on the node).
 func TestRunEtcdSilence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (7 s): make test runs it")
+	}
 	srv, cli, _ := loadedEtcd(t)
 	proxy, err := etcdtest.NewProxy(srv.Endpoint())
 	if err != nil {
@@ -697,6 +700,9 @@ func TestRunUnknownNode(t *testing.T) {
 // TestVersionFlag: sluiced --version (and version) prints its build and exits 0, without
 // reading any configuration.
 func TestVersionFlag(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (13 s): make test runs it")
+	}
 	bin := filepath.Join(t.TempDir(), "sluiced")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("building sluiced: %v\n%s", err, out)

@@ -37,6 +37,9 @@ import (
 // (a goroutine locked to it); calc is fed by a real intake from etcd holding the sample
 // cluster.
 func TestServiceStageContained(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
 	}

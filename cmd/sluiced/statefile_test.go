@@ -242,6 +242,9 @@ func TestSyncedAtStandsInUntilTheFirstSync(t *testing.T) {
 // (handed over, its revision standing for etcd's); one etcd moved on from; etcd not
 // answering; a damaged file; and a current one when calc's own update came first.
 func TestRestoreKeptOutcomes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	sh := benchShape{name: "small", nodes: 3, blocks: 6}
 	cli, held, st, cfg := shapeInEtcd(t, sh)
 	prefixes := store.NodePrefixes("node-00000")

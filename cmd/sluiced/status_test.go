@@ -39,6 +39,9 @@ func statusOf(t *testing.T, cli *clientv3.Client, node string) *store.NodeStatus
 // current revision), goes at once on SIGTERM (the lease is released), and goes by lease
 // expiry after kill -9.
 func TestStatusKeyLifecycle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (12 s): make test runs it")
+	}
 	srv, cli := newEtcd(t)
 	rev, err := cli.Put(context.Background(), store.NodePrefix+"node-a", `{"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"}}}`)
 	if err != nil {
@@ -91,6 +94,9 @@ func TestStatusKeyLifecycle(t *testing.T) {
 // TestStatusLeaseLostIsReplaced: a lease lost while the agent lives (here revoked from
 // outside, as an expiry during an etcd outage would) is replaced and the key written again.
 func TestStatusLeaseLostIsReplaced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (1 s): make test runs it")
+	}
 	srv, cli := newEtcd(t)
 	c, err := agentconfig.Parse([]string{"--etcd-endpoints", srv.Endpoint(), "--node-name", "node-a", "--dataplane=false", "--health-listen", "", "--status-ttl", "2s"},
 		envOf(map[string]string{"NOTIFY_SOCKET": "/nonexistent/notify.sock"}), &bytes.Buffer{})

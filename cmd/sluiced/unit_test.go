@@ -11,6 +11,9 @@ import (
 // TestSystemdUnitVerifies runs `systemd-analyze verify` on the unit with ExecStart pointing
 // at a freshly built sluiced, and checks the settings the agent relies on.
 func TestSystemdUnitVerifies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (8 s): make test runs it")
+	}
 	unit, err := os.ReadFile("../../deploy/systemd/sluiced.service")
 	if err != nil {
 		t.Fatal(err)

@@ -121,6 +121,9 @@ func TestCallerDirIsKept(t *testing.T) {
 }
 
 func TestClusterSurvivesOneMemberDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (5 s): make test runs it")
+	}
 	cl := NewCluster(t, 3)
 	if len(cl.Endpoints()) != 3 {
 		t.Fatalf("endpoints %v", cl.Endpoints())

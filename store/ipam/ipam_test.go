@@ -330,6 +330,9 @@ func TestClaimAnyConcurrently(t *testing.T) {
 }
 
 func TestAssignConcurrentlyAndRelease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
 	srv := etcdtest.New(t)
 	c := newClient(t, srv)
 	m := ipam.New(c)
