@@ -7,23 +7,23 @@ import (
 	"testing"
 )
 
-var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/cli/*.txt from the current output")
+var update = flag.Bool("update", false, "rewrite testdata/cli/*.txt from the current output")
 
-// golden compares out with testdata/cli/name (-update-golden rewrites it).
+// golden compares out with testdata/cli/name (-update rewrites it).
 func golden(t *testing.T, name, out string) {
 	t.Helper()
 	path := filepath.Join("..", "..", "testdata", "cli", name)
-	if *updateGolden {
+	if *update {
 		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (go test ./cmd/sluicectl -run Golden -update-golden writes it)", err)
+		t.Fatalf("%v (go test ./cmd/sluicectl -run Golden -update writes it)", err)
 	}
 	if string(want) != out {
-		t.Fatalf("%s differs (go test ./cmd/sluicectl -run Golden -update-golden rewrites it):\n--- got\n%s\n--- want\n%s", name, out, want)
+		t.Fatalf("%s differs (go test ./cmd/sluicectl -run Golden -update rewrites it):\n--- got\n%s\n--- want\n%s", name, out, want)
 	}
 }
 
