@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/applyloop"
 	"github.com/sluice-net/sluice/internal/tracker"
 	"github.com/vishvananda/netlink"
 )
@@ -552,78 +553,55 @@ func mtuOf(a netip.Addr) (int, error) {
 // every ResyncInterval, cleans the connection table every CleanupInterval and follows
 // interfaces as they come and go, until ctx ends. Stopping leaves everything in place.
 func (s *Stage) Run(ctx context.Context) {
-	resync := time.NewTicker(s.cfg.ResyncInterval)
-	defer resync.Stop()
-	clean := time.NewTicker(s.cfg.CleanupInterval)
-	defer clean.Stop()
-	heartbeat := time.NewTicker(time.Second)
-	defer heartbeat.Stop()
 	updates := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
 	if err := netlink.LinkSubscribe(updates, done); err == nil {
 		s.links.Store(true)
-	}
-	s.beat.Store(time.Now().UnixNano())
-	backoff := time.Duration(0)
-	var retry <-chan time.Time
-	last := time.Time{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.kick:
-			if retry != nil {
-				continue
+		go func() {
+			for range updates { // closed once done is
+				// A workload or host interface came or went: attach or let go.
+				s.needHooks.Store(true)
+				s.Kick()
 			}
-		case <-updates:
-			// A workload or host interface came or went: attach or let go.
-			s.needHooks.Store(true)
-		case <-resync.C:
-			s.Svc.QueueResync()
-			s.needHooks.Store(true)
-			s.mu.Lock()
-			s.periodic = true
-			s.mu.Unlock()
-		case <-retry:
-			retry = nil
-		case <-clean.C:
-			if s.Svc.Ready() {
-				st, err := s.CT.Clean(Monotonic())
+		}()
+	}
+	loop := applyloop.Loop{Kick: s.kick, MinInterval: s.cfg.MinInterval, Beat: &s.beat,
+		Ticks: []applyloop.Tick{
+			{Every: s.cfg.ResyncInterval, Do: func() bool {
+				s.Svc.QueueResync()
+				s.needHooks.Store(true)
 				s.mu.Lock()
-				s.lastClean = st
+				s.periodic = true
 				s.mu.Unlock()
-				if s.cfg.OnClean != nil {
-					s.cfg.OnClean(st, err)
+				return true
+			}},
+			{Every: s.cfg.CleanupInterval, Do: func() bool {
+				if s.Svc.Ready() {
+					st, err := s.CT.Clean(Monotonic())
+					s.mu.Lock()
+					s.lastClean = st
+					s.mu.Unlock()
+					if s.cfg.OnClean != nil {
+						s.cfg.OnClean(st, err)
+					}
 				}
+				return false
+			}},
+		},
+		Apply: func() error {
+			start := time.Now()
+			// Without the link subscription, no event says an interface came: check every time.
+			writes, err := s.apply(s.needHooks.Swap(false) || !s.links.Load())
+			if s.cfg.OnApply != nil && (writes > 0 || err != nil) {
+				s.cfg.OnApply(err, writes, time.Since(start))
 			}
-			continue
-		case <-heartbeat.C:
-			s.beat.Store(time.Now().UnixNano())
-			continue
-		}
-		s.beat.Store(time.Now().UnixNano())
-		if wait := s.cfg.MinInterval - time.Since(last); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
+			if err != nil {
+				s.Svc.QueueResync()
 			}
-		}
-		last = time.Now()
-		// Without the link subscription, no event says an interface came: check every time.
-		writes, err := s.apply(s.needHooks.Swap(false) || !s.links.Load())
-		if s.cfg.OnApply != nil && (writes > 0 || err != nil) {
-			s.cfg.OnApply(err, writes, time.Since(last))
-		}
-		if err != nil {
-			s.Svc.QueueResync()
-			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)
-			retry = time.After(backoff)
-			continue
-		}
-		backoff = 0
-	}
+			return err
+		}}
+	loop.Run(ctx)
 }
 
 // Close releases the handles; pins keep programs and maps in place for the next start.

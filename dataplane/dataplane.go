@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/applyloop"
 	"github.com/sluice-net/sluice/internal/tracker"
 )
 
@@ -471,64 +472,30 @@ func (d *Dataplane) ForgetInterface(name string) {
 // (100 ms doubling to 10 s) and resyncs every ResyncInterval, until ctx ends. Stopping leaves
 // the dataplane in place.
 func (d *Dataplane) Run(ctx context.Context) {
-	resync := time.NewTicker(d.cfg.ResyncInterval)
-	defer resync.Stop()
-	heartbeat := time.NewTicker(time.Second)
-	defer heartbeat.Stop()
-	d.beat.Store(time.Now().UnixNano())
-	backoff := time.Duration(0)
-	var retry <-chan time.Time
-	last := time.Time{}
 	announced := 0 // the full updates whose apply was announced
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-d.kick:
-			if retry != nil {
-				continue // backing off after a failure: the retry applies this change too
+	loop := applyloop.Loop{Kick: d.kick, MinInterval: d.cfg.MinInterval, Beat: &d.beat,
+		Ticks: []applyloop.Tick{{Every: d.cfg.ResyncInterval, Do: func() bool { d.QueueResync(); return false }}},
+		Apply: func() error {
+			start := time.Now()
+			before := d.Stats().Writes
+			err := d.Apply()
+			if f := d.cfg.OnApply; f != nil {
+				// The first apply after a full update is always told, writes or not: a
+				// restart that finds the kernel right writes nothing, and that is news too.
+				d.mu.Lock()
+				fulls := d.fullsApplied
+				d.mu.Unlock()
+				afterFull := fulls != announced && d.AppliedOnce()
+				if w := d.Stats().Writes - before; w > 0 || err != nil || afterFull {
+					f(err, w, time.Since(start))
+				}
+				if afterFull {
+					announced = fulls
+				}
 			}
-		case <-resync.C:
-			d.QueueResync()
-			continue
-		case <-retry:
-			retry = nil
-		case <-heartbeat.C:
-			d.beat.Store(time.Now().UnixNano())
-			continue
-		}
-		d.beat.Store(time.Now().UnixNano())
-		if wait := d.cfg.MinInterval - time.Since(last); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-		}
-		last = time.Now()
-		before := d.Stats().Writes
-		err := d.Apply()
-		if f := d.cfg.OnApply; f != nil {
-			// The first apply after a full update is always told, writes or not: a restart
-			// that finds the kernel right writes nothing, and that is news too.
-			d.mu.Lock()
-			fulls := d.fullsApplied
-			d.mu.Unlock()
-			afterFull := fulls != announced && d.AppliedOnce()
-			if w := d.Stats().Writes - before; w > 0 || err != nil || afterFull {
-				f(err, w, time.Since(last))
-			}
-			if afterFull {
-				announced = fulls
-			}
-		}
-		if err != nil {
-			backoff = min(max(backoff*2, 100*time.Millisecond), 10*time.Second)
-			retry = time.After(backoff)
-			continue
-		}
-		backoff = 0
-	}
+			return err
+		}}
+	loop.Run(ctx)
 }
 
 // Diff compares the kernel with the desired state given by a full update, writing nothing:
