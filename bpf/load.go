@@ -39,17 +39,11 @@ func (s MapSizes) apply(spec *ebpf.CollectionSpec) {
 			spec.Maps[name].MaxEntries = uint32(n)
 		}
 	}
-	// Each option sizes the map of both families.
-	for _, f := range []string{"v4", "v6"} {
-		set("sl_fe_"+f, s.Frontends)
-		set("sl_be_"+f, s.Backends)
-		set("sl_be_idx_"+f, s.Backends)
-		set("sl_src_"+f, s.SourceRanges)
-		set("sl_cnet_"+f, s.ClusterNets)
-		set("sl_aff_"+f, s.Affinity)
-		set("sl_ct_"+f, s.Conntrack)
-		set("sl_sock_"+f, s.Sockets)
-		set("sl_sock_be_"+f, s.Sockets)
+	// Each option sizes the map of both families (pinnedMaps says which).
+	for _, m := range pinnedMaps {
+		if m.size != nil {
+			set(m.name, m.size(s))
+		}
 	}
 	// The young-flow ring of each CPU: together an eighth of the connection table's flows
 	// (two entries each), so unanswered flows (a SYN flood's) hold at most a quarter of it.
@@ -349,13 +343,4 @@ func EnsureBPFFS(dir string) (bool, error) {
 		return mounted, fmt.Errorf("creating pin directory %s: %w", dir, err)
 	}
 	return mounted, nil
-}
-
-// pinned returns the maps that are pinned by name.
-func (o *Objects) pinned() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{"sl_fe_v4": o.SlFeV4, "sl_be_v4": o.SlBeV4, "sl_be_idx_v4": o.SlBeIdxV4, "sl_src_v4": o.SlSrcV4, "sl_cnet_v4": o.SlCnetV4,
-		"sl_aff_v4": o.SlAffV4, "sl_ct_v4": o.SlCtV4, "sl_cfg": o.SlCfg, "sl_counters": o.SlCounters, "sl_sock_v4": o.SlSockV4,
-		"sl_fe_v6": o.SlFeV6, "sl_be_v6": o.SlBeV6, "sl_be_idx_v6": o.SlBeIdxV6, "sl_src_v6": o.SlSrcV6, "sl_cnet_v6": o.SlCnetV6,
-		"sl_aff_v6": o.SlAffV6, "sl_ct_v6": o.SlCtV6, "sl_progs_v6": o.SlProgsV6, "sl_sock_v6": o.SlSockV6,
-		"sl_sock_be_v4": o.SlSockBeV4, "sl_sock_be_v6": o.SlSockBeV6, "sl_cfg_v6": o.SlCfgV6}
 }

@@ -344,8 +344,8 @@ func settings6Of(m map[string]*ebpf.Map) Table[uint32, Settings6] {
 // tables6Of returns the IPv6 tables over maps by their pinned names; none (nil tables) when
 // the maps are not all there (pinned by an agent of an earlier version).
 func tables6Of(m map[string]*ebpf.Map) Tables6 {
-	for _, n := range PinnedMapNames6 {
-		if m[n] == nil && n != "sl_aff_v6" && n != "sl_ct_v6" && n != "sl_cfg_v6" {
+	for _, pm := range pinnedMaps {
+		if pm.read && pm.v6 && !pm.optional && m[pm.name] == nil {
 			return Tables6{}
 		}
 	}

@@ -15,13 +15,6 @@ import (
 // exist: the service stage is off (option services), or sluiced has not started it here.
 var ErrNotPinned = errors.New("service maps not found")
 
-// PinnedMapNames are the maps sluiced pins under its pin directory, by name.
-var PinnedMapNames = []string{"sl_fe_v4", "sl_be_v4", "sl_be_idx_v4", "sl_src_v4", "sl_cnet_v4", "sl_aff_v4", "sl_ct_v4", "sl_cfg", "sl_counters"}
-
-// PinnedMapNames6 are the IPv6 maps sluiced pins; an agent of an earlier version has none
-// (read as no IPv6 state).
-var PinnedMapNames6 = []string{"sl_fe_v6", "sl_be_v6", "sl_be_idx_v6", "sl_src_v6", "sl_cnet_v6", "sl_aff_v6", "sl_ct_v6", "sl_cfg_v6"}
-
 // Pinned is a read-only view of the maps a running sluiced pinned, for operators' tools
 // (sluicectl services, sluicectl diff). It never writes: the maps are opened read-only, so
 // the Tables it returns refuse Put and Delete.
