@@ -597,204 +597,263 @@ var errStalled = errors.New("watch stalled")
 func (in *Intake) watch(ctx context.Context, rev int64) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	spans := in.spans
-	type spanResponse struct {
-		clientv3.WatchResponse
-		span int // index in spans
-	}
-	merged := make(chan spanResponse)
-	closed := make(chan struct{}, len(spans))
 	done := make(chan struct{})
 	defer close(done)
-	// The first two watches (sluice reads two roots, /calico/ and /sluice/) are read directly
-	// by the loop below; any further one through a goroutine into merged. A goroutine between
-	// each watch and the loop would be one more hand-off, and one more thread woken, per
-	// change (measured: a tenth of the CPU per change at 20,000 nodes).
-	//
-	// Each watch is opened beside the loop: the client hands a watch over only once etcd has
-	// confirmed it, and a link that goes silent before then would hold the loop, liveness
-	// check included, until it came back (the agent ready all along).
-	var direct [2]clientv3.WatchChan
-	type openedWatch struct {
-		span int
-		ch   clientv3.WatchChan
-	}
-	opened := make(chan openedWatch, len(spans))
-	for i, sp := range spans {
-		go func() {
-			wch := in.cfg.Client.Watch(wctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(rev), clientv3.WithProgressNotify())
-			if i < len(direct) {
-				opened <- openedWatch{i, wch}
-				return
-			}
-			for resp := range wch {
-				select {
-				case merged <- spanResponse{resp, i}:
-				case <-done:
-					return
-				}
-			}
-			closed <- struct{}{} // the watch is over, whatever the reason
-		}()
-	}
-	// Liveness: a response, or the connection seen ready while the last probe succeeded, is
-	// etcd heard; otherwise, a quarter of the liveness time later, silence: not in sync until
-	// etcd answers again. The watch stays open: the client resumes it from its revision as
-	// soon as it reconnects. The probe, written when the watch is quiet for half the liveness
-	// time, is a linearizable read of one absent key: it is a write on the connection (a link
-	// cut without a word then ends it through TCP_USER_TIMEOUT), and it needs a leader with a
-	// quorum, so it fails when etcd is lost behind a gRPC proxy (whose own connection stays
-	// ready) or has lost its quorum. (A watch progress request would do the first only, and a
-	// proxy refuses it, logging an error each time: etcd-io/etcd#19710.)
-	var tick <-chan time.Time
-	live := in.cfg.Liveness
-	if live > 0 {
-		t := time.NewTicker(max(live/20, 10*time.Millisecond))
-		defer t.Stop()
-		tick = t.C
-	}
-	heard := time.Now()
-	in.stats.LastHeard.Store(heard.UnixNano())
-	lastData, probed := heard, heard // the watch's last response, the last progress request
-	silent := false
-	var probing, probeFailed atomic.Bool
-	// Stalls: each watch's newest revision against the newest one the probe saw etcd at.
-	stall := newStallCheck(in.cfg.StallAfter, in.spanAt) // each from the read's revision, rev-1
-	var probeRev atomic.Int64                            // the last probe's revision of etcd, not yet looked at
-	heardAgain := func(last time.Time, ok bool) {
-		silent = false
-		in.stats.Silent.Store(false)
-		if ok {
-			in.stats.InSync.Store(true)
-		}
-		if in.cfg.Reporter != nil {
-			in.cfg.Reporter.Heard(heard.Sub(last))
-		}
-	}
+	w := in.openWatches(wctx, rev, done)
+	l := in.newLiveness(ctx, wctx)
+	defer l.stop()
 	for {
 		var resp clientv3.WatchResponse
 		var from int // which watch answered: its index in spans
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-closed:
+		case <-w.closed:
 			return errors.New("watch lost: the watch channel closed")
-		case now := <-tick:
-			due := now.Sub(lastData) >= live/2 && now.Sub(probed) >= live/2
-			due = due || stall.after > 0 && now.Sub(probed) >= stall.after/4 // a busy watch too
-			if due && probing.CompareAndSwap(false, true) {
-				probed = now
-				go func() {
-					defer probing.Store(false)
-					pctx, cancel := context.WithTimeout(wctx, live/4)
-					defer cancel()
-					resp, err := in.cfg.Client.Get(pctx, in.cfg.Prefixes[0], clientv3.WithCountOnly())
-					probeFailed.Store(err != nil && ctx.Err() == nil)
-					if err == nil {
-						probeRev.Store(resp.Header.Revision)
-					}
-				}()
-			}
-			if r := probeRev.Swap(0); r != 0 {
-				stall.etcdAt(r, now)
-			}
-			if i, ok := stall.stalled(now); ok {
-				w := stall.watches[i]
-				return fmt.Errorf("%w: the watch of %s… delivered up to revision %d, etcd was at %d %v ago",
-					errStalled, spans[i].Start, stall.at[i], w.target, now.Sub(w.since).Round(time.Second))
-			}
-			if in.connected() && !probeFailed.Load() {
-				last := heard
-				heard = now
-				in.stats.LastHeard.Store(heard.UnixNano())
-				if silent {
-					heardAgain(last, true)
-				}
-				continue
-			}
-			quiet := now.Sub(heard)
-			if quiet >= live/4 && !silent {
-				silent = true
-				in.stats.InSync.Store(false)
-				in.stats.Silent.Store(true)
-				in.stats.Silences.Add(1)
-				if in.cfg.Reporter != nil {
-					in.cfg.Reporter.Silent(quiet)
-				}
+		case now := <-l.tick:
+			if err := l.onTick(now); err != nil {
+				return err
 			}
 			continue
-		case o := <-opened:
-			direct[o.span] = o.ch
+		case o := <-w.opened:
+			w.direct[o.span] = o.ch
 			continue
-		case r := <-merged:
+		case r := <-w.merged:
 			resp, from = r.WatchResponse, r.span
-		case r, ok := <-direct[0]:
+		case r, ok := <-w.direct[0]:
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
 			resp, from = r, 0
-		case r, ok := <-direct[1]: // nil (never ready) when there is one root
+		case r, ok := <-w.direct[1]: // nil (never ready) when there is one root
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
 			resp, from = r, 1
 		}
-		last := heard
-		heard = time.Now()
-		lastData = heard
-		in.stats.LastHeard.Store(heard.UnixNano())
-		// A response after a failed probe is etcd heard: a probe that timed out while the
-		// watch was busy (the stalled-watch check probes then too) is not silence.
-		probeFailed.Store(false)
-		if silent {
-			// Heard again: in sync once more, unless this answer ends the watch (a
-			// compaction while cut off), and then the resync says when.
-			heardAgain(last, resp.Err() == nil && resp.CompactRevision == 0 && !resp.Canceled)
+		// Heard again: in sync once more, unless this answer ends the watch (a compaction
+		// while cut off), and then the resync says when.
+		l.onResponse(resp.Err() == nil && resp.CompactRevision == 0 && !resp.Canceled)
+		if err := in.deliver(resp, rev, from, l.stall); err != nil {
+			return err
 		}
-		if resp.CompactRevision != 0 {
-			return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
-		}
-		if err := resp.Err(); err != nil {
-			if errors.Is(err, rpctypes.ErrCompacted) {
-				return fmt.Errorf("%w: %v", errCompacted, err)
+	}
+}
+
+// watches are the intake's open watches, one per span.
+type watches struct {
+	// direct are the first two watches (sluice reads two roots, /calico/ and /sluice/), read
+	// directly by the loop once opened; any further one comes through a goroutine into
+	// merged. A goroutine between each watch and the loop would be one more hand-off, and one
+	// more thread woken, per change (a tenth of the CPU per change at 20,000 nodes).
+	direct [2]clientv3.WatchChan
+	opened chan openedWatch
+	merged chan spanResponse
+	closed chan struct{} // a merged watch ended
+}
+
+type openedWatch struct {
+	span int
+	ch   clientv3.WatchChan
+}
+
+type spanResponse struct {
+	clientv3.WatchResponse
+	span int // index in spans
+}
+
+// openWatches opens a watch per span from rev, each beside the loop: the client hands a watch
+// over only once etcd has confirmed it, and a link that goes silent before then would hold
+// the loop, liveness check included, until it came back (the agent ready all along).
+func (in *Intake) openWatches(wctx context.Context, rev int64, done <-chan struct{}) *watches {
+	w := &watches{opened: make(chan openedWatch, len(in.spans)), merged: make(chan spanResponse), closed: make(chan struct{}, len(in.spans))}
+	for i, sp := range in.spans {
+		go func() {
+			wch := in.cfg.Client.Watch(wctx, sp.Start, clientv3.WithRange(sp.End), clientv3.WithRev(rev), clientv3.WithProgressNotify())
+			if i < len(w.direct) {
+				w.opened <- openedWatch{i, wch}
+				return
 			}
-			return fmt.Errorf("watch lost: %w", err)
-		}
-		if resp.Canceled {
-			return errors.New("watch lost: cancelled by the server")
-		}
-		seen := int64(0)
-		for _, ev := range resp.Events {
-			seen = max(seen, ev.Kv.ModRevision)
-			key, ok := in.knownKeyOf(ev.Kv.Key)
-			if !ok {
-				continue
+			for resp := range wch {
+				select {
+				case w.merged <- spanResponse{resp, i}:
+				case <-done:
+					return
+				}
 			}
-			switch ev.Type {
-			case clientv3.EventTypePut:
-				in.observe(key, ev.Kv.Value, ev.Kv.ModRevision, nil)
-			case clientv3.EventTypeDelete:
-				if st, had := in.known[key.prefix][key.rest]; had {
-					delete(in.known[key.prefix], key.rest)
-					if st.valid() {
-						in.emitDelete(key, ev.Kv.ModRevision)
-					}
+			w.closed <- struct{}{} // the watch is over, whatever the reason
+		}()
+	}
+	return w
+}
+
+// liveness tells a lost etcd while the watch stays open. A response, or the connection seen
+// ready while the last probe succeeded, is etcd heard; otherwise, a quarter of the liveness
+// time later, silence: not in sync until etcd answers again. The watch stays open: the client
+// resumes it from its revision as soon as it reconnects. The probe, written when the watch is
+// quiet for half the liveness time, is a linearizable read of one absent key: it is a write on
+// the connection (a link cut without a word then ends it through TCP_USER_TIMEOUT), and it
+// needs a leader with a quorum, so it fails when etcd is lost behind a gRPC proxy (whose own
+// connection stays ready) or has lost its quorum. (A watch progress request would do the
+// first only, and a proxy refuses it, logging an error each time: etcd-io/etcd#19710.) The
+// probe's revision also feeds the stalled-watch check.
+type liveness struct {
+	in        *Intake
+	ctx, wctx context.Context
+	live      time.Duration
+	tick      <-chan time.Time // nil: liveness off
+	ticker    *time.Ticker
+	heard     time.Time // etcd last heard
+	lastData  time.Time // the watch's last response
+	probed    time.Time // the last probe sent
+	silent    bool
+	probing   atomic.Bool
+	failed    atomic.Bool  // the last probe failed
+	probeRev  atomic.Int64 // the last probe's revision of etcd, not yet looked at
+	stall     *stallCheck  // each watch's newest revision against the newest one probed
+}
+
+func (in *Intake) newLiveness(ctx, wctx context.Context) *liveness {
+	now := time.Now()
+	l := &liveness{in: in, ctx: ctx, wctx: wctx, live: in.cfg.Liveness, heard: now, lastData: now, probed: now,
+		stall: newStallCheck(in.cfg.StallAfter, in.spanAt)} // each from the read's revision, rev-1
+	if l.live > 0 {
+		l.ticker = time.NewTicker(max(l.live/20, 10*time.Millisecond))
+		l.tick = l.ticker.C
+	}
+	in.stats.LastHeard.Store(now.UnixNano())
+	return l
+}
+
+func (l *liveness) stop() {
+	if l.ticker != nil {
+		l.ticker.Stop()
+	}
+}
+
+// onTick probes etcd when due, checks for a stalled watch (its error ends the watch), and
+// says whether etcd is heard or silent.
+func (l *liveness) onTick(now time.Time) error {
+	in, live := l.in, l.live
+	due := now.Sub(l.lastData) >= live/2 && now.Sub(l.probed) >= live/2
+	due = due || l.stall.after > 0 && now.Sub(l.probed) >= l.stall.after/4 // a busy watch too
+	if due && l.probing.CompareAndSwap(false, true) {
+		l.probed = now
+		go l.probe()
+	}
+	if r := l.probeRev.Swap(0); r != 0 {
+		l.stall.etcdAt(r, now)
+	}
+	if i, ok := l.stall.stalled(now); ok {
+		w := l.stall.watches[i]
+		return fmt.Errorf("%w: the watch of %s… delivered up to revision %d, etcd was at %d %v ago",
+			errStalled, in.spans[i].Start, l.stall.at[i], w.target, now.Sub(w.since).Round(time.Second))
+	}
+	if in.connected() && !l.failed.Load() {
+		last := l.heard
+		l.heard = now
+		in.stats.LastHeard.Store(now.UnixNano())
+		if l.silent {
+			l.heardAgain(last, true)
+		}
+		return nil
+	}
+	if quiet := now.Sub(l.heard); quiet >= live/4 && !l.silent {
+		l.silent = true
+		in.stats.InSync.Store(false)
+		in.stats.Silent.Store(true)
+		in.stats.Silences.Add(1)
+		if in.cfg.Reporter != nil {
+			in.cfg.Reporter.Silent(quiet)
+		}
+	}
+	return nil
+}
+
+// probe reads one absent key's count (linearizable) within a quarter of the liveness time.
+func (l *liveness) probe() {
+	defer l.probing.Store(false)
+	pctx, cancel := context.WithTimeout(l.wctx, l.live/4)
+	defer cancel()
+	resp, err := l.in.cfg.Client.Get(pctx, l.in.cfg.Prefixes[0], clientv3.WithCountOnly())
+	l.failed.Store(err != nil && l.ctx.Err() == nil)
+	if err == nil {
+		l.probeRev.Store(resp.Header.Revision)
+	}
+}
+
+// onResponse records a watch response as etcd heard; ok says whether it leaves the watch
+// going (in sync once more, when it was silent).
+func (l *liveness) onResponse(ok bool) {
+	last := l.heard
+	l.heard = time.Now()
+	l.lastData = l.heard
+	l.in.stats.LastHeard.Store(l.heard.UnixNano())
+	// A response after a failed probe is etcd heard: a probe that timed out while the watch
+	// was busy (the stalled-watch check probes then too) is not silence.
+	l.failed.Store(false)
+	if l.silent {
+		l.heardAgain(last, ok)
+	}
+}
+
+func (l *liveness) heardAgain(last time.Time, ok bool) {
+	l.silent = false
+	l.in.stats.Silent.Store(false)
+	if ok {
+		l.in.stats.InSync.Store(true)
+	}
+	if l.in.cfg.Reporter != nil {
+		l.in.cfg.Reporter.Heard(l.heard.Sub(last))
+	}
+}
+
+// deliver hands one watch response's events to the consumers and moves the watch's revision
+// on; an error ends the watch (compacted, cancelled, failed).
+func (in *Intake) deliver(resp clientv3.WatchResponse, rev int64, from int, stall *stallCheck) error {
+	if resp.CompactRevision != 0 {
+		return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
+	}
+	if err := resp.Err(); err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return fmt.Errorf("%w: %v", errCompacted, err)
+		}
+		return fmt.Errorf("watch lost: %w", err)
+	}
+	if resp.Canceled {
+		return errors.New("watch lost: cancelled by the server")
+	}
+	seen := int64(0)
+	for _, ev := range resp.Events {
+		seen = max(seen, ev.Kv.ModRevision)
+		key, ok := in.knownKeyOf(ev.Kv.Key)
+		if !ok {
+			continue
+		}
+		switch ev.Type {
+		case clientv3.EventTypePut:
+			in.observe(key, ev.Kv.Value, ev.Kv.ModRevision, nil)
+		case clientv3.EventTypeDelete:
+			if st, had := in.known[key.prefix][key.rest]; had {
+				delete(in.known[key.prefix], key.rest)
+				if st.valid() {
+					in.emitDelete(key, ev.Kv.ModRevision)
 				}
 			}
 		}
-		in.flush()
-		// A skipped key (another node's affinity, say) still moves the stream on: the
-		// consumers hold etcd as of that revision, as far as the prefixes go. So does a
-		// progress notification: every event up to its revision has been delivered.
-		if resp.IsProgressNotify() {
-			seen = max(seen, resp.Header.Revision)
-		}
-		stall.delivered(from, seen) // moves in.spanAt[from] on
-		if seen > in.stats.Revision.Load() {
-			in.stats.Revision.Store(seen)
-		}
-
 	}
+	in.flush()
+	// A skipped key (another node's affinity, say) still moves the stream on: the consumers
+	// hold etcd as of that revision, as far as the prefixes go. So does a progress
+	// notification: every event up to its revision has been delivered.
+	if resp.IsProgressNotify() {
+		seen = max(seen, resp.Header.Revision)
+	}
+	stall.delivered(from, seen) // moves in.spanAt[from] on
+	if seen > in.stats.Revision.Load() {
+		in.stats.Revision.Store(seen)
+	}
+	return nil
 }
 
 // stallCheck finds a watch etcd no longer serves though it stays open: behind the revision
