@@ -36,37 +36,6 @@ const subscriptionBuffer = 16 << 20
 // It returns when ctx ends, or with an error when a subscription is lost (events may have been
 // dropped); the caller subscribes again, and every new subscription starts with a resync.
 func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
-	done := make(chan struct{})
-	routes := make(chan netlink.RouteUpdate, 256) // the socket's 16 MiB buffer holds the rest of a burst
-	links := make(chan netlink.LinkUpdate, 256)
-	addrs := make(chan netlink.AddrUpdate, 256)
-	neighs := make(chan Neighbour, 1024)
-	nexthops := make(chan uint32, 1024)
-	defer func() {
-		close(done)
-		// netlink's readers close their channels once done; drain until then so none is
-		// left blocked on a send.
-		go func() {
-			for range routes {
-			}
-		}()
-		go func() {
-			for range links {
-			}
-		}()
-		go func() {
-			for range addrs {
-			}
-		}()
-		go func() {
-			for range neighs {
-			}
-		}()
-		go func() {
-			for range nexthops {
-			}
-		}()
-	}()
 	lost := make(chan error, 4)
 	onErr := func(err error) {
 		select {
@@ -74,43 +43,10 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 		default:
 		}
 	}
-	var nsp *netns.NsHandle
-	if ns.IsOpen() {
-		nsp = &ns
-	}
-	if err := subscribeRoutes(nsp, d.protocol, routes, done, subscriptionBuffer, onErr); err != nil {
+	ev, stop, err := d.subscribe(ns, onErr)
+	defer stop()
+	if err != nil {
 		return err
-	}
-	if err := subscribeNexthopDeletions(nsp, d.protocol, nexthops, done, onErr); err != nil {
-		return err
-	}
-	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
-		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
-		return err
-	}
-	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
-		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
-		return err
-	}
-	if err := subscribeNeighDeletions(nsp, neighs, done, onErr); err != nil {
-		return err
-	}
-	// Deletions in nftables (sluice's table, or anything in it): the NAT table is read again.
-	var natEvents chan *nftables.MonitorEvent
-	if d.nat != nil {
-		if nk, real := d.nat.k.(*NetlinkKernel); real {
-			c, err := nk.conn()
-			if err != nil {
-				return err
-			}
-			// Every event, filtered here: google/nftables' deletions-only filter passes none
-			// (v0.3.0).
-			mon := nftables.NewMonitor(nftables.WithMonitorAction(nftables.MonitorActionAny), nftables.WithMonitorObject(nftables.MonitorObjectAny))
-			if natEvents, err = c.AddMonitor(mon); err != nil {
-				return fmt.Errorf("watching nftables: %w", err)
-			}
-			defer mon.Close()
-		}
 	}
 	// Whatever happened before this subscription is unseen: read everything once. A device
 	// sluice made before it is no longer new: its first event here may be a real "down".
@@ -130,7 +66,7 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			return nil
 		case err := <-lost:
 			return err
-		case u := <-routes:
+		case u := <-ev.routes:
 			if !d.onRoute(u) {
 				continue
 			}
@@ -145,74 +81,190 @@ func (d *Dataplane) Watch(ctx context.Context, ns netns.NsHandle) error {
 			foreignTimer = nil
 			lastForeign = time.Now()
 			d.QueueResync()
-		case ev, ok := <-natEvents:
+		case e, ok := <-ev.nat:
 			if !ok {
 				return errors.New("the nftables watch ended")
 			}
-			if ev.Error != nil {
-				return fmt.Errorf("nftables watch: %w", ev.Error)
+			if err := d.onNAT(e); err != nil {
+				return err
 			}
-			switch ev.Type {
-			case nftables.MonitorEventTypeDelTable, nftables.MonitorEventTypeDelChain, nftables.MonitorEventTypeDelRule,
-				nftables.MonitorEventTypeDelSet, nftables.MonitorEventTypeDelSetElem:
-			default:
-				continue
-			}
-			d.mu.Lock()
-			mine := d.nat.Changed(nftTableOf(ev.Data))
-			d.mu.Unlock()
-			if mine {
-				d.Kick()
-			}
-		case id := <-nexthops:
-			d.mu.Lock()
-			repair := d.routes.NexthopGone(id)
-			if repair {
-				d.stats.NexthopRepairs++
-				d.repairing("nexthop", fmt.Sprintf("nexthop object %d (and the routes through it)", id))
-			}
-			d.mu.Unlock()
-			if repair { // not one sluice deleted itself
-				d.Kick()
-			}
-		case u := <-links:
+		case id := <-ev.nexthops:
+			d.onNexthopGone(id)
+		case u := <-ev.links:
 			d.onLink(u, flags)
-		case u := <-addrs:
-			d.mu.Lock()
-			d.routes.LinksChanged()
-			for _, x := range d.devices() { // the parent's MTU or addresses may have changed
-				x.CheckDevice()
+		case u := <-ev.addrs:
+			d.onAddr(u)
+		case u := <-ev.neighs:
+			d.onNeighGone(u)
+		}
+	}
+}
+
+// kernelEvents are the subscriptions Watch follows.
+type kernelEvents struct {
+	routes   chan netlink.RouteUpdate
+	links    chan netlink.LinkUpdate
+	addrs    chan netlink.AddrUpdate
+	neighs   chan Neighbour
+	nexthops chan uint32
+	nat      chan *nftables.MonitorEvent // nil without a real NAT table
+}
+
+// subscribe opens Watch's subscriptions in namespace ns (this one when ns is not open); their
+// errors go to onErr. stop ends them all, whatever subscribe returned.
+func (d *Dataplane) subscribe(ns netns.NsHandle, onErr func(error)) (ev *kernelEvents, stop func(), err error) {
+	done := make(chan struct{})
+	ev = &kernelEvents{
+		routes: make(chan netlink.RouteUpdate, 256), // the socket's 16 MiB buffer holds the rest of a burst
+		links:  make(chan netlink.LinkUpdate, 256), addrs: make(chan netlink.AddrUpdate, 256),
+		neighs: make(chan Neighbour, 1024), nexthops: make(chan uint32, 1024),
+	}
+	var closers []func()
+	stop = func() {
+		for _, c := range closers {
+			c()
+		}
+		close(done)
+		// netlink's readers close their channels once done; drain until then so none is
+		// left blocked on a send.
+		go func() {
+			for range ev.routes {
 			}
-			if u.LinkAddress.IP != nil {
-				if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
-					d.vxlan.QueueResync()
-				} else if ok && a == d.vxlan6.cfg.ParentAddr {
-					d.vxlan6.QueueResync()
+		}()
+		go func() {
+			for range ev.links {
+			}
+		}()
+		go func() {
+			for range ev.addrs {
+			}
+		}()
+		go func() {
+			for range ev.neighs {
+			}
+		}()
+		go func() {
+			for range ev.nexthops {
+			}
+		}()
+	}
+	var nsp *netns.NsHandle
+	if ns.IsOpen() {
+		nsp = &ns
+	}
+	if err := subscribeRoutes(nsp, d.protocol, ev.routes, done, subscriptionBuffer, onErr); err != nil {
+		return ev, stop, err
+	}
+	if err := subscribeNexthopDeletions(nsp, d.protocol, ev.nexthops, done, onErr); err != nil {
+		return ev, stop, err
+	}
+	if err := netlink.LinkSubscribeWithOptions(ev.links, done, netlink.LinkSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
+		return ev, stop, err
+	}
+	if err := netlink.AddrSubscribeWithOptions(ev.addrs, done, netlink.AddrSubscribeOptions{Namespace: nsp, ErrorCallback: onErr,
+		ReceiveBufferSize: subscriptionBuffer, ReceiveBufferForceSize: true}); err != nil {
+		return ev, stop, err
+	}
+	if err := subscribeNeighDeletions(nsp, ev.neighs, done, onErr); err != nil {
+		return ev, stop, err
+	}
+	// Deletions in nftables (sluice's table, or anything in it): the NAT table is read again.
+	if d.nat != nil {
+		if nk, real := d.nat.k.(*NetlinkKernel); real {
+			c, err := nk.conn()
+			if err != nil {
+				return ev, stop, err
+			}
+			// Every event, filtered in onNAT: google/nftables' deletions-only filter passes
+			// none (v0.3.0).
+			mon := nftables.NewMonitor(nftables.WithMonitorAction(nftables.MonitorActionAny), nftables.WithMonitorObject(nftables.MonitorObjectAny))
+			nat, err := c.AddMonitor(mon)
+			if err != nil {
+				return ev, stop, fmt.Errorf("watching nftables: %w", err)
+			}
+			ev.nat = nat
+			closers = append(closers, func() { mon.Close() })
+		}
+	}
+	return ev, stop, nil
+}
+
+// onNAT handles one nftables event: a deletion in sluice's table asks for an apply. An error
+// ends the watch.
+func (d *Dataplane) onNAT(ev *nftables.MonitorEvent) error {
+	if ev.Error != nil {
+		return fmt.Errorf("nftables watch: %w", ev.Error)
+	}
+	switch ev.Type {
+	case nftables.MonitorEventTypeDelTable, nftables.MonitorEventTypeDelChain, nftables.MonitorEventTypeDelRule,
+		nftables.MonitorEventTypeDelSet, nftables.MonitorEventTypeDelSetElem:
+	default:
+		return nil
+	}
+	d.mu.Lock()
+	mine := d.nat.Changed(nftTableOf(ev.Data))
+	d.mu.Unlock()
+	if mine {
+		d.Kick()
+	}
+	return nil
+}
+
+// onNexthopGone puts back one of sluice's nexthop objects someone deleted, with every route
+// through it.
+func (d *Dataplane) onNexthopGone(id uint32) {
+	d.mu.Lock()
+	repair := d.routes.NexthopGone(id)
+	if repair {
+		d.stats.NexthopRepairs++
+		d.repairing("nexthop", fmt.Sprintf("nexthop object %d (and the routes through it)", id))
+	}
+	d.mu.Unlock()
+	if repair { // not one sluice deleted itself
+		d.Kick()
+	}
+}
+
+// onAddr handles an address added or removed: the parent interface, its MTU or its
+// addresses may have changed.
+func (d *Dataplane) onAddr(u netlink.AddrUpdate) {
+	d.mu.Lock()
+	d.routes.LinksChanged()
+	for _, x := range d.devices() {
+		x.CheckDevice()
+	}
+	if u.LinkAddress.IP != nil {
+		if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
+			d.vxlan.QueueResync()
+		} else if ok && a == d.vxlan6.cfg.ParentAddr {
+			d.vxlan6.QueueResync()
+		}
+	}
+	d.mu.Unlock()
+	d.Kick()
+}
+
+// onNeighGone puts back a neighbour or FDB entry of a VXLAN device someone deleted.
+func (d *Dataplane) onNeighGone(u Neighbour) {
+	d.mu.Lock()
+	repair := false
+	for _, x := range d.devices() {
+		if x.index != 0 && u.LinkIndex == x.index {
+			if x.NeighGone(u.IP, u.MAC, u.Family == unix.AF_BRIDGE) {
+				d.stats.NeighRepairs++
+				what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.IP, u.MAC, x.cfg.Name)
+				if u.Family == unix.AF_BRIDGE {
+					what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.MAC, u.IP, x.cfg.Name)
 				}
-			}
-			d.mu.Unlock()
-			d.Kick()
-		case u := <-neighs:
-			d.mu.Lock()
-			repair := false
-			for _, x := range d.devices() {
-				if x.index != 0 && u.LinkIndex == x.index {
-					if x.NeighGone(u.IP, u.MAC, u.Family == unix.AF_BRIDGE) {
-						d.stats.NeighRepairs++
-						what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.IP, u.MAC, x.cfg.Name)
-						if u.Family == unix.AF_BRIDGE {
-							what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.MAC, u.IP, x.cfg.Name)
-						}
-						d.repairing("neighbour", what)
-						repair = true
-					}
-				}
-			}
-			d.mu.Unlock()
-			if repair { // another interface's neighbour, or one sluice no longer wants: nothing to do
-				d.Kick()
+				d.repairing("neighbour", what)
+				repair = true
 			}
 		}
+	}
+	d.mu.Unlock()
+	if repair { // another interface's neighbour, or one sluice no longer wants: nothing to do
+		d.Kick()
 	}
 }
 
