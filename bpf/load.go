@@ -112,8 +112,8 @@ func Load(pinDir string, sizes MapSizes) (*Objects, error) { return load(pinDir,
 var programs6 = []string{"sl_from_host6", "sl_from_wep6", "sl_to_wep6", "sl_to_host6"}
 
 // load is Load; without ipv6 the IPv6 tc programs are left out (their slots in sl_progs_v6
-// empty: IPv6 packets pass untouched). Only tests of the IPv4 programs load so, whose
-// verification, under emulation (the kernel matrix), is half as long.
+// empty: IPv6 packets pass untouched). Only tests of the IPv4 programs load so, to shorten
+// their verification under emulation (the kernel matrix).
 func load(pinDir string, sizes MapSizes, ipv6 bool) (*Objects, error) {
 	raiseMemlock()
 	spec, err := loadSluice()

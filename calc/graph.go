@@ -15,8 +15,8 @@ type set[K comparable] map[K]struct{}
 func (s set[K]) add(k K) { s[k] = struct{}{} }
 
 // multi maps a key to a small sorted list of values. Most keys have one: it sits in one, and
-// only the others in more (at 20,000 nodes a map of slices for the tunnel and host addresses
-// took 6 MB, a map of single values less than half).
+// only the others in more (a map of slices costs a slice for every key; BenchmarkDataplane in
+// cmd/sluiced reports the settled agent's memory at 20,000 nodes).
 type multi[K comparable, V cmp.Ordered] struct {
 	one  map[K]V   // each key's smallest value
 	more map[K][]V // the other values, sorted, of the keys that have several
@@ -115,7 +115,8 @@ func (m multi[K, V]) count(k K) int {
 }
 
 // prefixLists maps a key to a small sorted list of prefixes (a node's blocks: most nodes have
-// one or two, and a map per node took 10 MB of 93 at 20,000 nodes).
+// one or two, and a map per node costs far more than a slice; BenchmarkDataplane in
+// cmd/sluiced reports the settled agent's memory at 20,000 nodes).
 type prefixLists map[string][]netip.Prefix
 
 func (m prefixLists) add(k string, p netip.Prefix) {
@@ -318,8 +319,8 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 }
 
 // expect sizes the empty dirty sets for a large batch (a page of a cold start): grown one key
-// at a time, a set of 20,000 copies itself a dozen times, and at a 20,000-node start the maps
-// growing took a sixth of the CPU.
+// at a time, a set of 20,000 copies itself a dozen times, which at a large cold start is a
+// good part of the CPU (BenchmarkColdStartBatches in calc measures it).
 func (g *Graph) expect(batch []store.Event) (sized bool) {
 	n := len(batch)
 	if n < 1024 {

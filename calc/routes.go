@@ -321,7 +321,8 @@ func (g *Graph) recomputeRoutes() {
 		case !g.inSync:
 			// Before the first in-sync the inputs are partial (etcd's blocks are read before
 			// its nodes): a block with no route yet is looked at once, at in-sync. Said and
-			// taken back here, 20,000 such problems were a third of a 20,000-node cold start.
+			// taken back here, such problems were a large part of a cold start's work
+			// (BenchmarkColdStartBatches in calc measures it).
 			if !ok {
 				if g.unsure == nil {
 					g.unsure = set[netip.Prefix]{}
@@ -363,8 +364,8 @@ func (g *Graph) routeProblem(dst netip.Prefix) {
 }
 
 // routed forgets any problem said of dst. (Looked up by destination: building the problem's
-// key for every destination recomputed cost a cold start of 100,000 workloads half a million
-// allocations.)
+// key for every destination recomputed allocated for each one; BenchmarkFullComputation in
+// calc counts the allocations.)
 func (g *Graph) routed(dst netip.Prefix) {
 	if key, had := g.routeProblems[dst]; had {
 		delete(g.problems, key)

@@ -186,7 +186,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 		// The port's frontends of one family and policy share one ordered list, and those of
 		// one family one present list (read-only, as every Frontend's slices are): the
 		// service stage then knows them for the same endpoints without comparing them, and
-		// a cluster of 10,000 services holds a third of the copies.
+		// a cluster holds one copy of each list, not one per frontend.
 		type ordering struct {
 			backends            []Backend
 			local, clusterStart int

@@ -39,8 +39,8 @@ const (
 	// packetSize keeps a packet well inside the socket's default send buffer (212,992
 	// bytes): about 400 IPv4 routes.
 	packetSize = 32 << 10
-	// answerRoom is what one error answer takes of a receive buffer, with margin (measured:
-	// about 800 bytes of socket buffer accounting, original request included).
+	// answerRoom is what one error answer takes of a receive buffer, with margin (the
+	// socket buffer's accounting of it, the original request it quotes included).
 	answerRoom = 2048
 	// receiveBuffer is asked for, forced where sluice may (CAP_NET_ADMIN).
 	receiveBuffer = 8 << 20

@@ -330,10 +330,11 @@ func (d *Dataplane) onLink(u netlink.LinkUpdate, flags map[int]net.Flags) {
 // quietOwnDevice reports whether a VXLAN device's link event is one of sluice's devices as
 // sluice made or adopted it (same name and index), up, or just made by sluice and not up yet:
 // then nothing went with it, and the device is looked at again (CheckDevice) without reading
-// every route, object and entry. (A cold start's own device creation read all 80,000 of them
-// again at 20,000 nodes: some 0.3 s of reading and 80 MB of garbage.) A device going down drops its
-// routes, nexthop objects and entries without a word: that, another program's VXLAN device
-// (a leftover?), or a device sluice did not make, reads everything again.
+// every route, object and entry. (A cold start's own device creation read them all again and
+// left that read's garbage behind: BenchmarkRestartRead in dataplane measures such a read.) A
+// device going down drops its routes, nexthop objects and entries without a word: that,
+// another program's VXLAN device (a leftover?), or a device sluice did not make, reads
+// everything again.
 func (d *Dataplane) quietOwnDevice(a *netlink.LinkAttrs, known bool) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -152,10 +152,9 @@ func (c ClientConfig) New() (*clientv3.Client, error) {
 		DialKeepAliveTimeout: 3 * time.Second,
 		Logger:               zap.NewNop(),
 		// gRPC's flow control starts a connection with a 64 KiB window and grows it only as
-		// it measures the link; a first page of several megabytes goes through that ramp (in
-		// one cold start the first block page came in 111 ms instead of 138: a single,
-		// noisy observation, not a benchmark). A node agent's one connection can afford fixed
-		// windows this large.
+		// it measures the link; a first page of several megabytes goes through that ramp, and
+		// a cold start waits for it. A node agent's one connection can afford fixed windows
+		// this large.
 		//
 		// Reconnecting: gRPC's default backoff grows to 120 s, so an agent cut off for two
 		// minutes stayed behind for many seconds after the link came back (issue #10); a node

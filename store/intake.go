@@ -100,10 +100,9 @@ type IntakeConfig struct {
 	// Prefixes to read; default WatchedPrefixes.
 	Prefixes []string
 	// PageSize is how many keys one range request returns; default 10,000. etcd's own work
-	// per key falls as pages grow (BenchmarkRawRange100k, 100,000 keys: 2.45 s of etcd CPU
-	// in pages of 500, 0.93 s in pages of 2,000, 0.44 s in pages of 10,000). A page too large for one gRPC
-	// message (blocks full of allocations) is asked for again with half the keys, and later
-	// pages of that read keep the smaller size.
+	// per key falls as pages grow (BenchmarkRawRange100k in store measures it at several page
+	// sizes). A page too large for one gRPC message (blocks full of allocations) is asked for
+	// again with half the keys, and later pages of that read keep the smaller size.
 	PageSize int64
 	// RequestTimeout bounds each range request of a resync, so a member that lost quorum
 	// cannot hold a resync forever; default 15 s.
@@ -168,8 +167,9 @@ type Intake struct {
 }
 
 // knownKey is a key as the intake remembers it: which watched prefix it is under, and the
-// rest, in a string of its own. At 20,000 nodes the 60,000 keys' shared prefixes
-// ("/calico/resources/v3/projectcalico.org/nodes/") took 2-3 MB of a settled agent's heap.
+// rest, in a string of its own: a settled agent holds every key, and each would otherwise
+// repeat its shared prefix ("/calico/resources/v3/projectcalico.org/nodes/"). BenchmarkDataplane
+// in cmd/sluiced reports the settled agent's memory at 20,000 nodes.
 type knownKey struct {
 	prefix uint8
 	rest   string
@@ -645,7 +645,8 @@ type watches struct {
 	// direct are the first two watches (sluice reads two roots, /calico/ and /sluice/), read
 	// directly by the loop once opened; any further one comes through a goroutine into
 	// merged. A goroutine between each watch and the loop would be one more hand-off, and one
-	// more thread woken, per change (a tenth of the CPU per change at 20,000 nodes).
+	// more thread woken, per change (BenchmarkDataplane in cmd/sluiced measures the CPU per
+	// change).
 	direct [2]clientv3.WatchChan
 	opened chan openedWatch
 	merged chan spanResponse

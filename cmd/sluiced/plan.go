@@ -282,8 +282,9 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	}
 	svc = newServiceStage(cfg, plan, log)
 	// The first attempt is made in the stage's own loop, beside the routes: loading and
-	// verifying the programs takes a second here and half a minute on a slow machine (an
-	// emulated one: the kernel matrix), which the routes must not wait for.
+	// verifying the programs takes long, and far longer on a slow machine (an emulated one:
+	// the kernel matrix), which the routes must not wait for (BenchmarkServiceEndpointChange
+	// in cmd/sluiced measures the time to the first service-map apply).
 	var loops sync.WaitGroup
 	loops.Add(1)
 	go func() { defer loops.Done(); svc.run(ctx) }()

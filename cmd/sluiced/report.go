@@ -73,19 +73,19 @@ type eventLogger struct {
 
 // settledGCPercent is the collector's target once the cold start is over: a settled agent's
 // heap changes little, and at the default (100) the runtime would keep as much again as the
-// live heap in reserve (at 20,000 nodes: 83 MB live, 182 MiB resident). GOGC in the
-// environment overrides it.
+// live heap in reserve (BenchmarkDataplane in cmd/sluiced reports the settled agent's memory).
+// GOGC in the environment overrides it.
 const settledGCPercent = 25
 
 // freeColdStart hands the cold start's garbage (pages read, values decoded, the first full
-// update) back to the system once it is dead, rather than hold it for minutes (at 20,000
-// nodes RSS settled at 264 MiB instead of 190 MiB), and lowers the collector's target.
+// update) back to the system once it is dead, rather than hold it for minutes, and lowers the
+// collector's target (BenchmarkDataplane in cmd/sluiced reports the settled resident memory).
 //
 // It does so twice: at once, and again a second later, when what the first apply's callers
 // still held (the update it applied, the intake's last pages) is dead too. Returned at once
-// only, settled RSS at 20,000 nodes varied from 108 to 131 MiB between runs of the same
-// build; after the second, it does not (the runtime's scavenger, which keeps about a tenth
-// more than the collector's target, gives back nothing it retained below that).
+// only, settled RSS varied between runs of the same build; after the second, it does not
+// (the runtime's scavenger, which keeps about a tenth more than the collector's target, gives
+// back nothing it retained below that).
 func freeColdStart() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(settledGCPercent)

@@ -30,8 +30,8 @@ import (
 // state at once when etcd holds exactly those keys still (store.Unchanged: a count and the
 // newest key, no value sent), instead of waiting for its read of etcd, its decoding and calc's
 // first full computation. The file is the header, JSON on one line, then the calc.State in
-// gob (read in 40 ms at 20,000 nodes, a quarter of the time JSON took), so an agent finds out
-// whether the state is of any use before it decodes it.
+// gob (faster to read than JSON; BenchmarkKeptState in cmd/sluiced measures the restore), so
+// an agent finds out whether the state is of any use before it decodes it.
 //
 // Hazards: the state is only as good as the binary and configuration that computed it, so
 // another build (the Go build ID) or another calc configuration makes it unusable, not merely
@@ -101,9 +101,9 @@ func writeKept(path string, h *keptHeader, st *calc.State) (int64, error) {
 const keptCheckTimeout = 2 * time.Second
 
 // keptApplyWait bounds how long the intake's read waits for the dataplane's apply of a
-// restored state: beside each other both take longer (0.35-0.45 s for the apply at 20,000
-// nodes, against 0.19 s alone), and the state being etcd's, nothing is lost by applying it
-// first; what etcd changes meanwhile the read that follows brings.
+// restored state: beside each other both take longer (docs/perf-log.md has the run), and
+// the state being etcd's, nothing is lost by applying it first; what etcd changes meanwhile
+// the read that follows brings.
 const keptApplyWait = 5 * time.Second
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -151,8 +151,8 @@ func restoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	case crc32.Checksum(rest, castagnoli) != h.Checksum:
 		return nil, 0, 0, fmt.Errorf("reading the state file %s: the state does not match its checksum", path)
 	}
-	// The state is decoded while etcd answers (each takes tens of milliseconds at 20,000
-	// nodes); when etcd says no, the decoding is left to finish on its own.
+	// The state is decoded while etcd answers (BenchmarkKeptState in cmd/sluiced measures
+	// both); when etcd says no, the decoding is left to finish on its own.
 	type decoded struct {
 		st  calc.State
 		err error
