@@ -33,8 +33,9 @@ const (
 	faultResync   = 30 * time.Second
 )
 
-func (l *lab) faults(ctx context.Context) error {
-	defer l.cleanup()
+func (l *lab) faults(ctx context.Context) (err error) {
+	l.ctx = ctx
+	defer l.end(&err)
 	if err := l.setup(); err != nil {
 		return err
 	}
@@ -75,7 +76,7 @@ func (l *lab) faults(ctx context.Context) error {
 
 // health fetches path from node's health address: the status code and the body.
 func (l *lab) health(node, path string) (int, string) {
-	out, err := nsRun(nodeNS(node), l.tool(), "http-get", "http://127.0.0.1:9097"+path)
+	out, err := l.nsRun(nodeNS(node), l.tool(), "http-get", "http://127.0.0.1:9097"+path)
 	if err != nil {
 		return 0, out
 	}
@@ -96,8 +97,8 @@ func (l *lab) metricOf(node, name string) string {
 	return "?"
 }
 
-// waitReady polls node's /readyz until it answers want (200 or 503) and returns how long
-// that took and the last answer.
+// waitReady polls node's /readyz until it answers want (200 or 503), the timeout passes or
+// the lab's context is done, and returns how long that took and the last answer.
 func (l *lab) waitReady(node string, want int, timeout time.Duration) (time.Duration, string, bool) {
 	start := time.Now()
 	for {
@@ -105,10 +106,9 @@ func (l *lab) waitReady(node string, want int, timeout time.Duration) (time.Dura
 		if code == want {
 			return time.Since(start), body, true
 		}
-		if time.Since(start) > timeout {
+		if time.Since(start) > timeout || !l.sleep(100*time.Millisecond) {
 			return time.Since(start), body, false
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -136,7 +136,7 @@ func (l *lab) faultLinkCut() error {
 	routesBefore, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
 	// A change made meanwhile: a new block on node-c, which node-a must route to.
 	l.mustCtl("ipam", "claim", "--node", "node-c", "--pool", "pool-vxlan", "--cidr", "10.65.1.0/26")
-	time.Sleep(l.outage) // a longer outage: still one log line
+	l.sleep(l.outage) // a longer outage: still one log line
 	routesDuring, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
 	fmt.Fprintf(l.out, "link cut for %v\n", time.Since(cutAt).Round(100*time.Millisecond))
 	l.check(routesDuring == routesBefore, "node-a's routes are kept as they were while cut off")
@@ -144,7 +144,7 @@ func (l *lab) faultLinkCut() error {
 		return err
 	}
 	back := time.Now()
-	_, err := retry(30*time.Second, func() error {
+	_, err := l.retry(30*time.Second, func() error {
 		if !hasRoute("node-a", "10.65.1.0/26") {
 			return errors.New("no route yet")
 		}
@@ -167,7 +167,7 @@ func (l *lab) faultEtcdKilled() error {
 	killed := time.Now()
 	took, body, ok := l.waitReady("node-a", 503, 3*faultLiveness)
 	l.check(ok && took <= faultLiveness, "node-a reports not ready %v after etcd was killed: %s", took.Round(100*time.Millisecond), body)
-	time.Sleep(2 * time.Second)
+	l.sleep(2 * time.Second)
 	etcd, err := l.start(nsRouter, "etcd", false, l.tool(), "etcd", etcdListen, filepath.Join(l.dir, "etcd"))
 	if err != nil {
 		return err
@@ -183,7 +183,7 @@ func (l *lab) faultEtcdKilled() error {
 	}
 	// The watch works: a change reaches the kernel.
 	l.mustCtl("ipam", "claim", "--node", "node-b", "--pool", "pool-vxlan", "--cidr", "10.65.1.64/26")
-	_, err = retry(10*time.Second, func() error {
+	_, err = l.retry(10*time.Second, func() error {
 		if !hasRoute("node-a", "10.65.1.64/26") {
 			return errors.New("no route yet")
 		}
@@ -209,7 +209,7 @@ func (l *lab) faultBadValues() error {
 	if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "add", faultWEPIface, "type", "veth", "peer", "name", faultWEPIface+"-p"); err != nil {
 		return err
 	}
-	if err := script([]string{"ip", "-n", nodeNS("node-a"), "link", "set", faultWEPIface, "up"},
+	if err := l.script([]string{"ip", "-n", nodeNS("node-a"), "link", "set", faultWEPIface, "up"},
 		[]string{"ip", "-n", nodeNS("node-a"), "link", "set", faultWEPIface + "-p", "up"}); err != nil {
 		return err
 	}
@@ -219,7 +219,7 @@ func (l *lab) faultBadValues() error {
 	if err := l.etcdPut(faultWEPKey, faultWEPValue(huge)); err != nil {
 		return err
 	}
-	_, err := retry(10*time.Second, func() error {
+	_, err := l.retry(10*time.Second, func() error {
 		if len(agent.matching("skipping invalid value")) == 0 {
 			return errors.New("not yet")
 		}
@@ -237,7 +237,7 @@ func (l *lab) faultBadValues() error {
 	if err := l.etcdPut(faultWEPKey, faultWEPValue(faultWEPAddr+"/32")); err != nil {
 		return err
 	}
-	_, err = retry(10*time.Second, func() error {
+	_, err = l.retry(10*time.Second, func() error {
 		if !hasRoute("node-a", faultWEPAddr) {
 			return errors.New("no route yet")
 		}
@@ -313,7 +313,7 @@ func (l *lab) faultKernelDamage() error {
 			}},
 		{"sluice's nftables table (outgoing NAT) deleted", `sluice_drift_repairs_total{kind="nat"}`, []string{"ip", "netns", "exec", ns, l.tool(), "nft-table", dataplane.NATTable, "delete"},
 			func() bool {
-				out, _ := nsRun(ns, l.tool(), "nft-table", dataplane.NATTable)
+				out, _ := l.nsRun(ns, l.tool(), "nft-table", dataplane.NATTable)
 				return strings.Contains(out, "present")
 			}},
 		{"the VXLAN device deleted", "", []string{"ip", "-n", ns, "link", "del", "vxlan.sluice"},
@@ -331,7 +331,7 @@ func (l *lab) faultKernelDamage() error {
 		if _, err := sh(c.damage...); err != nil {
 			return fmt.Errorf("%s: %w", c.what, err)
 		}
-		_, err := retry(60*time.Second, func() error {
+		_, err := l.retry(60*time.Second, func() error {
 			if !c.ok() {
 				return errors.New("not repaired")
 			}
@@ -340,7 +340,7 @@ func (l *lab) faultKernelDamage() error {
 		took := time.Since(start) // from the damage command's start: includes running it
 		counted := c.metric == ""
 		if !counted {
-			_, _ = retry(5*time.Second, func() error {
+			_, _ = l.retry(5*time.Second, func() error {
 				if l.metricOf("node-a", c.metric) == before {
 					return errors.New("not counted")
 				}
@@ -369,12 +369,12 @@ func (l *lab) etcdPut(key, value string) error {
 		return err
 	}
 	f.Close()
-	_, err = nsRun(nsRouter, l.tool(), "etcd-put", "http://"+etcdListen, key, f.Name())
+	_, err = l.nsRun(nsRouter, l.tool(), "etcd-put", "http://"+etcdListen, key, f.Name())
 	return err
 }
 
 func (l *lab) etcdCompact() (int64, error) {
-	out, err := nsRun(nsRouter, l.tool(), "etcd-compact", "http://"+etcdListen)
+	out, err := l.nsRun(nsRouter, l.tool(), "etcd-compact", "http://"+etcdListen)
 	if err != nil {
 		return 0, fmt.Errorf("%v: %s", err, out)
 	}
@@ -495,13 +495,13 @@ func toolEtcdLoadFleet(args []string) error {
 func (l *lab) faultColdStartKilled() error {
 	ns := nodeNS("node-a")
 	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped")
-	if out, err := nsRun(nsRouter, l.tool(), "etcd-load-fleet", "http://"+etcdListen); err != nil {
+	if out, err := l.nsRun(nsRouter, l.tool(), "etcd-load-fleet", "http://"+etcdListen); err != nil {
 		return fmt.Errorf("loading the fleet: %v: %s", err, out)
 	}
 	fmt.Fprintf(l.out, "loaded %d nodes and %d blocks (with their affinities) into etcd\n", fleetNodes, fleetBlocks)
 	// Other software's objects: a route of another protocol, one in sluice's range of
 	// addresses but not its protocol, and a device.
-	if err := script([]string{"ip", "-n", ns, "route", "add", "10.99.0.0/24", "dev", "eth0", "proto", "static"},
+	if err := l.script([]string{"ip", "-n", ns, "route", "add", "10.99.0.0/24", "dev", "eth0", "proto", "static"},
 		[]string{"ip", "-n", ns, "route", "add", "10.128.0.0/26", "dev", "eth0", "proto", "boot", "metric", "50"},
 		[]string{"ip", "-n", ns, "link", "add", "foreign0", "type", "veth", "peer", "name", "foreign1"}); err != nil {
 		return err
@@ -511,7 +511,7 @@ func (l *lab) faultColdStartKilled() error {
 		if err != nil {
 			return err
 		}
-		time.Sleep(after)
+		l.sleep(after)
 		_ = agent.cmd.Process.Signal(syscall.SIGKILL)
 		<-agent.done
 		routes, _ := sh("ip", "-n", ns, "route", "show", "proto", "83")
@@ -531,7 +531,7 @@ func (l *lab) faultColdStartKilled() error {
 	dev, _ := sh("ip", "-n", ns, "link", "show", "foreign0")
 	l.check(strings.Contains(static, "proto static") && strings.Contains(boot, "metric 50") && strings.Contains(dev, "foreign0"),
 		"other software's routes and device are untouched")
-	return script([]string{"ip", "-n", ns, "route", "del", "10.99.0.0/24"}, []string{"ip", "-n", ns, "route", "del", "10.128.0.0/26", "proto", "boot", "metric", "50"},
+	return l.script([]string{"ip", "-n", ns, "route", "del", "10.99.0.0/24"}, []string{"ip", "-n", ns, "route", "del", "10.128.0.0/26", "proto", "boot", "metric", "50"},
 		[]string{"ip", "-n", ns, "link", "del", "foreign0"})
 }
 
@@ -607,19 +607,19 @@ func (l *lab) faultRestartUnderStream() error {
 	if err != nil {
 		return err
 	}
-	time.Sleep(200 * time.Millisecond)
+	l.sleep(200 * time.Millisecond)
 	churn, err := l.start(nsRouter, "churn", false, l.tool(), "etcd-churn", "http://"+etcdListen, "8s")
 	if err != nil {
 		return err
 	}
-	time.Sleep(1500 * time.Millisecond)
+	l.sleep(1500 * time.Millisecond)
 	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stopped (SIGTERM) during the stream")
 	agent, err := l.startAgent("node-a")
 	if err != nil {
 		return err
 	}
 	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "started again, it applied")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
 	<-agent.done
 	agent, err = l.startAgent("node-a")
@@ -629,7 +629,7 @@ func (l *lab) faultRestartUnderStream() error {
 	l.check(agent.waitFor(30*time.Second, "dataplane updated"), "killed (SIGKILL) during the stream and started again, it applied")
 	<-churn.done
 	l.check(churn.err == nil && churn.count("DONE") == 1, "the stream of changes ran throughout: %s", strings.Join(churn.lines, " "))
-	time.Sleep(2 * time.Second) // the last changes reach the kernel
+	l.sleep(2 * time.Second) // the last changes reach the kernel
 	_ = monitor.stop()
 	monitor.mu.Lock()
 	all := strings.Join(monitor.lines, "\n")
@@ -654,8 +654,8 @@ func (l *lab) faultKilledUnderConnections() error {
 		return err
 	}
 	front := nodeIPs["node-a"] + ":30090"
-	_, err := retry(15*time.Second, func() error {
-		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+	_, err := l.retry(15*time.Second, func() error {
+		_, err := l.nsRun(nsExt, l.tool(), "tcp-check", front)
 		return err
 	})
 	l.check(err == nil, "the node port on node-a answers (endpoint on node-b)")
@@ -664,17 +664,17 @@ func (l *lab) faultKilledUnderConnections() error {
 		return err
 	}
 	loop.waitFor(3*time.Second, "READY")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	agent := l.agents["node-a"]
 	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
 	<-agent.done
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	agent, err = l.startAgent("node-a")
 	if err != nil {
 		return err
 	}
 	l.check(agent.waitFor(30*time.Second, "in sync with etcd"), "sluiced on node-a, killed (SIGKILL) and started again, is in sync")
-	time.Sleep(2 * time.Second)
+	l.sleep(2 * time.Second)
 	// It adopts the pinned maps as they are: an apply that writes logs "service maps updated".
 	l.check(agent.count("service maps updated") == 0, "it adopted the pinned service maps and programs, writing nothing")
 	_ = loop.stdin.Close()
@@ -737,14 +737,14 @@ func (l *lab) faultServiceDrift() error {
 		return fmt.Errorf("%v: %s", err, out)
 	}
 	fmt.Fprint(l.out, out)
-	_, broken := nsRun(nsExt, l.tool(), "tcp-check", front)
+	_, broken := l.nsRun(nsExt, l.tool(), "tcp-check", front)
 	l.check(broken != nil, "with its frontends gone node-a's node port does not answer")
-	took, err := retry(2*faultResync+10*time.Second, func() error {
-		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+	took, err := l.retry(2*faultResync+10*time.Second, func() error {
+		_, err := l.nsRun(nsExt, l.tool(), "tcp-check", front)
 		return err
 	})
 	l.check(err == nil, "the node port works again %v later (resync-interval %v)", took.Round(100*time.Millisecond), faultResync)
-	_, err = retry(5*time.Second, func() error {
+	_, err = l.retry(5*time.Second, func() error {
 		if len(agent.matching("service stage drift repaired")) == before {
 			return errors.New("not logged")
 		}
@@ -800,10 +800,10 @@ func (l *lab) faultServiceStageDown() error {
 	l.check(l.metricOf("node-a", `sluice_services_ready{reason="bpffs"}`) == "0", "sluice_services_ready{reason=\"bpffs\"} is 0")
 	out, _ := l.ctl("status", "--settle", "0")
 	l.check(lineWith(out, "node-a", "services down (routes programmed)"), "sluicectl status shows node-a's services down, its routes programmed")
-	proxy, _ := nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
+	proxy, _ := l.nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
 	l.check(strings.HasPrefix(proxy, "status 503"), "the proxy health port answers 503, so load balancers steer away: %s", oneLine(proxy))
 	front := nodeIPs["node-a"] + ":30090"
-	_, err = nsRun(nsExt, l.tool(), "tcp-check", front)
+	_, err = l.nsRun(nsExt, l.tool(), "tcp-check", front)
 	l.check(err != nil, "node-a's node port does not answer while the stage is down")
 
 	start := time.Now()
@@ -813,12 +813,12 @@ func (l *lab) faultServiceStageDown() error {
 	l.check(agent.waitFor(90*time.Second, "service stage started"), "the file removed, the service stage starts by itself, without a restart (%v)", time.Since(start).Round(100*time.Millisecond))
 	took, body, ok := l.waitReady("node-a", 200, 20*time.Second)
 	l.check(ok, "/readyz answers 200 %v later: %s", took.Round(100*time.Millisecond), oneLine(body))
-	_, err = retry(10*time.Second, func() error {
-		_, err := nsRun(nsExt, l.tool(), "tcp-check", front)
+	_, err = l.retry(10*time.Second, func() error {
+		_, err := l.nsRun(nsExt, l.tool(), "tcp-check", front)
 		return err
 	})
 	l.check(err == nil, "node-a's node port answers (endpoint on node-b)")
-	proxy, _ = nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
+	proxy, _ = l.nsRun(nodeNS("node-a"), l.tool(), "http-get", "http://127.0.0.1:10256/healthz")
 	l.check(strings.HasPrefix(proxy, "status 200"), "the proxy health port answers 200: %s", oneLine(proxy))
 	l.check(l.metricOf("node-a", `sluice_services_ready{reason=""}`) == "1", "sluice_services_ready is 1")
 	// Back to the lab's own pin directory (this agent's bpffs went with its mount namespace).
@@ -854,8 +854,8 @@ func (l *lab) faultNoCgroup2() error {
 		"it mounts a cgroup2 hierarchy of its own and says so: %s", oneLine(strings.Join(agent.matching("mounted for the service stage"), " ")))
 	_, _, ok := l.waitReady("node-a", 200, 30*time.Second)
 	l.check(ok, "node-a is ready")
-	_, err = retry(10*time.Second, func() error {
-		_, err := nsRun(nodeNS("node-a"), l.tool(), "tcp-check", "10.96.0.20:80")
+	_, err = l.retry(10*time.Second, func() error {
+		_, err := l.nsRun(nodeNS("node-a"), l.tool(), "tcp-check", "10.96.0.20:80")
 		return err
 	})
 	l.check(err == nil, "node-a itself reaches cluster IP 10.96.0.20:80 (socket programs on sluice's own cgroup2 mount)")

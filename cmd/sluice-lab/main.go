@@ -8,6 +8,8 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"golang.org/x/sys/unix"
@@ -24,6 +26,9 @@ import (
 )
 
 type lab struct {
+	// ctx is the run's (see end): once it is done no step, check or process starts and
+	// every wait returns at once.
+	ctx      context.Context
 	bin      string // directory holding sluicectl, sluiced and sluice-lab
 	testdata string
 	out      io.Writer
@@ -55,10 +60,14 @@ func (l *lab) uplink(node string) string {
 }
 
 func (l *lab) step(format string, args ...any) {
+	l.halt()
 	fmt.Fprintf(l.out, "\n==> %s\n", fmt.Sprintf(format, args...))
 }
 
+// check prints a check's verdict; once the lab's context is done it ends the run instead
+// (see end): a check that failed because the signal killed its tool is not reported.
 func (l *lab) check(ok bool, format string, args ...any) bool {
+	l.halt()
 	verdict := "PASS"
 	if !ok {
 		verdict = "FAIL"
@@ -73,8 +82,9 @@ func (l *lab) tool() string { return filepath.Join(l.bin, "sluice-lab") }
 
 // ctl runs sluicectl inside the router namespace (where etcd is), echoing it.
 func (l *lab) ctl(args ...string) (string, error) {
+	l.halt()
 	fmt.Fprintf(l.out, "$ sluicectl %s\n", strings.Join(args, " "))
-	cmd := exec.Command("ip", append([]string{"netns", "exec", nsRouter, filepath.Join(l.bin, "sluicectl")}, args...)...)
+	cmd := l.command("ip", append([]string{"netns", "exec", nsRouter, filepath.Join(l.bin, "sluicectl")}, args...)...)
 	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen)
 	out, err := cmd.CombinedOutput()
 	l.out.Write(out)
@@ -99,8 +109,10 @@ func (l *lab) mustCtl(args ...string) string {
 }
 
 // proc is a background process inside a namespace whose output lines are kept (and echoed
-// with a prefix when echo is set).
+// with a prefix when echo is set, until the lab's context is done). It is stopped when the
+// lab's context is done (SIGTERM, then SIGKILL after procGrace).
 type proc struct {
+	ctx   context.Context
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	mu    sync.Mutex
@@ -109,8 +121,16 @@ type proc struct {
 	err   error
 }
 
+// procGrace is how long a process of the lab has to exit once it was sent SIGTERM for the
+// lab's context being done; then it is killed. An agent whose etcd is gone too takes 2 s
+// (its status lease's revoke times out).
+const procGrace = 5 * time.Second
+
 func (l *lab) start(ns, prefix string, echo bool, args ...string) (*proc, error) {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
+	l.halt()
+	cmd := exec.CommandContext(l.ctx, "ip", append([]string{"netns", "exec", ns}, args...)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = procGrace
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -121,13 +141,13 @@ func (l *lab) start(ns, prefix string, echo bool, args ...string) (*proc, error)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &proc{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	p := &proc{ctx: l.ctx, cmd: cmd, stdin: stdin, done: make(chan struct{})}
 	scanned := make(chan struct{})
 	go func() {
 		defer close(scanned)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			if echo {
+			if echo && p.ctx.Err() == nil {
 				fmt.Fprintf(l.out, "  [%s] %s\n", prefix, sc.Text())
 			}
 			p.mu.Lock()
@@ -174,6 +194,8 @@ func (p *proc) count(parts ...string) int {
 	return n
 }
 
+// waitFor waits until a line holds every part, the process ends, the timeout passes or the
+// lab's context is done, and says whether one does.
 func (p *proc) waitFor(timeout time.Duration, parts ...string) bool {
 	deadline := time.Now().Add(timeout)
 	for p.count(parts...) == 0 {
@@ -183,6 +205,8 @@ func (p *proc) waitFor(timeout time.Duration, parts ...string) bool {
 		select {
 		case <-p.done:
 			return p.count(parts...) > 0
+		case <-p.ctx.Done():
+			return false
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -194,8 +218,8 @@ func (p *proc) waitFor(timeout time.Duration, parts ...string) bool {
 // one line and whether it was that.
 func (l *lab) ask(ns, addr, want string) (string, bool) {
 	var out string
-	_, err := retry(5*time.Second, func() (err error) {
-		out, err = nsRun(ns, l.tool(), "tcp-ask", addr, "5")
+	_, err := l.retry(5*time.Second, func() (err error) {
+		out, err = l.nsRun(ns, l.tool(), "tcp-ask", addr, "5")
 		if err == nil && !strings.Contains(out, "answer "+want+" 5") {
 			err = fmt.Errorf("answered %q", out)
 		}
@@ -275,15 +299,30 @@ func (l *lab) startAgent(node string, extra ...string) (*proc, error) {
 	return p, err
 }
 
-// retry runs f until it succeeds or the timeout passes; it returns how long it took.
-func retry(timeout time.Duration, f func() error) (time.Duration, error) {
+// retry runs f until it succeeds, the timeout passes or the lab's context is done; it
+// returns how long it took.
+func (l *lab) retry(timeout time.Duration, f func() error) (time.Duration, error) {
 	start := time.Now()
 	for {
 		err := f()
 		if err == nil || time.Since(start) > timeout {
 			return time.Since(start), err
 		}
-		time.Sleep(50 * time.Millisecond)
+		if !l.sleep(50 * time.Millisecond) {
+			return time.Since(start), context.Cause(l.ctx)
+		}
+	}
+}
+
+// sleep waits for d or until the lab's context is done, and says whether it slept all of d.
+func (l *lab) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.ctx.Done():
+		return false
 	}
 }
 
@@ -297,7 +336,7 @@ func (l *lab) workload(name string) labWorkload {
 }
 
 func (l *lab) ping(from, to string) error {
-	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "ping", l.workload(to).addr)
+	_, err := l.nsRun(wlNS(l.workload(from)), l.tool(), "ping", l.workload(to).addr)
 	return err
 }
 
@@ -307,13 +346,15 @@ func (l *lab) tcp(from, to string, ipv6 bool) error {
 	if ipv6 {
 		addr = l.workload(to).addr6
 	}
-	_, err := nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", net.JoinHostPort(addr, "8080"))
+	_, err := l.nsRun(wlNS(l.workload(from)), l.tool(), "tcp-check", net.JoinHostPort(addr, "8080"))
 	return err
 }
 
 func (l *lab) cleanup() {
 	// Last started, first stopped: the agents before etcd, so that each revokes its status
-	// lease and goes at once instead of waiting on an etcd that is gone.
+	// lease and goes at once instead of waiting on an etcd that is gone. After a signal they
+	// have all been sent SIGTERM at once (by the lab's context, or the terminal), and some
+	// may be gone already: stop only waits, procGrace at most.
 	for _, p := range slices.Backward(l.procs) {
 		_ = p.stop()
 	}
@@ -341,6 +382,9 @@ func main() {
 		if t, ok := tools[os.Args[1]]; ok {
 			if err := t(os.Args[2:]); err != nil {
 				fmt.Fprintf(os.Stderr, "sluice-lab %s: %v\n", os.Args[1], err)
+				if sig := (interrupted{}); errors.As(err, &sig) { // smoke's
+					sig.exit()
+				}
 				os.Exit(1)
 			}
 			return
@@ -367,6 +411,10 @@ func main() {
 		err = l.faults(ctx)
 	} else {
 		err = l.demo(ctx, *keep)
+	}
+	if sig := (interrupted{}); errors.As(err, &sig) {
+		fmt.Fprintf(os.Stderr, "sluice-lab: %v: stopped after %d checks (%d failed); the lab is torn down\n", sig, l.checks, l.failures)
+		sig.exit()
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sluice-lab: %v\n", err)

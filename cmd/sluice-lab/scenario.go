@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -69,8 +68,9 @@ func (l *lab) setup() error {
 
 // demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
 // dataplane with real traffic.
-func (l *lab) demo(ctx context.Context, keep bool) error {
-	defer l.cleanup()
+func (l *lab) demo(ctx context.Context, keep bool) (err error) {
+	l.ctx = ctx
+	defer l.end(&err)
 	if err := l.setup(); err != nil {
 		return err
 	}
@@ -142,14 +142,14 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		if strings.HasPrefix(p[0], "db") {
 			how = "directly (CrossSubnet pool, same subnet)"
 		}
-		_, err := retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
+		_, err := l.retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
 		l.check(err == nil, "ping %s -> %s %s", p[0], p[1], how)
-		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
+		_, err = l.retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
 		l.check(err == nil, "TCP %s -> %s %s", p[0], p[1], how)
 	}
 
 	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-c", "web-b"}} {
-		_, err := retry(10*time.Second, func() error { return l.tcp(p[0], p[1], true) })
+		_, err := l.retry(10*time.Second, func() error { return l.tcp(p[0], p[1], true) })
 		l.check(err == nil, "TCP over IPv6 %s -> %s through vxlan-v6.sluice", p[0], p[1])
 	}
 
@@ -196,7 +196,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		if err != nil || !p.waitFor(5*time.Second, "READY") {
 			return -1
 		}
-		_, _ = nsRun(nsClient, l.tool(), "send-udp", dst)
+		_, _ = l.nsRun(nsClient, l.tool(), "send-udp", dst)
 		<-p.done
 		for _, line := range p.lines {
 			if n, ok := strings.CutPrefix(line, "packets "); ok {
@@ -215,7 +215,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "del", "10.65.0.128/26"); err != nil {
 		return err
 	}
-	took, err := retry(5*time.Second, func() error {
+	took, err := l.retry(5*time.Second, func() error {
 		out, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "10.65.0.128/26")
 		if !strings.Contains(out, "vxlan.sluice") {
 			return fmt.Errorf("not back")
@@ -226,7 +226,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	if _, err := sh("ip", "-n", nodeNS("node-a"), "link", "del", "vxlan.sluice"); err != nil {
 		return err
 	}
-	took, err = retry(5*time.Second, func() error { return l.ping("web-a", "web-c") })
+	took, err = l.retry(5*time.Second, func() error { return l.ping("web-a", "web-c") })
 	l.check(err == nil, "the deleted VXLAN device is back with its neighbours and routes; traffic recovers (%v)", took.Round(time.Millisecond))
 
 	l.step("sluiced restarted on node-a while a TCP stream crosses it")
@@ -240,16 +240,16 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		return err
 	}
 	l.check(natStream.waitFor(5*time.Second, "READY"), "a TCP stream web-a -> the gateway (masqueraded by node-a) is running")
-	time.Sleep(500 * time.Millisecond)
+	l.sleep(500 * time.Millisecond)
 	old := l.agents["node-a"]
 	l.check(old.stop() == nil, "sluiced on node-a stops cleanly on SIGTERM, leaving the dataplane in place")
-	time.Sleep(500 * time.Millisecond)
+	l.sleep(500 * time.Millisecond)
 	restarted, err := l.startAgent("node-a")
 	if err != nil {
 		return err
 	}
 	l.check(restarted.waitFor(20*time.Second, "desired state computed"), "the new sluiced on node-a is in sync")
-	time.Sleep(1500 * time.Millisecond)
+	l.sleep(1500 * time.Millisecond)
 	l.check(restarted.count("desired state restored") == 1, "the restarted sluiced programmed the state it kept as it stopped, etcd being unchanged since: %q", restarted.matching("state"))
 	l.check(restarted.count("dataplane updated") == 2 && restarted.count("dataplane updated", "writes=0") == 2,
 		"it found everything in place, with the kept state and then with etcd's, and wrote nothing to the kernel (its reports: %q)", restarted.matching("dataplane updated"))
@@ -286,7 +286,7 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 	}
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced restarted on node-b has applied")
 	l.check(nb.count("desired state restored") == 1, "it applied the state it kept, etcd being unchanged: %q", nb.matching("state"))
-	_, err = retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
+	_, err = l.retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
 	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
 
 	if err := l.seed000(); err != nil {
@@ -303,6 +303,8 @@ func (l *lab) demo(ctx context.Context, keep bool) error {
 		fmt.Fprintf(l.out, "  ip netns exec %s %s ping 10.65.0.129   # from web-a to web-c\n", wlNS(l.workload("web-a")), l.tool())
 		fmt.Fprintf(l.out, "  ip netns exec %s env SLUICE_ETCD_ENDPOINTS=http://%s %s plan --node node-c\n", nsRouter, etcdListen, filepath.Join(l.bin, "sluicectl"))
 		<-ctx.Done()
+		fmt.Fprintf(l.out, "\n==> tearing down (%v)\n", context.Cause(ctx)) // not a step: the lab's context is done
+		return nil
 	}
 	l.step("tearing down")
 	return nil
@@ -318,7 +320,8 @@ func routeLine(out, want string) bool {
 // diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
 // freshly started agent would program from the same data (calc run afresh on etcd's state).
 func (l *lab) diff(node string) (string, error) {
-	cmd := exec.Command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
+	l.halt()
+	cmd := l.command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
 	// The same configuration as the node's sluiced: its etcd and its pin directory.
 	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node),
 		"SLUICE_ROUTE_LAYOUT="+routeLayout(node))
@@ -366,7 +369,7 @@ func (l *lab) floatingIPs() error {
 			l.check(false, "writing %s: %v", name, err)
 		}
 	}
-	if err := script(
+	if err := l.script(
 		[]string{"ip", "-n", nsClient, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
 		[]string{"ip", "-n", nsRouter, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-b"]},
 		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
@@ -403,8 +406,8 @@ func (l *lab) floatingIPs() error {
 	write("fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true))
 	// leadsNowhere says whether the client's connections to addr stop being answered soon.
 	leadsNowhere := func(addr string) bool {
-		_, err := retry(5*time.Second, func() error {
-			if _, err := nsRun(nsClient, l.tool(), "tcp-ask", addr, "1"); err == nil {
+		_, err := l.retry(5*time.Second, func() error {
+			if _, err := l.nsRun(nsClient, l.tool(), "tcp-ask", addr, "1"); err == nil {
 				return fmt.Errorf("%s still answered", addr)
 			}
 			return nil
@@ -450,7 +453,7 @@ func (l *lab) floatingIPs() error {
 		return err
 	}
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced on node-b is back")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	l.check(stream.finish(), "the stream through the floating IP never broke across the restart: %s", stream.transcript())
 
 	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
@@ -462,7 +465,7 @@ func (l *lab) floatingIPs() error {
 	// old VM stops and its endpoint goes.
 	vm := func(node, tap string) (string, error) {
 		ns := nsVM + "-" + node
-		if err := script(
+		if err := l.script(
 			[]string{"ip", "netns", "add", ns},
 			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
 			[]string{"ip", "-n", nodeNS(node), "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns", ns},
@@ -533,14 +536,15 @@ func (l *lab) migratedNode() error {
 	l.step("a migrated node: Cilium's program and kube-proxy's rules left on node-c, found and cleaned")
 	up := l.uplink("node-c")
 	pin := filepath.Join(l.dir, "bpf", "foreign-cilium-link")
-	if _, err := nsRun(nodeNS("node-c"), l.tool(), "plant-leftovers", up, pin); err != nil {
+	if _, err := l.nsRun(nodeNS("node-c"), l.tool(), "plant-leftovers", up, pin); err != nil {
 		return fmt.Errorf("planting the leftovers on node-c: %v", err)
 	}
 	np := nodeIPs["node-c"] + ":30092"
-	out, err := nsRun(nsExt, l.tool(), "tcp-ask", np, "3")
+	out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", np, "3")
 	l.check(err != nil, "with Cilium's program ahead of sluice's on %s, node-c's node port fails: %s", up, oneLine(out))
 	leftovers := func() (string, error) {
-		cmd := exec.Command("ip", "netns", "exec", nodeNS("node-c"), filepath.Join(l.bin, "sluicectl"), "leftovers", "--cgroup", filepath.Join(l.dir, "cgroup"))
+		l.halt()
+		cmd := l.command("ip", "netns", "exec", nodeNS("node-c"), filepath.Join(l.bin, "sluicectl"), "leftovers", "--cgroup", filepath.Join(l.dir, "cgroup"))
 		out, err := cmd.CombinedOutput()
 		fmt.Fprintf(l.out, "$ sluicectl leftovers   (in %s)\n%s", nodeNS("node-c"), out)
 		return string(out), err
@@ -556,7 +560,7 @@ func (l *lab) migratedNode() error {
 		return err
 	}
 	var body string
-	took, err := retry(30*time.Second, func() error {
+	took, err := l.retry(30*time.Second, func() error {
 		var code int
 		if code, body = l.health("node-c", "/readyz"); code != 503 || !strings.Contains(body, "cil_from_netdev (cilium)") {
 			return errors.New("not yet")
@@ -575,15 +579,15 @@ func (l *lab) migratedNode() error {
 	_, body, ok := l.waitReady("node-c", 200, 30*time.Second)
 	l.check(ok, "and is ready: %s", oneLine(body))
 	l.check(nc.count("kind=cgroup") == 0, "the other nodes' sluice socket programs on the lab's shared cgroup are not taken for leftovers: %q", nc.matching("kind=cgroup"))
-	_, err = retry(10*time.Second, func() error { _, err := nsRun(nsExt, l.tool(), "tcp-ask", np, "1"); return err })
-	out, err2 := nsRun(nsExt, l.tool(), "tcp-ask", np, "20")
+	_, err = l.retry(10*time.Second, func() error { _, err := l.nsRun(nsExt, l.tool(), "tcp-ask", np, "1"); return err })
+	out, err2 := l.nsRun(nsExt, l.tool(), "tcp-ask", np, "20")
 	l.check(err == nil && err2 == nil && strings.Contains(out, "answer 192.168.40.100 20"),
 		"20 of 20 connections to node-c's node port reach the endpoint again, the client's address kept: %s", oneLine(out))
 	out, err = leftovers()
 	l.check(err == nil && !strings.Contains(out, "cil_from_netdev") && strings.Contains(out, "kube-proxy's netfilter chains in ip nat"),
 		"sluicectl leftovers exits 0: kube-proxy's dormant chain is listed and left alone")
 	var status string
-	_, err = retry(5*time.Second, func() error {
+	_, err = l.retry(5*time.Second, func() error {
 		status, _ = l.ctl("status")
 		for _, line := range strings.Split(status, "\n") {
 			if strings.HasPrefix(line, "node-c ") && strings.Contains(line, " 1 dormant ") {

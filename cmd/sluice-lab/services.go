@@ -154,7 +154,7 @@ func (l *lab) seed000() error {
 	// kube-proxy's KUBE-FORWARD and most host firewalls do: every service path below must
 	// work with it.
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		if _, err := nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "add"); err != nil {
+		if _, err := l.nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "add"); err != nil {
 			return fmt.Errorf("firewall on %s: %v", n, err)
 		}
 	}
@@ -165,14 +165,14 @@ func (l *lab) seed000() error {
 	}
 	// Wait until every node answers before counting.
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		_, err := retry(10*time.Second, func() error {
-			_, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "1")
+		_, err := l.retry(10*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "1")
 			return err
 		})
 		l.check(err == nil, "the node port answers on %s (%s:30092)", n, nodeIPs[n])
 	}
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 50"),
 			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
 	}
@@ -185,7 +185,7 @@ func (l *lab) seed000() error {
 
 	l.step("IPv4 options: every packet of the connection with Record Route, both ways")
 	for _, n := range []string{"node-a", "node-b"} {
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 10"),
 			"10 of 10 connections with IP options to %s's node port reach web-b, which sees the client's own address: %s", n, oneLine(out))
 	}
@@ -195,7 +195,7 @@ func (l *lab) seed000() error {
 	l.check(err == nil && strings.Contains(out, "30000-32767"), "node-a reserves the node-port range for its own sockets' source ports: %q", strings.TrimSpace(out))
 	// A socket bound to a node port's number by hand (the reservation does not stop that):
 	// its TCP answers are told apart from node-port clients.
-	out, err = nsRun(nodeNS("node-a"), l.tool(), "tcp-reuse", "192.168.10.254:8081", "192.168.10.254:8081", "fin", "30092")
+	out, err = l.nsRun(nodeNS("node-a"), l.tool(), "tcp-reuse", "192.168.10.254:8081", "192.168.10.254:8081", "fin", "30092")
 	l.check(err == nil && strings.Count(out, "192.168.10.11") == 2, "node-a's own connections from port 30092 (node port of np) to the gateway are answered: %s", oneLine(out))
 
 	l.step("UDP datagrams of 4,000 bytes, as IP fragments both ways, through a cluster IP and a node port")
@@ -205,8 +205,8 @@ func (l *lab) seed000() error {
 	if err := l.apply("seed-big.yaml", seedBig); err != nil {
 		return err
 	}
-	_, _ = retry(10*time.Second, func() error {
-		_, err := nsRun(nsExt, l.tool(), "udp-big", nodeIPs["node-b"]+":30097", "100", "1")
+	_, _ = l.retry(10*time.Second, func() error {
+		_, err := l.nsRun(nsExt, l.tool(), "udp-big", nodeIPs["node-b"]+":30097", "100", "1")
 		return err
 	})
 	for _, c := range []struct{ ns, to, what string }{
@@ -215,7 +215,7 @@ func (l *lab) seed000() error {
 		{nsExt, nodeIPs["node-b"] + ":30097", "the outside client to node-b's node port, endpoint local"},
 		{nsExt, nodeIPs["node-a"] + ":30097", "the outside client to node-a's node port, endpoint on node-b (tunnel)"},
 	} {
-		out, err := nsRun(c.ns, l.tool(), "udp-big", c.to, "4000", "20")
+		out, err := l.nsRun(c.ns, l.tool(), "udp-big", c.to, "4000", "20")
 		l.check(err == nil, "%s: 20 datagrams of 4,000 bytes echoed whole: %s", c.what, oneLine(out))
 	}
 
@@ -229,7 +229,7 @@ func (l *lab) seed000() error {
 	defer func() { _, _ = sh("ip", "-n", nsClient, "route", "del", "10.65.0.64/26") }()
 	for i, how := range []string{"fin", "rst"} {
 		port := strconv.Itoa(47001 + i)
-		out, err := nsRun(nsClient, l.tool(), "tcp-reuse", nodeIPs["node-a"]+":30092", "10.65.0.65:8082", how, port)
+		out, err := l.nsRun(nsClient, l.tool(), "tcp-reuse", nodeIPs["node-a"]+":30092", "10.65.0.65:8082", how, port)
 		l.check(err == nil && strings.Contains(out, "first 192.168.10.100") && strings.Contains(out, "second 192.168.10.100"),
 			"from port %s: node-a's node port, closed with %s, then web-b's own address 2 s later: both answered: %s", port, strings.ToUpper(how), oneLine(out))
 	}
@@ -239,11 +239,11 @@ func (l *lab) seed000() error {
 		return err
 	}
 	for _, n := range []string{"node-b", "node-a", "node-c"} {
-		_, _ = retry(5*time.Second, func() error {
-			_, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "1")
+		_, _ = l.retry(5*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "1")
 			return err
 		})
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "20")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "20")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
 			"20 of 20 connections to %s's node port reach the server in node-b's host namespace, which sees the client's own address: %s", n, oneLine(out))
 	}
@@ -253,20 +253,20 @@ func (l *lab) seed000() error {
 	if p, err := l.start(nodeNS("node-b"), "echo node-b host", false, l.tool(), "tcp-serve", nodeIPs["node-b"]+":8084"); err != nil || !p.waitFor(5*time.Second, "READY") {
 		return fmt.Errorf("echo server in node-b's host namespace: %v", err)
 	}
-	out, err = nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
 	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, segmented (TSO) both ways: %s", oneLine(out))
 	// The same with segmentation off on node-b's NIC (as on a VM without offloads): every
 	// full-size segment is a packet of its own.
 	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "1"); err != nil {
 		return err
 	}
-	out, err = nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
 	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, without segmentation offload: %s", oneLine(out))
 	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "65535"); err != nil {
 		return err
 	}
 	for _, w := range []string{"web-a", "web-b"} {
-		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.22:83", "10")
+		out, err := l.nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.22:83", "10")
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
 			"%s reaches cluster IP 10.96.0.22:83 (node-b's host) 10 of 10 times: %s", w, oneLine(out))
 	}
@@ -287,7 +287,7 @@ func (l *lab) seed000() error {
 	if !eth0.waitFor(2*time.Second, "READY") || !eth1.waitFor(2*time.Second, "READY") {
 		return fmt.Errorf("the captures on node-a's eth0 and eth1 did not start: %s; %s", eth0.transcript(), eth1.transcript())
 	}
-	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
 	<-eth0.done
 	<-eth1.done
 	l.check(err == nil, "10 connections through node-a succeed although its default route leads out of eth1: %s", oneLine(out))
@@ -315,45 +315,45 @@ func (l *lab) seed000() error {
 	if _, err := sh("ip", "-n", nodeNS("node-b"), "route", "add", "192.168.40.0/24", "via", "192.168.10.1"); err != nil {
 		return err
 	}
-	ok, err := retry(10*time.Second, func() error {
-		out, err := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
+	ok, err := l.retry(10*time.Second, func() error {
+		out, err := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
 		if err == nil && !strings.Contains(out, "status 200") {
 			err = fmt.Errorf("%s", out)
 		}
 		return err
 	})
 	_ = ok
-	outB, _ := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
+	outB, _ := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
 	l.check(err == nil && strings.Contains(outB, `"localEndpoints":1`) && strings.Contains(outB, `"serviceProxyHealthy":true`),
 		"node-b's health check answers 200 with one local endpoint: %s", oneLine(outB))
 	// node-c, not multi-homed node-a: a health check is the host's own socket, answered by
 	// the node's routing like any host service.
-	outC, _ := nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-c"]+":30999/")
+	outC, _ := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-c"]+":30999/")
 	l.check(strings.Contains(outC, "status 503") && strings.Contains(outC, `"localEndpoints":0`),
 		"node-c's health check answers 503 with no local endpoint: %s", oneLine(outC))
-	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-b"]+":30093", "20")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-b"]+":30093", "20")
 	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"), "node-b serves the Local service to the outside client, whose address is kept: %s", oneLine(out))
-	out, err = nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-c"]+":30093", "1")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-c"]+":30093", "1")
 	l.check(err != nil && strings.Contains(out, "failed 1"), "node-c, which has no local endpoint, drops the Local service's traffic as its health check says: %s", oneLine(out))
-	out, err = nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", nodeIPs["node-a"]+":30093", "5")
+	out, err = l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", nodeIPs["node-a"]+":30093", "5")
 	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "from inside the cluster (web-a) the same node port on node-a is treated as Cluster: %s", oneLine(out))
 
 	l.step("cluster IPs from workloads; unknown ports rejected at once")
 	for _, w := range []string{"web-a", "web-c", "db-a", "db-b"} {
-		out, err := nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+		out, err := l.nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
 		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
 			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
 	}
 	// Hairpin: web-b is the service's endpoint and reaches it through the cluster IP.
-	out, err = nsRun(wlNS(l.workload("web-b")), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+	out, err = l.nsRun(wlNS(l.workload("web-b")), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
 	l.check(err == nil && strings.Contains(out, "answer 169.254.42.1 10"),
 		"web-b, the endpoint itself, reaches cluster IP 10.96.0.20:81 10 of 10 times (hairpin, seen as 169.254.42.1): %s", oneLine(out))
 	for _, n := range []string{"node-a", "node-c"} {
-		out, err := nsRun(nodeNS(n), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
+		out, err := l.nsRun(nodeNS(n), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
 		l.check(err == nil && strings.Contains(out, "failed 0"), "%s itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s", n, oneLine(out))
 	}
 	start := time.Now()
-	out, err = nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "10.96.0.20:82")
+	out, err = l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "10.96.0.20:82")
 	took := time.Since(start)
 	l.check(err != nil && strings.Contains(out, "refused") && took < time.Second,
 		"a port the service does not have is refused at once (%v): %s", took.Round(time.Millisecond), oneLine(out))
@@ -367,20 +367,20 @@ func (l *lab) seed000() error {
 		return err
 	}
 	loop.waitFor(3*time.Second, "READY")
-	time.Sleep(500 * time.Millisecond)
+	l.sleep(500 * time.Millisecond)
 	// web-c joins the echo service (terminating web-b first, then removing it).
 	moved := strings.Replace(seedServices, "- addresses: [10.65.0.65]\n  conditions: {ready: true}\n  nodeName: node-b\nports:\n- {name: echo, protocol: TCP, port: 8081}",
 		"- addresses: [10.65.0.65]\n  conditions: {ready: false, serving: true, terminating: true}\n  nodeName: node-b\n- addresses: [10.65.0.129]\n  conditions: {ready: true}\n  nodeName: node-c\nports:\n- {name: echo, protocol: TCP, port: 8081}", 1)
 	if err := l.apply("seed-services.yaml", moved); err != nil {
 		return err
 	}
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	// Then web-b leaves the slice altogether.
 	gone := strings.Replace(moved, "- addresses: [10.65.0.65]\n  conditions: {ready: false, serving: true, terminating: true}\n  nodeName: node-b\n", "", 1)
 	if err := l.apply("seed-services.yaml", gone); err != nil {
 		return err
 	}
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	_ = loop.stdin.Close()
 	<-loop.done
 	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating, web-c was added and web-b was removed: %s", oneLine(strings.Join(loop.lines, " ")))
@@ -410,7 +410,7 @@ func (l *lab) seed000() error {
 	<-resolver.done
 
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		out, _ := nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "count")
+		out, _ := l.nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "count")
 		fmt.Fprintf(l.out, "%s's firewall dropped as conntrack-INVALID: %s\n", n, strings.TrimSpace(out))
 	}
 
@@ -433,13 +433,13 @@ func (l *lab) restartUnderTraffic(client, front, what string) error {
 	stream.waitFor(3*time.Second, "READY")
 	loop.waitFor(3*time.Second, "READY")
 	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	restarted, err := l.startAgent("node-a")
 	if err != nil {
 		return err
 	}
 	l.check(restarted.waitFor(20*time.Second, "service stage started"), "the new sluiced on node-a has adopted the pinned programs and maps")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	_ = loop.stdin.Close()
 	l.check(stream.finish(), "the stream through node-a's %s never broke across the restart: %s", what, stream.transcript())
 	<-loop.done
@@ -467,8 +467,8 @@ func (l *lab) synFlood() error {
 	}
 	// Without the eviction the table is full within three seconds at this rate (40,000 to
 	// 48,000 a second here), and stays full: the backend's SYN-ACKs made every flow answered.
-	time.Sleep(5 * time.Second)
-	out, _ := nsRun(nsExt, l.tool(), "tcp-ask", front, "100")
+	l.sleep(5 * time.Second)
+	out, _ := l.nsRun(nsExt, l.tool(), "tcp-ask", front, "100")
 	failed := -1
 	for _, line := range strings.Split(out, "\n") {
 		if f, ok := strings.CutPrefix(line, "failed "); ok {
@@ -479,7 +479,7 @@ func (l *lab) synFlood() error {
 	<-flood.done
 	l.check(failed >= 0 && failed <= 5, "during the flood %d of 100 new connections succeed (at least 95): %s", 100-failed, oneLine(out))
 	l.check(idle.err == nil, "a connection made before the flood answers again 8 s later, in the middle of it: %s", idle.transcript())
-	out, err = nsRun(nsExt, l.tool(), "tcp-ask", front, "20")
+	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", front, "20")
 	l.check(err == nil, "after the flood 20 of 20 new connections succeed: %s", oneLine(out))
 	var report []string
 	for _, n := range []string{"node-a", "node-b"} {

@@ -138,37 +138,37 @@ func (l *lab) ipv6Services() error {
 		return err
 	}
 	// The maps follow etcd within a second or two: wait for the IPv6 cluster IP to answer.
-	if _, err := retry(10*time.Second, func() error {
-		_, err := nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", "[fd00:96::30]:86", "1")
+	if _, err := l.retry(10*time.Second, func() error {
+		_, err := l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", "[fd00:96::30]:86", "1")
 		return err
 	}); err != nil {
 		l.check(false, "seed/dual's IPv6 cluster IP answers web-a within 10 s: %v", err)
 	}
 	for _, name := range []string{"web-a", "web-b", "web-c"} {
 		w := l.workload(name)
-		out, err := nsRun(wlNS(w), l.tool(), "tcp-ask", "[fd00:96::30]:86", "12")
+		out, err := l.nsRun(wlNS(w), l.tool(), "tcp-ask", "[fd00:96::30]:86", "12")
 		got, failed := answers(out)
 		l.check(err == nil && failed == 0 && onlyFrom(got, 12, w.addr6, "100::5c1c"),
 			"%s reaches IPv6 cluster IP [fd00:96::30]:86 12 of 12 times, seen with its own address %s (or 100::5c1c when it reaches itself): %s", name, w.addr6, oneLine(out))
-		out, err = nsRun(wlNS(w), l.tool(), "tcp-ask", "10.96.0.30:86", "12")
+		out, err = l.nsRun(wlNS(w), l.tool(), "tcp-ask", "10.96.0.30:86", "12")
 		got, failed = answers(out)
 		l.check(err == nil && failed == 0 && onlyFrom(got, 12, w.addr, "169.254.42.1"),
 			"%s reaches the same service's IPv4 cluster IP 10.96.0.30:86 12 of 12 times, seen as %s: %s", name, w.addr, oneLine(out))
 	}
 	// Which endpoints answered: each family's own, on every node.
-	out, _ := nsRun(wlNS(l.workload("db-a")), l.tool(), "tcp-ask", "10.96.0.30:86", "1")
+	out, _ := l.nsRun(wlNS(l.workload("db-a")), l.tool(), "tcp-ask", "10.96.0.30:86", "1")
 	l.check(strings.Contains(out, "answer 10.66.0.1 1"), "db-a (IPv4 only) reaches the IPv4 cluster IP: %s", oneLine(out))
 	start := time.Now()
-	out, err := nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "[fd00:96::30]:87")
+	out, err := l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "[fd00:96::30]:87")
 	took := time.Since(start)
 	l.check(err != nil && strings.Contains(out, "refused") && took < time.Second,
 		"a port the IPv6 cluster IP does not have is refused at once (%v): %s", took.Round(time.Millisecond), oneLine(out))
 
 	for _, n := range []string{"node-a", "node-c"} {
-		out, err := nsRun(nodeNS(n), l.tool(), "tcp-ask", "[fd00:96::30]:86", "10")
+		out, err := l.nsRun(nodeNS(n), l.tool(), "tcp-ask", "[fd00:96::30]:86", "10")
 		_, failed := answers(out)
 		l.check(err == nil && failed == 0, "%s itself reaches IPv6 cluster IP [fd00:96::30]:86 10 of 10 times (connect6): %s", n, oneLine(out))
-		out, err = nsRun(nodeNS(n), l.tool(), "tcp-ask-mapped", "10.96.0.30:86", "10")
+		out, err = l.nsRun(nodeNS(n), l.tool(), "tcp-ask-mapped", "10.96.0.30:86", "10")
 		_, failed = answers(out)
 		l.check(err == nil && failed == 0,
 			"%s reaches IPv4 cluster IP 10.96.0.30:86 from a dual-stack IPv6 socket through ::ffff:10.96.0.30, 10 of 10 times: %s", n, oneLine(out))
@@ -176,7 +176,7 @@ func (l *lab) ipv6Services() error {
 
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		addr := fmt.Sprintf("[%s]:30186", nodeIPs6[n])
-		out, err := nsRun(nsRouter, l.tool(), "tcp-ask", addr, "10")
+		out, err := l.nsRun(nsRouter, l.tool(), "tcp-ask", addr, "10")
 		got, failed := answers(out)
 		l.check(err == nil && failed == 0 && onlyFrom(got, 10, routerOn(n)),
 			"from outside the cluster (the router, %s), IPv6 node port %s answers 10 of 10 times, the client's address kept: %s", routerOn(n), addr, oneLine(out))
@@ -186,8 +186,8 @@ func (l *lab) ipv6Services() error {
 	if err := l.apply("np6.yaml", seedNP6); err != nil {
 		return err
 	}
-	if _, err := retry(10*time.Second, func() error {
-		_, err := nsRun(nsRouter, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "1")
+	if _, err := l.retry(10*time.Second, func() error {
+		_, err := l.nsRun(nsRouter, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "1")
 		return err
 	}); err != nil {
 		l.check(false, "seed/np6's node port on node-a answers within 10 s: %v", err)
@@ -195,7 +195,7 @@ func (l *lab) ipv6Services() error {
 	before := l.bpfCounters("node-a")
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		addr := fmt.Sprintf("[%s]:30187", nodeIPs6[n])
-		out, err := nsRun(nsRouter, l.tool(), "tcp-ask", addr, "20")
+		out, err := l.nsRun(nsRouter, l.tool(), "tcp-ask", addr, "20")
 		got, failed := answers(out)
 		how := "remote endpoint (web-b, through the tunnel)"
 		if n == "node-b" {
@@ -209,7 +209,7 @@ func (l *lab) ipv6Services() error {
 		"node-a forwarded them to node-b (nat_forward_remote +%d)", after["nat_forward_remote"]-before["nat_forward_remote"])
 	// Bulk both ways: full-size segments from the router (MSS 1440) do not fit the tunnel
 	// (1430 inside 1500): Packet Too Big is the only way the client learns it.
-	out, err = nsRun(nsRouter, l.tool(), "tcp-bulk", "[fd00:10::11]:30188", "4000000")
+	out, err = l.nsRun(nsRouter, l.tool(), "tcp-bulk", "[fd00:10::11]:30188", "4000000")
 	ptb := l.bpfCounters("node-a")["icmp_too_big_sent"] - after["icmp_too_big_sent"]
 	l.check(err == nil && ptb > 0,
 		"4 MB echoed by web-b on node-b through node-a's IPv6 node port; node-a sent %d Packet Too Big, and the transfer completed: %s", ptb, oneLine(out))
@@ -248,11 +248,11 @@ func (l *lab) multiHomed6() error {
 	defer func() { _, _ = sh("ip", "-n", nodeNS("node-a"), "-6", "route", "replace", "default", "via", gateway6) }()
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		addr := fmt.Sprintf("[%s]:30187", nodeIPs6[n])
-		_, _ = retry(10*time.Second, func() error {
-			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+		_, _ = l.retry(10*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
 			return err
 		})
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
 		got, failed := answers(out)
 		l.check(err == nil && failed == 0 && onlyFrom(got, 20, ext6),
 			"20 of 20 connections from %s to %s's IPv6 node port %s reach web-b, which sees the client's own address: %s", ext6, n, addr, oneLine(out))
@@ -269,7 +269,7 @@ func (l *lab) multiHomed6() error {
 	if !in.waitFor(2*time.Second, "READY") || !other.waitFor(2*time.Second, "READY") {
 		return fmt.Errorf("the captures on node-a's %s and eth1 did not start: %s; %s", uplink, in.transcript(), other.transcript())
 	}
-	out, err := nsRun(nsExt, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "10")
+	out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", "[fd00:10::11]:30187", "10")
 	<-in.done
 	<-other.done
 	l.check(err == nil, "10 connections through node-a's IPv6 node port succeed although its IPv6 default route leads out of eth1: %s", oneLine(out))

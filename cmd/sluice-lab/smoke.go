@@ -50,8 +50,9 @@ func toolSmoke(args []string) error {
 // local endpoint (node-b's) and to a remote one (node-a's, forwarded to node-b), the endpoint
 // seeing the outside client's own address; sluiced restarted on the ingress node (node-a)
 // under a TCP stream through its node port, which survives. Everything it made is torn down.
-func (l *lab) smoke(ctx context.Context) error {
-	defer l.cleanup()
+func (l *lab) smoke(ctx context.Context) (err error) {
+	l.ctx = ctx
+	defer l.end(&err)
 	if err := l.setup(); err != nil {
 		return err
 	}
@@ -75,9 +76,9 @@ func (l *lab) smoke(ctx context.Context) error {
 		}
 	}
 	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}} {
-		_, err := retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
+		_, err := l.retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
 		l.check(err == nil, "ping %s -> %s through VXLAN%s", p[0], p[1], errSuffix(err))
-		_, err = retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
+		_, err = l.retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
 		l.check(err == nil, "TCP %s -> %s through VXLAN%s", p[0], p[1], errSuffix(err))
 	}
 	if ctx.Err() != nil {
@@ -115,11 +116,11 @@ func (l *lab) smoke(ctx context.Context) error {
 	for _, c := range []struct{ node, where string }{{"node-b", "local"}, {"node-a", "remote"}} {
 		addr := nodeIPs[c.node] + ":30092"
 		// Until the node's service stage has the service, the port refuses.
-		_, _ = retry(20*time.Second, func() error {
-			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+		_, _ = l.retry(20*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
 			return err
 		})
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
 			"20 of 20 connections to %s's node port %s reach the %s endpoint (web-b), which sees the client's own address: %s", c.node, addr, c.where, oneLine(out))
 	}
@@ -142,17 +143,17 @@ func (l *lab) smoke(ctx context.Context) error {
 		fmt.Fprintf(l.out, "the stream: %s\n", stream.transcript())
 		return nil
 	}
-	time.Sleep(500 * time.Millisecond)
+	l.sleep(500 * time.Millisecond)
 	l.check(l.agents["node-a"].stop() == nil, "sluiced on node-a stops on SIGTERM, leaving programs and maps pinned")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	restarted, err := l.startAgent("node-a")
 	if err != nil {
 		return err
 	}
 	l.check(restarted.waitFor(30*time.Second, "dataplane updated"), "the new sluiced on node-a is in sync and has applied")
-	time.Sleep(time.Second)
+	l.sleep(time.Second)
 	l.check(stream.finish(), "the stream through node-a's node port never broke across the restart: %s", stream.transcript())
-	out, err := nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "5")
+	out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "5")
 	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 5"), "node-a's node port still answers after the restart, the client's address kept: %s", oneLine(out))
 	return nil
 }
@@ -171,7 +172,7 @@ func errSuffix(err error) string {
 func (l *lab) uplinkChecks() error {
 	l.step("bare-metal uplinks: node-a's bond (active-backup) and node-b's VLAN 100")
 	hooks := func(node string) string {
-		out, err := nsRun(nodeNS(node), l.tool(), "hooks")
+		out, err := l.nsRun(nodeNS(node), l.tool(), "hooks")
 		if err != nil {
 			return "error: " + oneLine(out)
 		}
@@ -182,7 +183,7 @@ func (l *lab) uplinkChecks() error {
 		"node-a's programs are on bond0, none on its slaves eth0 and eth2: %s", a)
 	l.check(strings.Contains(b, "eth0.100 ingress 1 egress 1"), "node-b's programs are on eth0.100: %s", b)
 	bond := func() string {
-		b, _ := nsRun(nodeNS("node-a"), l.tool(), "bond-state", "bond0")
+		b, _ := l.nsRun(nodeNS("node-a"), l.tool(), "bond-state", "bond0")
 		return oneLine(b)
 	}
 	addr := nodeIPs["node-a"] + ":30092"
@@ -194,13 +195,13 @@ func (l *lab) uplinkChecks() error {
 		// again (its kernel answers: nothing of sluice's on the way) and its node port the
 		// client outside.
 		start := time.Now()
-		_, _ = retry(15*time.Second, func() error {
-			_, err := nsRun(nsClient, l.tool(), "ping", nodeIPs["node-a"])
+		_, _ = l.retry(15*time.Second, func() error {
+			_, err := l.nsRun(nsClient, l.tool(), "ping", nodeIPs["node-a"])
 			return err
 		})
 		pinged := time.Since(start)
-		_, _ = retry(15*time.Second, func() error {
-			_, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
+		_, _ = l.retry(15*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "1")
 			return err
 		})
 		took := time.Since(start)
@@ -211,13 +212,15 @@ func (l *lab) uplinkChecks() error {
 			// pings for 3 s running.
 			steady := time.Now()
 			for deadline := time.Now().Add(20 * time.Second); time.Since(steady) < 3*time.Second && time.Now().Before(deadline); {
-				if _, err := nsRun(nsClient, l.tool(), "ping", nodeIPs["node-a"]); err != nil {
+				if _, err := l.nsRun(nsClient, l.tool(), "ping", nodeIPs["node-a"]); err != nil {
 					steady = time.Now()
 				}
-				time.Sleep(250 * time.Millisecond)
+				if !l.sleep(250 * time.Millisecond) {
+					break
+				}
 			}
 		}
-		out, err := nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
+		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", addr, "20")
 		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
 			"node-a's bond %s: node-a answered a ping from its LAN after %v and its node port after %v, then 20 of 20 connections reach web-b on node-b (VLAN), which sees the client's own address: %s; bond: %s",
 			c.what, pinged.Round(10*time.Millisecond), took.Round(10*time.Millisecond), oneLine(out), bond())

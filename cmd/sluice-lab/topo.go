@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"time"
 )
 
 // The lab's topology, all in network namespaces named "sl-*":
@@ -94,23 +95,40 @@ func allNamespaces() []string {
 // namespace per node it runs on.
 const nsVM = "sl-wl-vm1"
 
-// sh runs a command, returning its combined output and an error that includes it.
+// sh runs a command, returning its combined output and an error that includes it. The
+// lab's context does not stop it: its commands are quick, and teardown's are among them.
 func sh(args ...string) (string, error) {
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	return output(exec.Command(args[0], args[1:]...))
+}
+
+// output runs cmd, returning its combined output and an error that includes it.
+func output(cmd *exec.Cmd) (string, error) {
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return string(out), fmt.Errorf("%s: %v: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
 }
 
-// nsRun runs a command inside a namespace.
-func nsRun(ns string, args ...string) (string, error) {
-	return sh(append([]string{"ip", "netns", "exec", ns}, args...)...)
+// command is a command of the run that the lab's context stops: killed when it is done,
+// never started after.
+func (l *lab) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(l.ctx, name, args...)
+	cmd.WaitDelay = time.Second
+	return cmd
 }
 
-// script runs `ip` commands in order, stopping at the first failure.
-func script(cmds ...[]string) error {
+// nsRun runs a command inside a namespace (a tool's run can take seconds: the lab's context
+// stops it).
+func (l *lab) nsRun(ns string, args ...string) (string, error) {
+	return output(l.command("ip", append([]string{"netns", "exec", ns}, args...)...))
+}
+
+// script runs `ip` commands in order, stopping at the first failure; it ends the run (see
+// end) before the next command once the lab's context is done.
+func (l *lab) script(cmds ...[]string) error {
 	for _, c := range cmds {
+		l.halt()
 		if _, err := sh(c...); err != nil {
 			return err
 		}
@@ -139,16 +157,16 @@ func (l *lab) buildTopology() error {
 	}
 	teardown() // a previous run that died leaves its namespaces behind
 	for _, ns := range []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2} {
-		if err := script([]string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"}); err != nil {
+		if err := l.script([]string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"}); err != nil {
 			return err
 		}
 	}
 	for _, n := range labNodes {
-		if err := script([]string{"ip", "netns", "add", n.ns}, []string{"ip", "-n", n.ns, "link", "set", "lo", "up"}); err != nil {
+		if err := l.script([]string{"ip", "netns", "add", n.ns}, []string{"ip", "-n", n.ns, "link", "set", "lo", "up"}); err != nil {
 			return err
 		}
 	}
-	err := script(
+	err := l.script(
 		[]string{"ip", "-n", nsRouter, "link", "add", "br-a", "type", "bridge"},
 		[]string{"ip", "-n", nsRouter, "link", "add", "br-b", "type", "bridge"},
 		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.10.1/24", "dev", "br-a"},
@@ -165,7 +183,7 @@ func (l *lab) buildTopology() error {
 	}
 	// Attach a namespace's eth0 to a bridge in the router.
 	attach := func(ns, peer, bridge, addr string) error {
-		return script(
+		return l.script(
 			[]string{"ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
 			[]string{"ip", "-n", nsRouter, "link", "set", peer, "master", bridge, "up"},
 			[]string{"ip", "-n", ns, "addr", "add", addr, "dev", "eth0"},
@@ -177,7 +195,7 @@ func (l *lab) buildTopology() error {
 	}
 	// The gateway knows the site's other subnet, behind the router (node-c's, whose
 	// masqueraded traffic it answers); not the pools.
-	if err := script(
+	if err := l.script(
 		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"},
 		[]string{"ip", "-n", nsGateway, "addr", "add", gateway6 + "/64", "dev", "eth0", "nodad"},
 		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:20::/64", "via", "fd00:10::1"},
@@ -196,7 +214,7 @@ func (l *lab) buildTopology() error {
 		case "bond0":
 			// Two links to the LAN bridge, bonded (active-backup: eth0 active, eth2 its
 			// backup); the bond carries the address.
-			err = script(
+			err = l.script(
 				[]string{"ip", "-n", n.ns, "link", "add", "bond0", "type", "bond", "mode", "active-backup", "miimon", "100"},
 				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
 				[]string{"ip", "-n", n.ns, "link", "add", "eth2", "type", "veth", "peer", "name", peer + "2", "netns", nsRouter},
@@ -209,7 +227,7 @@ func (l *lab) buildTopology() error {
 			)
 		case "eth0.100":
 			// The LAN reaches this node tagged, VLAN 100: the router's port is the VLAN's.
-			err = script(
+			err = l.script(
 				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
 				[]string{"ip", "-n", nsRouter, "link", "add", "link", peer, "name", peer + ".100", "type", "vlan", "id", "100"},
 				[]string{"ip", "-n", nsRouter, "link", "set", peer, "up"},
@@ -232,7 +250,7 @@ func (l *lab) buildTopology() error {
 		if n.lan == "br-b" {
 			gw6 = n.via6
 		}
-		if err := script(
+		if err := l.script(
 			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", l.uplink(n.name), "nodad"},
 			[]string{"ip", "-n", n.ns, "-6", "route", "add", n.other6, "via", n.via6},
 			[]string{"ip", "-n", n.ns, "-6", "route", "add", "default", "via", gw6},
@@ -245,7 +263,7 @@ func (l *lab) buildTopology() error {
 			}
 		}
 	}
-	if err := script(
+	if err := l.script(
 		[]string{"ip", "-n", nsExt, "link", "add", "eth0", "type", "veth", "peer", "name", "ext0", "netns", nsRouter},
 		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.40.1/24", "dev", "ext0"},
 		[]string{"ip", "-n", nsRouter, "link", "set", "ext0", "up"},
@@ -267,7 +285,7 @@ func (l *lab) buildTopology() error {
 	); err != nil {
 		return err
 	}
-	if err := script(
+	if err := l.script(
 		[]string{"ip", "-n", nsRouter, "route", "add", "default", "via", "192.168.10.254"},
 		[]string{"ip", "-n", nsRouter, "-6", "route", "add", "default", "via", gateway6},
 		[]string{"ip", "-n", nsClient, "route", "add", "10.65.0.0/16", "via", "192.168.10.11"},
@@ -277,7 +295,7 @@ func (l *lab) buildTopology() error {
 	for _, w := range labWorkloads {
 		node := nodeNS(w.node)
 		ns := wlNS(w)
-		if err := script(
+		if err := l.script(
 			[]string{"ip", "netns", "add", ns},
 			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
 			[]string{"ip", "-n", node, "link", "add", w.iface, "type", "veth", "peer", "name", "eth0", "netns", ns},
@@ -294,7 +312,7 @@ func (l *lab) buildTopology() error {
 		}
 		// IPv6: the host side answers as the workload's router from a link-local address
 		// known in advance, at once (no duplicate address detection).
-		if err := script(
+		if err := l.script(
 			[]string{"ip", "-n", node, "link", "set", w.iface, "down"},
 			[]string{"ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv6.conf." + w.iface + ".accept_dad=0"},
 			[]string{"ip", "-n", node, "link", "set", w.iface, "address", hostSideMAC},
