@@ -202,9 +202,7 @@ func TestHookLeftoversClassic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (6 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
-	}
+	nstest.NeedRoot(t, "network namespaces, bpffs, eBPF programs")
 	h := newHookLeftoverWorld(t)
 	if st := h.w.stages[0]; st.Mode() != AttachTC {
 		h.restart(false, AttachTC)
@@ -268,9 +266,7 @@ func TestHookLeftoversTraffic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (3 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, bpffs, eBPF programs)")
-	}
+	nstest.NeedRoot(t, "network namespaces, bpffs, eBPF programs")
 	if err := HaveTCX(); err != nil {
 		t.Skipf("the TCX half needs TCX (Linux 6.6): %v; the classic path's are TestHookLeftoversClassic's", err)
 	}
@@ -422,9 +418,7 @@ func TestCgroupLeftovers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (1 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("attaching cgroup socket programs needs root")
-	}
+	nstest.NeedRoot(t, "attaching cgroup socket programs")
 	root := skCgroupRoot(t)
 	child := filepath.Join(root, fmt.Sprintf("sluice-test-leftovers-%d", os.Getpid()))
 	if err := os.Mkdir(child, 0o755); err != nil {
@@ -606,9 +600,7 @@ func helperDial(addr string) int {
 // frontend only, after which the cluster IP leads nowhere and the decoy still works. It runs
 // where ip_vs can be loaded (the kernel matrix's guests load it); elsewhere it says why not.
 func TestIPVSServiceLeftover(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	nstest.NeedRoot(t, "network namespaces")
 	node, backend := benchNewNS(t), benchNewNS(t)
 	n := &benchNet{b: t, handles: map[netns.NsHandle]*netlink.Handle{}}
 	if err := nstest.Run(node, func() error {
@@ -732,9 +724,7 @@ func TestIPVSServiceLeftover(t *testing.T) {
 // the node's own address (the kernel routes it locally); the cleanup removes that address
 // only, and the device once it holds none of sluice's is dormant.
 func TestKubeIPVSLeftover(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
+	nstest.NeedRoot(t, "network namespaces")
 	nstest.Enter(t)
 	// kube-proxy makes it a dummy device; a veth stands in (the kernels sluice targets may
 	// lack the dummy driver).
@@ -778,9 +768,7 @@ func TestKubeIPVSLeftover(t *testing.T) {
 // TestXDPLinkLeftoverRemoved: Cilium's XDP program attached through a bpf link (as newer
 // Cilium attaches it) is removed through its link when netlink cannot detach it.
 func TestXDPLinkLeftoverRemoved(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces and eBPF programs need root")
-	}
+	nstest.NeedRoot(t, "network namespaces and eBPF programs")
 	nstest.Enter(t)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0-p"}); err != nil {
 		t.Fatal(err)

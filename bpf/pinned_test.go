@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"golang.org/x/sys/unix"
 )
 
@@ -18,9 +19,7 @@ import (
 // the end; the test is skipped where that is not allowed.
 func pinnedBPFFS(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting bpffs and loading eBPF programs needs root")
-	}
+	nstest.NeedRoot(t, "mounting bpffs and loading eBPF programs")
 	dir := t.TempDir()
 	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
 		t.Skipf("cannot mount bpffs: %v", err)

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -176,9 +177,7 @@ func tp6xFuzzSeeds() [][]byte {
 // *testing.T and would be torn down after the first input).
 func tp6xNewFuzzNode(f *testing.F) *tp6xFuzzNode {
 	f.Helper()
-	if os.Geteuid() != 0 {
-		f.Skip("running eBPF programs in network namespaces needs root")
-	}
+	nstest.NeedRoot(f, "running eBPF programs in network namespaces")
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {

@@ -246,9 +246,7 @@ type tpWorld struct {
 
 func tpNewWorld(t *testing.T) *tpWorld {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("running eBPF programs in network namespaces needs root")
-	}
+	nstest.NeedRoot(t, "running eBPF programs in network namespaces")
 	nstest.Lock(t)
 	return &tpWorld{t: t}
 }

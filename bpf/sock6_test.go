@@ -57,9 +57,7 @@ func sk6Serve(t *testing.T, network string, addr string) sk6Server {
 }
 
 func TestSockNAT6(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("attaching cgroup socket programs needs root")
-	}
+	nstest.NeedRoot(t, "attaching cgroup socket programs")
 	root := skCgroupRoot(t)
 	nstest.Enter(t)
 	cookie, err := NetnsCookie()

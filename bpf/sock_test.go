@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -101,9 +100,7 @@ func TestSockNAT(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (1 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("attaching cgroup socket programs needs root")
-	}
+	nstest.NeedRoot(t, "attaching cgroup socket programs")
 	if tpCounterNames[skCSockNat] != "C_SOCK_NAT" || tpCounterNames[skCRejectSock] != "C_REJECT_SOCK" {
 		t.Fatalf("counter names %q %q", tpCounterNames[skCSockNat], tpCounterNames[skCRejectSock])
 	}

@@ -68,9 +68,7 @@ type stEnv struct {
 // drops every pin left), the thread back in the test's namespace.
 func stNewEnv(t *testing.T) *stEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
-	}
+	nstest.NeedRoot(t, "the service stage (network namespaces, bpffs, eBPF programs)")
 	ns := nstest.Enter(t)
 	base := t.TempDir()
 	fs := filepath.Join(base, "bpffs")

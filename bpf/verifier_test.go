@@ -2,12 +2,12 @@ package bpf
 
 import (
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/sluice-net/sluice/internal/nstest"
 )
 
 // TestProgramsPassVerifier loads every program of the committed object into this kernel.
@@ -15,9 +15,7 @@ func TestProgramsPassVerifier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (2 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("loading eBPF programs needs root")
-	}
+	nstest.NeedRoot(t, "loading eBPF programs")
 	o, err := Load("", MapSizes{Conntrack: 1024, Backends: 1024, Frontends: 1024, Affinity: 1024})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -83,9 +84,7 @@ func TestRouteBatcherRealKernel(t *testing.T) {
 // acknowledgement (the way `ip -batch` and netlink.RouteReplace send them), and `ip -batch`
 // itself. Run as root: make bench-dataplane.
 func BenchmarkRouteWrite(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("programs a kernel: needs root")
-	}
+	nstest.NeedRoot(b, "programs a kernel")
 	const total = 20_000
 	name, ns, ip := benchNamespace(b, "rw")
 	h, err := netlink.NewHandleAt(ns)

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"testing"
 	"time"
 
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -21,9 +21,7 @@ import (
 // CPU per node (getrusage: user and system) over 2,000 new nodes. Run as root: make
 // bench-dataplane.
 func BenchmarkNewNodeKernelCost(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("programs a kernel: needs root")
-	}
+	nstest.NeedRoot(b, "programs a kernel")
 	for _, nodes := range []int{1000, 20_000} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) { benchNewNodeCost(b, nodes) })
 	}
@@ -134,9 +132,7 @@ func benchNewNodeCost(b *testing.B, nodes int) {
 // netlink library (which has no nexthop dump). Milliseconds per read of everything. Run as
 // root: make bench-dataplane.
 func BenchmarkRestartRead(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("programs a kernel: needs root")
-	}
+	nstest.NeedRoot(b, "programs a kernel")
 	for _, nodes := range []int{1000, 20_000} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
 			k, vx, _ := benchFleet(b, "rr", nodes)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -27,9 +28,7 @@ type testNode struct {
 
 func newTestNode(t testing.TB) *testNode {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("real-kernel test: needs root to create network namespaces")
-	}
+	nstest.NeedRoot(t, "a real-kernel test (create network namespaces)")
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("real-kernel test: needs iproute2's ip")
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-net/sluice/internal/nstest"
 )
 
 // runLab builds the binaries afresh, runs one of the lab's programs and expects every check
@@ -45,9 +47,7 @@ func runLab(t *testing.T, run func(l *lab, ctx context.Context) error) string {
 // (network namespaces), which CI has.
 func newTestLab(t *testing.T, out io.Writer) *lab {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the lab builds network namespaces: needs root")
-	}
+	nstest.NeedRoot(t, "the lab (it builds network namespaces)")
 	if testing.Short() {
 		t.Skip("the lab takes minutes: make test runs it")
 	}

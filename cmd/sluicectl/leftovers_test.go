@@ -22,9 +22,7 @@ import (
 // both, Cilium's breaking and the operator's dormant, exits 1, and says the same in JSON; with
 // Cilium's gone it exits 0.
 func TestLeftoversOnANode(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces and eBPF programs need root")
-	}
+	nstest.NeedRoot(t, "network namespaces and eBPF programs")
 	if err := bpf.HaveTCX(); err != nil {
 		t.Skipf("needs TCX (Linux 6.6): %v", err)
 	}

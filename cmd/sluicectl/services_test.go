@@ -26,9 +26,7 @@ const servicesLog = "../../testdata/calc/services/events.jsonl"
 // test is skipped where that is not allowed.
 func privateBPFFS(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting bpffs and loading eBPF programs needs root")
-	}
+	nstest.NeedRoot(t, "mounting bpffs and loading eBPF programs")
 	dir := t.TempDir()
 	if err := unix.Mount("bpf", dir, "bpf", 0, ""); err != nil {
 		t.Skipf("cannot mount bpffs: %v", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -40,9 +41,7 @@ func TestServiceStageContained(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (1 s): make test runs it")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the service stage needs root (network namespaces, bpffs, eBPF programs)")
-	}
+	nstest.NeedRoot(t, "the service stage (network namespaces, bpffs, eBPF programs)")
 	_, cli, _ := loadedEtcd(t)
 	graph, err := calc.New(calc.DefaultConfig("node-a"))
 	if err != nil {
@@ -287,9 +286,7 @@ func testAttachMode(t *testing.T) bpf.AttachMode {
 // each found or not with the probe's answer, and says the kernel does the whole job exactly
 // when every feature without a stand-in is found.
 func TestCheckKernel(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the probes load programs: root")
-	}
+	nstest.NeedRoot(t, "the probes load programs")
 	var out strings.Builder
 	whole := checkKernel(&out)
 	want := true
