@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 )
 
 // helpWidth is the widest line sluicectl's help prints, as sluiced --help keeps to.
@@ -37,46 +38,9 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 			}
 			lead = name + strings.Repeat(" ", max(len(flagIndent)-len(name), 1))
 		}
-		for _, l := range wrap(desc, helpWidth-len(flagIndent)) {
+		for _, l := range agentconfig.Wrap(desc, helpWidth-len(flagIndent)) {
 			fmt.Fprintln(w, lead+l)
 			lead = flagIndent
 		}
 	}
-}
-
-// wrap breaks text into lines of at most width runes at spaces, as sluiced's help does, but
-// not inside a synopsis's [...] (a longer word or group stands alone).
-func wrap(text string, width int) []string {
-	var lines []string
-	line := ""
-	for _, word := range words(text) {
-		if line != "" && utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) > width {
-			lines = append(lines, line)
-			line = ""
-		}
-		if line != "" {
-			line += " "
-		}
-		line += word
-	}
-	if line != "" {
-		lines = append(lines, line)
-	}
-	return lines
-}
-
-// words splits text at spaces, keeping a bracketed group ("[--from-log FILE]") whole.
-func words(text string) []string {
-	var out []string
-	depth := 0
-	for _, f := range strings.Fields(text) {
-		if depth > 0 {
-			out[len(out)-1] += " " + f
-		} else {
-			out = append(out, f)
-		}
-		depth += strings.Count(f, "[") - strings.Count(f, "]")
-		depth = max(depth, 0)
-	}
-	return out
 }

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"io"
 	"net"
 	"net/url"
@@ -21,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -198,7 +199,7 @@ func usage(w io.Writer) {
 	indent := strings.Repeat(" ", 2+nameWidth+2)
 	for _, n := range names {
 		lead := fmt.Sprintf("  %-*s  ", nameWidth, n)
-		for _, l := range wrap(commands[n].summary, helpWidth-len(indent)) {
+		for _, l := range agentconfig.Wrap(commands[n].summary, helpWidth-len(indent)) {
 			fmt.Fprintln(w, lead+l)
 			lead = indent
 		}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
@@ -563,18 +564,20 @@ as a table.
 		if def == "" {
 			def = "none"
 		}
-		for _, l := range wrap(fmt.Sprintf("%s. Default %s; accepts %s; env %s; file key %s.", o.help, def, o.accepts, o.env, o.key), 80-6) {
+		for _, l := range Wrap(fmt.Sprintf("%s. Default %s; accepts %s; env %s; file key %s.", o.help, def, o.accepts, o.env, o.key), 80-6) {
 			fmt.Fprintf(w, "      %s\n", l)
 		}
 	}
 }
 
-// wrap breaks text into lines of at most width columns, at spaces (a longer word stands alone).
-func wrap(text string, width int) []string {
+// Wrap breaks text into lines of at most width runes at spaces, never inside a bracketed
+// group such as a synopsis's "[--from-log FILE]" (a longer word or group stands alone): the
+// help of sluiced and sluicectl, in 80 columns.
+func Wrap(text string, width int) []string {
 	var lines []string
 	line := ""
-	for _, word := range strings.Fields(text) {
-		if line != "" && len(line)+1+len(word) > width {
+	for _, word := range words(text) {
+		if line != "" && utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) > width {
 			lines = append(lines, line)
 			line = ""
 		}
@@ -587,6 +590,22 @@ func wrap(text string, width int) []string {
 		lines = append(lines, line)
 	}
 	return lines
+}
+
+// words splits text at spaces, keeping a bracketed group ("[--from-log FILE]") whole.
+func words(text string) []string {
+	var out []string
+	depth := 0
+	for _, f := range strings.Fields(text) {
+		if depth > 0 {
+			out[len(out)-1] += " " + f
+		} else {
+			out = append(out, f)
+		}
+		depth += strings.Count(f, "[") - strings.Count(f, "]")
+		depth = max(depth, 0)
+	}
+	return out
 }
 
 // Doc writes docs/configuration.md, generated from the table.
