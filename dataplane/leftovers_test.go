@@ -64,10 +64,17 @@ func leftoverNode(t *testing.T) *testNode {
 }
 
 func runDataplane(t *testing.T, n *testNode, clean bool) (*Dataplane, *leftoverLog) {
-	ns := n.handle()
 	log := &leftoverLog{}
-	sys := &sysctlLog{writes: map[string]string{}}
-	d := New(n.kernel(), Config{Sysctl: sys.write, CleanConflicts: clean, OnLeftover: log.add})
+	return runDataplaneWith(t, n, Config{CleanConflicts: clean, OnLeftover: log.add}), log
+}
+
+// runDataplaneWith runs a dataplane configured by cfg (sysctls recorded, not written) in n,
+// with its kernel watch, until the test ends, and hands it the leftover tests' desired state:
+// node-c's block 10.65.0.128/26 through vxlan.sluice.
+func runDataplaneWith(t *testing.T, n *testNode, cfg Config) *Dataplane {
+	ns := n.handle()
+	cfg.Sysctl = (&sysctlLog{writes: map[string]string{}}).write
+	d := New(n.kernel(), cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -75,7 +82,7 @@ func runDataplane(t *testing.T, n *testNode, clean bool) (*Dataplane, *leftoverL
 	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, {Dst: pfx("10.65.0.128/26"), Type: calc.RouteUnicast, Device: "vxlan.sluice", Gateway: ip("10.65.0.128"), OnLink: true}}, []calc.VTEP{vLocal, vC}))
-	return d, log
+	return d
 }
 
 func TestLeftoversReportedNotTouched(t *testing.T) {
@@ -364,17 +371,8 @@ func TestCalicoBlockNowRemote(t *testing.T) {
 	if out, err := exec.Command("ip", "-n", n.name, "route", "add", "blackhole", "10.65.0.128/26", "proto", "80").CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	ns := n.handle()
 	log, replaced := &leftoverLog{}, &replacedLog{}
-	d := New(n.kernel(), Config{Sysctl: (&sysctlLog{writes: map[string]string{}}).write, OnLeftover: log.add,
-		Routes: RouteTableConfig{Reporter: replaced}})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); d.Run(ctx) }()
-	go func() { defer wg.Done(); _ = d.Watch(ctx, ns) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, {Dst: pfx("10.65.0.128/26"), Type: calc.RouteUnicast, Device: "vxlan.sluice", Gateway: ip("10.65.0.128"), OnLink: true}}, []calc.VTEP{vLocal, vC}))
+	runDataplaneWith(t, n, Config{OnLeftover: log.add, Routes: RouteTableConfig{Reporter: replaced}})
 
 	const key = "route 10.65.0.128/26 metric 0 at sluice's"
 	find := func(gone bool) *Leftover {
