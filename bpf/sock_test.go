@@ -421,27 +421,13 @@ func skRefusedDatagram(t *testing.T, network string, a netip.AddrPort) {
 	}
 }
 
-// skHello listens on addr and answers each connection with "hello", then closes it; each
-// peer's address goes to accepted when it is not nil. The listener closes at cleanup.
+// skHello listens on addr and greets each connection with "hello" (nstest.Greet).
 func skHello(t testing.TB, network, addr string, accepted chan<- net.Addr) net.Listener {
 	t.Helper()
 	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if accepted != nil {
-				accepted <- c.RemoteAddr()
-			}
-			c.Write([]byte("hello"))
-			c.Close()
-		}
-	}()
+	nstest.Greet(t, ln, "hello", accepted)
 	return ln
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/vishvananda/netlink"
 )
 
@@ -56,16 +57,7 @@ func newNFWorld(t *testing.T) *nfWorld {
 			t.Fatal(err)
 		}
 	})
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	nstest.Greet(t, ln, "", nil)
 	return w
 }
 

@@ -1,10 +1,12 @@
 // Package nstest gives sluice's real-kernel tests network namespaces of their own, the same
 // way everywhere: made with lo up, entered on a locked OS thread, and removed at the test's
-// cleanup, pass or fail. It is for tests only.
+// cleanup, pass or fail; and the root check and the plain server their traffic reaches. It
+// is for tests only.
 package nstest
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"testing"
@@ -126,4 +128,26 @@ func loUp() error {
 		return fmt.Errorf("setting lo up: %w", err)
 	}
 	return nil
+}
+
+// Greet serves ln until it is closed at the test's cleanup: each connection gets greeting
+// (none when empty) and is closed; each peer's address goes to accepted when it is not nil.
+// It is the server a real-kernel test's traffic reaches.
+func Greet(t testing.TB, ln net.Listener, greeting string, accepted chan<- net.Addr) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if accepted != nil {
+				accepted <- c.RemoteAddr()
+			}
+			if greeting != "" {
+				_, _ = c.Write([]byte(greeting))
+			}
+			c.Close()
+		}
+	}()
 }
