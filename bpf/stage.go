@@ -466,17 +466,8 @@ func (s *Stage) checkHooks(workloads map[string]bool) (aerr, perr, serr error) {
 	s.hooks = s.att.Hooks()
 	// Each conflict is reported when it appears and when it goes; a removed one, when it is
 	// removed (and as gone, if it was seen before).
-	kept := conflicts[:0]
-	for _, c := range conflicts {
-		if c.Removed {
-			if s.cfg.OnConflict != nil {
-				s.cfg.OnConflict(c)
-			}
-			continue
-		}
-		kept = append(kept, c)
-	}
-	s.conflicts.Pass(kept, Conflict.Key, Conflict.Effect, func(c Conflict, gone bool) {
+	removed := func(c Conflict) bool { return c.Removed }
+	s.conflicts.Pass(conflicts, Conflict.Key, Conflict.Effect, removed, func(c Conflict, gone bool) {
 		if gone {
 			c.Gone, c.Err = true, nil
 		}

@@ -192,19 +192,14 @@ func (d *Dataplane) handleNetfilter() {
 		return
 	}
 	found, _ := FindNetfilter(c, NetfilterView{SocketProgramsOff: d.cfg.SocketProgramsOff}) // what could be read is judged; a table that could not is left
-	kept := found[:0]
-	for _, n := range found {
-		if d.cfg.CleanConflicts && n.Removable() {
+	for i := range found {
+		if n := &found[i]; d.cfg.CleanConflicts && n.Removable() {
 			n.Err = n.Remove(c)
 			n.Removed = n.Err == nil
-			if n.Removed {
-				d.cfg.OnNetfilter(n)
-				continue
-			}
 		}
-		kept = append(kept, n)
 	}
-	d.netfilter.Pass(kept, NetfilterLeftover.Key, NetfilterLeftover.Effect, func(n NetfilterLeftover, gone bool) {
+	removed := func(n NetfilterLeftover) bool { return n.Removed }
+	d.netfilter.Pass(found, NetfilterLeftover.Key, NetfilterLeftover.Effect, removed, func(n NetfilterLeftover, gone bool) {
 		if gone {
 			n.Gone, n.Err = true, nil
 		}
@@ -221,11 +216,11 @@ func (d *Dataplane) handleLeftovers() bool {
 		return false
 	}
 	removed := false
-	kept := found[:0]
-	for _, l := range found {
+	for i := range found {
 		// A device is removed only when its owner is known (an unknown one may be someone's
 		// on purpose); a route over sluice's destinations through another program's device
 		// is by construction another program's.
+		l := &found[i]
 		if d.cfg.CleanConflicts && !l.Dormant && !l.replaced && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
@@ -236,15 +231,9 @@ func (d *Dataplane) handleLeftovers() bool {
 			l.Removed = l.Err == nil
 			removed = removed || l.Removed
 		}
-		if l.Removed {
-			if d.cfg.OnLeftover != nil {
-				d.cfg.OnLeftover(l)
-			}
-			continue
-		}
-		kept = append(kept, l)
 	}
-	d.leftovers.Pass(kept, func(l Leftover) string { return l.Key }, func(l Leftover) string { return fmt.Sprint(l.Dormant) },
+	d.leftovers.Pass(found, func(l Leftover) string { return l.Key }, func(l Leftover) string { return fmt.Sprint(l.Dormant) },
+		func(l Leftover) bool { return l.Removed },
 		func(l Leftover, gone bool) {
 			if gone {
 				l.Gone, l.Err = true, nil
