@@ -64,8 +64,8 @@ func runLeftovers(_ context.Context, a *app, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: want table or json", *output)
+	if err := tableOrJSON(*output); err != nil {
+		return err
 	}
 	found, err := bpf.HookConflicts()
 	if err != nil && len(found) == 0 {

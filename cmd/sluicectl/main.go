@@ -168,6 +168,14 @@ func outputFlag(fs *flag.FlagSet, formats string) *string {
 	return out
 }
 
+// tableOrJSON checks an -o of the commands that print a table or JSON.
+func tableOrJSON(output string) error {
+	if output != "table" && output != "json" {
+		return usagef("-o %q: want table or json", output)
+	}
+	return nil
+}
+
 // parseInterspersed parses flags that may come before or after positional arguments.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string

@@ -29,8 +29,8 @@ func runPlan(ctx context.Context, a *app, args []string) error {
 	if *node == "" {
 		return usagef("need --node NAME")
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: want table or json", *output)
+	if err := tableOrJSON(*output); err != nil {
+		return err
 	}
 	cfg, err := config(*node)
 	if err != nil {

@@ -63,8 +63,8 @@ func runServices(_ context.Context, a *app, args []string) error {
 	if !slices.Contains([]string{"frontends", "backends", "conntrack", "drops"}, view) {
 		return usagef("unknown view %q: want frontends, backends, conntrack or drops", view)
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: want table or json", *output)
+	if err := tableOrJSON(*output); err != nil {
+		return err
 	}
 	if *forwarded && view != "conntrack" {
 		return usagef("--forwarded is for the conntrack view")

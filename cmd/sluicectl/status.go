@@ -33,8 +33,8 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: want table or json", *output)
+	if err := tableOrJSON(*output); err != nil {
+		return err
 	}
 	cli, ctx, done, err := a.connect(ctx)
 	if err != nil {
