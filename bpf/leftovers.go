@@ -526,10 +526,7 @@ func KubeIPVS(frontendsOf func() map[netip.Addr]bool) []Conflict {
 	var out []Conflict
 	var frontends map[netip.Addr]bool
 	l, err := netlink.LinkByName("kube-ipvs0")
-	vss, client := ipvsServices()
-	if client != nil {
-		closeIPVS(client)
-	}
+	vss := ipvsServices()
 	if err == nil || len(vss) > 0 {
 		frontends = frontendsOf()
 	}
@@ -584,23 +581,22 @@ func abbreviateAddrs(a []string) string {
 }
 
 // ipvsServices lists the IPVS virtual services of this network namespace (netlink's IPVS
-// family, as ipvsadm reads them), with a client that removes them; none when ip_vs is not
-// loaded. Firewall-mark services (kube-proxy makes none) name no address and are left out.
-func ipvsServices() ([]ipvs.Service, ipvs.Client) {
+// family, as ipvsadm reads them); none when ip_vs is not loaded. Firewall-mark services (kube-proxy makes none) name no address and are left out.
+func ipvsServices() []ipvs.Service {
 	// Asked for while ip_vs is not loaded, the kernel would load it (generic netlink
 	// requests a module for an unknown family): a node that never ran IPVS must not get it
 	// from sluice's scan. ip_vs makes this file in every namespace once loaded.
 	if _, err := os.Stat("/proc/thread-self/net/ip_vs"); err != nil {
-		return nil, nil
+		return nil
 	}
 	c, err := ipvs.New()
 	if err != nil {
-		return nil, nil // no IPVS family: the module is not loaded, so nothing is there
+		return nil // no IPVS family: the module is not loaded, so nothing is there
 	}
+	defer closeIPVS(c)
 	list, err := c.Services()
 	if err != nil {
-		closeIPVS(c)
-		return nil, nil
+		return nil
 	}
 	out := make([]ipvs.Service, 0, len(list))
 	for _, s := range list {
@@ -608,7 +604,7 @@ func ipvsServices() ([]ipvs.Service, ipvs.Client) {
 			out = append(out, s.Service)
 		}
 	}
-	return out, c
+	return out
 }
 
 func closeIPVS(c ipvs.Client) {

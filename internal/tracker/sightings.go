@@ -35,6 +35,3 @@ func (s *Sightings[T]) Pass(found []T, key, effect func(T) string, removed func(
 	}
 	s.known = seen
 }
-
-// Known returns what the last pass found, by key.
-func (s *Sightings[T]) Known() map[string]T { return s.known }

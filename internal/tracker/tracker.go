@@ -84,14 +84,6 @@ const (
 // Clean says whether the key is clean after the outcome.
 func (o Outcome) Clean() bool { return o >= Done }
 
-// Of is Done for a write that succeeded (err nil) and Failed otherwise.
-func Of(err error) Outcome {
-	if err != nil {
-		return Failed
-	}
-	return Done
-}
-
 // New returns an empty tracker comparing values with equal.
 func New[K comparable, V any](equal func(a, b V) bool) *Tracker[K, V] {
 	return &Tracker[K, V]{equal: equal, desired: map[K]V{}, actual: map[K]V{}, whole: true, dirty: map[K]struct{}{}}
