@@ -53,21 +53,6 @@ func protocolOwner(protocol int) string {
 	return ""
 }
 
-// routeTypeName is how ip route names a route's type.
-func routeTypeName(t int) string {
-	switch t {
-	case unix.RTN_BLACKHOLE:
-		return "blackhole"
-	case unix.RTN_UNREACHABLE:
-		return "unreachable"
-	case unix.RTN_PROHIBIT:
-		return "prohibit"
-	case unix.RTN_LOCAL:
-		return "local"
-	}
-	return "unicast"
-}
-
 // findLeftovers lists the leftovers in the kernel now. Routes are judged against the desired
 // destinations: a foreign route inside one (as or more specific) steals its traffic; a
 // foreign route around one (less specific, e.g. a whole pool) through another device than

@@ -28,12 +28,8 @@ func RenderNexthop(n Nexthop, names map[int]string) string {
 func RenderRoute(r Route, names map[int]string) string {
 	var b strings.Builder
 	switch r.Type {
-	case unix.RTN_BLACKHOLE:
-		b.WriteString("blackhole ")
-	case unix.RTN_UNREACHABLE:
-		b.WriteString("unreachable ")
-	case unix.RTN_PROHIBIT:
-		b.WriteString("prohibit ")
+	case unix.RTN_BLACKHOLE, unix.RTN_UNREACHABLE, unix.RTN_PROHIBIT:
+		b.WriteString(routeTypeName(r.Type) + " ")
 	}
 	b.WriteString(r.Dst.String())
 	if r.NH != 0 {
@@ -60,4 +56,19 @@ func RenderRoute(r Route, names map[int]string) string {
 		b.WriteString(" onlink")
 	}
 	return b.String()
+}
+
+// routeTypeName is how ip route names a route's type.
+func routeTypeName(t int) string {
+	switch t {
+	case unix.RTN_BLACKHOLE:
+		return "blackhole"
+	case unix.RTN_UNREACHABLE:
+		return "unreachable"
+	case unix.RTN_PROHIBIT:
+		return "prohibit"
+	case unix.RTN_LOCAL:
+		return "local"
+	}
+	return "unicast"
 }

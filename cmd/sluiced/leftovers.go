@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -100,7 +101,7 @@ func (a *agentState) leftoverGauge(kind, owner, effect string) leftoverCount {
 
 type leftoverCount struct {
 	g prometheus.Gauge
-	n interface{ Add(int64) int64 }
+	n *atomic.Int64
 }
 
 func (c leftoverCount) Inc() { c.g.Inc(); c.n.Add(1) }
