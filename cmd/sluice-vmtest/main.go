@@ -275,22 +275,27 @@ func matrix(ctx context.Context, o options) ([]*kernelResult, time.Duration, err
 }
 
 // accelChoice is the accelerator the next guest boots under: TCG for every guest once KVM
-// has failed one.
+// has failed one, and why.
 type accelChoice struct {
-	mu sync.Mutex
-	v  string
+	mu  sync.Mutex
+	v   string
+	why string // the KVM failure that turned it to TCG, for the reports of the guests after it
 }
 
-func (a *accelChoice) get() string {
+func (a *accelChoice) get() (accel, why string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.v
+	return a.v, a.why
 }
 
-func (a *accelChoice) set(v string) {
+// fallBack turns every later guest to TCG; of guests failing side by side, the first says why.
+func (a *accelChoice) fallBack(why string) {
 	a.mu.Lock()
-	a.v = v
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	a.v = "tcg"
+	if a.why == "" {
+		a.why = why
+	}
 }
 
 // guest is a kernel ready to boot: its initramfs packed in its own directory.
@@ -379,7 +384,10 @@ func bootKernel(ctx context.Context, o options, g *guest, qemu, logs string, ac 
 	start := time.Now()
 	defer func() { r.total += time.Since(start) }()
 	defer os.Remove(g.initrd)
-	accel := ac.get()
+	accel, why := ac.get()
+	if why != "" {
+		r.notes = append(r.notes, "TCG: "+why)
+	}
 
 	consolePath := filepath.Join(logs, k.release+".console.log")
 	console, err := os.Create(consolePath)
@@ -392,12 +400,14 @@ func bootKernel(ctx context.Context, o options, g *guest, qemu, logs string, ac 
 		show: func(line string) { fmt.Printf("  [%s] %s\n", r.label, line) }}
 	say("Linux %s: booting under %s (%d MiB, %d CPUs, limit %v)", r.label, strings.ToUpper(accel), o.memoryMB, o.cpus, o.timeout)
 	b := runGuest(ctx, opts, k, g.initrd, g.dir, accel)
+	// Any KVM guest that did not reach init (qemu aborted or exited, or the guest hung) boots
+	// again under TCG, and every guest after it boots under TCG at once.
 	if b.kvmError != "" && o.accel == "auto" {
 		r.notes = append(r.notes, "TCG: "+b.kvmError)
-		say("Linux %s: KVM cannot run the guest (%s); booting again under TCG", r.label, b.kvmError)
-		fmt.Fprintf(console, "\n--- KVM failed (%s); booting again under TCG ---\n\n", b.kvmError)
+		say("Linux %s: %s; falling back to TCG for it and the guests after it", r.label, b.kvmError)
+		fmt.Fprintf(console, "\n--- %s; falling back to TCG ---\n\n", b.kvmError)
 		accel = "tcg"
-		ac.set(accel)
+		ac.fallBack(fmt.Sprintf("KVM failed Linux %s's guest: %s", r.label, b.kvmError))
 		b = runGuest(ctx, opts, k, g.initrd, g.dir, accel)
 	}
 	r.accel, r.boot, r.guestUp = b.accel, b.boot, b.guestUp

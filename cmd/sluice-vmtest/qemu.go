@@ -42,8 +42,10 @@ func ensureQEMU(say func(string, ...any)) (string, error) {
 }
 
 // kvmUsable says whether /dev/kvm can be opened and answers KVM_GET_API_VERSION; if not, why.
-// That it answers does not mean guests run: nested KVM can fail on the first instruction it
-// must emulate, which runGuest sees and reports so the caller falls back to TCG.
+// That it answers does not mean guests run: nested KVM can abort qemu before the kernel runs
+// ("failed to set MSR 0x10a", an assertion, SIGABRT) or fail on the first instruction it must
+// emulate. runGuest reports any KVM guest that does not reach init so the caller falls back to
+// TCG.
 func kvmUsable() (bool, string) {
 	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -73,8 +75,10 @@ type guestBoot struct {
 	// poweroffHung: the guest finished but did not power off within poweroffLimit; qemu was
 	// stopped (not a failure: the work was done).
 	poweroffHung bool
-	kvmError     string // KVM could not run the guest: fall back to TCG
-	err          string // how the boot failed, if it did
+	// kvmError says why KVM could not run the guest (it did not reach init, or qemu reported
+	// a KVM failure): fall back to TCG.
+	kvmError string
+	err      string // how the boot failed, if it did
 }
 
 // bootOptions are the machine's settings.
@@ -95,9 +99,11 @@ const poweroffLimit = 20 * time.Second
 const kvmBootLimit = 60 * time.Second
 
 // runGuest boots the kernel with the initramfs and waits until it powers off, the timeout
-// passes or ctx ends; the console goes to opts.log, the transcript is read back from a file
-// in dir.
-func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, accel string) *guestBoot {
+// passes or parent ends; the console goes to opts.log, the transcript is read back from a
+// file in dir. Under KVM, a guest that ends in any way (qemu aborted or exited, the boot limit
+// or the timeout passed) before init's first line on the console, or of which qemu reports a
+// KVM failure, has kvmError set, unless parent ended first (the user stopped the run).
+func runGuest(parent context.Context, opts bootOptions, k *kernel, initrd, dir, accel string) *guestBoot {
 	res := &guestBoot{accel: accel}
 	resultsFile := filepath.Join(dir, "transcript-"+accel+".jsonl")
 	_ = os.Remove(resultsFile)
@@ -114,7 +120,7 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 		// cx16=off: this qemu's TCG mishandles CMPXCHG16B, and 6.12's allocator panics on it.
 		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max,cx16=off")
 	}
-	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	ctx, cancel := context.WithTimeout(parent, opts.timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, opts.qemu, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -134,11 +140,15 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 		return res
 	}
 	var mu sync.Mutex
+	// stopped says why the host killed qemu, when it did; kvmFault that it was for qemu's
+	// report of a KVM failure.
+	var stopped string
+	var kvmFault bool
 	kill := func(why string, kvm bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		if kvm && res.kvmError == "" {
-			res.kvmError = why
+		if stopped == "" {
+			stopped, kvmFault = why, kvm
 		}
 		_ = cmd.Process.Kill()
 	}
@@ -183,7 +193,7 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 							mu.Lock()
 							res.poweroffHung = true
 							mu.Unlock()
-							kill("", false)
+							kill("the guest did not power off", false)
 						}
 					}()
 				})
@@ -202,8 +212,8 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 			stderr.WriteString(line + "\n")
 			mu.Unlock()
 			fmt.Fprintln(opts.log, "qemu: "+line)
-			if strings.Contains(line, "KVM internal error") || strings.Contains(line, "emulation failure") {
-				go kill("qemu: "+line, true)
+			if accel == "kvm" && (strings.Contains(line, "KVM internal error") || strings.Contains(line, "emulation failure")) {
+				kill("qemu said: "+line, true)
 			}
 		}
 	}()
@@ -212,7 +222,8 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 			select {
 			case <-sawInit:
 			case <-time.After(kvmBootLimit):
-				kill(fmt.Sprintf("no init on the console %v after starting under KVM", kvmBootLimit), true)
+				kill(fmt.Sprintf("no init on the console within %v", kvmBootLimit), false)
+			case <-exited:
 			case <-ctx.Done():
 			}
 		}()
@@ -232,9 +243,26 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 			res.guestUp = e.Uptime
 		}
 	}
+	mu.Lock()
+	why, fault := stopped, kvmFault
+	mu.Unlock()
+	if accel == "kvm" && parent.Err() == nil && (res.boot == 0 || fault) {
+		switch {
+		case why != "":
+		case res.timedOut:
+			why = fmt.Sprintf("no init on the console within the guest's limit of %v", opts.timeout)
+		default:
+			why = fmt.Sprintf("%s (%s)", qemuEnd(werr), bootClue(consoleLines, stderr.String()))
+		}
+		if res.boot == 0 {
+			res.kvmError = "KVM guest did not reach init: " + why
+		} else {
+			res.kvmError = "KVM failed the guest after init: " + why
+		}
+	}
 	switch {
 	case res.kvmError != "":
-		res.err = "boot: KVM cannot run this guest: " + res.kvmError
+		res.err = "boot: " + res.kvmError
 	case res.timedOut:
 		res.err = fmt.Sprintf("timeout: the guest did not finish within %v (%s)", opts.timeout, lastStep(res.events))
 	case ctx.Err() != nil:
@@ -247,6 +275,22 @@ func runGuest(ctx context.Context, opts bootOptions, k *kernel, initrd, dir, acc
 		res.err = fmt.Sprintf("qemu: %v: %s", werr, lastLines(stderr.String(), 3))
 	}
 	return res
+}
+
+// qemuEnd says how qemu ended, from what Wait returned.
+func qemuEnd(err error) string {
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return "qemu exited with status 0"
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "qemu killed by signal " + ws.Signal().String()
+		}
+		return fmt.Sprintf("qemu exited with status %d", ee.ExitCode())
+	default:
+		return "qemu: " + err.Error()
+	}
 }
 
 // panicLine says whether a console line is the kernel dying, shown even when not verbose.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestCompareDebVersions(t *testing.T) {
@@ -391,5 +393,161 @@ func TestResolveModules(t *testing.T) {
 	}
 	if _, _, err := resolveModules(k, []string{"wireguard"}); err == nil || !strings.Contains(err.Error(), "neither built in nor as a module") {
 		t.Errorf("a missing module: %v", err)
+	}
+}
+
+// fakeGuest is what the fake qemu does when it is not failing KVM: a guest that reaches init,
+// runs the smoke step (its transcript on the second serial port), passes and powers off.
+const fakeGuest = `printf '\033c` + marker + ` init: Linux 6.99.0-test, userspace after 0.4 s of guest time\n'
+cat > "$transcript" <<'EOT'
+{"t":"boot","uptime":0.4,"release":"6.99.0-test"}
+{"t":"begin","step":"smoke","text":"sluice-lab smoke"}
+{"t":"line","step":"smoke","text":"PASS: ping web-a to web-b"}
+{"t":"line","step":"smoke","text":"sluice-lab smoke: 1 checks, 0 failed"}
+{"t":"end","step":"smoke","secs":1.5}
+EOT
+printf '` + marker + ` done after 2.0 s of guest time\n'
+`
+
+// fakeQEMU puts a qemu-system-x86_64 first on PATH that runs underKVM (shell) when asked for
+// KVM and otherwise acts as a guest that passes (fakeGuest); it returns the path the harness
+// finds and a file listing the accelerator of each start.
+func fakeQEMU(t *testing.T, underKVM string) (qemu, starts string) {
+	t.Helper()
+	dir := t.TempDir()
+	starts = filepath.Join(dir, "starts")
+	script := `#!/bin/sh
+ulimit -c 0 # an abort leaves no core behind
+accel=tcg
+transcript=/dev/null
+for a in "$@"; do
+	case $a in
+	-enable-kvm|kvm|kvm,*|*accel=kvm*) accel=kvm ;;
+	file:*) transcript=${a#file:} ;;
+	esac
+done
+echo $accel >> '` + starts + `'
+if [ $accel = kvm ]; then
+` + underKVM + `
+fi
+` + fakeGuest
+	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "qemu-system-x86_64"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Join(dir, "bin")+string(os.PathListSeparator)+os.Getenv("PATH"))
+	qemu, err := ensureQEMU(func(f string, a ...any) { t.Errorf("ensureQEMU: "+f, a...) })
+	if err != nil || filepath.Dir(qemu) != filepath.Join(dir, "bin") {
+		t.Fatalf("the harness found %q, %v: not the fake qemu", qemu, err)
+	}
+	return qemu, starts
+}
+
+// fakeKernelGuest is a guest ready to boot with the fake qemu: no kernel, an empty initramfs.
+func fakeKernelGuest(t *testing.T, label string) *guest {
+	t.Helper()
+	dir := t.TempDir()
+	initrd := filepath.Join(dir, "initrd.cpio")
+	if err := os.WriteFile(initrd, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	k := &kernel{series: label, release: label + ".0-test", vmlinuz: filepath.Join(dir, "vmlinuz")}
+	return &guest{r: &kernelResult{series: label, label: label, kernel: k}, k: k,
+		p: plan{Release: k.release, Steps: []step{{Name: "smoke"}}}, dir: dir, initrd: initrd}
+}
+
+func readStarts(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(strings.Fields(string(b)), " ")
+}
+
+// TestKVMFallback: a KVM guest that does not reach init (qemu aborts, as nested KVM does on
+// "failed to set MSR"; qemu exits because /dev/kvm, there, cannot run guests; the guest hangs)
+// is booted again under TCG, and so is every guest after it, without trying KVM again; the
+// report says why. Forced KVM does not fall back and says why it failed.
+func TestKVMFallback(t *testing.T) {
+	for _, c := range []struct {
+		name, underKVM, why string
+	}{
+		{"abort", `echo 'qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69' >&2
+echo "qemu-system-x86_64: ../../target/i386/kvm/kvm.c:3183: kvm_buf_set_msrs: Assertion \` + "`" + `ret == cpu->kvm_msr_buf->nmsrs' failed." >&2
+kill -ABRT $$`, "KVM guest did not reach init: qemu killed by signal aborted (qemu said: qemu-system-x86_64: error: failed to set MSR 0x10a to 0x69 | qemu-system-x86_64: ../../target/i386/kvm/kvm.c:3183: kvm_buf_set_msrs: Assertion"},
+		{"exit", `echo 'qemu-system-x86_64: failed to initialize kvm: Operation not permitted' >&2
+exit 1`, "KVM guest did not reach init: qemu exited with status 1 (qemu said: qemu-system-x86_64: failed to initialize kvm: Operation not permitted)"},
+		{"early-poweroff", `printf 'SeaBIOS (version 1.16.2)\n'
+exit 0`, "KVM guest did not reach init: qemu exited with status 0 (last console line: SeaBIOS (version 1.16.2))"},
+		{"hang", `exec sleep 60`, "KVM guest did not reach init: no init on the console within the guest's limit of 2s"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			qemu, starts := fakeQEMU(t, c.underKVM)
+			logs := t.TempDir()
+			o := options{accel: "auto", memoryMB: 64, cpus: 1, timeout: 2 * time.Second, smoke: true}
+			ac := &accelChoice{v: "kvm"}
+			first, second := fakeKernelGuest(t, "6.98"), fakeKernelGuest(t, "6.99")
+			bootKernel(context.Background(), o, first, qemu, logs, ac)
+			bootKernel(context.Background(), o, second, qemu, logs, ac)
+			if got := readStarts(t, starts); got != "kvm tcg tcg" {
+				t.Errorf("qemu started under %q, want KVM once, then TCG for both guests", got)
+			}
+			for _, r := range []*kernelResult{first.r, second.r} {
+				if r.failed() || r.accel != "tcg" || r.smoke == nil || r.smoke.passed != 1 {
+					t.Errorf("%s: accel %q, err %q, smoke %+v: want a pass under TCG", r.label, r.accel, r.err, r.smoke)
+				}
+			}
+			var report bytes.Buffer
+			summarize(&report, []*kernelResult{first.r, second.r}, time.Second)
+			t.Logf("report:\n%s", report.String())
+			wantFirst := "6.98.0-test:\n  note: TCG: " + c.why
+			if !strings.Contains(report.String(), wantFirst) {
+				t.Errorf("the report does not say why the first guest fell back: want %q", wantFirst)
+			}
+			wantSecond := "6.99.0-test:\n  note: TCG: KVM failed Linux 6.98's guest: " + c.why
+			if !strings.Contains(report.String(), wantSecond) {
+				t.Errorf("the report does not say why the second guest ran under TCG: want %q", wantSecond)
+			}
+			console, err := os.ReadFile(filepath.Join(logs, first.k.release+".console.log"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(console), "--- "+c.why) || !strings.Contains(string(console), "falling back to TCG ---") {
+				t.Errorf("the console log does not say why it fell back:\n%s", console)
+			}
+
+			// --accel kvm: no fallback; the failure says why.
+			qemu, starts = fakeQEMU(t, c.underKVM)
+			o.accel = "kvm"
+			forced := fakeKernelGuest(t, "6.97")
+			bootKernel(context.Background(), o, forced, qemu, logs, &accelChoice{v: "kvm"})
+			if got := readStarts(t, starts); got != "kvm" {
+				t.Errorf("--accel kvm: qemu started under %q, want KVM alone", got)
+			}
+			if want := "boot: " + c.why; !forced.r.failed() || !strings.HasPrefix(forced.r.err, want) {
+				t.Errorf("--accel kvm: err %q, want it to start %q", forced.r.err, want)
+			}
+		})
+	}
+}
+
+// TestKVMInterrupted: a KVM guest stopped by the user (Ctrl-C) before init is not booted
+// again under TCG.
+func TestKVMInterrupted(t *testing.T) {
+	qemu, starts := fakeQEMU(t, `exec sleep 60`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(300*time.Millisecond, cancel)
+	g := fakeKernelGuest(t, "6.99")
+	ac := &accelChoice{v: "kvm"}
+	bootKernel(ctx, options{accel: "auto", memoryMB: 64, cpus: 1, timeout: time.Minute, smoke: true}, g, qemu, t.TempDir(), ac)
+	if got := readStarts(t, starts); got != "kvm" {
+		t.Errorf("qemu started under %q, want KVM alone", got)
+	}
+	if g.r.err != "interrupted" || ac.v != "kvm" {
+		t.Errorf("err %q, next accel %q: want interrupted, KVM kept", g.r.err, ac.v)
 	}
 }
