@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
@@ -215,10 +216,12 @@ func (a *agentState) OnEvents(batch []store.Event) {
 // driftHelp is sluice_drift_repairs_total's help, one for every kind.
 const driftHelp = "Drift someone made that sluice put back, by kind: route, nexthop (an object deleted, with its routes), neighbour (and FDB entries), nat (sluice's nftables table), bpf-map-entry, bpf-link, bpf-pin."
 
-// registry builds the Prometheus registry: counters fed by the agent, and gauges read from
-// the intake, index and dataplane when scraped.
+// registry builds the Prometheus registry: counters fed by the agent, gauges read from the
+// intake, index and dataplane when scraped, and the Go runtime's (go_*) and the process's
+// (process_*: resident memory, open descriptors, CPU) figures, where a leak shows.
 func (a *agentState) registry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r.MustRegister(a.events, a.applySeconds, a.kernelDelay, a.leftovers, a.leftoversPresent, a.leftoverRemovals, a.serviceErrors, a.conntrackDeleted, a.stateFile)
 	gauge := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +14,8 @@ import (
 )
 
 // TestHealthStates: not ready before the intake is in sync; not live before the apply loop
-// goes round, live once it does; events move their counter; every metric is sluice_. (The
+// goes round, live once it does; events move their counter; every metric is sluice_, but the
+// Go runtime's and the process's (TestMetricsGoAndProcess). (The
 // HTTP endpoints answering 200 once in sync and applied are TestRun's checkHealth.)
 func TestHealthStates(t *testing.T) {
 	state := newAgentState()
@@ -71,15 +74,93 @@ func TestHealthStates(t *testing.T) {
 	if after := testutil.ToFloat64(state.events.WithLabelValues("Node", "upsert")); after != before+1 {
 		t.Fatalf("sluice_events_total did not move: %v -> %v", before, after)
 	}
-	r := state.registry()
-	n, err := testutil.GatherAndCount(r)
-	if err != nil || n < 20 {
-		t.Fatalf("metrics: %d, %v", n, err)
+	families, err := state.registry().Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	names, _ := r.Gather()
-	for _, mf := range names {
-		if !strings.HasPrefix(mf.GetName(), "sluice_") {
-			t.Fatalf("metric %s lacks the sluice_ prefix", mf.GetName())
+	ours := 0
+	for _, mf := range families {
+		switch n := mf.GetName(); {
+		case strings.HasPrefix(n, "sluice_"):
+			ours += len(mf.GetMetric())
+		case strings.HasPrefix(n, "go_"), strings.HasPrefix(n, "process_"): // the client's collectors
+		default:
+			t.Fatalf("metric %s lacks the sluice_ prefix", n)
 		}
+	}
+	if ours < 20 {
+		t.Fatalf("%d sluice_ metrics", ours)
+	}
+}
+
+// TestMetricsGoAndProcess: /metrics, as the health server serves it, carries the Go runtime's
+// and the process's figures beside sluice's own, with values a live process has (a leak shows
+// in production as goroutines, heap, resident memory or descriptors that only grow).
+func TestMetricsGoAndProcess(t *testing.T) {
+	state := newAgentState()
+	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- state.serveHealth(ctx, ln) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serveHealth: %v", err)
+		}
+	}()
+	code, body := get(t, "http://"+ln.Addr().String()+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics = %d", code)
+	}
+	values := map[string]float64{}
+	for _, l := range strings.Split(body, "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if !ok || strings.HasPrefix(l, "#") || strings.Contains(name, "{") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			values[name] = f
+		}
+	}
+	for _, c := range []struct {
+		name string
+		min  float64 // the least a live Go process can show
+	}{
+		{"go_goroutines", 2}, // this test's and the server's
+		{"go_threads", 1},
+		{"go_memstats_alloc_bytes", 1},
+		{"go_memstats_heap_alloc_bytes", 1},
+		{"go_memstats_sys_bytes", 1 << 20},
+		{"process_resident_memory_bytes", 1 << 20},
+		{"process_virtual_memory_bytes", 1 << 20},
+		{"process_open_fds", 4}, // stdin, stdout, stderr and the listener at least
+		{"process_max_fds", 4},
+		{"process_start_time_seconds", float64(time.Now().Add(-24 * time.Hour).Unix())},
+	} {
+		v, ok := values[c.name]
+		switch {
+		case !ok:
+			t.Errorf("/metrics lacks %s", c.name)
+		case v < c.min:
+			t.Errorf("%s = %v, want at least %v", c.name, v, c.min)
+		}
+	}
+	// The kernel's boot time is whole seconds: the start time may be up to a second ahead.
+	if v := values["process_start_time_seconds"]; v > float64(time.Now().Unix()+2) {
+		t.Errorf("process_start_time_seconds = %v: after now", v)
+	}
+	if open, max := values["process_open_fds"], values["process_max_fds"]; open > max {
+		t.Errorf("process_open_fds %v > process_max_fds %v", open, max)
 	}
 }
