@@ -127,14 +127,18 @@ type Services struct {
 	refused   map[calc.FrontendKey]calc.Frontend // frontends whose service identity is another's
 	self      map[netip.Prefix]bool              // this node's own addresses (both families)
 	// liveSets are the endpoint sets the frontends name (Frontend.Present and the backends in
-	// use); live is their union, the cleaner's test for flows whose endpoint went, rebuilt
-	// when the cleaner asks after a set came or went (not at every change: a cold start
-	// would count 100,000 endpoints for nothing).
-	liveSets  map[string]*liveSet
-	live      map[netip.AddrPort]struct{}
-	liveStale bool
-	// liveShrunk: a set of endpoints was let go since EndpointsGone last said so; an endpoint
-	// may have left its service, and its flows must go at once (SweepStale).
+	// use); live counts, for each endpoint, how many times the sets name it: the cleaner's
+	// test for flows whose endpoint went. live is nil until first needed (a cold start would
+	// count 100,000 endpoints for nothing) and kept by each set that comes or goes from then
+	// on; a set replaced by one naming the same endpoints and more (a service's slice
+	// arriving, an endpoint added) changes no count to zero, so nothing is swept.
+	liveSets map[string]*liveSet
+	live     map[netip.AddrPort]int32
+	// gone are the endpoints whose count went to zero since EndpointsGone last said so (and
+	// did not come back, as an endpoint does when its frontend is rewritten): they left every
+	// service, and their flows must go at once (SweepStale). liveShrunk: a full update may
+	// have left out endpoints the last state named.
+	gone       map[netip.AddrPort]struct{}
 	liveShrunk bool
 	liveBuf    []byte
 	wepDst     map[netip.Prefix]string
@@ -172,7 +176,8 @@ func (s *Services) reset() {
 	// A full update may leave out endpoints the last state named: their flows must go.
 	s.liveShrunk = s.liveShrunk || len(s.liveSets) > 0
 	s.liveSets = map[string]*liveSet{}
-	s.liveStale = true
+	s.live = nil
+	s.gone = map[netip.AddrPort]struct{}{}
 	s.wepDst = map[netip.Prefix]string{}
 	s.weps = map[string]int{}
 	s.problems = map[calc.FrontendKey]string{}
@@ -331,7 +336,13 @@ func (s *Services) holdLiveLocked(f calc.Frontend) *liveSet {
 	}
 	ls := &liveSet{key: string(buf), refs: 1}
 	s.liveSets[ls.key] = ls
-	s.liveStale = true
+	if s.live != nil {
+		eachLive(ls.key, func(ap netip.AddrPort) {
+			if s.live[ap]++; s.live[ap] == 1 {
+				delete(s.gone, ap)
+			}
+		})
+	}
 	return ls
 }
 
@@ -343,18 +354,40 @@ func (s *Services) releaseLiveLocked(ls *liveSet) {
 	if ls.refs--; ls.refs > 0 {
 		return
 	}
+	if len(ls.key) <= 1 { // no endpoint: a service whose slice has not come yet
+		delete(s.liveSets, ls.key)
+		return
+	}
+	live := s.liveLocked() // counted with ls still among the sets
 	delete(s.liveSets, ls.key)
-	s.liveStale = true
-	s.liveShrunk = true
+	eachLive(ls.key, func(ap netip.AddrPort) {
+		if live[ap]--; live[ap] <= 0 {
+			delete(live, ap)
+			s.gone[ap] = struct{}{}
+		}
+	})
 }
 
-// EndpointsGone says whether an endpoint may have left its service since it last said so:
+// liveLocked returns the endpoints' counts, counting them first if nothing has needed them
+// since the last full update.
+func (s *Services) liveLocked() map[netip.AddrPort]int32 {
+	if s.live == nil {
+		s.live = make(map[netip.AddrPort]int32, len(s.liveSets)*4)
+		for _, ls := range s.liveSets {
+			eachLive(ls.key, func(ap netip.AddrPort) { s.live[ap]++ })
+		}
+	}
+	return s.live
+}
+
+// EndpointsGone says whether an endpoint has left every service since it last said so:
 // the stage then deletes the flows to endpoints that are gone (Conntrack.SweepStale).
 func (s *Services) EndpointsGone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	gone := s.liveShrunk
+	gone := s.liveShrunk || len(s.gone) > 0
 	s.liveShrunk = false
+	clear(s.gone)
 	return gone
 }
 
@@ -471,14 +504,7 @@ func (s *Services) SelfAddrs() []netip.Addr {
 func (s *Services) LiveEndpoint(addr netip.Addr, port uint16) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.liveStale {
-		s.live = make(map[netip.AddrPort]struct{}, len(s.live))
-		for _, ls := range s.liveSets {
-			eachLive(ls.key, func(ap netip.AddrPort) { s.live[ap] = struct{}{} })
-		}
-		s.liveStale = false
-	}
-	_, ok := s.live[netip.AddrPortFrom(addr, port)]
+	_, ok := s.liveLocked()[netip.AddrPortFrom(addr, port)]
 	return ok
 }
 

@@ -1992,3 +1992,64 @@ func TestServicesDualStack(t *testing.T) {
 		t.Errorf("IPv4 frontends %v, want the cluster IP and its address-only entry", fe)
 	}
 }
+
+// TestServicesEndpointsGone: the stage sweeps the connection table only when an endpoint has
+// left every service, not at every change of an endpoint set. A service's slice arriving, an
+// endpoint added, or a frontend rewritten with the same endpoints (as every change of a
+// service rewrites it) leaves no endpoint gone; an endpoint dropped by its only service, or
+// a service removed, does; one still named by another service does not. Before, every set
+// let go counted as gone, and each change of a bulk apply read the whole connection table
+// (BenchmarkServicesArriving in cmd/sluiced).
+func TestServicesEndpointsGone(t *testing.T) {
+	webNone := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP)
+	web := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA)
+	webNP := svtFE("default/web", 0xa1, calc.FrontendNodePort, "0.0.0.0:30080", store.ProtocolTCP, svtWebA)
+	webMore := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA, svtWebB)
+	webMoreNP := svtFE("default/web", 0xa1, calc.FrontendNodePort, "0.0.0.0:30080", store.ProtocolTCP, svtWebA, svtWebB)
+	webMoved := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA2, svtWebB)
+	webMovedNP := svtFE("default/web", 0xa1, calc.FrontendNodePort, "0.0.0.0:30080", store.ProtocolTCP, svtWebA2, svtWebB)
+	webOnlyA2 := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA2)
+	other := svtFE("default/other", 0xb2, calc.FrontendClusterIP, "198.51.100.20:80", store.ProtocolTCP, svtWebB)
+	otherAffinity := svtWith(other, func(f *calc.Frontend) { f.AffinityTimeout = 60 })
+	webA := netip.AddrPortFrom(svtWebA.Addr, svtWebA.Port)
+	webA2 := netip.AddrPortFrom(svtWebA2.Addr, svtWebA2.Port)
+	webB := netip.AddrPortFrom(svtWebB.Addr, svtWebB.Port)
+
+	d := svtRun(t, svtStateOf(webNone))
+	d.s.EndpointsGone() // the first full update
+	steps := []struct {
+		name       string
+		from, to   *svtState
+		gone       bool
+		live, dead []netip.AddrPort
+	}{
+		{"the slice arrives", svtStateOf(webNone), svtStateOf(web, webNP), false, []netip.AddrPort{webA}, nil},
+		{"an endpoint added", svtStateOf(web, webNP), svtStateOf(webMore, webMoreNP, other), false, []netip.AddrPort{webA, webB}, nil},
+		{"rewritten, same endpoints", svtStateOf(webMore, webMoreNP, other), svtStateOf(webMore, webMoreNP, otherAffinity), false, []netip.AddrPort{webA, webB}, nil},
+		{"an endpoint replaced", svtStateOf(webMore, webMoreNP, otherAffinity), svtStateOf(webMoved, webMovedNP, otherAffinity), true, []netip.AddrPort{webA2, webB}, []netip.AddrPort{webA}},
+		{"dropped, named by another still", svtStateOf(webMoved, webMovedNP, otherAffinity), svtStateOf(webOnlyA2, otherAffinity), false, []netip.AddrPort{webA2, webB}, []netip.AddrPort{webA}},
+		{"a service removed", svtStateOf(webOnlyA2, otherAffinity), svtStateOf(otherAffinity), true, []netip.AddrPort{webB}, []netip.AddrPort{webA, webA2}},
+		{"the last service naming it", svtStateOf(otherAffinity), svtStateOf(), true, nil, []netip.AddrPort{webA, webA2, webB}},
+	}
+	for _, st := range steps {
+		if err := d.update(st.from, st.to); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := d.s.EndpointsGone(); got != st.gone {
+			t.Errorf("%s: EndpointsGone %v; want %v", st.name, got, st.gone)
+		}
+		if d.s.EndpointsGone() {
+			t.Errorf("%s: EndpointsGone said true twice", st.name)
+		}
+		for _, ap := range st.live {
+			if !d.s.LiveEndpoint(ap.Addr(), ap.Port()) {
+				t.Errorf("%s: %v not live", st.name, ap)
+			}
+		}
+		for _, ap := range st.dead {
+			if d.s.LiveEndpoint(ap.Addr(), ap.Port()) {
+				t.Errorf("%s: %v still live", st.name, ap)
+			}
+		}
+	}
+}
