@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -154,6 +155,8 @@ type Intake struct {
 	// touches it.
 	known []map[string]keyState
 	batch []Event
+	// seenBuf is deliver's buffer of the revisions the answers of a batch reached.
+	seenBuf []spanSeen
 	// spans are the watches' ranges (WatchSpans of the prefixes) and spanOf each prefix's
 	// span; fixed at NewIntake.
 	spans  []Span
@@ -602,9 +605,11 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	w := in.openWatches(wctx, rev, done)
 	l := in.newLiveness(ctx, wctx)
 	defer l.stop()
+	var got []spanResponse
 	for {
 		var resp clientv3.WatchResponse
 		var from int // which watch answered: its index in spans
+		var ch <-chan clientv3.WatchResponse
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -624,21 +629,50 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
-			resp, from = r, 0
+			resp, from, ch = r, 0, w.direct[0]
 		case r, ok := <-w.direct[1]: // nil (never ready) when there is one root
 			if !ok {
 				return errors.New("watch lost: the watch channel closed")
 			}
-			resp, from = r, 1
+			resp, from, ch = r, 1, w.direct[1]
 		}
-		// Heard again: in sync once more, unless this answer ends the watch (a compaction
-		// while cut off), and then the resync says when.
-		l.onResponse(resp.Err() == nil && resp.CompactRevision == 0 && !resp.Canceled)
-		if err := in.deliver(resp, rev, from, l.stall); err != nil {
+		// The answers the same watch has ready behind this one go to the consumers with it, in
+		// one batch: while writes come faster than they are handled (a bulk apply), each batch
+		// costs the consumers once, not once per answer (BenchmarkServicesArriving in
+		// cmd/sluiced).
+		// The client hands its buffered answers over one at a time, from a goroutine of its
+		// own: one that finds none ready yields once for it before the batch is closed.
+		got = append(got[:0], spanResponse{resp, from})
+		for more, yielded := true, false; more && ch != nil && len(got) < maxAnswersBatched; {
+			select {
+			case r, ok := <-ch:
+				if more = ok; ok {
+					got = append(got, spanResponse{r, from})
+					yielded = false
+				}
+			default:
+				more = !yielded
+				yielded = true
+				if more {
+					runtime.Gosched()
+				}
+			}
+		}
+		for _, r := range got {
+			// Heard again: in sync once more, unless this answer ends the watch (a compaction
+			// while cut off), and then the resync says when.
+			l.onResponse(r.Err() == nil && r.CompactRevision == 0 && !r.Canceled)
+		}
+		err := in.deliver(got, rev, l.stall)
+		clear(got)
+		if err != nil {
 			return err
 		}
 	}
 }
+
+// maxAnswersBatched bounds the watch answers delivered in one batch.
+const maxAnswersBatched = 256
 
 // watches are the intake's open watches, one per span.
 type watches struct {
@@ -809,20 +843,51 @@ func (l *liveness) heardAgain(last time.Time, ok bool) {
 	}
 }
 
-// deliver hands one watch response's events to the consumers and moves the watch's revision
-// on; an error ends the watch (compacted, cancelled, failed).
-func (in *Intake) deliver(resp clientv3.WatchResponse, rev int64, from int, stall *stallCheck) error {
+// deliver hands the events of watch answers to the consumers in one batch and moves each
+// watch's revision on; an answer that ends the watch (compacted, cancelled, failed) returns
+// its error once the answers before it are delivered.
+func (in *Intake) deliver(got []spanResponse, rev int64, stall *stallCheck) error {
+	var err error
+	seen := in.seenBuf[:0]
+	for _, r := range got {
+		s, e := in.take(r.WatchResponse, rev)
+		if e != nil {
+			err = e // what came before it is delivered all the same
+			break
+		}
+		seen = append(seen, spanSeen{r.span, s})
+	}
+	in.flush()
+	for _, s := range seen {
+		stall.delivered(s.span, s.rev) // moves in.spanAt[s.span] on
+		if s.rev > in.stats.Revision.Load() {
+			in.stats.Revision.Store(s.rev)
+		}
+	}
+	in.seenBuf = seen[:0]
+	return err
+}
+
+// spanSeen is the newest revision one watch answer delivered, and its watch.
+type spanSeen struct {
+	span int
+	rev  int64
+}
+
+// take queues the events of one watch answer for the consumers and returns the newest
+// revision it delivers.
+func (in *Intake) take(resp clientv3.WatchResponse, rev int64) (int64, error) {
 	if resp.CompactRevision != 0 {
-		return fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
+		return 0, fmt.Errorf("%w: watch at %d, compacted to %d", errCompacted, rev, resp.CompactRevision)
 	}
 	if err := resp.Err(); err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
-			return fmt.Errorf("%w: %v", errCompacted, err)
+			return 0, fmt.Errorf("%w: %v", errCompacted, err)
 		}
-		return fmt.Errorf("watch lost: %w", err)
+		return 0, fmt.Errorf("watch lost: %w", err)
 	}
 	if resp.Canceled {
-		return errors.New("watch lost: cancelled by the server")
+		return 0, errors.New("watch lost: cancelled by the server")
 	}
 	seen := int64(0)
 	for _, ev := range resp.Events {
@@ -843,18 +908,13 @@ func (in *Intake) deliver(resp clientv3.WatchResponse, rev int64, from int, stal
 			}
 		}
 	}
-	in.flush()
 	// A skipped key (another node's affinity, say) still moves the stream on: the consumers
 	// hold etcd as of that revision, as far as the prefixes go. So does a progress
 	// notification: every event up to its revision has been delivered.
 	if resp.IsProgressNotify() {
 		seen = max(seen, resp.Header.Revision)
 	}
-	stall.delivered(from, seen) // moves in.spanAt[from] on
-	if seen > in.stats.Revision.Load() {
-		in.stats.Revision.Store(seen)
-	}
-	return nil
+	return seen, nil
 }
 
 // stallCheck finds a watch etcd no longer serves though it stays open: behind the revision

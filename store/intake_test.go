@@ -604,3 +604,75 @@ func behindProxy(t *testing.T) (*clientv3.Client, *etcdtest.Proxy, *clientv3.Cli
 	t.Cleanup(proxy.Close)
 	return writer, proxy, mustClient(t, store.ClientConfig{Endpoints: []string{proxy.Endpoint()}})
 }
+
+// gatedSink is a sink whose handler waits at the gate while it is closed, recording the size
+// of each batch it is handed.
+type gatedSink struct {
+	*sink
+	gate    chan struct{} // closed: open
+	held    chan struct{} // closed once the handler waits
+	heldOne sync.Once
+	sizes   []int
+}
+
+func (g *gatedSink) OnEvents(b []store.Event) {
+	if b[0].Type != store.EventInSync {
+		g.heldOne.Do(func() { close(g.held) })
+		<-g.gate
+	}
+	g.sink.mu.Lock()
+	g.sizes = append(g.sizes, len(b))
+	g.sink.mu.Unlock()
+	g.sink.OnEvents(b)
+}
+
+// TestIntakeBatchesWaitingAnswers: watch answers that wait while the consumers work (a bulk
+// apply writing faster than sluiced handles) reach them in one batch, in revision order, not
+// one batch each: each batch costs calc and the stages once (BenchmarkServicesArriving in
+// cmd/sluiced). An answer that arrives alone is delivered at once.
+func TestIntakeBatchesWaitingAnswers(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	g := &gatedSink{sink: newSink(), gate: make(chan struct{}), held: make(chan struct{})}
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: g, Reporter: &reporter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return g.inSyncs() == 1 })
+
+	put(t, cli, store.ServicePrefix+"default/svc-0", serviceValue("default", "svc-0", "10.96.0.1"))
+	select {
+	case <-g.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first change never reached the handler")
+	}
+	const n = 60
+	var last int64
+	for i := 1; i <= n; i++ {
+		last = put(t, cli, fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i), serviceValue("default", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.96.0.%d", i+1)))
+	}
+	time.Sleep(200 * time.Millisecond) // the answers reach the client
+	close(g.gate)
+	eventually(t, 10*time.Second, "every change delivered", func() bool { return g.count() == 1+1+n })
+
+	g.sink.mu.Lock()
+	sizes := slices.Clone(g.sizes)
+	g.sink.mu.Unlock()
+	if sizes[1] != 1 {
+		t.Errorf("the first change came in a batch of %d; want alone", sizes[1])
+	}
+	t.Logf("batches after the first change: %v", sizes[2:])
+	if len(sizes) > 2+n/4 {
+		t.Errorf("%d changes that waited came in %d batches (%v); want a few", n, len(sizes)-2, sizes[2:])
+	}
+	evs := g.since(2)
+	for i, ev := range evs {
+		if want := fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i+1); ev.Key != want {
+			t.Fatalf("event %d is %s; want %s (revision order)", i, ev.Key, want)
+		}
+	}
+	if evs[len(evs)-1].Revision != last {
+		t.Errorf("the last event's revision is %d; want %d", evs[len(evs)-1].Revision, last)
+	}
+}
