@@ -28,7 +28,9 @@ type agentState struct {
 	// freeOnce hands the cold start's garbage back to the system once: after the first apply
 	// with a dataplane (the kernel has had its turn), else at the first in-sync.
 	freeOnce sync.Once
-	dp       *dataplane.Dataplane
+	// gc sets the collector's target: settled after the cold start, busy under bulk changes.
+	gc *gcPacer
+	dp *dataplane.Dataplane
 	// problems counts the inputs calc cannot act on (set by the planner); selfMissing is set
 	// while this agent's own Node (nodeName) is not in etcd.
 	problems    atomic.Int64
@@ -170,6 +172,7 @@ func (a *agentState) syncedAt() (int64, bool) {
 func newAgentState() *agentState {
 	return &agentState{
 		applied: make(chan struct{}),
+		gc:      newGCPacer(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_events_total",
 			Help: "Store events delivered, by kind and type."}, []string{"kind", "type"}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sluice_dataplane_apply_seconds",

@@ -182,7 +182,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 		// off the apply loop (a full collection) and after the line that says the dataplane
 		// is updated.
 		if state.fromCalc.Load() {
-			defer state.freeOnce.Do(func() { go freeColdStart() })
+			defer state.freeOnce.Do(func() { go freeColdStart(state.gc) })
 		}
 		if err == nil {
 			log.Info().Int("writes", writes).Dur("took", took).Msg("dataplane updated")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -71,12 +70,6 @@ type eventLogger struct {
 	dataplane bool // with a dataplane, the first apply frees the cold start's garbage
 }
 
-// settledGCPercent is the collector's target once the cold start is over: a settled agent's
-// heap changes little, and at the default (100) the runtime would keep as much again as the
-// live heap in reserve (BenchmarkDataplane in cmd/sluiced reports the settled agent's memory).
-// GOGC in the environment overrides it.
-const settledGCPercent = 25
-
 // freeColdStart hands the cold start's garbage (pages read, values decoded, the first full
 // update) back to the system once it is dead, rather than hold it for minutes, and lowers the
 // collector's target (BenchmarkDataplane in cmd/sluiced reports the settled resident memory).
@@ -86,15 +79,14 @@ const settledGCPercent = 25
 // only, settled RSS varied between runs of the same build; after the second, it does not
 // (the runtime's scavenger, which keeps about a tenth more than the collector's target, gives
 // back nothing it retained below that).
-func freeColdStart() {
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(settledGCPercent)
-	}
+func freeColdStart(gc *gcPacer) {
+	gc.settle()
 	debug.FreeOSMemory()
 	time.AfterFunc(time.Second, debug.FreeOSMemory)
 }
 
 func (e *eventLogger) OnEvents(batch []store.Event) {
+	e.state.gc.onEvents(len(batch), time.Now())
 	for i := range batch {
 		ev := &batch[i]
 		if ev.Type != store.EventInSync {
@@ -107,7 +99,7 @@ func (e *eventLogger) OnEvents(batch []store.Event) {
 		}
 		e.log.Info().Int64("revision", ev.Revision).Dict("objects", d).Msg("in sync with etcd")
 		if !e.dataplane {
-			e.state.freeOnce.Do(freeColdStart)
+			e.state.freeOnce.Do(func() { freeColdStart(e.state.gc) })
 		}
 	}
 }
