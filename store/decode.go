@@ -762,8 +762,12 @@ func decodeEndpointSlice(id string, value []byte) (Object, error) {
 	default:
 		return nil, bad("addressType", "unknown address type %q: want IPv4 or IPv6", r.AddressType)
 	}
+	// Field names are made only for an error: a slice of 10 endpoints would otherwise format
+	// ten names for nothing at every change (BenchmarkServicesArriving in cmd/sluiced).
+	if len(r.Endpoints) > 0 {
+		e.Endpoints = make([]Endpoint, 0, len(r.Endpoints))
+	}
 	for i, ep := range r.Endpoints {
-		f := fmt.Sprintf("endpoints[%d]", i)
 		out := Endpoint{NodeName: ep.NodeName, Zone: ep.Zone, Ready: true}
 		c := ep.Conditions
 		if c.Ready != nil {
@@ -777,12 +781,15 @@ func decodeEndpointSlice(id string, value []byte) (Object, error) {
 			out.Terminating = *c.Terminating
 		}
 		if len(ep.Addresses) == 0 {
-			return nil, bad(f+".addresses", "empty: an endpoint needs an address")
+			return nil, bad(fmt.Sprintf("endpoints[%d].addresses", i), "empty: an endpoint needs an address")
 		}
 		for j, s := range ep.Addresses {
 			a, err := netip.ParseAddr(s)
 			if err != nil || a.Is4() != want4 {
-				return nil, bad(fmt.Sprintf("%s.addresses[%d]", f, j), "%q is not an %s address", s, r.AddressType)
+				return nil, bad(fmt.Sprintf("endpoints[%d].addresses[%d]", i, j), "%q is not an %s address", s, r.AddressType)
+			}
+			if out.Addresses == nil {
+				out.Addresses = make([]netip.Addr, 0, len(ep.Addresses))
 			}
 			out.Addresses = append(out.Addresses, a)
 		}
