@@ -92,6 +92,9 @@ bench-dataplane:
 #            bare BatchUpdate of the same entries (median of 3);
 #   agent    sluiced against an etcd child holding them: one endpoint changed in etcd to the
 #            new backend in the pinned map (p50, p99), beside etcd's put-to-watch latency;
+#   arriving sluiced running while the 10,000 services and slices are written by four writers,
+#            one transaction per object: the last commit to the maps complete, beside the
+#            writes' own time, and sluiced's CPU beside a bare etcd watcher's;
 #   traffic  connections per second, bulk TCP throughput and UDP-GSO through a node port to a
 #            local and a remote endpoint (namespaces of its own for client, nodes and servers),
 #            beside the same traffic sent straight to the endpoint;
@@ -99,6 +102,7 @@ bench-dataplane:
 bench-services:
 	@rc=0; ns=; trap '[ -z "$$ns" ] || ip netns del "$$ns" 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
 	for part in "maps ServicesColdApply 3x ./bpf/" "agent ServiceEndpointChange 1x ./cmd/sluiced/" \
+	            "arriving ServicesArriving 1x ./cmd/sluiced/" \
 	            "traffic NodePortTraffic 1x ./bpf/" "conntrack ConntrackWalk 5x ./bpf/"; do \
 	  set -- $$part; ns=sl-bench-svc-$$1; \
 	  ip netns del $$ns 2>/dev/null; \

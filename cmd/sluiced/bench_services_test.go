@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -105,7 +106,7 @@ type svcBenchLogLine struct {
 }
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
-func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
+func startServicesAgent(b *testing.B, bin, endpoint, pinDir string, more ...string) *agentProc {
 	// The desired state it keeps as it stops goes beside its pins, not to the host's
 	// /var/lib/sluice.
 	args := []string{"--etcd-endpoints", endpoint, "--node-name", "node-000", "--log-format", "json", "--bpf-pin-dir", pinDir,
@@ -115,26 +116,17 @@ func startServicesAgent(b *testing.B, bin, endpoint, pinDir string) *agentProc {
 	if help, _ := exec.Command(bin, "--help").CombinedOutput(); strings.Contains(string(help), "cgroup-path") {
 		args = append(args, "--cgroup-path", "none")
 	}
-	return execAgent(b, bin, args...)
+	return execAgent(b, bin, append(args, more...)...)
 }
 
-// BenchmarkServiceEndpointChange runs sluiced with the service stage for a node of a cluster
-// of 10,000 services of 10 endpoints in etcd, inside a network namespace of its own (make
-// bench-services creates it and sets SLUICE_BENCH_NETNS), its maps pinned on a bpffs the
-// benchmark mounts (sluiced is its child, in its mount namespace). It reports the time from
-// starting sluiced to its first service-map apply (every frontend in the map), and then, for
-// one endpoint's address changed in an endpoint slice at a time, p50 and p99 from the etcd
-// write to the map holding the new backend: the backend list is written before the frontend
-// that points at it, so the benchmark reads the service's cluster-IP frontend in a bounded
-// loop (one lookup, then a 10 µs nanosleep: about 0.1 ms between reads here, leaving the CPU
-// to sluiced and etcd) until it names a new list, and checks that list holds the new address.
-// Reference, in the same run: etcd's own put-to-watch-event latency.
-func BenchmarkServiceEndpointChange(b *testing.B) {
-	if os.Getenv("SLUICE_BENCH_NETNS") == "" || os.Geteuid() != 0 {
-		b.Skip("programs a kernel: run through `make bench-services`, which gives it its own network namespace")
-	}
+// servicesBenchWorld builds sluiced and makes what the service benchmarks run it in: eth0 at
+// 192.0.2.1/24 (node-000's address) in the benchmark's namespace, a bpffs the benchmark mounts
+// (sluiced is its child, in its mount namespace) with the directory to pin under, and an etcd
+// child with a client. All of it goes when the benchmark ends, even when it fails.
+func servicesBenchWorld(b *testing.B) (bin, pinDir string, etcd *etcdtest.Child, cli *clientv3.Client) {
+	var err error
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "sluiced")
+	bin = filepath.Join(dir, "sluiced")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		b.Fatalf("building sluiced: %v\n%s", err, out)
 	}
@@ -154,17 +146,36 @@ func BenchmarkServiceEndpointChange(b *testing.B) {
 	// Last first: sluiced is killed (its cleanup comes later) before the pins, links and maps go
 	// with the mount.
 	b.Cleanup(func() { _ = unix.Unmount(bpffs, unix.MNT_DETACH) })
-	pinDir := filepath.Join(bpffs, "sluiced")
-	etcd, err := etcdtest.StartChild(etcdtest.Options{})
+	pinDir = filepath.Join(bpffs, "sluiced")
+	etcd, err = etcdtest.StartChild(etcdtest.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer etcd.Close()
-	cli, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
+	b.Cleanup(func() { etcd.Close() })
+	cli, err = store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer cli.Close()
+	b.Cleanup(func() { cli.Close() })
+	return bin, pinDir, etcd, cli
+}
+
+// BenchmarkServiceEndpointChange runs sluiced with the service stage for a node of a cluster
+// of 10,000 services of 10 endpoints in etcd, inside a network namespace of its own (make
+// bench-services creates it and sets SLUICE_BENCH_NETNS), its maps pinned on a bpffs the
+// benchmark mounts (sluiced is its child, in its mount namespace). It reports the time from
+// starting sluiced to its first service-map apply (every frontend in the map), and then, for
+// one endpoint's address changed in an endpoint slice at a time, p50 and p99 from the etcd
+// write to the map holding the new backend: the backend list is written before the frontend
+// that points at it, so the benchmark reads the service's cluster-IP frontend in a bounded
+// loop (one lookup, then a 10 µs nanosleep: about 0.1 ms between reads here, leaving the CPU
+// to sluiced and etcd) until it names a new list, and checks that list holds the new address.
+// Reference, in the same run: etcd's own put-to-watch-event latency.
+func BenchmarkServiceEndpointChange(b *testing.B) {
+	if os.Getenv("SLUICE_BENCH_NETNS") == "" || os.Geteuid() != 0 {
+		b.Skip("programs a kernel: run through `make bench-services`, which gives it its own network namespace")
+	}
+	bin, pinDir, etcd, cli := servicesBenchWorld(b)
 	loadStart := time.Now()
 	loadServicesBench(b, cli)
 	b.Logf("etcd loaded in %v", time.Since(loadStart).Round(time.Millisecond))
@@ -320,3 +331,181 @@ func BenchmarkServiceEndpointChange(b *testing.B) {
 	b.ReportMetric(ms(percentile(etcdLat, 0.99)), "etcd-watch-p99-ms")
 	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
 }
+
+// svcArrivingWriters is how many writers put the services and slices, as four parallel
+// `sluicectl apply` do: one transaction per object.
+const svcArrivingWriters = 4
+
+// BenchmarkServicesArriving runs sluiced for node-000 of the services benchmark's cluster with
+// no service in etcd yet, then writes the 10,000 services and their slices while it runs: four
+// writers, one transaction per object, as four parallel `sluicectl apply` write them (#36).
+// It reports the time from the last commit to the maps complete (every frontend and backend of
+// every service in the pinned maps), beside etcd's own time for the writes, and sluiced's CPU
+// over the whole write beside what a bare etcd watcher of the same prefix (a child process
+// doing nothing but receiving the events) spends over the same span. While thousands of
+// services are present, every write is a change sluiced applies on its own or coalesced:
+// a cost per apply or per change that grows with the services present shows here, and not
+// in BenchmarkServicesColdApply, which applies them all at once.
+func BenchmarkServicesArriving(b *testing.B) {
+	if os.Getenv("SLUICE_BENCH_NETNS") == "" || os.Geteuid() != 0 {
+		b.Skip("programs a kernel: run through `make bench-services`, which gives it its own network namespace")
+	}
+	bin, pinDir, etcd, cli := servicesBenchWorld(b)
+	add, flush := benchWriter(b, cli)
+	add(store.IPPoolPrefix+"bench", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"bench"},"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Never","ipipMode":"Never","blockSize":26}}`)
+	for n := range svcBenchNodes {
+		name, addr := svcBenchNode(n)
+		add(store.NodePrefix+name, fmt.Sprintf(`{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"%s/24"}}}`, name, addr))
+	}
+	flush()
+
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	watcher := exec.Command(self, "-test.run=^$", "-test.bench=^$")
+	watcher.Env = append(os.Environ(), bareWatcherEnv+"="+etcd.Endpoint(), bareWatcherPrefixEnv+"=/sluice/v1/")
+	if err := watcher.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = watcher.Process.Kill(); _ = watcher.Wait() })
+	// SLUICE_BENCH_CPUPROFILE=FILE saves sluiced's CPU profile over the first 10 s of the write,
+	// SLUICE_BENCH_HEAP=PREFIX its heap profile (what it allocated: -sample_index=alloc_space)
+	// once the maps are complete.
+	cpuProfile, heapProfile := os.Getenv("SLUICE_BENCH_CPUPROFILE"), os.Getenv("SLUICE_BENCH_HEAP")
+	var more []string
+	if cpuProfile != "" || heapProfile != "" {
+		more = append(more, "--profiling")
+	}
+	agent := startServicesAgent(b, bin, etcd.Endpoint(), pinDir, more...)
+	defer agent.stop()
+	for waiting := []string{"dataplane updated", "service stage started"}; len(waiting) > 0; {
+		l, ok := agent.next(time.Minute)
+		if !ok {
+			b.Fatalf("sluiced ended, or said nothing for a minute, before it logged %q", waiting)
+		}
+		waiting = slices.DeleteFunc(waiting, func(m string) bool { return strings.Contains(l, m) })
+	}
+	// sluiced's log lines during the write, counted by message: how many applies it made.
+	var logMu sync.Mutex
+	messages := map[string]int{}
+	var warnings []string // the first lines above info level, for a failure's message
+	go func() {
+		for l := range agent.lines {
+			var e svcBenchLogLine
+			if json.Unmarshal([]byte(l), &e) == nil {
+				logMu.Lock()
+				messages[e.Message]++
+				if !strings.Contains(l, `"level":"info"`) && !strings.Contains(l, `"level":"debug"`) && len(warnings) < 20 {
+					warnings = append(warnings, l)
+				}
+				logMu.Unlock()
+			}
+		}
+	}()
+	time.Sleep(time.Second) // the watcher watching
+	pinned, err := bpf.OpenPinned(pinDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pinned.Close()
+	fe, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, "sl_fe_v4"), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fe.Close()
+
+	b.ResetTimer()
+	agentPid, watcherPid := agent.cmd.Process.Pid, watcher.Process.Pid
+	agentTicks, watcherTicks := cpuTicks(b, agentPid), cpuTicks(b, watcherPid)
+	logMu.Lock()
+	clear(messages)
+	logMu.Unlock()
+	start := time.Now()
+	profiled := make(chan struct{})
+	go func() {
+		defer close(profiled)
+		if cpuProfile != "" {
+			saveProfile(b, "http://127.0.0.1:9097/debug/pprof/profile?seconds=10", cpuProfile)
+		}
+	}()
+	var mu sync.Mutex
+	var lastCommit time.Time
+	var wg sync.WaitGroup
+	errs := make(chan error, svcArrivingWriters)
+	for w := range svcArrivingWriters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := w; s < svcBenchServices; s += svcArrivingWriters {
+				for _, kv := range [][2]string{pair(svcBenchService(s)), pair(svcBenchSlice(s, netip.Addr{}))} {
+					if _, err := cli.Txn(context.Background()).Then(clientv3.OpPut(kv[0], kv[1])).Commit(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			mu.Lock()
+			lastCommit = time.Now()
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	writes := lastCommit.Sub(start)
+
+	// Complete: the last service of each writer has its frontends (its backends are written
+	// before them), then every frontend and backend of every service is counted.
+	deadline := lastCommit.Add(2 * time.Minute)
+	var complete time.Time
+	for complete.IsZero() {
+		if time.Now().After(deadline) {
+			logMu.Lock()
+			b.Fatalf("the maps were not complete 2 minutes after the last commit; sluiced logged %v, and above info level:\n%s", messages, strings.Join(warnings, "\n"))
+		}
+		time.Sleep(2 * time.Millisecond)
+		last := true
+		for w := range svcArrivingWriters {
+			s := svcBenchServices - svcArrivingWriters + w
+			var v bpf.FrontendValue
+			key := bpf.FrontendKey{Addr: bpf.NetAddr(svcBenchClusterIP(s)), Port: bpf.NetPort(80), Proto: bpf.ProtoTCP}
+			if err := fe.Lookup(&key, &v); err != nil || v.Count != svcBenchEndpoints {
+				last = false
+				break
+			}
+		}
+		if !last {
+			continue
+		}
+		at := time.Now()
+		if pinned.Tables().Frontends.Len() == 4*svcBenchServices && pinned.Tables().Backends.Len() == svcBenchServices*svcBenchEndpoints {
+			complete = at
+		}
+	}
+	agentCPU := time.Duration(float64(cpuTicks(b, agentPid)-agentTicks) / clockTicks * float64(time.Second))
+	watcherCPU := time.Duration(float64(cpuTicks(b, watcherPid)-watcherTicks) / clockTicks * float64(time.Second))
+	b.StopTimer()
+	<-profiled
+	if heapProfile != "" {
+		saveHeap(b, heapProfile+"-arriving.pb.gz")
+	}
+	after := complete.Sub(lastCommit)
+	b.Logf("%d services of %d endpoints written by %d writers in %v; maps complete %v after the last commit; CPU over the write: sluiced %v, a bare watcher %v (%.1fx)",
+		svcBenchServices, svcBenchEndpoints, svcArrivingWriters, writes.Round(time.Millisecond), after.Round(time.Millisecond),
+		agentCPU.Round(10*time.Millisecond), watcherCPU.Round(10*time.Millisecond), agentCPU.Seconds()/watcherCPU.Seconds())
+	logMu.Lock()
+	b.Logf("sluiced logged during the write: %d service-map applies, %d dataplane applies, %d desired-state changes (%v)",
+		messages["service maps updated"], messages["dataplane updated"], messages["desired state changed"], messages)
+	logMu.Unlock()
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(writes.Seconds(), "etcd-writes-s")
+	b.ReportMetric(after.Seconds(), "after-last-commit-s")
+	b.ReportMetric(agentCPU.Seconds(), "sluiced-cpu-s")
+	b.ReportMetric(watcherCPU.Seconds(), "watcher-cpu-s")
+	b.ReportMetric(agentCPU.Seconds()/watcherCPU.Seconds(), "cpu-x-watcher")
+}
+
+func pair(k, v string) [2]string { return [2]string{k, v} }

@@ -47,16 +47,24 @@ func TestMain(m *testing.M) {
 // it names: the dataplane benchmark's reference for what etcd's Go client alone costs.
 const bareWatcherEnv = "SLUICE_BENCH_BARE_WATCHER"
 
-// serveBareWatcher watches /calico/ as the intake does (one watch over the span of its
-// prefixes), counting events and doing nothing else, until killed.
+// bareWatcherPrefixEnv, when set, is the prefix the bare watcher watches instead of /calico/.
+const bareWatcherPrefixEnv = "SLUICE_BENCH_BARE_WATCHER_PREFIX"
+
+// serveBareWatcher watches /calico/ (or the prefix bareWatcherPrefixEnv names) as the intake
+// does (one watch over the span of its prefixes), counting events and doing nothing else,
+// until killed.
 func serveBareWatcher(endpoint string) {
 	cli, err := store.ClientConfig{Endpoints: []string{endpoint}}.New()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	prefix := "/calico/"
+	if p := os.Getenv(bareWatcherPrefixEnv); p != "" {
+		prefix = p
+	}
 	n := 0
-	for resp := range cli.Watch(context.Background(), "/calico/", clientv3.WithPrefix()) {
+	for resp := range cli.Watch(context.Background(), prefix, clientv3.WithPrefix()) {
 		n += len(resp.Events)
 	}
 	os.Exit(0)
