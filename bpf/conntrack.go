@@ -107,11 +107,18 @@ type Conntrack struct {
 	CT6      *ebpf.Map
 	Queue6   *ebpf.Map
 	Cleaner6 *ebpf.Program
-	// Live, when set, says whether an endpoint is still named by its service's slices;
-	// flows to one that is not are stale and go at the next cleanup, whatever their state
-	// (as kube-proxy clears conntrack for removed endpoints): the client gets a reset from
-	// a new backend instead of hanging on one that is gone.
+	// Live, when set, says whether an endpoint is still named by its service's slices. Flows
+	// to one that is not are stale (stale): UDP flows and TCP handshakes at once, so the
+	// client's next datagram or SYN meets a live endpoint; an established TCP connection
+	// keeps its endpoint until it ends or idles out (as the kernel conntrack keeps
+	// kube-proxy's translation), unless Vacant says the endpoint's address is certainly not
+	// answering.
 	Live func(addr netip.Addr, port uint16) bool
+	// Vacant, when set, says whether an address is certainly not answering: an address of
+	// the pools that no workload holds (its pod was deleted). Such a connection's entries go,
+	// and its next segment, from either side, meets a reset instead of an address that
+	// drops it.
+	Vacant func(addr netip.Addr) bool
 }
 
 // NewConntrack returns the cleaner of objs' tables.
@@ -358,23 +365,25 @@ func cleanTable[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q], no
 	return nil
 }
 
-// stale says whether the entry's flow goes to an endpoint its service no longer names.
+// stale says whether a reverse or tunnel entry's flow goes to an endpoint no service names
+// any more and must go now: a flow not TCP, a TCP handshake, or a connection to a vacant
+// address (Live, Vacant).
 func (c *Conntrack) stale(e ctEntry) bool {
-	if c.Live == nil {
+	// A forward entry carries no state of its own: it goes with its pair.
+	if c.Live == nil || (e.typ != ConntrackRev && e.typ != ConntrackTun) || c.Live(e.endpoint.Addr(), e.endpoint.Port()) {
 		return false
 	}
-	switch e.typ {
-	case ConntrackRev, ConntrackTun, ConntrackFwd:
-		return !c.Live(e.endpoint.Addr(), e.endpoint.Port())
+	if e.proto != ProtoTCP || !established(e.proto, e.tcp) {
+		return true
 	}
-	return false
+	return c.Vacant != nil && c.Vacant(e.endpoint.Addr())
 }
 
-// deleteStale deletes every entry of all whose flow goes to an endpoint that is gone, with
-// its pair, whatever its state and however busy: as kube-proxy deletes a removed UDP
-// endpoint's conntrack entries at the sync that removes it, the client's next packet meets a
-// live backend (a DNS resolver sending from one port would otherwise keep reaching the
-// removed one until the flow idles out). It returns how many entries went.
+// deleteStale deletes every stale entry of all with its pair, however busy its flow: as
+// kube-proxy deletes a removed UDP endpoint's conntrack entries at the sync that removes it,
+// the client's next packet meets a live backend (a DNS resolver sending from one port would
+// otherwise keep reaching the removed one until the flow idles out). It returns how many
+// entries went.
 func deleteStale[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q], all map[K]V) (int, error) {
 	n := 0
 	var errs []error
@@ -399,8 +408,8 @@ func deleteStale[K comparable, V any, Q any](c *Conntrack, t ctTable[K, V, Q], a
 	return n, errors.Join(errs...)
 }
 
-// SweepStale deletes the flows to endpoints that are gone, at once: the stage calls it at the
-// apply that removed an endpoint from its service.
+// SweepStale deletes the stale flows at once: the stage calls it at the apply that removed
+// an endpoint from every service.
 func (c *Conntrack) SweepStale() (int, error) {
 	if c.Live == nil {
 		return 0, nil

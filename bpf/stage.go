@@ -66,7 +66,11 @@ type StageConfig struct {
 	OnConflict func(Conflict)
 	OnClean    func(CleanStats, error)
 	// OnSweep is told how many entries of flows to removed endpoints went at an apply.
-	OnSweep   func(deleted int)
+	OnSweep func(deleted int)
+	// Vacant says whether an address is certainly not answering (Conntrack.Vacant): the
+	// connections to a removed endpoint at such an address go at once, not only its UDP
+	// flows and handshakes.
+	Vacant    func(addr netip.Addr) bool
 	OnResized func(maps []string)
 
 	// ipv4Programs leaves the IPv6 programs out (IPv6 packets then pass untouched): tests of
@@ -202,7 +206,7 @@ func StartStage(cfg StageConfig) (*Stage, error) {
 	s := &Stage{cfg: cfg, Objs: objs, att: att, CT: NewConntrack(objs, cfg.Timeouts),
 		Svc: NewServices(KernelTables(objs), cfg.Services), kick: make(chan struct{}, 1),
 		Health: health, why: "not programmed yet", sockUnusable: sockUnusable}
-	s.CT.Live = s.Svc.LiveEndpoint
+	s.CT.Live, s.CT.Vacant = s.Svc.LiveEndpoint, cfg.Vacant
 	if entries, err := os.ReadDir(filepath.Join(cfg.PinDir, "links")); err == nil {
 		for _, e := range entries {
 			s.running = s.running || isHookPin(e.Name())

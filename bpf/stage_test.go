@@ -1544,14 +1544,22 @@ func TestStageSocketHookPins(t *testing.T) {
 	}
 }
 
-// Flows whose endpoint left its service go at the next cleanup, busy or not; flows to an
-// endpoint that is terminating but still named by its slice stay (it drains).
+// TestStageConntrackStale: what the cleaner does with flows to an endpoint no service names
+// any more (#36), as users of kube-proxy rely on: an established TCP connection keeps its
+// endpoint (the kernel conntrack keeps kube-proxy's translation while the endpoint answers),
+// unless its address is vacant (its pod deleted: the connection goes, and its next segment
+// meets a reset); a TCP handshake and a UDP flow go at once, so the next SYN or datagram
+// meets a live endpoint. Flows to endpoints in use, or named by the slice while terminating,
+// stay.
 func TestStageConntrackStale(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (1 s): make test runs it")
 	}
 	e := stNewEnv(t)
-	s, _ := e.start(stConfig(e.pin))
+	cfg := stConfig(e.pin)
+	vacant := netip.MustParseAddr("10.65.0.98") // a deleted pod's address
+	cfg.Vacant = func(a netip.Addr) bool { return a == vacant }
+	s, _ := e.start(cfg)
 	web := stWeb()
 	// stPodA:8080 is in use; 10.65.0.9:8080 is named by the slice but not used (terminating
 	// while a ready endpoint exists).
@@ -1564,43 +1572,74 @@ func TestStageConntrackStale(t *testing.T) {
 	e.apply(s)
 	now := Monotonic()
 	a := func(s string) uint32 { return NetAddr(netip.MustParseAddr(s)) }
-	flow := func(name string, backend netip.AddrPort, sport uint16) stFlow {
-		fk := ConntrackKey{Src: a("10.65.0.7"), Dst: a("10.96.0.10"), Sport: NetPort(sport), Dport: NetPort(80), Proto: ProtoTCP}
+	established, opening := uint8(TCPSyn|TCPReplied), uint8(TCPSyn)
+	flow := func(name string, proto uint8, state uint8, backend netip.AddrPort, sport uint16) stFlow {
+		fk := ConntrackKey{Src: a("10.65.0.7"), Dst: a("10.96.0.10"), Sport: NetPort(sport), Dport: NetPort(80), Proto: proto}
 		fv := ConntrackValue{Created: now, LastSeen: now, Type: ConntrackFwd, NatAddr: NetAddr(backend.Addr()), NatPort: NetPort(backend.Port()), NatSport: NetPort(sport)}
 		rk := PairKey(fk, fv)
-		rv := ConntrackValue{Created: now, LastSeen: now, Type: ConntrackRev, Tcp: TCPSyn | TCPReplied, NatAddr: fk.Dst, NatPort: fk.Dport, NatSport: fk.Sport}
+		rv := ConntrackValue{Created: now, LastSeen: now, Type: ConntrackRev, Tcp: state, NatAddr: fk.Dst, NatPort: fk.Dport, NatSport: fk.Sport}
 		return stFlow{name: name, keys: []ConntrackKey{fk, rk}, vals: []ConntrackValue{fv, rv}}
 	}
-	inUse := flow("in use", netip.AddrPortFrom(stPodA, 8080), 41000)
-	drain := flow("draining", draining, 41001)
-	gone := flow("gone", netip.AddrPortFrom(netip.MustParseAddr("10.65.0.99"), 8080), 41002)
-	for _, f := range []stFlow{inUse, drain, gone} {
-		f.put(t, s.Objs.SlCtV4)
+	removed := netip.AddrPortFrom(netip.MustParseAddr("10.65.0.99"), 8080) // left its service, still answering
+	flows := []struct {
+		f    stFlow
+		kept bool
+	}{
+		{flow("in use", ProtoTCP, established, netip.AddrPortFrom(stPodA, 8080), 41000), true},
+		{flow("draining", ProtoTCP, established, draining, 41001), true},
+		{flow("removed, established", ProtoTCP, established, removed, 41002), true},
+		{flow("removed, handshake", ProtoTCP, opening|TCPReplied|(1<<7), removed, 41003), false},
+		{flow("removed, UDP", ProtoUDP, TCPReplied, removed, 41004), false},
+		{flow("removed, vacant", ProtoTCP, established, netip.AddrPortFrom(vacant, 8080), 41005), false},
+	}
+	for _, f := range flows {
+		f.f.put(t, s.Objs.SlCtV4)
+	}
+	check := func(when string, st CleanStats, err error, stale int, kept func(i int) bool) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct := e.conntrack()
+		for i, f := range flows {
+			_, fwd := ct[f.f.keys[0]]
+			_, rev := ct[f.f.keys[1]]
+			if want := kept(i); fwd != want || rev != want {
+				t.Errorf("%s: the %s flow's entries: forward %v, reverse %v; want %v", when, f.f.name, fwd, rev, want)
+			} else if !want && (fwd || rev) {
+				t.Errorf("%s: the %s flow half deleted", when, f.f.name)
+			}
+		}
+		if st.Stale != stale {
+			t.Errorf("%s: %d stale flows counted; want %d", when, st.Stale, stale)
+		}
 	}
 	st, err := s.CT.Clean(now)
-	if err != nil {
-		t.Fatal(err)
+	check("after a cleanup", st, err, 3, func(i int) bool { return flows[i].kept })
+	for _, f := range flows {
+		if !f.kept {
+			f.f.put(t, s.Objs.SlCtV4) // back, for the sweep
+		}
 	}
-	ct := e.conntrack()
-	has := func(f stFlow) bool { _, ok := ct[f.keys[1]]; return ok }
-	if !has(inUse) || !has(drain) || has(gone) || st.Stale != 1 {
-		t.Fatalf("after a cleanup: in use %v, draining %v, gone %v (want true, true, false); stats %+v", has(inUse), has(drain), has(gone), st)
+	n, err := s.CT.SweepStale()
+	if want := 2 * 3; n != want || err != nil {
+		t.Errorf("the sweep deleted %d entries, %v; want %d (three flows, both entries)", n, err, want)
 	}
-	if _, ok := ct[gone.keys[0]]; ok {
-		t.Fatal("the gone flow's forward entry stayed")
-	}
-	// The draining endpoint leaves the slice: its flow goes at the next cleanup.
+	check("after a sweep", CleanStats{Stale: 3}, nil, 3, func(i int) bool { return flows[i].kept })
+
+	// The draining endpoint leaves the slice: its established connection stays, as the one
+	// to the removed endpoint did.
 	for i := range web {
 		web[i].Present = web[i].Present[:2]
 	}
 	s.OnUpdate(stUpdate(map[string]netip.Addr{"cali-w1": stPodA}, web...))
-	if st, err = s.CT.Clean(now); err != nil {
-		t.Fatal(err)
-	}
-	ct = e.conntrack()
-	if !has(inUse) || has(drain) || st.Stale != 1 {
-		t.Fatalf("after the draining endpoint left: in use %v, draining %v (want true, false); stats %+v", has(inUse), has(drain), st)
-	}
+	st, err = s.CT.Clean(now)
+	check("after the draining endpoint left", st, err, 0, func(i int) bool { return flows[i].kept })
+
+	// Its pod is deleted: its address vacant, the connection goes.
+	vacant = draining.Addr()
+	st, err = s.CT.Clean(now)
+	check("after the draining endpoint's pod went", st, err, 1, func(i int) bool { return flows[i].kept && i != 1 })
 }
 
 // Nothing is written before this node's own address is known: an agent whose view lacks its

@@ -687,6 +687,23 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.dirtySvc.add(e.ServiceID())
 }
 
+// Vacant says whether a is an address of the pools that no workload and no node's tunnel
+// holds, once the graph is in sync: nothing there answers (the node whose block holds it
+// drops what is sent to it). False for any other address, which may answer.
+func (g *Graph) Vacant(a netip.Addr) bool {
+	pool := g.poolFor(netip.PrefixFrom(a, a.BitLen()))
+	if !g.inSync || pool == nil || g.tunnelsByAddr.count(a) > 0 {
+		return false
+	}
+	// A workload's network holding a: its own address, or a wider network of its.
+	for bits := a.BitLen(); bits >= pool.CIDR.Bits(); bits-- {
+		if p, err := a.Prefix(bits); err == nil && g.wepsByNet.count(p) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // InSync reports whether the graph has had its first in-sync: State is then the desired state
 // of etcd as of the last batch.
 func (g *Graph) InSync() bool { return g.inSync }

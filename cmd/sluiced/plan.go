@@ -90,6 +90,15 @@ func (p *planner) OnEvents(batch []store.Event) {
 		Int("removed", removes).Msg(msg)
 }
 
+// vacant says whether calc knows a for an address of the pools that nothing holds
+// (calc.Graph.Vacant): the service stage's cleaner asks it of the endpoints of connections
+// whose endpoint left its service.
+func (p *planner) vacant(a netip.Addr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.graph.Vacant(a)
+}
+
 // handOver gives u to the stages.
 func (p *planner) handOver(u *calc.Update) {
 	if p.dp != nil {
@@ -276,6 +285,7 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
 	}
+	cfg.Vacant = plan.vacant
 	cfg.OnSweep = func(n int) {
 		state.conntrackDeleted.Add(float64(n))
 		log.Debug().Int("deleted", n).Msg("flows to removed endpoints deleted")
