@@ -15,6 +15,7 @@ import (
 	"github.com/cloudflare/ipvs"
 	"github.com/sluice-net/sluice/internal/nlutil"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // DefaultHostInterfaces matches a node's NICs, bonds and VLANs as Calico's
@@ -131,6 +132,9 @@ type Attacher struct {
 	// Repairs counts links found detached or missing and attached again, held links whose
 	// pin was removed, pinned again, and classic filters found removed and put back.
 	Repairs int
+	// beforeAttach, when set, is called before each hook is attached: a test's way to
+	// delete an interface between the listing and the attach.
+	beforeAttach func(Hook)
 }
 
 // NewAttacher returns an attacher for objs in mode (tcx or tc: resolve auto first), pinning
@@ -227,11 +231,21 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 	}
 	for _, h := range hooks {
 		prog, name := a.program(h, want[h])
+		repairs := a.Repairs
+		if a.beforeAttach != nil {
+			a.beforeAttach(h)
+		}
 		var err error
 		if a.mode == AttachTC {
 			err = a.attachTC(h, prog, name, filters[h])
 		} else {
 			err = a.attach(h, prog)
+		}
+		if (err != nil || a.Repairs != repairs) && interfaceGone(h.Ifindex) {
+			// The interface went while it was being attached (a workload that lived a few
+			// seconds): its links are gone with it, which is neither an error nor drift.
+			// The next sync finds it gone and lets go of what is held for it.
+			a.Repairs, err = repairs, nil
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("attaching to %s: %w", h, err))
@@ -303,6 +317,13 @@ func (a *Attacher) Sync(workloads map[string]bool) ([]Conflict, error) {
 		conflicts = append(conflicts, a.conflicts(h, want[h], byIndex[h.Ifindex], filters[h])...)
 	}
 	return conflicts, errors.Join(errs...)
+}
+
+// interfaceGone says whether the interface at ifindex no longer exists.
+func interfaceGone(ifindex int) bool {
+	_, err := netlink.LinkByIndex(ifindex)
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
 }
 
 // attachTC makes h run prog through sluice's classic filter, given the filters on h now: kept

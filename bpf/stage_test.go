@@ -918,6 +918,54 @@ func TestStageDriftMapPin(t *testing.T) {
 	}
 }
 
+// TestStageWorkloadGoneWhileAttaching: a workload interface deleted between the listing of
+// the interfaces and the attach (a workload that lives a few seconds), whether new or held
+// already, is neither an error (no warning, no backoff) nor drift (#36): before, the apply
+// failed with "attach tcx link: no such device" and counted the held links as repaired.
+func TestStageWorkloadGoneWhileAttaching(t *testing.T) {
+	e := stNewEnv(t)
+	s, _ := e.start(stConfig(e.pin))
+	s.OnUpdate(stStandard())
+	e.apply(s)
+	e.wantPinnedHooks(stStandardHooks)
+	before := s.Repairs()
+	for _, c := range []struct {
+		name  string
+		iface string
+	}{{"a new workload's interface", "cali-w9"}, {"a held workload's interface", "cali-w1"}} {
+		if c.iface == "cali-w9" {
+			e.workload("cali-w9")
+			s.OnUpdate(stUpdate(map[string]netip.Addr{"cali-w1": stPodA, "cali-w9": netip.MustParseAddr("10.65.0.30")}, stWeb()...))
+		}
+		deleted := false
+		s.att.beforeAttach = func(h Hook) {
+			if h.Iface == c.iface && !deleted {
+				deleted = true
+				e.del(c.iface)
+			}
+		}
+		_, err := s.Apply()
+		s.att.beforeAttach = nil
+		if !deleted {
+			t.Fatalf("%s: never attached to", c.name)
+		}
+		if err != nil {
+			t.Errorf("%s deleted while attaching: the apply failed: %v", c.name, err)
+		}
+		if got := s.Repairs(); got != before {
+			t.Errorf("%s deleted while attaching: repairs %+v; want %+v (none)", c.name, got, before)
+		}
+		if ok, why := s.Status(); !ok {
+			t.Errorf("%s deleted while attaching: the stage says %q", c.name, why)
+		}
+	}
+	// The next apply lets go of both; the host interfaces keep theirs.
+	e.apply(s)
+	hostOnly := map[string][]string{"eth0 ingress": {"sl_from_host"}, "eth1 ingress": {"sl_from_host"},
+		"eth0 egress": {"sl_to_host"}, "eth1 egress": {"sl_to_host"}}
+	e.wantPinnedHooks(hostOnly)
+}
+
 // 4d. A workload interface that goes loses its links and pins; one that comes back (with a
 // new ifindex) gets them again, also when it went and came back between two applies.
 func TestStageWorkloadInterfaceGoneAndBack(t *testing.T) {
