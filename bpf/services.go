@@ -154,6 +154,10 @@ type Stats struct {
 	Writes   int64
 	MapFull  int64
 	Failures int64
+	// Drift counts the entries a reread of the maps found other than sluice last wrote or
+	// read them (changed, missing or added by someone else), which the same apply writes
+	// back; changes of the desired state are never drift.
+	Drift int64
 }
 
 // NewServices returns a driver over t; nothing is written before the first full update.
@@ -677,13 +681,13 @@ func (s *Services) readLocked() error {
 	if err != nil {
 		return fmt.Errorf("reading the settings map: %w", err)
 	}
-	s.settings.ReplaceActual(st)
+	s.stats.Drift += int64(s.settings.ReplaceActual(st))
 	if s.t.Settings6 != nil {
 		st6, err := s.t.Settings6.Dump()
 		if err != nil {
 			return fmt.Errorf("reading the IPv6 settings map: %w", err)
 		}
-		s.settings6.ReplaceActual(st6)
+		s.stats.Drift += int64(s.settings6.ReplaceActual(st6))
 	}
 	return nil
 }

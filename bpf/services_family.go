@@ -640,6 +640,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) serviceOfList(id uint64) string {
 // kept, only the difference is written) and drift repair.
 func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 	name := m.fam.name()
+	known := m.fe.Knows() // not a restart's first read, nor the first after a full update
 	fe, err := m.t.Frontends.Dump()
 	if err != nil {
 		return fmt.Errorf("reading the %s frontend map: %w", name, err)
@@ -662,7 +663,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 			m.heldLists[v.ListId]++
 		}
 	}
-	m.fe.ReplaceActual(fe)
+	drift := m.fe.ReplaceActual(fe)
 	lists := map[uint64][]BV{}
 	m.strays = m.strays[:0]
 	var zero BV
@@ -722,10 +723,15 @@ func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 			m.idxStrays = append(m.idxStrays, k)
 		}
 	}
-	m.be.ReplaceActual(lists)
+	// Lists are compared whole (a list with an entry or its index entry changed is one), and
+	// every stray entry is one: none was written by a driver. What a tracker did not know
+	// (a restart's first read) is none.
+	drift += m.be.ReplaceActual(lists) + m.src.ReplaceActual(src) + m.cnet.ReplaceActual(cn)
+	if known {
+		drift += len(m.strays) + len(m.idxStrays)
+	}
+	m.s.stats.Drift += int64(drift)
 	m.beCount[1] = len(be) - len(m.strays) - blanked
-	m.src.ReplaceActual(src)
-	m.cnet.ReplaceActual(cn)
 	return nil
 }
 

@@ -121,10 +121,7 @@ type Stage struct {
 	synced    map[string]bool
 	hooksOK   bool
 	needHooks atomic.Bool
-	// periodic is set when the periodic resync queued a reread of the maps: the writes of
-	// the apply that follows are drift repaired.
-	periodic bool
-	repairs  Repairs
+	repairs   Repairs
 }
 
 // StartError is why the service stage could not start, by step: "attach-mode" (the kernel
@@ -383,8 +380,10 @@ func (s *Stage) apply(hooks bool) (int, error) {
 			s.Svc.SetTunnelMTU6(want)
 		}
 	}
+	driftBefore := s.Svc.Stats().Drift
 	err := s.Svc.Apply()
 	writes := int(s.Svc.Stats().Writes - before)
+	drift := int(s.Svc.Stats().Drift - driftBefore)
 	if s.Svc.EndpointsGone() && s.running {
 		// Flows to an endpoint that left its service go now, not at the next cleanup: a client
 		// sending from a fixed port (every DNS resolver) reaches a live endpoint with its next
@@ -395,11 +394,10 @@ func (s *Stage) apply(hooks bool) (int, error) {
 			s.cfg.OnSweep(n)
 		}
 	}
+	// Drift is what a reread found other than sluice left it, not the writes of the apply: an
+	// endpoint change that lands in the same apply as the periodic resync is none.
 	s.mu.Lock()
-	if s.periodic {
-		s.repairs.MapEntries += writes
-		s.periodic = false
-	}
+	s.repairs.MapEntries += drift
 	s.mu.Unlock()
 	if err != nil && !s.running {
 		// Maps first: programs attached over a half-written table would answer wrongly.
@@ -492,7 +490,7 @@ func (s *Stage) setWhy(why string) {
 
 // Repairs counts drift the stage found and repaired.
 type Repairs struct {
-	MapEntries int // map entries written back after a periodic reread found them missing or changed
+	MapEntries int // map entries a reread found changed, missing or added by someone else, written back
 	Links      int // program links found detached, stale or unpinned and attached again
 	Pins       int // map pins found removed and pinned again
 }
@@ -566,9 +564,6 @@ func (s *Stage) Run(ctx context.Context) {
 			{Every: s.cfg.ResyncInterval, Do: func() bool {
 				s.Svc.QueueResync()
 				s.needHooks.Store(true)
-				s.mu.Lock()
-				s.periodic = true
-				s.mu.Unlock()
 				return true
 			}},
 			{Every: s.cfg.CleanupInterval, Do: func() bool {

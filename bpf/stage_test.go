@@ -918,6 +918,83 @@ func TestStageDriftMapPin(t *testing.T) {
 	}
 }
 
+// TestStageDriftOnlyOthers: the map entries counted as drift are those a reread finds other
+// than sluice left them, never the writes of an endpoint change that lands in the same apply
+// as the periodic resync (#36): operators alert on sluice_drift_repairs_total. The stage's
+// loop runs with a resync every 50 ms while an endpoint changes every 5 ms for a second;
+// then one frontend is deleted by hand, and exactly that is counted.
+func TestStageDriftOnlyOthers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (2 s): make test runs it")
+	}
+	e := stNewEnv(t)
+	cfg := stConfig(e.pin)
+	cfg.MinInterval = 20 * time.Millisecond // each apply takes the changes of 20 ms
+	cfg.ResyncInterval = 50 * time.Millisecond
+	cfg.CleanupInterval = time.Hour
+	s, _ := e.start(cfg)
+	weps := map[string]netip.Addr{"cali-w1": stPodA}
+	dns := func(i int) calc.Frontend {
+		f := stDNS()
+		f.Backends[0].Addr = netip.AddrFrom4([4]byte{10, 65, 1, byte(i % 2)})
+		return f
+	}
+	s.OnUpdate(stUpdate(weps, append(stWeb(), dns(0))...))
+	e.apply(s)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // the thread stays locked and ends with the goroutine
+		if err := netns.Set(e.ns); err != nil {
+			t.Errorf("entering the test's namespace: %v", err)
+			return
+		}
+		s.Run(ctx)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return")
+		}
+	}()
+	writes := s.Svc.Stats().Writes
+	for i := 1; i <= 200; i++ {
+		s.OnUpdate(stUpdate(weps, append(stWeb(), dns(i))...))
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // the last change applied, a resync or two after it
+	if w := s.Svc.Stats().Writes - writes; w < 20 {
+		t.Fatalf("only %d writes for 200 endpoint changes", w)
+	}
+	if r := s.Repairs(); r.MapEntries != 0 {
+		t.Errorf("200 endpoint changes under resyncs every 50 ms counted %d map entries as drift; want 0", r.MapEntries)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.pin, "sl_fe_v4"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	np := FrontendMapKey(stWeb()[1].Key)
+	if err := m.Delete(&np); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Repairs().MapEntries == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(150 * time.Millisecond) // more resyncs: counted once
+	if r := s.Repairs(); r.MapEntries != 1 {
+		t.Errorf("one frontend deleted by hand counted %d map entries as drift; want 1", r.MapEntries)
+	}
+	var v FrontendValue
+	if err := m.Lookup(&np, &v); err != nil {
+		t.Errorf("the deleted frontend was not put back: %v", err)
+	}
+}
+
 // TestStageWorkloadGoneWhileAttaching: a workload interface deleted between the listing of
 // the interfaces and the attach (a workload that lives a few seconds), whether new or held
 // already, is neither an error (no warning, no backoff) nor drift (#36): before, the apply

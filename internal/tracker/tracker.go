@@ -226,10 +226,54 @@ func (t *Tracker[K, V]) ActualLen() int {
 	return n
 }
 
-// ReplaceActual records a fresh read of the kernel; every key becomes dirty.
-func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) {
+// ReplaceActual records a fresh read of the kernel; every key becomes dirty. It returns the
+// drift: how many keys the read finds other than the tracker knew the kernel to hold (what
+// was last read or written: a change of the desired state alone is none), counted only when
+// the tracker knew (not before its first Pending since a reset or a read).
+func (t *Tracker[K, V]) ReplaceActual(actual map[K]V) (drift int) {
+	if !t.allDirty {
+		drift = t.drift(actual)
+	}
 	t.actual, t.whole, t.off = actual, true, nil
 	t.DirtyAll()
+	return drift
+}
+
+// Knows says whether the tracker knows what the kernel holds: not between a reset (DirtyAll)
+// or a read and the next Pending. ReplaceActual counts drift only then.
+func (t *Tracker[K, V]) Knows() bool { return !t.allDirty }
+
+// drift counts the keys where read differs from what the tracker knows the kernel holds:
+// changed, added or missing.
+func (t *Tracker[K, V]) drift(read map[K]V) int {
+	n := 0
+	for k, v := range read {
+		if have, ok := t.Actual(k); !ok || !t.equal(have, v) {
+			n++
+		}
+	}
+	missing := func(k K) {
+		if _, ok := read[k]; !ok {
+			n++
+		}
+	}
+	if t.whole {
+		for k := range t.actual {
+			missing(k)
+		}
+		return n
+	}
+	for k := range t.desired {
+		if o, ok := t.off[k]; !ok || o.held {
+			missing(k)
+		}
+	}
+	for k, o := range t.off {
+		if _, wanted := t.desired[k]; !wanted && o.held {
+			missing(k)
+		}
+	}
+	return n
 }
 
 // AdoptDesired records that the kernel now holds exactly the desired state (every key

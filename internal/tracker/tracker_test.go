@@ -346,3 +346,55 @@ func TestTrackerDifferences(t *testing.T) {
 		}
 	}
 }
+
+// TestTrackerDrift: a read counts as drift only what differs from what the tracker knew the
+// kernel to hold (written or read), whatever the desired state did since: a change wanted and
+// not yet written is no drift, nor is a key whose write failed and which the kernel still
+// holds as before. Both holding modes (a whole copy after a read, off once settled) count
+// alike, and nothing is counted while the tracker does not know the kernel (after a reset).
+func TestTrackerDrift(t *testing.T) {
+	for _, settle := range []bool{false, true} {
+		tr := newIntTracker()
+		kn := &trackerKernel{held: map[int]string{}}
+		tr.ReplaceActual(map[int]string{}) // a fresh start: nothing known yet
+		for i, v := range []string{"a", "b", "c", "d"} {
+			tr.SetDesired(i+1, v)
+		}
+		kn.pass(tr)
+		if settle {
+			tr.Settle()
+		}
+		// Changes wanted, not written yet: a value changed, a key added, one removed.
+		tr.SetDesired(1, "a2")
+		tr.SetDesired(5, "e")
+		tr.DeleteDesired(2)
+		if d := tr.ReplaceActual(maps.Clone(kn.held)); d != 0 {
+			t.Errorf("settled %v: a read matching what was written counts %d drift; want 0", settle, d)
+		}
+		kn.refuse = func(k int) bool { return k == 5 } // its write fails: the kernel lacks it, as known
+		kn.pass(tr)
+		if d := tr.ReplaceActual(maps.Clone(kn.held)); d != 0 {
+			t.Errorf("settled %v: a read after a refused write counts %d drift; want 0", settle, d)
+		}
+		kn.refuse = nil
+		kn.pass(tr)
+		if settle {
+			tr.Settle()
+		}
+		// Someone else: a value changed, a key deleted, a stray added.
+		kn.held[3] = "changed"
+		delete(kn.held, 4)
+		kn.held[9] = "stray"
+		tr.SetDesired(6, "f") // and a change wanted at the same time
+		if d := tr.ReplaceActual(maps.Clone(kn.held)); d != 3 {
+			t.Errorf("settled %v: three keys changed by hand count %d drift; want 3", settle, d)
+		}
+		kn.pass(tr)
+		// A fresh reset: the tracker knows nothing, counts nothing.
+		fresh := newIntTracker()
+		fresh.DirtyAll()
+		if d := fresh.ReplaceActual(maps.Clone(kn.held)); d != 0 {
+			t.Errorf("settled %v: a tracker that knew nothing counts %d drift", settle, d)
+		}
+	}
+}
