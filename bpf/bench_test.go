@@ -555,6 +555,8 @@ type benchTraffic struct {
 	nodes   [2]netns.NsHandle
 	cfgs    [2]StageConfig
 	updates [2]*calc.Update
+	// pods are server A's and server B's namespaces (a test starts servers of its own there).
+	pods [2]netns.NsHandle
 	// udpBytes counts the payload bytes each UDP server took, by its address.
 	udpBytes map[string]*atomic.Int64
 }
@@ -808,7 +810,7 @@ func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic
 		u := benchUpdateN(services, i, special, map[string]netip.Prefix{node.wep: netip.PrefixFrom(node.pod, 32)}, &bench6{special: special6})
 		cfgs[i] = StageConfig{PinDir: filepath.Join(bpffs, benchNodeName(i)), Sizes: DefaultMapSizes,
 			HostInterfaces: regexp.MustCompile(`^eth[0-9]+$`), Services: benchConfig(i), CgroupPath: "none", Timeouts: DefaultTimeouts,
-			ipv4Programs: ipv4Only}
+			Attach: stAttach(), ipv4Programs: ipv4Only}
 		updates[i] = u
 		err := nstest.Run(node.ns, func() error {
 			st, err := StartStage(cfgs[i])
@@ -883,7 +885,8 @@ func benchTrafficWorldN(b testing.TB, services int, ipv4Only bool) *benchTraffic
 		}
 	}
 
-	return &benchTraffic{client: client, stages: stages, udpBytes: udp, nodes: [2]netns.NsHandle{nodeA, nodeB}, cfgs: cfgs, updates: updates}
+	return &benchTraffic{client: client, stages: stages, udpBytes: udp, nodes: [2]netns.NsHandle{nodeA, nodeB}, cfgs: cfgs, updates: updates,
+		pods: [2]netns.NsHandle{srvA, srvB}}
 }
 
 // counters lists the nodes' counters that are not zero.

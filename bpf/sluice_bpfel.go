@@ -292,7 +292,7 @@ type sluiceQuote6Buf struct {
 
 type sluiceQuoteBuf struct {
 	_ structs.HostLayout
-	B [68]uint8
+	B [256]uint8
 }
 
 type sluiceSockKeyV4 struct {

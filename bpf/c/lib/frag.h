@@ -26,6 +26,87 @@ static __always_inline void frag_track(struct pkt *p)
 	p->later = 1;
 }
 
+/* Datagrams of more than CSUM_CHUNKS pieces of CSUM_CHUNK bytes (16 KB) are cut without a
+ * look at their checksum: no interface carries such a packet whole. */
+#define CSUM_CHUNKS 64
+/* Bytes frag_csum takes out from the transport header on and puts back: more than lie before
+ * the checksum's start (the Ethernet and IPv4 headers, 34). */
+#define CSUM_PULL 64
+
+/* frag_csum finishes the transport checksum of a whole TCP segment or UDP datagram about to
+ * be cut when the sender left it pending (CHECKSUM_PARTIAL: a stack on this host, or one
+ * behind a veth or a VM's virtio NIC, writes the pseudo-header's sum alone, and the sum is
+ * finished at transmit over what the packet then holds). Cut as it was, the first part carried
+ * that unfinished sum, and the receiver's stack, reassembling the datagram, dropped it as
+ * corrupt (UdpInCsumErrors; TestNodePortFragmentTraffic sends such datagrams through real
+ * kernels). The field tells: it holds exactly the pseudo-header's sum. The datagram is summed
+ * here and its checksum written; then the bytes from the transport header on are taken out and
+ * put back, which ends the kernel's pending state (a pull past the checksum's start makes the
+ * packet CHECKSUM_NONE in skb_postpull_rcsum, once bpf_skb_adjust_room pulls before it calls
+ * that: upstream 54c3f1a81421, Linux 6.2, and the stable series since January 2023), so
+ * nothing finishes the sum again over the first part alone. A finished checksum (a NIC's
+ * packet, fragments a host made) is left as it is, right or wrong. Returns 0, or -1 when the
+ * packet could not be rewritten. */
+static __noinline int frag_csum(struct __sk_buff *skb, struct pkt *p)
+{
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		return 0;
+	/* 64-bit counts: a 32-bit one is compared on a copy the verifier cannot relate to it. */
+	__u64 hlen = p->l4 - IP_OFF, len = p->tot_len;
+	if (len < hlen + CSUM_PULL)
+		return 0; /* never too large for a tunnel */
+	len -= hlen;
+	__u32 coff = p->l4 + (p->proto == IPPROTO_TCP ? 16 : 6);
+	__u16 check;
+	if (bpf_skb_load_bytes(skb, coff, &check, 2) < 0)
+		return -1;
+	if (p->proto == IPPROTO_UDP && check == 0)
+		return 0; /* sent without a checksum */
+	struct {
+		__be32 src, dst;
+		__u8 zero, proto;
+		__be16 len;
+	} ph = {.src = p->src, .dst = p->dst, .proto = p->proto, .len = bpf_htons(len)};
+	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	if (check != (__u16)~csum_fold(cs))
+		return 0;
+	__u32 zero = 0;
+	struct quote_buf *b = bpf_map_lookup_elem(&sl_scratch, &zero);
+	if (!b)
+		return -1;
+	/* Whole pieces, then the rest: one way through each turn, so the verifier follows the
+	 * loop once, not once for every way the pieces could fall. */
+	__u64 pieces = len / CSUM_CHUNK, rest = len % CSUM_CHUNK;
+	if (pieces > CSUM_CHUNKS)
+		return 0;
+	for (int i = 0; i < CSUM_CHUNKS && i < pieces; i++) {
+		if (bpf_skb_load_bytes(skb, p->l4 + i * CSUM_CHUNK, b->b, CSUM_CHUNK) < 0)
+			return -1;
+		cs = bpf_csum_diff(0, 0, (__be32 *)b->b, CSUM_CHUNK, cs);
+	}
+	if (rest) {
+		*(__u32 *)(b->b + (rest & (CSUM_CHUNK - 4))) = 0; /* summed in words of 4 */
+		if (bpf_skb_load_bytes(skb, p->l4 + pieces * CSUM_CHUNK, b->b, rest) < 0)
+			return -1;
+		__u64 rest4 = (rest + 3) & (2 * CSUM_CHUNK - 4);
+		if (rest4 > CSUM_CHUNK)
+			rest4 = CSUM_CHUNK;
+		cs = bpf_csum_diff(0, 0, (__be32 *)b->b, rest4, cs);
+	}
+	/* The sum took the field in: it comes out again (a word of the same alignment). */
+	__u8 w[4] = {};
+	__builtin_memcpy(w, &check, 2);
+	__u16 sum = csum_fold(bpf_csum_diff((__be32 *)w, 4, 0, 0, cs));
+	if (p->proto == IPPROTO_UDP && sum == 0)
+		sum = 0xffff; /* 0 would say none */
+	if (bpf_skb_store_bytes(skb, coff, &sum, 2, 0) < 0 || bpf_skb_load_bytes(skb, p->l4, b->b, CSUM_PULL) < 0 ||
+	    bpf_skb_adjust_room(skb, -CSUM_PULL, BPF_ADJ_ROOM_NET, 0) < 0 ||
+	    bpf_skb_adjust_room(skb, CSUM_PULL, BPF_ADJ_ROOM_NET, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, p->l4, b->b, CSUM_PULL, 0) < 0)
+		return -1;
+	return 0;
+}
+
 /* frag_split cuts a packet too large for the tunnel that may be fragmented (no DF) in two,
  * as a router fragments: the packet becomes the first part, which fits, and the caller goes on
  * with it (-1); a copy marked with the reserved flag goes back into this hook (the same
@@ -123,6 +204,12 @@ static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct
 	if (!(p->frag & IP_DF)) {
 		if (gso) {
 			count(C_DROP_TOO_BIG);
+			return TC_ACT_SHOT;
+		}
+		/* Only a whole datagram can carry a pending checksum: a stack finishes it before it
+		 * fragments. Called before frag_split, not from it: the two frames never stack. */
+		if (!(p->frag & (IP_MF | IP_OFFMASK)) && frag_csum(skb, p) < 0) {
+			count(C_DROP_MALFORMED);
 			return TC_ACT_SHOT;
 		}
 		return frag_split(skb, p, c, egress);

@@ -85,10 +85,12 @@ struct {
 	__uint(max_entries, 1);
 } sl_ct_young_pos SEC(".maps");
 
-/* Scratch space for an ICMP error's quote (up to 68 bytes: the longest IPv4 header and 8
- * bytes beyond), off the stack the inlined programs share. */
+/* Scratch space off the stack the inlined programs share: an ICMP error's quote (up to 68
+ * bytes: the longest IPv4 header and 8 bytes beyond), or a piece of a datagram whose checksum
+ * frag_csum sums (CSUM_CHUNK bytes at a time). */
+#define CSUM_CHUNK 256
 struct quote_buf {
-	__u8 b[68];
+	__u8 b[CSUM_CHUNK];
 };
 
 struct {

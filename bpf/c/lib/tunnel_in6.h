@@ -35,6 +35,10 @@ static __noinline int tunnel_in6(struct __sk_buff *skb, struct pkt6 *outer, stru
 	}
 	struct pkt6 p = {};
 	int bad = parse6(skb, ETH_HLEN + ENCAP6_LEN, &p) < 0;
+	/* A later fragment gets its first's ports before it is judged, as tunnel_in does: judged
+	 * without them, every later fragment through the tunnel was dropped as malformed. */
+	if (!bad)
+		frag_track6(&p);
 	if (bad || !(is_l4_6(&p) || p.proto == NEXTHDR_ICMP6)) {
 		count(C_DROP_MALFORMED);
 		return TC_ACT_SHOT;
@@ -49,9 +53,6 @@ static __noinline int tunnel_in6(struct __sk_buff *skb, struct pkt6 *outer, stru
 		*in = p;
 		return TUN6_ICMP;
 	}
-	frag_track6(&p);
-	if (!is_l4_6(&p))
-		return TC_ACT_OK;
 	__u64 now = bpf_ktime_get_ns();
 	struct ct_key_v6 k;
 	ct_key6(&k, &p, 0);
