@@ -140,13 +140,15 @@ type Services struct {
 	// have left out endpoints the last state named.
 	gone       map[netip.AddrPort]struct{}
 	liveShrunk bool
-	liveBuf    []byte
-	wepDst     map[netip.Prefix]string
-	weps       map[string]int
-	problems   map[calc.FrontendKey]string
-	full       bool
-	resync     bool
-	stats      Stats
+	// driftBy counts Stats.Drift by map ("IPv4 frontends"), until TakeDrift takes it.
+	driftBy  map[string]int
+	liveBuf  []byte
+	wepDst   map[netip.Prefix]string
+	weps     map[string]int
+	problems map[calc.FrontendKey]string
+	full     bool
+	resync   bool
+	stats    Stats
 }
 
 // Stats are the driver's counters.
@@ -162,7 +164,7 @@ type Stats struct {
 
 // NewServices returns a driver over t; nothing is written before the first full update.
 func NewServices(t Tables, cfg Config) *Services {
-	s := &Services{cfg: cfg, t: t}
+	s := &Services{cfg: cfg, t: t, driftBy: map[string]int{}}
 	s.v4 = newFamMaps(s, family4(v4{}), t.v4(), 0)
 	s.v6 = newFamMaps(s, family6(v6{}), t.V6, 1)
 	s.reset()
@@ -590,6 +592,16 @@ func (s *Services) QueueResync() {
 	s.mu.Unlock()
 }
 
+// TakeDrift returns the drift found since it was last called, by map ("IPv4 frontends": the
+// family and the map's name in TableNames, or "settings"), for the log line that reports it.
+func (s *Services) TakeDrift() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.driftBy
+	s.driftBy = map[string]int{}
+	return d
+}
+
 // Stats returns the counters.
 func (s *Services) Stats() Stats {
 	s.mu.Lock()
@@ -681,13 +693,19 @@ func (s *Services) readLocked() error {
 	if err != nil {
 		return fmt.Errorf("reading the settings map: %w", err)
 	}
-	s.stats.Drift += int64(s.settings.ReplaceActual(st))
+	if n := s.settings.ReplaceActual(st); n > 0 {
+		s.stats.Drift += int64(n)
+		s.driftBy["settings"] += n
+	}
 	if s.t.Settings6 != nil {
 		st6, err := s.t.Settings6.Dump()
 		if err != nil {
 			return fmt.Errorf("reading the IPv6 settings map: %w", err)
 		}
-		s.stats.Drift += int64(s.settings6.ReplaceActual(st6))
+		if n := s.settings6.ReplaceActual(st6); n > 0 {
+			s.stats.Drift += int64(n)
+			s.driftBy["IPv6 settings"] += n
+		}
 	}
 	return nil
 }

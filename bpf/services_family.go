@@ -663,7 +663,7 @@ func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 			m.heldLists[v.ListId]++
 		}
 	}
-	drift := m.fe.ReplaceActual(fe)
+	drift := map[string]int{"frontends": m.fe.ReplaceActual(fe)}
 	lists := map[uint64][]BV{}
 	m.strays = m.strays[:0]
 	var zero BV
@@ -726,11 +726,26 @@ func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 	// Lists are compared whole (a list with an entry or its index entry changed is one), and
 	// every stray entry is one: none was written by a driver. What a tracker did not know
 	// (a restart's first read) is none.
-	drift += m.be.ReplaceActual(lists) + m.src.ReplaceActual(src) + m.cnet.ReplaceActual(cn)
-	if known {
-		drift += len(m.strays) + len(m.idxStrays)
+	// An empty list (a service without endpoints yet, a node port of the family its endpoints
+	// lack) is no entry in the map: the map holds every wanted one.
+	for id, l := range m.lists {
+		if _, read := lists[id]; !read && len(l.entries) == 0 {
+			lists[id] = nil
+		}
 	}
-	m.s.stats.Drift += int64(drift)
+	drift["backends"] = m.be.ReplaceActual(lists)
+	drift["source_ranges"] = m.src.ReplaceActual(src)
+	drift["cluster_nets"] = m.cnet.ReplaceActual(cn)
+	if known {
+		drift["backends"] += len(m.strays)
+		drift["backend_index"] = len(m.idxStrays)
+	}
+	for table, n := range drift {
+		if n > 0 {
+			m.s.stats.Drift += int64(n)
+			m.s.driftBy[name+" "+table] += n
+		}
+	}
 	m.beCount[1] = len(be) - len(m.strays) - blanked
 	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"net/netip"
@@ -252,8 +253,12 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 		if stage := svc.running(); stage != nil {
 			// Drift is logged once for each time it is found.
 			if r := stage.Repairs(); r != lastRepairs {
-				log.Warn().Int("map_entries", r.MapEntries-lastRepairs.MapEntries).Int("links", r.Links-lastRepairs.Links).
-					Int("pins", r.Pins-lastRepairs.Pins).Msg("service stage drift repaired")
+				e := log.Warn().Int("map_entries", r.MapEntries-lastRepairs.MapEntries).Int("links", r.Links-lastRepairs.Links).
+					Int("pins", r.Pins-lastRepairs.Pins)
+				if by := stage.Svc.TakeDrift(); len(by) > 0 {
+					e = e.Str("maps", fmt.Sprint(by)) // which maps held the entries: map[IPv4 frontends:1]
+				}
+				e.Msg("service stage drift repaired")
 				lastRepairs = r
 			}
 		}
