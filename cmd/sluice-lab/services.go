@@ -127,6 +127,11 @@ ports:
 // endpoint is web-b:7007.
 var seedBig = seedUDP("big", "10.96.0.24", 7, 30097, "10.65.0.65", 7007, "node-b")
 
+// seedNoDF is a UDP echo service, cluster IP 10.96.0.25:7 and node port 30098, whose one
+// endpoint is web-b:7008, an echo server with path MTU discovery off (its echoes go with DF
+// clear, as the clients' requests).
+var seedNoDF = seedUDP("nodf", "10.96.0.25", 7, 30098, "10.65.0.65", 7008, "node-b")
+
 // seedDNS is a UDP service, cluster IP 10.96.0.23:53, whose one endpoint is addr:5353 on node.
 func seedDNS(addr, node string) string { return seedUDP("dns", "10.96.0.23", 53, 0, addr, 5353, node) }
 
@@ -217,6 +222,10 @@ func (l *lab) seed000() error {
 	} {
 		out, err := l.nsRun(c.ns, l.tool(), "udp-big", c.to, "4000", "20")
 		l.check(err == nil, "%s: 20 datagrams of 4,000 bytes echoed whole: %s", c.what, oneLine(out))
+	}
+
+	if err := l.noDF(webB); err != nil {
+		return err
 	}
 
 	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")
@@ -489,6 +498,46 @@ func (l *lab) synFlood() error {
 		}
 	}
 	fmt.Fprintf(l.out, "%s; %s\n", flood.transcript(), strings.Join(report, ", "))
+	return nil
+}
+
+// noDF sends UDP that may be fragmented (DF clear: Windows, NFS, RADIUS, SNMP and many
+// appliances send so) and is too large for the node-port tunnel, 1,460 bytes of payload on
+// links of 1,500, from the outside client through node-a's node port to an echo server on
+// node-b that answers as large, also with DF clear: node-a cuts each request and node-b each
+// echo, as routers would. The client's stack leaves its checksum to be finished at transmit
+// (it sits behind a veth), as do the echo server's: every datagram was lost until the
+// programs finished such a checksum before cutting.
+func (l *lab) noDF(webB string) error {
+	l.step("UDP with DF clear, 1,460 bytes of payload: too large for the tunnel, cut by node-a and node-b both ways")
+	if p, err := l.start(webB, "udp-echo nodf web-b", false, l.tool(), "udp-echo", "10.65.0.65:7008", "nodf"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("udp-echo nodf on web-b: %v", err)
+	}
+	if err := l.apply("seed-nodf.yaml", seedNoDF); err != nil {
+		return err
+	}
+	// Small datagrams first, until both nodes' maps have the node port.
+	for _, n := range []string{"node-b", "node-a"} {
+		_, _ = l.retry(10*time.Second, func() error {
+			_, err := l.nsRun(nsExt, l.tool(), "udp-big", nodeIPs[n]+":30098", "100", "1")
+			return err
+		})
+	}
+	for _, c := range []struct{ node, what string }{
+		{"node-b", "endpoint local"},
+		{"node-a", "endpoint on node-b (tunnel)"},
+	} {
+		beforeA, beforeB := l.bpfCounters("node-a"), l.bpfCounters("node-b")
+		out, err := l.nsRun(nsExt, l.tool(), "udp-big", nodeIPs[c.node]+":30098", "1460", "3", "nodf")
+		cutA := l.bpfCounters("node-a")["fragment_split"] - beforeA["fragment_split"]
+		cutB := l.bpfCounters("node-b")["fragment_split"] - beforeB["fragment_split"]
+		ok := err == nil && strings.Contains(out, "echoed 3 of 3 in 3 sends")
+		if c.node == "node-a" {
+			ok = ok && cutA >= 3 && cutB >= 3
+		}
+		l.check(ok, "the outside client to %s's node port, %s: 3 of 3 datagrams of 1,460 bytes with DF clear echoed whole, none sent twice (cut: node-a %d, node-b %d): %s",
+			c.node, c.what, cutA, cutB, oneLine(out))
+	}
 	return nil
 }
 

@@ -81,6 +81,32 @@ ports:
 - {name: echo, protocol: TCP, port: 8080}
 `
 
+// seedNoDF6 is an IPv6 UDP echo service, seed/nodf6: cluster IP [fd00:96::32]:7 and node port
+// 30189, whose one endpoint is web-b's echo server with path MTU discovery off, on node-b.
+const seedNoDF6 = `apiVersion: v1
+kind: Service
+metadata: {name: nodf6, namespace: seed}
+spec:
+  type: NodePort
+  ipFamilyPolicy: SingleStack
+  ipFamilies: [IPv6]
+  clusterIPs: ["fd00:96::32"]
+  ports:
+  - {name: echo, protocol: UDP, port: 7, targetPort: 7008, nodePort: 30189}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: nodf6-1
+  namespace: seed
+  labels: {kubernetes.io/service-name: nodf6}
+addressType: IPv6
+endpoints:
+- {addresses: ["fd00:65::41"], conditions: {ready: true}, nodeName: node-b}
+ports:
+- {name: echo, protocol: UDP, port: 7008}
+`
+
 // nodeIPs6 are the nodes' IPv6 underlay addresses (topo.go).
 var nodeIPs6 = map[string]string{"node-a": "fd00:10::11", "node-b": "fd00:10::12", "node-c": "fd00:20::13"}
 
@@ -214,6 +240,10 @@ func (l *lab) ipv6Services() error {
 	l.check(err == nil && ptb > 0,
 		"4 MB echoed by web-b on node-b through node-a's IPv6 node port; node-a sent %d Packet Too Big, and the transfer completed: %s", ptb, oneLine(out))
 
+	if err := l.noDF6(); err != nil {
+		return err
+	}
+
 	if err := l.multiHomed6(); err != nil {
 		return err
 	}
@@ -234,6 +264,40 @@ func (l *lab) ipv6Services() error {
 		"a connection through node-a's IPv6 node port idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
 	l.check(stream.finish(), "a busy stream through node-c's IPv6 node port to node-b for the same 7 s never broke: %s", stream.transcript())
 	return l.restartUnderTraffic(nsRouter, front, "IPv6 node port")
+}
+
+// noDF6 is noDF's IPv6 equivalent, from the host outside the cluster on node-a's own network
+// (sl-client: no router between them that learnt the tunnel's MTU from node-a earlier and
+// would answer first). IPv6 routers never fragment: a datagram too large for the tunnel (1,440
+// bytes of payload, 1,488 on the wire, one packet on links of 1,500) gets Packet Too Big from
+// node-a, and the client's stack fragments the resend to the MTU it learnt, as web-b's echo
+// server (link of 1,500) does its echo after node-b's; the fragments a host makes must cross
+// the tunnel both ways. Before the tunnel's receiving side gave a later fragment its first's
+// ports, it dropped every one: no such datagram was answered.
+func (l *lab) noDF6() error {
+	l.step("seed 000 over IPv6: UDP too large for the tunnel with path MTU discovery off: Packet Too Big, then the hosts' own fragments cross")
+	if p, err := l.start(wlNS(l.workload("web-b")), "udp-echo nodf web-b6", false, l.tool(), "udp-echo", "[fd00:65::41]:7008", "nodf"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("udp-echo nodf on web-b's IPv6 address: %v", err)
+	}
+	if err := l.apply("nodf6.yaml", seedNoDF6); err != nil {
+		return err
+	}
+	// Small datagrams first, until both nodes' maps have the node port (each node follows etcd
+	// on its own: a large one sent before would not learn the MTU from node-a).
+	for _, n := range []string{"node-b", "node-a"} {
+		_, _ = l.retry(10*time.Second, func() error {
+			_, err := l.nsRun(nsClient, l.tool(), "udp-big", "["+nodeIPs6[n]+"]:30189", "100", "1")
+			return err
+		})
+	}
+	before := l.bpfCounters("node-a")
+	out, err := l.nsRun(nsClient, l.tool(), "udp-big", "[fd00:10::11]:30189", "1440", "3", "nodf")
+	ptb := l.bpfCounters("node-a")["icmp_too_big_sent"] - before["icmp_too_big_sent"]
+	l.check(err == nil && ptb > 0,
+		"from fd00:10::100, 3 of 3 datagrams of 1,440 bytes through node-a's IPv6 node port to web-b on node-b echoed whole; node-a sent %d Packet Too Big and the client's stack fragmented the resends: %s", ptb, oneLine(out))
+	out, err = l.nsRun(nsClient, l.tool(), "udp-big", "[fd00:10::11]:30189", "3000", "3", "nodf")
+	l.check(err == nil, "3 of 3 datagrams of 3,000 bytes, fragmented by the client's own stack, echoed whole through the same node port: %s", oneLine(out))
+	return nil
 }
 
 // multiHomed6 is seed 000 over IPv6 from a client on another network (sl-ext, behind the

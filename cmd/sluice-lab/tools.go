@@ -538,6 +538,11 @@ func serveUDP(addr string, answer func([]byte) []byte) error {
 	if err != nil {
 		return err
 	}
+	return serveUDPOn(c, answer)
+}
+
+// serveUDPOn is serveUDP on a socket already open.
+func serveUDPOn(c net.PacketConn, answer func([]byte) []byte) error {
 	fmt.Println("READY")
 	buf := make([]byte, 65536)
 	for {
@@ -659,44 +664,107 @@ func toolTCPAskOpts(args []string) error {
 	}})
 }
 
-// toolUDPEcho sends every datagram on addr back to its sender, until killed.
+// toolUDPEcho sends every datagram on addr back to its sender, until killed. With nodf (IPv4
+// or IPv6) path MTU discovery is off (noPMTUD): an echo too large for the path goes out with
+// DF clear, as RADIUS, SNMP and NFS servers send, and is fragmented on the way.
 func toolUDPEcho(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: udp-echo IP:PORT")
+	echo := func(b []byte) []byte { return b }
+	if len(args) == 2 && args[1] == "nodf" {
+		c, err := net.ListenPacket("udp", args[0])
+		if err != nil {
+			return err
+		}
+		if err := noPMTUD(c.(*net.UDPConn)); err != nil {
+			return err
+		}
+		return serveUDPOn(c, echo)
 	}
-	return serveUDP(args[0], func(b []byte) []byte { return b })
+	if len(args) != 1 {
+		return errors.New("usage: udp-echo IP:PORT [nodf]")
+	}
+	return serveUDP(args[0], echo)
+}
+
+// noPMTUD turns path MTU discovery off on c: IP_PMTUDISC_DONT (IPv4: DF clear, as Windows,
+// NFS, RADIUS, SNMP and many appliances send) or IPV6_PMTUDISC_DONT (IPv6: the stack
+// fragments to the path MTU it learnt from Packet Too Big instead of refusing the send).
+func noPMTUD(c *net.UDPConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	v4 := c.LocalAddr().(*net.UDPAddr).IP.To4() != nil
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		if v4 {
+			serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DONT)
+		} else {
+			serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IPV6, syscall.IPV6_MTU_DISCOVER, syscall.IPV6_PMTUDISC_DONT)
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // toolUDPBig sends N datagrams of SIZE bytes to an echo server, one at a time, and counts
 // those that come back whole: larger than the MTU, they travel as IP fragments both ways.
+// With nodf, path MTU discovery is off (noPMTUD: IPv4 DF clear) and a datagram not echoed
+// within a second is sent again, twice at most, as such clients do (IPv6: the first send of
+// one too large for the path gets Packet Too Big, and the stack fragments the next); it
+// prints how many sends it took.
 func toolUDPBig(args []string) error {
-	if len(args) != 3 {
-		return errors.New("usage: udp-big IP:PORT SIZE N")
+	nodf := len(args) == 4 && args[3] == "nodf"
+	if len(args) != 3 && !nodf {
+		return errors.New("usage: udp-big IP:PORT SIZE N [nodf]")
 	}
 	size, err1 := strconv.Atoi(args[1])
 	n, err2 := strconv.Atoi(args[2])
 	if err := errors.Join(err1, err2); err != nil {
 		return err
 	}
-	c, err := net.Dial("udp4", args[0])
+	c, err := net.Dial("udp", args[0])
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	tries := 1
+	if nodf {
+		if err := noPMTUD(c.(*net.UDPConn)); err != nil {
+			return err
+		}
+		tries = 3
+	}
 	out, in := make([]byte, size), make([]byte, 65536)
-	echoed := 0
+	echoed, sends := 0, 0
 	for i := range n {
 		for j := range out {
 			out[j] = byte(i + j)
 		}
-		_, _ = c.Write(out)
-		_ = c.SetReadDeadline(time.Now().Add(time.Second))
-		k, err := c.Read(in)
-		if err == nil && k == size && string(in[:k]) == string(out) {
-			echoed++
+	try:
+		for range tries {
+			sends++
+			_, _ = c.Write(out)
+			deadline := time.Now().Add(time.Second)
+			for {
+				_ = c.SetReadDeadline(deadline)
+				k, err := c.Read(in)
+				if err == nil && k == size && string(in[:k]) == string(out) {
+					echoed++
+					break try
+				}
+				if !nodf || errors.Is(err, os.ErrDeadlineExceeded) {
+					break // not echoed (with nodf: send it again)
+				}
+				// With nodf, an error ICMP queued or an echo of an earlier send: wait on.
+			}
 		}
 	}
-	fmt.Println("echoed", echoed, "of", n)
+	if nodf {
+		fmt.Println("echoed", echoed, "of", n, "in", sends, "sends")
+	} else {
+		fmt.Println("echoed", echoed, "of", n)
+	}
 	if echoed != n {
 		return fmt.Errorf("%d of %d datagrams of %d bytes came back whole", echoed, n, size)
 	}
