@@ -376,6 +376,7 @@ func main() {
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-ask-mapped": toolTCPAskMapped, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet, "tcp-reuse": toolTCPReuse, "udp-who": toolUDPWho, "udp-resolver": toolUDPResolver, "tcp-bulk": toolTCPBulk, "tcp-ask-opts": toolTCPAskOpts, "udp-echo": toolUDPEcho, "udp-big": toolUDPBig, "nft-drop-invalid": toolNftDropInvalid, "syn-flood": toolSynFlood, "hooks": toolHooks, "bond-state": toolBondState, "plant-leftovers": toolPlantLeftovers,
+			"tcp-slow": toolTCPSlow, "tcp-slow-ask": toolTCPSlowAsk, "tcp-slow-client": toolTCPSlowClient,
 			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
 			"smoke": toolSmoke, // the kernel matrix's scenario (smoke.go): the lab and a few checks
 		}

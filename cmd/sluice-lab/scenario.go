@@ -292,6 +292,9 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	if err := l.seed000(); err != nil {
 		return err
 	}
+	if err := l.endpointRemoved(); err != nil {
+		return err
+	}
 	if err := l.ipv6Services(); err != nil {
 		return err
 	}
