@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo faults bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check test-kernels
+.PHONY: all build test vet fmt-check demo faults churn bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check test-kernels
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -51,6 +51,13 @@ demo: build
 # one PASS/FAIL line each with its figure (README: "What the agent promises under faults").
 faults: build
 	./$(BIN)/sluice-lab faults --testdata testdata/sample
+
+# The long run of churn (issue #36), as root: the lab, then workloads (with real interfaces),
+# blocks, slices and services changing at 20 a second for CHURN (10 minutes) while clients
+# connect through node ports throughout: no connection may fail, no drift may be counted.
+CHURN ?= 10m
+churn: build
+	./$(BIN)/sluice-lab churn --duration $(CHURN) --testdata testdata/sample
 
 # Benchmarks with their references from the same run, printed as a table: the intake
 # (100,000 objects to in-sync beside a raw etcd range read; watch rate beside etcd's write

@@ -376,7 +376,7 @@ func main() {
 			"etcd": toolEtcd, "tcp-serve": toolTCPServe, "tcp-check": toolTCPCheck, "stream": toolStream,
 			"ping": toolPing, "send-udp": toolSendUDP, "sniff": toolSniff,
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-ask-mapped": toolTCPAskMapped, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet, "tcp-reuse": toolTCPReuse, "udp-who": toolUDPWho, "udp-resolver": toolUDPResolver, "tcp-bulk": toolTCPBulk, "tcp-ask-opts": toolTCPAskOpts, "udp-echo": toolUDPEcho, "udp-big": toolUDPBig, "nft-drop-invalid": toolNftDropInvalid, "syn-flood": toolSynFlood, "hooks": toolHooks, "bond-state": toolBondState, "plant-leftovers": toolPlantLeftovers,
-			"tcp-slow": toolTCPSlow, "tcp-slow-ask": toolTCPSlowAsk, "tcp-slow-client": toolTCPSlowClient,
+			"lab-churn": toolLabChurn, "tcp-slow": toolTCPSlow, "tcp-slow-ask": toolTCPSlowAsk, "tcp-slow-client": toolTCPSlowClient,
 			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
 			"smoke": toolSmoke, // the kernel matrix's scenario (smoke.go): the lab and a few checks
 		}
@@ -395,8 +395,9 @@ func main() {
 	keep := fs.Bool("keep", false, "keep the lab running until interrupted, and print how to look around")
 	testdata := fs.String("testdata", "testdata/sample", "directory of the sample cluster's manifests")
 	outage := fs.Duration("outage", 10*time.Second, "faults: how long the link to etcd stays cut after the agent noticed")
-	if len(os.Args) < 2 || (os.Args[1] != "demo" && os.Args[1] != "faults") {
-		fmt.Fprintln(os.Stderr, "usage: sluice-lab demo [--keep] [--testdata DIR]   (as root)\n       sluice-lab faults [--testdata DIR]         (as root: the fault suite)")
+	duration := fs.Duration("duration", 10*time.Minute, "churn: how long the cluster changes")
+	if len(os.Args) < 2 || (os.Args[1] != "demo" && os.Args[1] != "faults" && os.Args[1] != "churn") {
+		fmt.Fprintln(os.Stderr, "usage: sluice-lab demo [--keep] [--testdata DIR]   (as root)\n       sluice-lab faults [--testdata DIR]         (as root: the fault suite)\n       sluice-lab churn [--duration 10m] [--testdata DIR]  (as root: the long run of changes under traffic)")
 		os.Exit(2)
 	}
 	_ = fs.Parse(os.Args[2:])
@@ -408,9 +409,12 @@ func main() {
 	l := &lab{bin: filepath.Dir(exe), testdata: *testdata, out: os.Stdout, agents: map[string]*proc{}, outage: *outage}
 	ctx, stop := signalContext()
 	defer stop()
-	if os.Args[1] == "faults" {
+	switch os.Args[1] {
+	case "faults":
 		err = l.faults(ctx)
-	} else {
+	case "churn":
+		err = l.churnRun(ctx, *duration)
+	default:
 		err = l.demo(ctx, *keep)
 	}
 	if sig := (interrupted{}); errors.As(err, &sig) {

@@ -87,12 +87,17 @@ func toolTCPCheck(args []string) error {
 	if len(args) != 1 {
 		return errors.New("usage: tcp-check IP:PORT")
 	}
-	c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+	return tcpCheck(args[0], 2*time.Second)
+}
+
+// tcpCheck connects to addr within timeout and has "hello sluice" echoed within it.
+func tcpCheck(addr string, timeout time.Duration) error {
+	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, err := c.Write([]byte("hello sluice\n")); err != nil {
 		return err
 	}
@@ -404,17 +409,26 @@ func toolTCPIdle(args []string) error {
 // toolTCPLoop makes connections to addr (each one echo) until stdin closes; it prints how
 // many it made and how many failed.
 func toolTCPLoop(args []string) error {
-	if len(args) != 1 {
-		return errors.New("usage: tcp-loop IP:PORT")
+	if len(args) != 1 && len(args) != 2 {
+		return errors.New("usage: tcp-loop IP:PORT [TIMEOUT]")
+	}
+	timeout := 2 * time.Second
+	if len(args) == 2 {
+		d, err := time.ParseDuration(args[1])
+		if err != nil {
+			return err
+		}
+		timeout = d
 	}
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
 	fmt.Println("READY")
-	made, failed := 0, 0
+	made, failed, slow := 0, 0, 0
+	var slowest time.Duration
 	for {
 		select {
 		case <-stop:
-			fmt.Println("connections", made, "failed", failed)
+			fmt.Println("connections", made, "failed", failed, "over 1s", slow, "slowest", slowest.Round(time.Millisecond))
 			if failed > 0 {
 				return fmt.Errorf("%d of %d failed", failed, made)
 			}
@@ -422,9 +436,15 @@ func toolTCPLoop(args []string) error {
 		default:
 		}
 		made++
-		if err := toolTCPCheck([]string{args[0]}); err != nil {
+		start := time.Now()
+		if err := tcpCheck(args[0], timeout); err != nil {
 			failed++
 			fmt.Println("failure", err)
+		}
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if took > time.Second {
+			slow++
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
