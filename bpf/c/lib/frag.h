@@ -86,7 +86,11 @@ static __noinline int frag_csum(struct __sk_buff *skb, struct pkt *p)
 	}
 	if (rest) {
 		*(__u32 *)(b->b + (rest & (CSUM_CHUNK - 4))) = 0; /* summed in words of 4 */
-		if (bpf_skb_load_bytes(skb, p->l4 + pieces * CSUM_CHUNK, b->b, rest) < 0)
+		/* rest again, but provably 1 to CSUM_CHUNK in the register the call reads: Linux
+		 * 5.10's verifier does not carry "rest != 0" over to a copy, and refuses a length
+		 * that may be 0 ("invalid access to map value, size=0"). */
+		__u64 n = ((rest - 1) & (CSUM_CHUNK - 1)) + 1;
+		if (bpf_skb_load_bytes(skb, p->l4 + pieces * CSUM_CHUNK, b->b, n) < 0)
 			return -1;
 		__u64 rest4 = (rest + 3) & (2 * CSUM_CHUNK - 4);
 		if (rest4 > CSUM_CHUNK)
