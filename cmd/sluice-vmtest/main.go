@@ -87,7 +87,7 @@ func host() int {
 	fs.IntVar(&o.memoryMB, "memory", 3072, "guest memory in MiB")
 	fs.IntVar(&o.cpus, "smp", 2, "guest CPUs")
 	fs.IntVar(&o.jobs, "jobs", 0, "guests booted at once (0: one per --smp host CPUs)")
-	fs.DurationVar(&o.timeout, "timeout", 8*time.Minute, "hard limit for each guest, boot to power-off")
+	fs.DurationVar(&o.timeout, "timeout", 16*time.Minute, "hard limit for each guest, boot to power-off")
 	fs.StringVar(&o.bin, "bin", "", "directory holding sluiced, sluicectl, sluice-lab and bpf.test (default: this binary's)")
 	fs.StringVar(&o.testdata, "testdata", "testdata/sample", "the sample cluster's manifests, for the smoke scenario")
 	fs.StringVar(&o.bpfRun, "bpf-run", ".", "the -test.run pattern for the bpf tests in the guest")
