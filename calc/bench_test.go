@@ -223,3 +223,40 @@ func coldStartBatches(nodes int, affinities bool) [][]store.Event {
 	}
 	return append(batches, []store.Event{{Type: store.EventInSync}})
 }
+
+// BenchmarkServicesArriving is BenchmarkServicesArriving in cmd/sluiced as calc sees it: a
+// cluster of 5,000 nodes in sync with no service, then 10,000 services of 10 endpoints each
+// arriving one event at a time, each service before its slice (as four parallel `sluicectl
+// apply` write them). One op is one service and its slice, each its own OnEvents.
+func BenchmarkServicesArriving(b *testing.B) {
+	c := makeCluster(5000)
+	var base, svcs []store.Event
+	for _, ev := range c.events {
+		switch ev.Kind {
+		case store.KindService, store.KindEndpointSlice:
+			svcs = append(svcs, ev)
+		default:
+			base = append(base, ev)
+		}
+	}
+	var g *calc.Graph
+	fresh := func() {
+		g, _ = calc.New(calc.DefaultConfig(nodeName(7)))
+		g.OnEvents(base)
+	}
+	fresh()
+	var ops int
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		j := 2 * (i % (len(svcs) / 2))
+		if j == 0 && i > 0 {
+			b.StopTimer()
+			fresh()
+			b.StartTimer()
+		}
+		ops += len(g.OnEvents(svcs[j : j+1]).Ops)
+		ops += len(g.OnEvents(svcs[j+1 : j+2]).Ops)
+	}
+	b.ReportMetric(float64(ops)/float64(b.N), "ops/service")
+}

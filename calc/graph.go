@@ -199,7 +199,10 @@ type Graph struct {
 	slicesByService multi[string, string]
 	// slicesByNode holds the slices naming each node in an endpoint: a node's underlay
 	// address is its backends' NodeAddr, so its change recomputes these slices' services.
-	slicesByNode multi[string, string]
+	// A set per node, not a multi: a node holds endpoints of thousands of slices, and a
+	// sorted list's insertions cost as much as the list (a tenth of calc's work while 10,000
+	// services arrived, BenchmarkServicesArriving in cmd/sluiced).
+	slicesByNode map[string]set[string]
 	// hostNets holds the nodes claiming each underlay address, as a /32 or /128.
 	hostNets  multi[netip.Prefix, string]
 	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
@@ -226,10 +229,11 @@ type Graph struct {
 	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
 	svcHealth map[string]uint16          // health-check port each service claims
 	claims    multi[FrontendKey, string] // services wanting each frontend
-	frontends map[FrontendKey]Frontend
+	frontends map[FrontendKey]*Frontend  // each points into its service's svcFronts
 	hcClaims  map[uint16]map[string]HealthCheck
 	health    map[uint16]HealthCheck
 	problems  map[string]string
+	clashes   set[FrontendKey] // frontends claimed by several services, a problem each
 	// routeProblems holds the problem key of each destination that gets no route though due.
 	routeProblems map[netip.Prefix]string
 	selfKey       string // this agent's own Node's problem key, made once
@@ -263,7 +267,7 @@ func New(cfg Config) (*Graph, error) {
 		tunnelsByAddr:   newMulti[netip.Addr, string](),
 		singles:         map[netip.Prefix]set[netip.Addr]{},
 		slicesByService: newMulti[string, string](),
-		slicesByNode:    newMulti[string, string](),
+		slicesByNode:    map[string]set[string]{},
 		hostNets:        newMulti[netip.Prefix, string](),
 		fipsByAddr:      newMulti[netip.Addr, string](),
 		fips:            map[netip.Addr]FloatingIP{},
@@ -277,10 +281,11 @@ func New(cfg Config) (*Graph, error) {
 		svcFronts:       map[string][]Frontend{},
 		svcHealth:       map[string]uint16{},
 		claims:          newMulti[FrontendKey, string](),
-		frontends:       map[FrontendKey]Frontend{},
+		frontends:       map[FrontendKey]*Frontend{},
 		hcClaims:        map[uint16]map[string]HealthCheck{},
 		health:          map[uint16]HealthCheck{},
 		problems:        map[string]string{},
+		clashes:         set[FrontendKey]{},
 		routeProblems:   map[netip.Prefix]string{},
 	}, nil
 }
@@ -527,7 +532,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 	// with an endpoint on it (through the slice index, not every service) when the node comes,
 	// goes or changes address.
 	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
-		for sl := range g.slicesByNode.all(id) {
+		for sl := range g.slicesByNode[id] {
 			g.dirtySvc.add(g.slices[sl].ServiceID())
 		}
 	}
@@ -667,8 +672,11 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	if old := g.slices[id]; old != nil {
 		g.slicesByService.remove(old.ServiceID(), id)
 		for _, ep := range old.Endpoints {
-			if ep.NodeName != "" {
-				g.slicesByNode.remove(ep.NodeName, id)
+			if on := g.slicesByNode[ep.NodeName]; on != nil {
+				delete(on, id)
+				if len(on) == 0 {
+					delete(g.slicesByNode, ep.NodeName)
+				}
 			}
 		}
 		g.dirtySvc.add(old.ServiceID())
@@ -680,9 +688,15 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.slices[id] = e
 	g.slicesByService.add(e.ServiceID(), id)
 	for _, ep := range e.Endpoints {
-		if ep.NodeName != "" {
-			g.slicesByNode.add(ep.NodeName, id)
+		if ep.NodeName == "" {
+			continue
 		}
+		on := g.slicesByNode[ep.NodeName]
+		if on == nil {
+			on = set[string]{}
+			g.slicesByNode[ep.NodeName] = on
+		}
+		on.add(id)
 	}
 	g.dirtySvc.add(e.ServiceID())
 }

@@ -29,18 +29,17 @@ type endpointSets struct {
 }
 
 // backendsFor picks the endpoints of one service port across all the service's slices.
+// (Without a map or a second sort per call: a service is recomputed at every change of it or
+// of its slices, and while thousands of services arrive those allocations were a fifth of
+// calc's work; BenchmarkServicesArriving in calc.)
 func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
-	ids := g.slicesByService.all(svcID)
 	type cand struct {
 		b     Backend
 		ready bool
-		// usable only as a fallback: serving and terminating
-		fallback bool
 	}
 	var all []cand
 	var present []netip.AddrPort
-	seen := map[netip.AddrPort]int{}
-	for id := range ids {
+	for id := range g.slicesByService.all(svcID) {
 		es := g.slices[id]
 		var port uint16
 		for _, p := range es.Ports {
@@ -52,50 +51,65 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		if port == 0 {
 			continue
 		}
+		if present == nil {
+			present = make([]netip.AddrPort, 0, len(es.Endpoints))
+			all = make([]cand, 0, len(es.Endpoints))
+		}
 		for _, ep := range es.Endpoints {
+			usable := ep.Ready || (ep.Serving && ep.Terminating) // not ready: only a fallback
 			for _, a := range ep.Addresses {
 				present = append(present, netip.AddrPortFrom(a, port))
-			}
-			if !ep.Ready && !(ep.Serving && ep.Terminating) {
-				continue
-			}
-			for _, a := range ep.Addresses {
-				ap := netip.AddrPortFrom(a, port)
-				c := cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, NodeAddr: g.nodeAddr(ep.NodeName, a), Terminating: !ep.Ready},
-					ready: ep.Ready, fallback: !ep.Ready}
-				if i, dup := seen[ap]; dup {
-					if c.ready && !all[i].ready {
-						all[i] = c // the same endpoint in two slices: a ready copy wins
-					}
-					continue
+				if usable {
+					all = append(all, cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, NodeAddr: g.nodeAddr(ep.NodeName, a), Terminating: !ep.Ready},
+						ready: ep.Ready})
 				}
-				seen[ap] = len(all)
-				all = append(all, c)
 			}
 		}
 	}
+	// By address and port, and of one endpoint listed twice (in two slices) the first ready
+	// copy, else the first: a ready copy wins.
+	slices.SortStableFunc(all, func(x, y cand) int {
+		if c := x.b.Addr.Compare(y.b.Addr); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(x.b.Port, y.b.Port); c != 0 {
+			return c
+		}
+		switch {
+		case x.ready == y.ready:
+			return 0
+		case x.ready:
+			return -1
+		}
+		return 1
+	})
+	all = slices.CompactFunc(all, func(x, y cand) bool { return x.b.Addr == y.b.Addr && x.b.Port == y.b.Port })
+	// Each set keeps the sorted order: its ready endpoints, or when it has none its fallback.
 	pick := func(local bool) []Backend {
-		var ready, fallback []Backend
+		var nReady, nFallback int
 		for _, c := range all {
 			if local && !g.isLocal(c.b.Node) {
 				continue
 			}
 			if c.ready {
-				ready = append(ready, c.b)
+				nReady++
 			} else {
-				fallback = append(fallback, c.b)
+				nFallback++
 			}
 		}
-		out := ready
-		if len(out) == 0 {
-			out = fallback
+		n, want := nReady, true
+		if n == 0 {
+			n, want = nFallback, false
 		}
-		slices.SortFunc(out, func(a, b Backend) int {
-			if c := a.Addr.Compare(b.Addr); c != 0 {
-				return c
+		if n == 0 {
+			return nil
+		}
+		out := make([]Backend, 0, n)
+		for _, c := range all {
+			if c.ready == want && (!local || g.isLocal(c.b.Node)) {
+				out = append(out, c.b)
 			}
-			return cmp.Compare(a.Port, b.Port)
-		})
+		}
 		return out
 	}
 	slices.SortFunc(present, netip.AddrPort.Compare)
@@ -114,47 +128,73 @@ func (g *Graph) nodeAddr(node string, a netip.Addr) netip.Addr {
 
 // ordered returns the backends of one family as a Frontend holds them (see Frontend): the
 // local set, then the rest of the cluster set, the local count and where the cluster set starts.
-// With localPolicy false the local set is just the local part of the cluster set.
+// With localPolicy false the local set is just the local part of the cluster set. Both sets
+// are sorted by address and port (backendsFor), so membership is a binary search; a cluster
+// set of one family with nothing local is returned as it is (a Frontend's slices are
+// read-only), which is the common case.
 func (e endpointSets) ordered(is4, localPolicy bool) (out []Backend, nLocal, clusterStart int) {
-	inCluster := map[netip.AddrPort]bool{}
+	if len(e.local) == 0 && allOfFamily(e.cluster, is4) {
+		return e.cluster, 0, 0
+	}
+	in := func(set []Backend, b Backend) bool {
+		_, found := slices.BinarySearchFunc(set, b, cmpBackendAddrPort)
+		return found
+	}
+	out = make([]Backend, 0, len(e.cluster)+len(e.local))
+	var shared []Backend // local endpoints also in the cluster set
+	for _, b := range e.local {
+		if b.Addr.Is4() != is4 {
+			continue
+		}
+		switch {
+		case in(e.cluster, b):
+			shared = append(shared, b)
+		case localPolicy:
+			out = append(out, b) // local only: the local set's terminating fallback
+		}
+	}
+	localOnly := len(out)
+	out = append(out, shared...)
 	for _, b := range e.cluster {
-		inCluster[netip.AddrPortFrom(b.Addr, b.Port)] = true
-	}
-	var localOnly, localShared, remote []Backend
-	isLocal := map[netip.AddrPort]bool{}
-	if localPolicy {
-		for _, b := range e.local {
-			if b.Addr.Is4() != is4 {
-				continue
-			}
-			ap := netip.AddrPortFrom(b.Addr, b.Port)
-			isLocal[ap] = true
-			if inCluster[ap] {
-				localShared = append(localShared, b)
-			} else {
-				localOnly = append(localOnly, b)
-			}
-		}
-	} else {
-		for _, b := range e.local {
-			if ap := netip.AddrPortFrom(b.Addr, b.Port); b.Addr.Is4() == is4 && inCluster[ap] {
-				isLocal[ap] = true
-				localShared = append(localShared, b)
-			}
+		if b.Addr.Is4() == is4 && !in(shared, b) {
+			out = append(out, b)
 		}
 	}
-	for _, b := range e.cluster {
-		if b.Addr.Is4() == is4 && !isLocal[netip.AddrPortFrom(b.Addr, b.Port)] {
-			remote = append(remote, b)
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, localOnly + len(shared), localOnly
+}
+
+func cmpBackendAddrPort(a, b Backend) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Port, b.Port)
+}
+
+func allOfFamily(bs []Backend, is4 bool) bool {
+	for _, b := range bs {
+		if b.Addr.Is4() != is4 {
+			return false
 		}
 	}
-	out = append(append(append(out, localOnly...), localShared...), remote...)
-	return out, len(localOnly) + len(localShared), len(localOnly)
+	return true
 }
 
 // kindRank orders frontends of one service that share a key: a load-balancer address keeps
 // its source ranges over the same address listed as an external IP.
-var kindRank = map[FrontendKind]int{FrontendLoadBalancer: 0, FrontendExternalIP: 1, FrontendNodePort: 2, FrontendClusterIP: 3}
+func kindRank(k FrontendKind) int {
+	switch k {
+	case FrontendLoadBalancer:
+		return 0
+	case FrontendExternalIP:
+		return 1
+	case FrontendNodePort:
+		return 2
+	}
+	return 3
+}
 
 // computeService returns the frontends and health check a service wants on this node.
 func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
@@ -172,14 +212,28 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			}
 		}
 	}
-	var out []Frontend
+	perPort := len(s.ClusterIPs) + len(s.ExternalIPs) + len(s.LoadBalancerIPs)
+	if s.Type != store.ServiceClusterIP {
+		perPort += len(nodeAddrs) + 2
+	}
+	out := make([]Frontend, 0, perPort*len(s.Ports))
+	var hc *HealthCheck
+	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
+		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id}
+	}
 	// Local ready endpoints, by address, for the health check; only the families the
 	// load balancer reaches this node on count, so the check agrees with what it forwards.
-	localReady := map[netip.Addr]bool{}
-	byFamily := map[netip.Addr]bool{} // every local ready endpoint, for the per-family counts
-	lbFamilies := map[bool]bool{}
+	// byFamily is every local ready endpoint, for the per-family counts.
+	var localReady, byFamily []netip.Addr
+	lb4, lb6 := false, false
 	for _, a := range s.LoadBalancerIPs {
-		lbFamilies[a.Is4()] = true
+		lb4, lb6 = lb4 || a.Is4(), lb6 || !a.Is4()
+	}
+	fam := func(is4 bool) int {
+		if is4 {
+			return 0
+		}
+		return 1
 	}
 	for _, sp := range s.Ports {
 		sets := g.backendsFor(id, sp)
@@ -195,18 +249,19 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 		var orders [2][2]ordering // by family (IPv4 first), then by local policy
 		var presents [2][]netip.AddrPort
 		var presentDone [2]bool
-		fam := func(is4 bool) int {
-			if is4 {
-				return 0
-			}
-			return 1
-		}
-		for _, b := range sets.local {
-			if !b.Terminating {
-				byFamily[b.Addr] = true
-			}
-			if !b.Terminating && (len(lbFamilies) == 0 || lbFamilies[b.Addr.Is4()]) {
-				localReady[b.Addr] = true
+		if hc != nil {
+			for _, b := range sets.local {
+				if b.Terminating {
+					continue
+				}
+				if !slices.Contains(byFamily, b.Addr) {
+					byFamily = append(byFamily, b.Addr)
+				}
+				if (!lb4 && !lb6) || (b.Addr.Is4() && lb4) || (!b.Addr.Is4() && lb6) {
+					if !slices.Contains(localReady, b.Addr) {
+						localReady = append(localReady, b.Addr)
+					}
+				}
 			}
 		}
 		add := func(a netip.Addr, kind FrontendKind, port uint16) {
@@ -232,11 +287,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			}
 			f.Backends, f.LocalBackends, f.ClusterStart = o.backends, o.local, o.clusterStart
 			if i := fam(a.Is4()); !presentDone[i] {
-				for _, ap := range sets.present {
-					if ap.Addr().Is4() == a.Is4() {
-						presents[i] = append(presents[i], ap)
-					}
-				}
+				presents[i] = presentOfFamily(sets.present, a.Is4())
 				presentDone[i] = true
 			}
 			f.Present = presents[fam(a.Is4())]
@@ -252,15 +303,15 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 			add(a, FrontendLoadBalancer, sp.Port)
 		}
 		if sp.NodePort != 0 && s.Type != store.ServiceClusterIP {
-			families := map[bool]bool{}
+			has4, has6 := false, false
 			for _, a := range nodeAddrs {
 				add(a, FrontendNodePort, sp.NodePort)
-				families[a.Is4()] = true
+				has4, has6 = has4 || a.Is4(), has6 || !a.Is4()
 			}
-			if families[true] || len(nodeAddrs) == 0 {
+			if has4 || len(nodeAddrs) == 0 {
 				add(netip.IPv4Unspecified(), FrontendNodePort, sp.NodePort)
 			}
-			if families[false] {
+			if has6 {
 				add(netip.IPv6Unspecified(), FrontendNodePort, sp.NodePort)
 			}
 		}
@@ -268,13 +319,12 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	// One frontend per key within a service: the load-balancer kind wins over the same
 	// address listed as an external IP, so its source ranges are never bypassed.
 	slices.SortStableFunc(out, func(a, b Frontend) int {
-		return cmp.Or(cmpFrontendKey(a.Key, b.Key), cmp.Compare(kindRank[a.Kind], kindRank[b.Kind]))
+		return cmp.Or(cmpFrontendKey(a.Key, b.Key), cmp.Compare(kindRank(a.Kind), kindRank(b.Kind)))
 	})
 	out = slices.CompactFunc(out, func(a, b Frontend) bool { return a.Key == b.Key })
-	var hc *HealthCheck
-	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
-		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id, LocalEndpoints: len(localReady)}
-		for a := range byFamily {
+	if hc != nil {
+		hc.LocalEndpoints = len(localReady)
+		for _, a := range byFamily {
 			if a.Is4() {
 				hc.LocalIPv4++
 			} else {
@@ -285,6 +335,25 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	return out, hc
 }
 
+// presentOfFamily is the part of present (sorted: IPv4 before IPv6) of one family, without a
+// copy.
+func presentOfFamily(present []netip.AddrPort, is4 bool) []netip.AddrPort {
+	i := 0
+	for i < len(present) && present[i].Addr().Is4() {
+		i++
+	}
+	var part []netip.AddrPort
+	if is4 {
+		part = slices.Clip(present[:i])
+	} else {
+		part = present[i:]
+	}
+	if len(part) == 0 {
+		return nil
+	}
+	return part
+}
+
 // frontendEqual compares every field; Backends (NodeAddr included) with slices.Equal, so a
 // Backend field must stay comparable.
 func frontendEqual(a, b Frontend) bool {
@@ -292,6 +361,8 @@ func frontendEqual(a, b Frontend) bool {
 		a.ExternalLocal == b.ExternalLocal && a.InternalLocal == b.InternalLocal && a.AffinityTimeout == b.AffinityTimeout &&
 		slices.Equal(a.SourceRanges, b.SourceRanges) && slices.Equal(a.Backends, b.Backends) && a.LocalBackends == b.LocalBackends && a.ClusterStart == b.ClusterStart && slices.Equal(a.Present, b.Present)
 }
+
+func frontendPointerEqual(a, b *Frontend) bool { return a == b || frontendEqual(*a, *b) }
 
 // recomputeServices recomputes dirty services; where two services claim one frontend or
 // health-check port, the one whose "namespace/name" sorts first wins and the clash is reported.
@@ -338,12 +409,25 @@ func (g *Graph) recomputeServices() {
 	reset(&g.dirtySvc, n)
 	for k := range dirtyKeys {
 		f, ok := g.claimed(k)
+		// The problem's key is made only for a clash, said or taken back: made for every
+		// dirty frontend it was a tenth of calc's work while services arrive.
 		if g.claims.count(k) > 1 {
 			g.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
-		} else {
+			g.clashes.add(k)
+		} else if _, had := g.clashes[k]; had {
 			delete(g.problems, "frontend/"+k.String())
+			delete(g.clashes, k)
 		}
-		settle(g.frontends, k, f, ok, frontendEqual, g.emitted, &g.pending.frontendSets, &g.pending.frontendDels)
+		// The newest element is kept even when equal, so the service's older list is freed.
+		old, had := g.frontends[k]
+		if ok {
+			g.frontends[k] = f
+		} else if had {
+			delete(g.frontends, k)
+		}
+		if g.emitted {
+			queueDiff(old, had, f, ok, frontendPointerEqual, &g.pending.frontendSets, &g.pending.frontendDels)
+		}
 	}
 	for p := range dirtyHC {
 		h, ok := winner(g.hcClaims[p])
@@ -351,18 +435,20 @@ func (g *Graph) recomputeServices() {
 	}
 }
 
-// claimed returns the frontend at k of the service whose "namespace/name" sorts first.
-func (g *Graph) claimed(k FrontendKey) (Frontend, bool) {
+// claimed returns the frontend at k of the service whose "namespace/name" sorts first: its
+// element of that service's svcFronts, which is never changed (a recomputed service gets a
+// new list), so the emitted state and the updates share it rather than copy it.
+func (g *Graph) claimed(k FrontendKey) (*Frontend, bool) {
 	id, ok := g.claims.first(k)
 	if !ok {
-		return Frontend{}, false
+		return nil, false
 	}
 	fes := g.svcFronts[id]
 	i, found := slices.BinarySearchFunc(fes, k, func(f Frontend, k FrontendKey) int { return cmpFrontendKey(f.Key, k) })
 	if !found {
-		return Frontend{}, false
+		return nil, false
 	}
-	return fes[i], true
+	return &fes[i], true
 }
 
 func winner[T any](claims map[string]T) (T, bool) {

@@ -38,7 +38,7 @@ type pendingOps struct {
 	vtepSets, vtepDels         []VTEP
 	netSets, netDels           []ClusterNet
 	routeSets, routeDels       []*Route
-	frontendSets, frontendDels []Frontend
+	frontendSets, frontendDels []*Frontend // calc's own (svcFronts'): the consumer keeps them
 	healthSets, healthDels     []HealthCheck
 	fipSets, fipDels           []FloatingIP
 	problems                   []Problem
@@ -66,6 +66,10 @@ func sortFrontends(f []Frontend) {
 	slices.SortFunc(f, func(a, b Frontend) int { return cmpFrontendKey(a.Key, b.Key) })
 }
 
+func sortFrontendPointers(f []*Frontend) {
+	slices.SortFunc(f, func(a, b *Frontend) int { return cmpFrontendKey(a.Key, b.Key) })
+}
+
 func sortFIPs(f []FloatingIP) {
 	slices.SortFunc(f, func(a, b FloatingIP) int { return a.External.Compare(b.External) })
 }
@@ -91,8 +95,8 @@ func (p *pendingOps) take() *Update {
 	sortClusterNets(p.netDels)
 	sortRoutePointers(p.routeSets)
 	sortRoutePointers(p.routeDels)
-	sortFrontends(p.frontendSets)
-	sortFrontends(p.frontendDels)
+	sortFrontendPointers(p.frontendSets)
+	sortFrontendPointers(p.frontendDels)
 	sortHealth(p.healthSets)
 	sortHealth(p.healthDels)
 	sortFIPs(p.fipSets)
@@ -111,7 +115,7 @@ func (p *pendingOps) take() *Update {
 		u.Ops = append(u.Ops, Op{FloatingIP: &p.fipSets[i]})
 	}
 	for i := range p.frontendSets {
-		u.Ops = append(u.Ops, Op{Frontend: &p.frontendSets[i]})
+		u.Ops = append(u.Ops, Op{Frontend: p.frontendSets[i]})
 	}
 	for i := range p.healthSets {
 		u.Ops = append(u.Ops, Op{HealthCheck: &p.healthSets[i]})
@@ -120,7 +124,7 @@ func (p *pendingOps) take() *Update {
 		u.Ops = append(u.Ops, Op{Remove: true, HealthCheck: &p.healthDels[i]})
 	}
 	for i := range p.frontendDels {
-		u.Ops = append(u.Ops, Op{Remove: true, Frontend: &p.frontendDels[i]})
+		u.Ops = append(u.Ops, Op{Remove: true, Frontend: p.frontendDels[i]})
 	}
 	for i := range p.fipDels {
 		u.Ops = append(u.Ops, Op{Remove: true, FloatingIP: &p.fipDels[i]})
@@ -178,7 +182,7 @@ func (g *Graph) stateBut() *State {
 		s.ClusterNets = append(s.ClusterNets, c)
 	}
 	for _, f := range g.frontends {
-		s.Frontends = append(s.Frontends, f)
+		s.Frontends = append(s.Frontends, *f)
 	}
 	for _, h := range g.health {
 		s.HealthChecks = append(s.HealthChecks, h)
@@ -210,7 +214,11 @@ func (g *Graph) fullUpdate() *Update {
 	for _, r := range g.routes {
 		routes = append(routes, r) // calc's own: the consumer keeps them, not copies
 	}
-	return fullOf(g.stateBut(), routes)
+	fronts := make([]*Frontend, 0, len(g.frontends))
+	for _, f := range g.frontends {
+		fronts = append(fronts, f)
+	}
+	return fullOf(g.stateBut(), routes, fronts)
 }
 
 // Update is s as the first update after in-sync would carry it: the whole state (Full), in
@@ -222,12 +230,16 @@ func (s *State) Update() *Update {
 	for i := range s.Routes {
 		routes[i] = &s.Routes[i]
 	}
-	return fullOf(s, routes)
+	fronts := make([]*Frontend, len(s.Frontends))
+	for i := range s.Frontends {
+		fronts[i] = &s.Frontends[i]
+	}
+	return fullOf(s, routes, fronts)
 }
 
-// fullOf is s, with routes for its routes, as a full update.
-func fullOf(s *State, routes []*Route) *Update {
-	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: routes, frontendSets: s.Frontends, healthSets: s.HealthChecks,
+// fullOf is s, with routes and fronts for its routes and frontends, as a full update.
+func fullOf(s *State, routes []*Route, fronts []*Frontend) *Update {
+	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: routes, frontendSets: fronts, healthSets: s.HealthChecks,
 		fipSets: s.FloatingIPs, problems: s.Problems}
 	u := p.take()
 	if u == nil {
