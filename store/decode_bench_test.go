@@ -48,3 +48,30 @@ func seq(from, to int) string {
 	}
 	return strings.Join(s, ",")
 }
+
+// BenchmarkDecodeService decodes a node-port service and its endpoint slice of 10 endpoints,
+// as BenchmarkServicesArriving in cmd/sluiced writes them.
+func BenchmarkDecodeService(b *testing.B) {
+	var eps []string
+	for e := range 10 {
+		eps = append(eps, fmt.Sprintf(`{"addresses":["10.65.%d.%d"],"conditions":{"ready":true},"nodeName":"node-%03d"}`, e, 10+e, e))
+	}
+	svc := `{"kind":"Service","apiVersion":"v1","metadata":{"name":"svc-00042","namespace":"bench","uid":"uid-svc-00042"},"spec":{"type":"NodePort","clusterIPs":["10.96.0.42"],"ports":[{"name":"http","protocol":"TCP","port":80,"targetPort":8080,"nodePort":30042}],"externalTrafficPolicy":"Cluster"}}`
+	slice := fmt.Sprintf(`{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"svc-00042-1","namespace":"bench","labels":{"kubernetes.io/service-name":"svc-00042"}},"addressType":"IPv4","endpoints":[%s],"ports":[{"name":"http","protocol":"TCP","port":8080}]}`,
+		strings.Join(eps, ","))
+	for _, c := range []struct{ name, key, value string }{
+		{"service", ServicePrefix + "bench/svc-00042", svc},
+		{"slice", EndpointSlicePrefix + "bench/svc-00042-1", slice},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			v := []byte(c.value)
+			b.SetBytes(int64(len(v)))
+			b.ReportAllocs()
+			for range b.N {
+				if _, err := Decode(c.key, v); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
