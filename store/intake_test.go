@@ -676,3 +676,67 @@ func TestIntakeBatchesWaitingAnswers(t *testing.T) {
 		t.Errorf("the last event's revision is %d; want %d", evs[len(evs)-1].Revision, last)
 	}
 }
+
+// sizedSink records the size and arrival time of each batch it is handed.
+type sizedSink struct {
+	*sink
+	sizes []int
+	at    []time.Time
+}
+
+func (s *sizedSink) OnEvents(b []store.Event) {
+	s.sink.mu.Lock()
+	s.sizes = append(s.sizes, len(b))
+	s.at = append(s.at, time.Now())
+	s.sink.mu.Unlock()
+	s.sink.OnEvents(b)
+}
+
+// TestIntakeHoldsBatchesWhileBusy: writes that keep coming, each answered before the next is
+// made (a bulk apply's steady stream reaching a consumer fast enough never to fall behind),
+// reach the consumer a few at a time, not one batch each; the first write after a quiet
+// spell is delivered alone and at once.
+func TestIntakeHoldsBatchesWhileBusy(t *testing.T) {
+	srv := etcdtest.New(t)
+	cli := mustClient(t, store.ClientConfig{Endpoints: []string{srv.Endpoint()}})
+	s := &sizedSink{sink: newSink()}
+	in, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: s, Reporter: &reporter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runIntake(t, in)
+	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
+
+	// A steady stream: each write committed (and so on its way to the watch) before the next.
+	const n = 100
+	for i := range n {
+		put(t, cli, fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i), serviceValue("default", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.96.0.%d", i+1)))
+		time.Sleep(500 * time.Microsecond)
+	}
+	eventually(t, 10*time.Second, "every change delivered", func() bool { return s.count() == 1+n })
+	s.sink.mu.Lock()
+	batches := len(s.sizes) - 1 // after the in-sync
+	s.sink.mu.Unlock()
+	t.Logf("%d writes in a stream came in %d batches", n, batches)
+	if batches > n/3 {
+		t.Errorf("%d writes in a stream came in %d batches; want them held together, a few a batch", n, batches)
+	}
+	for i, ev := range s.since(1) {
+		if want := fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i); ev.Key != want {
+			t.Fatalf("event %d is %s; want %s (revision order)", i, ev.Key, want)
+		}
+	}
+
+	// After a quiet spell: alone, and not held.
+	time.Sleep(100 * time.Millisecond)
+	written := time.Now()
+	put(t, cli, store.ServicePrefix+"default/after-quiet", serviceValue("default", "after-quiet", "10.96.1.1"))
+	eventually(t, 10*time.Second, "the change after a quiet spell", func() bool { return s.count() == 2+n })
+	s.sink.mu.Lock()
+	size, at := s.sizes[len(s.sizes)-1], s.at[len(s.at)-1]
+	s.sink.mu.Unlock()
+	t.Logf("the change after a quiet spell: delivered %v after its write returned", at.Sub(written))
+	if size != 1 {
+		t.Errorf("the change after a quiet spell came in a batch of %d; want alone", size)
+	}
+}
