@@ -374,3 +374,78 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeSliceAfterAnother: a slice's wire form is kept between decodes for its room; what
+// one slice said never shows in the next. A slice with labels, conditions, several addresses
+// and two ports is decoded, then one with none of them, then the first again.
+func TestDecodeSliceAfterAnother(t *testing.T) {
+	full := `{"metadata":{"labels":{"kubernetes.io/service-name":"a","team":"x"}},"addressType":"IPv4","endpoints":[
+		{"addresses":["10.0.0.1","10.0.0.9"],"conditions":{"ready":false,"serving":false,"terminating":true},"nodeName":"n1","zone":"z1"},
+		{"addresses":["10.0.0.2"],"conditions":{"ready":true},"nodeName":"n2"}],
+		"ports":[{"name":"http","protocol":"UDP","port":80},{"name":"dns","port":53}]}`
+	bare := `{"metadata":{"labels":{"kubernetes.io/service-name":"b"}},"addressType":"IPv4","endpoints":[
+		{"addresses":["10.0.1.1"]}],"ports":[{"port":8080}]}`
+	noLabel := `{"addressType":"IPv4","endpoints":[{"addresses":["10.0.1.1"]}]}`
+	decode := func(v string) *store.EndpointSlice {
+		t.Helper()
+		o, err := store.Decode(store.EndpointSlicePrefix+"ns/e", []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*store.EndpointSlice)
+	}
+	first := decode(full)
+	b := decode(bare)
+	want := store.EndpointSlice{Namespace: "ns", Name: "e", Service: "b", AddressType: "IPv4",
+		Endpoints: []store.Endpoint{{Addresses: []netip.Addr{netip.MustParseAddr("10.0.1.1")}, Ready: true, Serving: true}},
+		Ports:     []store.EndpointPort{{Protocol: store.ProtocolTCP, Port: 8080}}}
+	if !reflect.DeepEqual(*b, want) {
+		t.Errorf("the bare slice after the full one:\n got %+v\nwant %+v", *b, want)
+	}
+	if _, err := store.Decode(store.EndpointSlicePrefix+"ns/e", []byte(noLabel)); err == nil || !strings.Contains(err.Error(), "missing label") {
+		t.Errorf("a slice without the service label after two with it: %v; want the missing label", err)
+	}
+	if again := decode(full); !reflect.DeepEqual(again, first) {
+		t.Errorf("the full slice decoded again:\n got %+v\nwant %+v", *again, *first)
+	}
+	if len(first.Endpoints) != 2 || len(first.Endpoints[0].Addresses) != 2 || first.Endpoints[0].Serving || !first.Endpoints[0].Terminating ||
+		first.Endpoints[0].Zone != "z1" || len(first.Ports) != 2 || first.Ports[0].Protocol != store.ProtocolUDP {
+		t.Errorf("the full slice: %+v", *first)
+	}
+}
+
+// TestDecodeServiceAfterAnother: as TestDecodeSliceAfterAnother, for services: a dual-stack
+// load balancer with a selector, ranges and external IPs, then a bare cluster-IP service;
+// the first keeps what it was decoded with.
+func TestDecodeServiceAfterAnother(t *testing.T) {
+	full := `{"metadata":{"uid":"u1","labels":{"app":"a"}},"spec":{"type":"LoadBalancer","selector":{"app":"a"},
+		"clusterIPs":["10.96.0.1","fd00:96::1"],"ipFamilies":["IPv4","IPv6"],"ipFamilyPolicy":"RequireDualStack",
+		"externalIPs":["192.0.2.7"],"loadBalancerSourceRanges":["198.51.100.0/24"],"externalTrafficPolicy":"Local","healthCheckNodePort":31000,
+		"ports":[{"name":"http","port":80,"targetPort":8080,"nodePort":30080},{"name":"dns","protocol":"UDP","port":53,"targetPort":"dns","nodePort":30053}],
+		"sessionAffinity":"ClientIP","sessionAffinityConfig":{"clientIP":{"timeoutSeconds":60}}},
+		"status":{"loadBalancer":{"ingress":[{"ip":"203.0.113.9"}]}}}`
+	bare := `{"spec":{"clusterIP":"fd00:96::2","ipFamilies":["IPv6"],"ports":[{"port":443}]}}`
+	decode := func(v string) *store.Service {
+		t.Helper()
+		o, err := store.Decode(store.ServicePrefix+"ns/s", []byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.(*store.Service)
+	}
+	first := decode(full)
+	kept := *first
+	kept.IPFamilies = slices.Clone(first.IPFamilies)
+	b := decode(bare)
+	if b.Type != store.ServiceClusterIP || len(b.ClusterIPs) != 1 || !slices.Equal(b.IPFamilies, []string{"IPv6"}) || len(b.ExternalIPs) != 0 || len(b.LoadBalancerIPs) != 0 ||
+		len(b.LoadBalancerSourceRanges) != 0 || len(b.Ports) != 1 || b.Ports[0].NodePort != 0 || b.Ports[0].TargetPortName != "" ||
+		b.AffinityTimeout != 0 || b.ExternalTrafficPolicy != store.PolicyCluster || b.HealthCheckNodePort != 0 || b.UID != "" {
+		t.Errorf("the bare service after the full one: %+v", *b)
+	}
+	if !reflect.DeepEqual(first.IPFamilies, kept.IPFamilies) || len(first.IPFamilies) != 2 {
+		t.Errorf("the first service's families became %v; were %v", first.IPFamilies, kept.IPFamilies)
+	}
+	if again := decode(full); !reflect.DeepEqual(again, first) {
+		t.Errorf("the full service decoded again:\n got %+v\nwant %+v", *again, *first)
+	}
+}
