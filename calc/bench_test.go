@@ -153,6 +153,30 @@ func BenchmarkOneChange(b *testing.B) {
 				g.OnEvents([]store.Event{alt[i%n][(i/n)%2]})
 			}
 		})
+		b.Run(fmt.Sprintf("node-moves/nodes=%d", nodes), func(b *testing.B) {
+			// A node with endpoints (half of its neighbour's services' endpoints are on it)
+			// moving to another underlay address and back: the services with an endpoint
+			// there are found by one pass over the slices.
+			var nodes []*store.Node
+			for _, ev := range c.events {
+				if n, ok := ev.Object.(*store.Node); ok {
+					nodes = append(nodes, n)
+				}
+			}
+			const n = 1024
+			alt := make([][2]store.Event, n)
+			for i := range n {
+				nd := nodes[1+(i*7919)%(len(nodes)-1)]
+				moved := *nd
+				moved.IPv4Address = netip.PrefixFrom(nd.IPv4Address.Addr().Next(), nd.IPv4Address.Bits())
+				alt[i] = [2]store.Event{up(&moved), up(nd)}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				g.OnEvents([]store.Event{alt[i%n][(i/n)%2]})
+			}
+		})
 		b.Run(fmt.Sprintf("block/nodes=%d", nodes), func(b *testing.B) {
 			const n = 1024
 			alt := make([][2]store.Event, n)
