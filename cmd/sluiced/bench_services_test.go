@@ -103,6 +103,7 @@ type svcBenchLogLine struct {
 	Time    time.Time `json:"time"`
 	Message string    `json:"message"`
 	Took    string    `json:"took"`
+	Writes  int       `json:"writes"`
 }
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
@@ -389,6 +390,7 @@ func BenchmarkServicesArriving(b *testing.B) {
 	// sluiced's log lines during the write, counted by message: how many applies it made.
 	var logMu sync.Mutex
 	messages := map[string]int{}
+	var mapWrites int     // the entries the service-map applies wrote
 	var warnings []string // the first lines above info level, for a failure's message
 	go func() {
 		for l := range agent.lines {
@@ -396,6 +398,9 @@ func BenchmarkServicesArriving(b *testing.B) {
 			if json.Unmarshal([]byte(l), &e) == nil {
 				logMu.Lock()
 				messages[e.Message]++
+				if e.Message == "service maps updated" {
+					mapWrites += e.Writes
+				}
 				if !strings.Contains(l, `"level":"info"`) && !strings.Contains(l, `"level":"debug"`) && len(warnings) < 20 {
 					warnings = append(warnings, l)
 				}
@@ -420,6 +425,7 @@ func BenchmarkServicesArriving(b *testing.B) {
 	agentTicks, watcherTicks := cpuTicks(b, agentPid), cpuTicks(b, watcherPid)
 	logMu.Lock()
 	clear(messages)
+	mapWrites = 0
 	logMu.Unlock()
 	start := time.Now()
 	profiled := make(chan struct{})
@@ -497,8 +503,8 @@ func BenchmarkServicesArriving(b *testing.B) {
 		svcBenchServices, svcBenchEndpoints, svcArrivingWriters, writes.Round(time.Millisecond), after.Round(time.Millisecond),
 		agentCPU.Round(10*time.Millisecond), watcherCPU.Round(10*time.Millisecond), agentCPU.Seconds()/watcherCPU.Seconds())
 	logMu.Lock()
-	b.Logf("sluiced logged during the write: %d service-map applies, %d dataplane applies, %d desired-state changes (%v)",
-		messages["service maps updated"], messages["dataplane updated"], messages["desired state changed"], messages)
+	b.Logf("sluiced logged during the write: %d service-map applies writing %d entries, %d dataplane applies, %d desired-state changes (%v)",
+		messages["service maps updated"], mapWrites, messages["dataplane updated"], messages["desired state changed"], messages)
 	logMu.Unlock()
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(writes.Seconds(), "etcd-writes-s")
