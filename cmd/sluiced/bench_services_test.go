@@ -422,7 +422,8 @@ func BenchmarkServicesArriving(b *testing.B) {
 
 	b.ResetTimer()
 	agentPid, watcherPid := agent.cmd.Process.Pid, watcher.Process.Pid
-	agentTicks, watcherTicks := cpuTicks(b, agentPid), cpuTicks(b, watcherPid)
+	agentUser, agentSys := cpuSplit(b, agentPid)
+	watcherUser, watcherSys := cpuSplit(b, watcherPid)
 	logMu.Lock()
 	clear(messages)
 	mapWrites = 0
@@ -491,17 +492,24 @@ func BenchmarkServicesArriving(b *testing.B) {
 			complete = at
 		}
 	}
-	agentCPU := time.Duration(float64(cpuTicks(b, agentPid)-agentTicks) / clockTicks * float64(time.Second))
-	watcherCPU := time.Duration(float64(cpuTicks(b, watcherPid)-watcherTicks) / clockTicks * float64(time.Second))
+	ticks := func(t int64) time.Duration { return time.Duration(float64(t) / clockTicks * float64(time.Second)) }
+	u, sy := cpuSplit(b, agentPid)
+	agentUserCPU, agentSysCPU := ticks(u-agentUser), ticks(sy-agentSys)
+	u, sy = cpuSplit(b, watcherPid)
+	watcherUserCPU, watcherSysCPU := ticks(u-watcherUser), ticks(sy-watcherSys)
+	agentCPU, watcherCPU := agentUserCPU+agentSysCPU, watcherUserCPU+watcherSysCPU
+	peak, _ := memKiB(agentPid)
 	b.StopTimer()
 	<-profiled
 	if heapProfile != "" {
 		saveHeap(b, heapProfile+"-arriving.pb.gz")
 	}
 	after := complete.Sub(lastCommit)
-	b.Logf("%d services of %d endpoints written by %d writers in %v; maps complete %v after the last commit; CPU over the write: sluiced %v, a bare watcher %v (%.1fx)",
+	b.Logf("%d services of %d endpoints written by %d writers in %v; maps complete %v after the last commit; CPU over the write: sluiced %v, a bare watcher %v (%.2fx); sluiced's peak RSS %d MiB",
 		svcBenchServices, svcBenchEndpoints, svcArrivingWriters, writes.Round(time.Millisecond), after.Round(time.Millisecond),
-		agentCPU.Round(10*time.Millisecond), watcherCPU.Round(10*time.Millisecond), agentCPU.Seconds()/watcherCPU.Seconds())
+		agentCPU.Round(10*time.Millisecond), watcherCPU.Round(10*time.Millisecond), agentCPU.Seconds()/watcherCPU.Seconds(), peak/1024)
+	b.Logf("user and system CPU: sluiced %v and %v, the watcher %v and %v", agentUserCPU.Round(10*time.Millisecond), agentSysCPU.Round(10*time.Millisecond),
+		watcherUserCPU.Round(10*time.Millisecond), watcherSysCPU.Round(10*time.Millisecond))
 	logMu.Lock()
 	b.Logf("sluiced logged during the write: %d service-map applies writing %d entries, %d dataplane applies, %d desired-state changes (%v)",
 		messages["service maps updated"], mapWrites, messages["dataplane updated"], messages["desired state changed"], messages)
@@ -512,6 +520,7 @@ func BenchmarkServicesArriving(b *testing.B) {
 	b.ReportMetric(agentCPU.Seconds(), "sluiced-cpu-s")
 	b.ReportMetric(watcherCPU.Seconds(), "watcher-cpu-s")
 	b.ReportMetric(agentCPU.Seconds()/watcherCPU.Seconds(), "cpu-x-watcher")
+	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
 }
 
 func pair(k, v string) [2]string { return [2]string{k, v} }
