@@ -371,8 +371,8 @@ func (g *Graph) recomputeServices() {
 	dirtyHC := set[uint16]{}
 	n := len(g.dirtySvc)
 	for id := range g.dirtySvc {
-		for _, f := range g.svcFronts[id] {
-			g.claims.remove(f.Key, id)
+		old := g.svcFronts[id]
+		for _, f := range old {
 			dirtyKeys.add(f.Key)
 		}
 		delete(g.svcFronts, id)
@@ -387,12 +387,21 @@ func (g *Graph) recomputeServices() {
 			delete(g.svcHealth, id)
 		}
 		fes, hc := g.computeService(id)
+		sortFrontends(fes)
+		// A service whose frontends keep their keys (its endpoints changed, the common
+		// change) keeps its claims as they are.
+		if !slices.EqualFunc(old, fes, func(a, b Frontend) bool { return a.Key == b.Key }) {
+			for _, f := range old {
+				g.claims.remove(f.Key, id)
+			}
+			for _, f := range fes {
+				g.claims.add(f.Key, id)
+			}
+		}
 		for _, f := range fes {
-			g.claims.add(f.Key, id)
 			dirtyKeys.add(f.Key)
 		}
 		if len(fes) > 0 {
-			sortFrontends(fes)
 			g.svcFronts[id] = slices.Clip(fes)
 		}
 		if hc != nil {
