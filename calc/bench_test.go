@@ -156,7 +156,7 @@ func BenchmarkOneChange(b *testing.B) {
 		b.Run(fmt.Sprintf("node-moves/nodes=%d", nodes), func(b *testing.B) {
 			// A node with endpoints (half of its neighbour's services' endpoints are on it)
 			// moving to another underlay address and back: the services with an endpoint
-			// there are found by one pass over the slices.
+			// there are found through the index of slices by node.
 			var nodes []*store.Node
 			for _, ev := range c.events {
 				if n, ok := ev.Object.(*store.Node); ok {

@@ -199,10 +199,7 @@ type Graph struct {
 	slicesByService multi[string, string]
 	// slicesByNode holds the slices naming each node in an endpoint: a node's underlay
 	// address is its backends' NodeAddr, so its change recomputes these slices' services.
-	// A set per node, not a multi: a node holds endpoints of thousands of slices, and a
-	// sorted list's insertions cost as much as the list (a tenth of calc's work while 10,000
-	// services arrived, BenchmarkServicesArriving in cmd/sluiced).
-	slicesByNode map[string]set[string]
+	slicesByNode multi[string, string]
 	// hostNets holds the nodes claiming each underlay address, as a /32 or /128.
 	hostNets  multi[netip.Prefix, string]
 	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
@@ -267,7 +264,7 @@ func New(cfg Config) (*Graph, error) {
 		tunnelsByAddr:   newMulti[netip.Addr, string](),
 		singles:         map[netip.Prefix]set[netip.Addr]{},
 		slicesByService: newMulti[string, string](),
-		slicesByNode:    map[string]set[string]{},
+		slicesByNode:    newMulti[string, string](),
 		hostNets:        newMulti[netip.Prefix, string](),
 		fipsByAddr:      newMulti[netip.Addr, string](),
 		fips:            map[netip.Addr]FloatingIP{},
@@ -532,7 +529,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 	// with an endpoint on it (through the slice index, not every service) when the node comes,
 	// goes or changes address.
 	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
-		for sl := range g.slicesByNode[id] {
+		for sl := range g.slicesByNode.all(id) {
 			g.dirtySvc.add(g.slices[sl].ServiceID())
 		}
 	}
@@ -672,11 +669,8 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	if old := g.slices[id]; old != nil {
 		g.slicesByService.remove(old.ServiceID(), id)
 		for _, ep := range old.Endpoints {
-			if on := g.slicesByNode[ep.NodeName]; on != nil {
-				delete(on, id)
-				if len(on) == 0 {
-					delete(g.slicesByNode, ep.NodeName)
-				}
+			if ep.NodeName != "" {
+				g.slicesByNode.remove(ep.NodeName, id)
 			}
 		}
 		g.dirtySvc.add(old.ServiceID())
@@ -688,15 +682,9 @@ func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
 	g.slices[id] = e
 	g.slicesByService.add(e.ServiceID(), id)
 	for _, ep := range e.Endpoints {
-		if ep.NodeName == "" {
-			continue
+		if ep.NodeName != "" {
+			g.slicesByNode.add(ep.NodeName, id)
 		}
-		on := g.slicesByNode[ep.NodeName]
-		if on == nil {
-			on = set[string]{}
-			g.slicesByNode[ep.NodeName] = on
-		}
-		on.add(id)
 	}
 	g.dirtySvc.add(e.ServiceID())
 }

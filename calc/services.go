@@ -68,22 +68,16 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 	}
 	// By address and port, and of one endpoint listed twice (in two slices) the first ready
 	// copy, else the first: a ready copy wins.
-	slices.SortStableFunc(all, func(x, y cand) int {
-		if c := x.b.Addr.Compare(y.b.Addr); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(x.b.Port, y.b.Port); c != 0 {
-			return c
-		}
-		switch {
-		case x.ready == y.ready:
+	readyFirst := func(c cand) int {
+		if c.ready {
 			return 0
-		case x.ready:
-			return -1
 		}
 		return 1
+	}
+	slices.SortStableFunc(all, func(x, y cand) int {
+		return cmp.Or(cmpBackendAddrPort(x.b, y.b), cmp.Compare(readyFirst(x), readyFirst(y)))
 	})
-	all = slices.CompactFunc(all, func(x, y cand) bool { return x.b.Addr == y.b.Addr && x.b.Port == y.b.Port })
+	all = slices.CompactFunc(all, func(x, y cand) bool { return cmpBackendAddrPort(x.b, y.b) == 0 })
 	// Each set keeps the sorted order: its ready endpoints, or when it has none its fallback.
 	pick := func(local bool) []Backend {
 		var nReady, nFallback int
@@ -221,13 +215,17 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	if s.Type == store.ServiceLoadBalancer && extLocal && s.HealthCheckNodePort != 0 {
 		hc = &HealthCheck{Port: s.HealthCheckNodePort, Service: id}
 	}
-	// Local ready endpoints, by address, for the health check; only the families the
-	// load balancer reaches this node on count, so the check agrees with what it forwards.
-	// byFamily is every local ready endpoint, for the per-family counts.
-	var localReady, byFamily []netip.Addr
-	lb4, lb6 := false, false
-	for _, a := range s.LoadBalancerIPs {
-		lb4, lb6 = lb4 || a.Is4(), lb6 || !a.Is4()
+	// Local ready endpoints, by address, for the health check (made only for a service that
+	// has one); only the families the load balancer reaches this node on count, so the check
+	// agrees with what it forwards. byFamily is every local ready endpoint, for the
+	// per-family counts.
+	var localReady, byFamily set[netip.Addr]
+	var lbFamilies map[bool]bool
+	if hc != nil {
+		localReady, byFamily, lbFamilies = set[netip.Addr]{}, set[netip.Addr]{}, map[bool]bool{}
+		for _, a := range s.LoadBalancerIPs {
+			lbFamilies[a.Is4()] = true
+		}
 	}
 	fam := func(is4 bool) int {
 		if is4 {
@@ -254,13 +252,9 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 				if b.Terminating {
 					continue
 				}
-				if !slices.Contains(byFamily, b.Addr) {
-					byFamily = append(byFamily, b.Addr)
-				}
-				if (!lb4 && !lb6) || (b.Addr.Is4() && lb4) || (!b.Addr.Is4() && lb6) {
-					if !slices.Contains(localReady, b.Addr) {
-						localReady = append(localReady, b.Addr)
-					}
+				byFamily.add(b.Addr)
+				if len(lbFamilies) == 0 || lbFamilies[b.Addr.Is4()] {
+					localReady.add(b.Addr)
 				}
 			}
 		}
@@ -324,7 +318,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 	out = slices.CompactFunc(out, func(a, b Frontend) bool { return a.Key == b.Key })
 	if hc != nil {
 		hc.LocalEndpoints = len(localReady)
-		for _, a := range byFamily {
+		for a := range byFamily {
 			if a.Is4() {
 				hc.LocalIPv4++
 			} else {
@@ -427,15 +421,9 @@ func (g *Graph) recomputeServices() {
 			delete(g.problems, "frontend/"+k.String())
 			delete(g.clashes, k)
 		}
-		// The newest element is kept even when equal, so the service's older list is freed.
-		old, had := g.frontends[k]
+		settle(g.frontends, k, f, ok, frontendPointerEqual, g.emitted, &g.pending.frontendSets, &g.pending.frontendDels)
 		if ok {
-			g.frontends[k] = f
-		} else if had {
-			delete(g.frontends, k)
-		}
-		if g.emitted {
-			queueDiff(old, had, f, ok, frontendPointerEqual, &g.pending.frontendSets, &g.pending.frontendDels)
+			g.frontends[k] = f // the newest even when equal, so the service's older list is freed
 		}
 	}
 	for p := range dirtyHC {

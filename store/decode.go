@@ -72,15 +72,23 @@ func Decode(key string, value []byte) (obj Object, err error) {
 	return obj, nil
 }
 
-// unmarshal decodes JSON and turns type errors into field errors.
-// smallMaps gives the labels and annotations maps a size for a few entries before a decode:
-// the decoder would make each for 64 (4.5 kB an object; for endpoint slices a tenth of what
+// emptied returns m emptied for a decode, or when nil a map with room for a few entries: the
+// decoder would make a nil map for 64 (4.5 kB an object; for endpoint slices a tenth of what
 // sluiced allocated while services arrived, BenchmarkServicesArriving in cmd/sluiced).
-func (m *ObjectMeta) smallMaps() {
-	m.Labels = make(map[string]string, 4)
-	m.Annotations = make(map[string]string, 4)
+func emptied(m map[string]string) map[string]string {
+	if m == nil {
+		return make(map[string]string, 4)
+	}
+	clear(m)
+	return m
 }
 
+// emptyMaps empties the labels and annotations for a decode (see emptied).
+func (m *ObjectMeta) emptyMaps() {
+	m.Labels, m.Annotations = emptied(m.Labels), emptied(m.Annotations)
+}
+
+// unmarshal decodes JSON and turns type errors into field errors.
 func unmarshal(value []byte, v any) error {
 	if len(bytes.TrimSpace(value)) == 0 {
 		return errors.New("empty value: want a JSON object")
@@ -456,7 +464,7 @@ func decodeAffinity(id string, value []byte) (Object, error) {
 
 func decodeWorkloadEndpoint(id string, value []byte) (Object, error) {
 	var r WorkloadEndpointResource
-	r.Metadata.smallMaps()
+	r.Metadata.emptyMaps()
 	if err := unmarshal(value, &r); err != nil {
 		return nil, err
 	}
@@ -618,26 +626,17 @@ func decodeFamilies(spec *ServiceSpec, s *Service) error {
 var servicesRead = sync.Pool{New: func() any { return new(ServiceResource) }}
 
 // resetForDecode empties r for the next decode and keeps the room of its address and port
-// lists and of its maps (a service's selector too would be a map made for 64), as the
-// endpoint slice's does. The string lists' elements are overwritten whole; the ports are
-// zeroed up to their capacity.
+// lists and of its maps (a service's selector too), as the endpoint slice's does. The string
+// lists' elements are overwritten whole; the ports are zeroed up to their capacity.
 func (r *ServiceResource) resetForDecode() {
 	keep := func(l []string) []string { return l[:0] }
 	ports := r.Spec.Ports[:cap(r.Spec.Ports)]
 	clear(ports)
-	spec := ServiceSpec{ClusterIPs: keep(r.Spec.ClusterIPs), IPFamilies: keep(r.Spec.IPFamilies), Ports: ports[:0],
-		ExternalIPs: keep(r.Spec.ExternalIPs), LoadBalancerSourceRanges: keep(r.Spec.LoadBalancerSourceRanges)}
-	labels, annotations, selector := r.Metadata.Labels, r.Metadata.Annotations, r.Spec.Selector
-	*r = ServiceResource{Spec: spec}
-	if labels == nil || annotations == nil || selector == nil {
-		r.Metadata.smallMaps()
-		r.Spec.Selector = make(map[string]string, 4)
-		return
-	}
-	clear(labels)
-	clear(annotations)
-	clear(selector)
-	r.Metadata.Labels, r.Metadata.Annotations, r.Spec.Selector = labels, annotations, selector
+	meta := ObjectMeta{Labels: r.Metadata.Labels, Annotations: r.Metadata.Annotations}
+	meta.emptyMaps()
+	*r = ServiceResource{Metadata: meta, Spec: ServiceSpec{Selector: emptied(r.Spec.Selector),
+		ClusterIPs: keep(r.Spec.ClusterIPs), IPFamilies: keep(r.Spec.IPFamilies), Ports: ports[:0],
+		ExternalIPs: keep(r.Spec.ExternalIPs), LoadBalancerSourceRanges: keep(r.Spec.LoadBalancerSourceRanges)}}
 }
 
 func decodeService(id string, value []byte) (Object, error) {
@@ -797,15 +796,9 @@ func (r *EndpointSliceResource) resetForDecode() {
 	}
 	ports := r.Ports[:cap(r.Ports)]
 	clear(ports)
-	labels, annotations := r.Metadata.Labels, r.Metadata.Annotations
-	*r = EndpointSliceResource{Endpoints: eps[:0], Ports: ports[:0]}
-	if labels == nil || annotations == nil {
-		r.Metadata.smallMaps()
-		return
-	}
-	clear(labels)
-	clear(annotations)
-	r.Metadata.Labels, r.Metadata.Annotations = labels, annotations
+	meta := ObjectMeta{Labels: r.Metadata.Labels, Annotations: r.Metadata.Annotations}
+	meta.emptyMaps()
+	*r = EndpointSliceResource{Metadata: meta, Endpoints: eps[:0], Ports: ports[:0]}
 }
 
 func decodeEndpointSlice(id string, value []byte) (Object, error) {

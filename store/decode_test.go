@@ -118,15 +118,18 @@ func TestDecodeRejectsWithField(t *testing.T) {
 	}
 }
 
-func TestDecodeDefaultsAndFallbacks(t *testing.T) {
-	dec := func(key, value string) store.Object {
-		t.Helper()
-		o, err := store.Decode(key, []byte(value))
-		if err != nil {
-			t.Fatalf("Decode(%s): %v", key, err)
-		}
-		return o
+// mustDecode decodes value under key, failing the test on an error.
+func mustDecode(t *testing.T, key, value string) store.Object {
+	t.Helper()
+	o, err := store.Decode(key, []byte(value))
+	if err != nil {
+		t.Fatalf("Decode(%s): %v", key, err)
 	}
+	return o
+}
+
+func TestDecodeDefaultsAndFallbacks(t *testing.T) {
+	dec := func(key, value string) store.Object { t.Helper(); return mustDecode(t, key, value) }
 	p := dec(store.IPPoolPrefix+"v6", `{"spec":{"cidr":"fd00:65::/48"}}`).(*store.IPPool)
 	if p.BlockSize != 122 || p.VXLANMode != store.EncapNever || p.IPIPMode != store.EncapNever {
 		t.Errorf("v6 pool defaults: %+v", p)
@@ -388,11 +391,7 @@ func TestDecodeSliceAfterAnother(t *testing.T) {
 	noLabel := `{"addressType":"IPv4","endpoints":[{"addresses":["10.0.1.1"]}]}`
 	decode := func(v string) *store.EndpointSlice {
 		t.Helper()
-		o, err := store.Decode(store.EndpointSlicePrefix+"ns/e", []byte(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o.(*store.EndpointSlice)
+		return mustDecode(t, store.EndpointSlicePrefix+"ns/e", v).(*store.EndpointSlice)
 	}
 	first := decode(full)
 	b := decode(bare)
@@ -427,11 +426,7 @@ func TestDecodeServiceAfterAnother(t *testing.T) {
 	bare := `{"spec":{"clusterIP":"fd00:96::2","ipFamilies":["IPv6"],"ports":[{"port":443}]}}`
 	decode := func(v string) *store.Service {
 		t.Helper()
-		o, err := store.Decode(store.ServicePrefix+"ns/s", []byte(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return o.(*store.Service)
+		return mustDecode(t, store.ServicePrefix+"ns/s", v).(*store.Service)
 	}
 	first := decode(full)
 	kept := *first
