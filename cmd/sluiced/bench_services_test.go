@@ -136,6 +136,10 @@ func servicesBenchWorld(b *testing.B) (bin, pinDir string, etcd *etcdtest.Child,
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			b.Fatalf("%v: %v %s", c, err, out)
 		}
+		if c[2] == "add" && c[1] == "link" {
+			// The namespace may outlive the benchmark (one made by hand for a series of runs).
+			b.Cleanup(func() { _ = exec.Command("ip", "link", "del", "eth0").Run() })
+		}
 	}
 	bpffs := filepath.Join(dir, "bpf")
 	if err := os.Mkdir(bpffs, 0o700); err != nil {
