@@ -197,7 +197,7 @@ func (s *Services) reset() {
 func (s *Services) expectLocked(u *calc.Update) {
 	var nFront, nList [2]int
 	for _, op := range u.Ops {
-		if op.Frontend != nil && !op.Remove {
+		if op.Kind() == calc.OpFrontend && !op.Remove {
 			f := 0
 			if !op.Frontend.Key.Addr.Is4() {
 				f = 1
@@ -227,8 +227,8 @@ func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 	}
 	var last *calc.FrontendKey
 	for _, op := range u.Ops {
-		switch {
-		case op.Frontend != nil:
+		switch op.Kind() {
+		case calc.OpFrontend:
 			changed = true
 			// A full update follows a reset and names each frontend once, in key order (calc's
 			// State): there is nothing to remove unless a key comes again.
@@ -239,10 +239,10 @@ func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 			if !op.Remove {
 				s.setFrontendLocked(*op.Frontend)
 			}
-		case op.ClusterNet != nil:
+		case calc.OpClusterNet:
 			changed = true
 			s.setClusterNetLocked(*op.ClusterNet, op.Remove)
-		case op.Route != nil:
+		case calc.OpRoute:
 			// Routes are keyed by destination: a workload's address that now leads elsewhere
 			// comes as a set with another reason, not as a removal.
 			if s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload) {

@@ -260,17 +260,19 @@ func (s *Stage) OnUpdate(u *calc.Update) {
 	relevant := s.Svc.OnUpdate(u)
 	addrsChanged := u.Full
 	for _, op := range u.Ops {
-		switch {
-		case op.HealthCheck != nil && op.Remove:
-			s.Health.DeleteService(op.HealthCheck.Port)
-		case op.HealthCheck != nil:
-			s.Health.SetServiceFamilies(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalIPv4, op.HealthCheck.LocalIPv6)
-		case op.ClusterNet != nil:
+		switch op.Kind() {
+		case calc.OpHealthCheck:
+			// Only what the stage programs asks for an apply: a route change elsewhere in
+			// the cluster does not.
+			relevant = true
+			if op.Remove {
+				s.Health.DeleteService(op.HealthCheck.Port)
+			} else {
+				s.Health.SetServiceFamilies(op.HealthCheck.Port, op.HealthCheck.Service, op.HealthCheck.LocalIPv4, op.HealthCheck.LocalIPv6)
+			}
+		case calc.OpClusterNet:
 			addrsChanged = true
 		}
-		// Only what the stage programs asks for an apply: a route change elsewhere in the
-		// cluster does not.
-		relevant = relevant || op.HealthCheck != nil
 	}
 	if addrsChanged {
 		// Health-check node ports answer on the node's own addresses and follow them.

@@ -7,10 +7,10 @@ import (
 	"strings"
 )
 
-// Op is one change to the desired state: exactly one of the pointers is set. Remove ops carry
-// the object as it was. What the pointers point to is never changed afterwards: a consumer may
-// keep them (the dataplane keeps calc's routes rather than a copy of each), and must not
-// change them.
+// Op is one change to the desired state: exactly one of the pointers is set, the one its
+// Kind names. Remove ops carry the object as it was. What the pointers point to is never
+// changed afterwards: a consumer may keep them (the dataplane keeps calc's routes rather than
+// a copy of each), and must not change them.
 type Op struct {
 	Remove      bool
 	VTEP        *VTEP
@@ -21,12 +21,56 @@ type Op struct {
 	FloatingIP  *FloatingIP
 }
 
+// OpKind is the kind of desired state an op changes: consumers switch on it rather than test
+// each pointer.
+type OpKind uint8
+
+const (
+	OpNone OpKind = iota // an op with no object: never sent
+	OpVTEP
+	OpClusterNet
+	OpRoute
+	OpFrontend
+	OpHealthCheck
+	OpFloatingIP
+)
+
+var opKindNames = [...]string{OpNone: "none", OpVTEP: "vtep", OpClusterNet: "cluster-net", OpRoute: "route",
+	OpFrontend: "frontend", OpHealthCheck: "health-check", OpFloatingIP: "floating-ip"}
+
+func (k OpKind) String() string {
+	if int(k) < len(opKindNames) {
+		return opKindNames[k]
+	}
+	return "unknown"
+}
+
+// Kind is the kind of o: the one pointer set is the only place that says it.
+func (o Op) Kind() OpKind {
+	switch {
+	case o.VTEP != nil:
+		return OpVTEP
+	case o.ClusterNet != nil:
+		return OpClusterNet
+	case o.Route != nil:
+		return OpRoute
+	case o.Frontend != nil:
+		return OpFrontend
+	case o.HealthCheck != nil:
+		return OpHealthCheck
+	case o.FloatingIP != nil:
+		return OpFloatingIP
+	}
+	return OpNone
+}
+
 // Update is what calc hands the dataplane after a batch. Full means Ops is the whole desired
 // state (the first update after in-sync): the consumer replaces everything it had. Ops are in
-// apply order: VTEP sets, cluster-net sets, route sets, frontend and health-check sets, then
-// health-check, frontend, route, VTEP and cluster-net removals. So VTEPs exist before the
-// routes that use them, and a cluster net is known before any frontend that relies on it and
-// outlives them all.
+// apply order: VTEP sets, cluster-net sets, route sets, floating-IP sets, frontend and
+// health-check sets, then health-check, frontend, floating-IP, route, VTEP and cluster-net
+// removals. So VTEPs exist before the routes that use them, a floating IP's workload is routed
+// before the floating IP leads to it and after it no longer does, and a cluster net is known
+// before any frontend that relies on it and outlives them all.
 type Update struct {
 	Full     bool
 	Ops      []Op

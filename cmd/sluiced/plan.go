@@ -65,18 +65,18 @@ func (p *planner) OnEvents(batch []store.Event) {
 	}
 	var vteps, routes, frontends, health, nets, removes int
 	for _, op := range u.Ops {
-		switch {
+		switch kind := op.Kind(); {
 		case op.Remove:
 			removes++
-		case op.VTEP != nil:
+		case kind == calc.OpVTEP:
 			vteps++
-		case op.Route != nil:
+		case kind == calc.OpRoute:
 			routes++
-		case op.Frontend != nil:
+		case kind == calc.OpFrontend:
 			frontends++
-		case op.HealthCheck != nil:
+		case kind == calc.OpHealthCheck:
 			health++
-		case op.ClusterNet != nil:
+		case kind == calc.OpClusterNet:
 			nets++
 		}
 		if e := p.log.Debug(); e.Enabled() {
@@ -141,16 +141,16 @@ func (p *planner) attachServices(st *bpf.Stage) {
 }
 
 func describe(op calc.Op) string {
-	switch {
-	case op.VTEP != nil:
+	switch op.Kind() {
+	case calc.OpVTEP:
 		return "vtep " + op.VTEP.String()
-	case op.Route != nil:
+	case calc.OpRoute:
 		return "route " + op.Route.String()
-	case op.Frontend != nil:
+	case calc.OpFrontend:
 		return "frontend " + op.Frontend.Key.String() + " " + op.Frontend.Service
-	case op.HealthCheck != nil:
+	case calc.OpHealthCheck:
 		return "health-check " + op.HealthCheck.Service
-	case op.ClusterNet != nil:
+	case calc.OpClusterNet:
 		return "cluster-net " + op.ClusterNet.String()
 	}
 	return ""
