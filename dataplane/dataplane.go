@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,12 +87,13 @@ type Dataplane struct {
 	mu      sync.Mutex
 	routes  *RouteTable
 	vxlan   *VXLAN
-	vxlan6  *VXLAN         // the IPv6 device
-	nat     *OutgoingNAT   // nil: the kernel has no nftables
-	synced  bool           // a full update has arrived: writing is allowed
-	v6dsts  int            // how many of the desired routes are IPv6
-	locals  map[string]int // workload interfaces with local routes, and how many
-	sysctls map[string]string
+	vxlan6  *VXLAN       // the IPv6 device
+	nat     *OutgoingNAT // nil: the kernel has no nftables
+	sysctls *Sysctls
+	// drivers are the above in apply order: sysctls, the VXLAN devices (the VTEPs before
+	// the routes that use them), routes, NAT.
+	drivers []driver
+	synced  bool // a full update has arrived: writing is allowed
 	stats   Stats
 	// leftovers and netfilter are the leftovers reported and still there; removedLeftovers
 	// when each was last removed (a program that puts its route back is not fought in a
@@ -133,8 +131,9 @@ func New(k Kernel, cfg Config) *Dataplane {
 	if cfg.ResyncInterval == 0 {
 		cfg.ResyncInterval = 90 * time.Second
 	}
+	var readSys func(string) (string, error)
 	if cfg.Sysctl == nil {
-		cfg.Sysctl = writeSysctl
+		cfg.Sysctl, readSys = writeSysctl, readSysctl
 	}
 	if cfg.ParentAddr.Is6() {
 		cfg.Routes.ParentAddr6, cfg.VXLANv6.ParentAddr = cfg.ParentAddr, cfg.ParentAddr
@@ -150,10 +149,11 @@ func New(k Kernel, cfg Config) *Dataplane {
 	}
 	rt := NewRouteTable(k, cfg.Routes)
 	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
-		locals: map[string]int{}, sysctls: map[string]string{}, removedLeftovers: map[string]time.Time{},
-		kick: make(chan struct{}, 1)}
+		sysctls: newSysctls(cfg.Sysctl, readSys, rt.HasIPv6), removedLeftovers: map[string]time.Time{}, kick: make(chan struct{}, 1)}
+	d.drivers = []driver{d.sysctls, d.vxlan, d.vxlan6, d.routes}
 	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
 		d.nat = newOutgoingNAT(nk, cfg.NAT)
+		d.drivers = append(d.drivers, d.nat)
 	}
 	return d
 }
@@ -165,79 +165,19 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	if d.pendingSince.IsZero() {
 		d.pendingSince = time.Now()
 	}
+	changed := u.Full
 	if u.Full {
 		d.fulls++
-		// Sized for the routes alone: a full update also carries a VTEP and a cluster net
-		// per node, and maps sized for all of them held three times the room at 20,000 nodes.
-		nRoutes := 0
-		for _, op := range u.Ops {
-			if op.Route != nil {
-				nRoutes++
-			}
-		}
-		seen := make(map[netip.Prefix]bool, nRoutes)
-		seenV := map[calc.VTEPKey]bool{}
-		d.routes.Expect(nRoutes)
-		for _, op := range u.Ops {
-			if op.Route != nil {
-				seen[op.Route.Dst] = true
-			}
-			if op.VTEP != nil {
-				seenV[op.VTEP.Key()] = true
-			}
-		}
-		for dst := range d.routes.routes {
-			if !seen[dst] {
-				d.deleteRouteLocked(dst)
-			}
-		}
-		if d.nat != nil {
-			d.nat.reset() // the update's ops give back what is still wanted
-		}
-		// The VTEPs the devices hold that the update lacks (each device holds its family's).
-		for _, x := range d.devices() {
-			for node, r := range x.remotes {
-				if !seenV[calc.VTEPKey{Node: node, IPv6: r.tunnel.Is6()}] {
-					v := r.vtep(node)
-					x.DeleteVTEP(v)
-				}
-			}
-			if x.local != nil && !seenV[x.local.Key()] {
-				x.DeleteVTEP(*x.local)
-			}
+		for _, dr := range d.drivers {
+			dr.Full(u)
 		}
 		d.synced = true
-	}
-	changed := u.Full
-	for _, op := range u.Ops {
-		if op.VTEP != nil || op.Route != nil {
-			changed = true
-		}
-		if d.nat != nil && d.nat.OnOp(op) {
-			changed = true
-		}
-		switch {
-		case op.VTEP != nil && op.Remove:
-			for _, x := range d.devices() { // each device takes its own family's VTEPs
-				x.DeleteVTEP(*op.VTEP)
-			}
-		case op.VTEP != nil:
-			for _, x := range d.devices() {
-				x.SetVTEP(*op.VTEP)
-			}
-			if op.VTEP.Local && op.VTEP.Underlay.IsValid() {
-				d.setParentLocked(op.VTEP.Underlay)
-			}
-		case op.Route != nil && op.Remove:
-			d.deleteRouteLocked(op.Route.Dst)
-		case op.Route != nil:
-			d.dropLocalLocked(op.Route.Dst)
-			if _, had := d.routes.routes[op.Route.Dst]; !had && op.Route.Dst.Addr().Is6() {
-				d.v6dsts++
-			}
-			d.routes.SetRoute(op.Route)
-			if op.Route.Reason == calc.ReasonLocalWorkload && op.Route.Device != "" {
-				d.locals[op.Route.Device]++
+	} else {
+		for _, op := range u.Ops {
+			for _, dr := range d.drivers {
+				if dr.OnOp(op) {
+					changed = true
+				}
 			}
 		}
 	}
@@ -248,55 +188,13 @@ func (d *Dataplane) OnUpdate(u *calc.Update) {
 	}
 }
 
-// deleteRouteLocked wants no route to dst any more.
-func (d *Dataplane) deleteRouteLocked(dst netip.Prefix) {
-	d.dropLocalLocked(dst)
-	if _, had := d.routes.routes[dst]; had && dst.Addr().Is6() {
-		d.v6dsts--
-	}
-	d.routes.DeleteRoute(dst)
-}
-
-// dropLocalLocked forgets the workload interface of the route now desired at dst, if any.
-func (d *Dataplane) dropLocalLocked(dst netip.Prefix) {
-	if r, ok := d.routes.routes[dst]; ok && r.Reason == calc.ReasonLocalWorkload {
-		if d.locals[r.Device]--; d.locals[r.Device] <= 0 {
-			delete(d.locals, r.Device)
-		}
-	}
-}
-
-// setParentLocked takes this node's underlay address from its VTEP: an IPv6 one binds the IPv6
-// device and the IPv6 routes that go "via the parent"; an IPv4 one the IPv4 device and routes.
-func (d *Dataplane) setParentLocked(a netip.Addr) {
-	if a.Is6() {
-		if d.vxlan6.cfg.ParentAddr != a {
-			d.vxlan6.cfg.ParentAddr = a
-			d.routes.cfg.ParentAddr6 = a
-			d.routes.QueueResync()
-			d.vxlan6.QueueResync()
-		}
-		return
-	}
-	if d.routes.cfg.ParentAddr != a {
-		d.routes.cfg.ParentAddr = a
-		d.vxlan.cfg.ParentAddr = a
-		d.routes.QueueResync()
-		d.vxlan.QueueResync()
-	}
-}
-
 // devices are the VXLAN drivers, IPv4 then IPv6.
 func (d *Dataplane) devices() [2]*VXLAN { return [2]*VXLAN{d.vxlan, d.vxlan6} }
 
 // resyncAllLocked makes the next apply read everything again.
 func (d *Dataplane) resyncAllLocked() {
-	d.routes.QueueResync()
-	if d.nat != nil {
-		d.nat.QueueResync()
-	}
-	for _, x := range d.devices() {
-		x.QueueResync()
+	for _, dr := range d.drivers {
+		dr.QueueResync()
 	}
 }
 
@@ -358,7 +256,7 @@ func (d *Dataplane) Apply() error {
 	}
 	d.fullsApplied = d.fulls
 	var errs []error
-	if err := d.applySysctls(); err != nil {
+	if err := d.sysctls.Apply(); err != nil {
 		errs = append(errs, err)
 	}
 	// VTEPs (device, neighbours) before the routes that use them.
@@ -368,12 +266,12 @@ func (d *Dataplane) Apply() error {
 	if err := d.vxlan6.Apply(); err != nil {
 		errs = append(errs, err)
 	}
-	if d.vxlan.index != d.vxlanIndex || d.vxlan6.index != d.vxlan6Index {
+	if d.vxlan.Index() != d.vxlanIndex || d.vxlan6.Index() != d.vxlan6Index {
 		// A new device (first, or recreated): routes through it must use its new index.
-		d.vxlanIndex, d.vxlan6Index = d.vxlan.index, d.vxlan6.index
+		d.vxlanIndex, d.vxlan6Index = d.vxlan.Index(), d.vxlan6.Index()
 		d.routes.QueueResync()
 	}
-	scan := d.routes.needRead
+	scan := d.routes.ReadPending()
 	if err := d.routes.Apply(); err != nil {
 		errs = append(errs, err)
 	}
@@ -410,62 +308,12 @@ func (d *Dataplane) Apply() error {
 	return err
 }
 
-// applySysctls sets what forwarding to workloads needs: IPv4 forwarding (IPv6 forwarding too
-// once any IPv6 route is desired), and on each local
-// workload's interface proxy ARP (workloads route via a link-local gateway the host answers
-// for), no proxy delay, and forwarding. Values are written only when they differ from what
-// sluice last wrote.
-func (d *Dataplane) applySysctls() error {
-	want := map[string]string{"net/ipv4/ip_forward": "1"}
-	if d.v6dsts > 0 {
-		// IPv6 routes to route: the host must forward IPv6 too. (On a host that configures
-		// its own uplink by router advertisements, accept_ra=2 keeps them working.)
-		want["net/ipv6/conf/all/forwarding"] = "1"
-	}
-	for dev := range d.locals {
-		want["net/ipv4/conf/"+dev+"/proxy_arp"] = "1"
-		want["net/ipv4/neigh/"+dev+"/proxy_delay"] = "0"
-		want["net/ipv4/conf/"+dev+"/forwarding"] = "1"
-	}
-	var errs []error
-	for path, v := range want {
-		if d.sysctls[path] == v {
-			continue
-		}
-		if err := d.cfg.Sysctl(path, v); err != nil {
-			if errors.Is(err, os.ErrNotExist) && (strings.Contains(path, "/conf/") || strings.Contains(path, "/neigh/")) {
-				continue // the interface is not there yet; its link event brings us back
-			}
-			errs = append(errs, err)
-			continue
-		}
-		d.sysctls[path] = v
-	}
-	return errors.Join(errs...)
-}
-
-func writeSysctl(path, value string) error {
-	p := filepath.Join("/proc/sys", path)
-	cur, err := os.ReadFile(p)
-	if err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(p, []byte(value), 0o644)
-}
-
 // ForgetInterface drops what sluice remembers writing for a workload interface (it went, and
 // a new one of the same name needs its sysctls again).
 func (d *Dataplane) ForgetInterface(name string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for p := range d.sysctls {
-		if strings.Contains(p, "/"+name+"/") {
-			delete(d.sysctls, p)
-		}
-	}
+	d.sysctls.ForgetInterface(name)
 }
 
 // Run applies whenever kicked, at most every MinInterval, retries failures with backoff
@@ -505,25 +353,12 @@ func Diff(k Kernel, cfg Config, u *calc.Update) (missing, extra []string, err er
 	d.OnUpdate(u)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, x := range d.devices() {
-		xm, xe, err := x.Diff()
+	for _, dr := range d.drivers {
+		m, e, err := dr.Diff()
 		if err != nil {
 			return nil, nil, err
 		}
-		missing, extra = append(missing, xm...), append(extra, xe...)
+		missing, extra = append(missing, m...), append(extra, e...)
 	}
-	rm, re, err := d.routes.Diff()
-	if err != nil {
-		return nil, nil, err
-	}
-	if d.nat != nil {
-		nd, err := d.nat.Diff()
-		if err != nil {
-			return nil, nil, err
-		}
-		if nd != "" {
-			missing = append(missing, nd)
-		}
-	}
-	return append(missing, rm...), append(extra, re...), nil
+	return missing, extra, nil
 }

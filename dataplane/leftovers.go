@@ -142,7 +142,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	for _, l := range links {
 		vx, ok := l.(*netlink.Vxlan)
 		name := l.Attrs().Name
-		if !ok || name == d.vxlan.cfg.Name || name == d.vxlan6.cfg.Name {
+		if !ok || name == d.vxlan.Name() || name == d.vxlan6.Name() {
 			continue
 		}
 		if lo, ok := vxlanLeftover(vx, d.vxlan.cfg, d.vxlan6.cfg); ok {

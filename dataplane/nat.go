@@ -131,11 +131,15 @@ func newOutgoingNAT(k natKernel, cfg NATConfig) *OutgoingNAT {
 	return &OutgoingNAT{k: k, cfg: cfg, nets: map[netip.Prefix]calc.ClusterNet{}, fips: map[netip.Addr]netip.Addr{}, needRead: true, changed: true}
 }
 
-// reset forgets every net and floating IP before a full update gives those still wanted.
-func (n *OutgoingNAT) reset() {
+// Full takes a full update's cluster nets and floating IPs: the table is made from them
+// alone.
+func (n *OutgoingNAT) Full(u *calc.Update) {
 	clear(n.nets)
 	clear(n.fips)
 	n.changed = true
+	for _, op := range u.Ops {
+		n.OnOp(op)
+	}
 }
 
 // OnOp takes one of calc's ops: a cluster net or a floating IP of this node's (others are
@@ -143,8 +147,8 @@ func (n *OutgoingNAT) reset() {
 // are kept: with the default exclusions a node's address is neither masqueraded nor kept, and
 // 20,000 of them would make every node's arrival recompute the table.
 func (n *OutgoingNAT) OnOp(op calc.Op) bool {
-	switch {
-	case op.ClusterNet != nil:
+	switch op.Kind() {
+	case calc.OpClusterNet:
 		c := op.ClusterNet
 		old, had := n.nets[c.Prefix]
 		if op.Remove || (!c.Masquerade && !c.KeepSource) {
@@ -154,7 +158,7 @@ func (n *OutgoingNAT) OnOp(op calc.Op) bool {
 		c2 := calc.ClusterNet{Prefix: c.Prefix, Masquerade: c.Masquerade, KeepSource: c.KeepSource}
 		n.nets[c.Prefix] = c2
 		return n.mark(!had || old != c2)
-	case op.FloatingIP != nil:
+	case calc.OpFloatingIP:
 		f := op.FloatingIP
 		old, had := n.fips[f.External]
 		if op.Remove {
@@ -281,24 +285,25 @@ func (n *OutgoingNAT) Programmed() string {
 	return n.actual.String()
 }
 
-// Diff reads the table and says how it differs from the desired state ("" when it matches).
-func (n *OutgoingNAT) Diff() (string, error) {
+// Diff reads the table and says how it differs from the desired state: a table that should
+// not be there is extra, one missing or holding other rules missing.
+func (n *OutgoingNAT) Diff() (missing, extra []string, err error) {
 	r, ok, err := n.k.readNAT()
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
 	want := n.desired()
 	switch {
 	case want.empty():
 		if ok {
-			return fmt.Sprintf("nftables table %s: present (%s); want none", NATTable, r), nil
+			return nil, []string{fmt.Sprintf("nftables table %s: present (%s); want none", NATTable, r)}, nil
 		}
 	case !ok:
-		return fmt.Sprintf("nftables table %s: missing; want %s", NATTable, want), nil
+		return []string{fmt.Sprintf("nftables table %s: missing; want %s", NATTable, want)}, nil, nil
 	case !r.equal(want):
-		return fmt.Sprintf("nftables table %s: holds %s; want %s", NATTable, r, want), nil
+		return []string{fmt.Sprintf("nftables table %s: holds %s; want %s", NATTable, r, want)}, nil, nil
 	}
-	return "", nil
+	return nil, nil, nil
 }
 
 // mergePrefixes sorts ps and drops every prefix inside another: what an interval set holds.

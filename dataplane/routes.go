@@ -97,6 +97,7 @@ type RouteTable struct {
 	replacing  map[routeKey]Route
 	writes     int
 	unresolved int
+	v6         int // how many desired routes are IPv6
 }
 
 // NewRouteTable returns a route table driver; nothing is read or written until Apply.
@@ -145,6 +146,9 @@ func (t *RouteTable) SetRoute(r *calc.Route) {
 	}
 	// Kept even when equal to the old one: calc has let the old copy go.
 	t.routes[r.Dst] = nr // resolved to its kernel form (device index) at Apply
+	if !ok && r.Dst.Addr().Is6() {
+		t.v6++
+	}
 	if !ok || *old.Route != *r {
 		t.changed[nr.key()] = true
 	}
@@ -180,11 +184,82 @@ func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	}
 	k := r.key()
 	delete(t.routes, dst)
+	if dst.Addr().Is6() {
+		t.v6--
+	}
 	delete(t.changed, k)
 	delete(t.unres, k)
 	t.tracker.DeleteDesired(k)
 	t.nh.release(r.nh)
 }
+
+// Full takes a full update's routes: those it lacks are deleted. Sized for the routes alone:
+// a full update also carries a VTEP and a cluster net per node, and maps sized for all of them
+// held three times the room at 20,000 nodes.
+func (t *RouteTable) Full(u *calc.Update) {
+	n := 0
+	for _, op := range u.Ops {
+		if op.Kind() == calc.OpRoute {
+			n++
+		}
+	}
+	seen := make(map[netip.Prefix]bool, n)
+	for _, op := range u.Ops {
+		if op.Kind() == calc.OpRoute {
+			seen[op.Route.Dst] = true
+		}
+	}
+	t.Expect(n)
+	for dst := range t.routes {
+		if !seen[dst] {
+			t.DeleteRoute(dst)
+		}
+	}
+	for _, op := range u.Ops {
+		t.OnOp(op)
+	}
+}
+
+// OnOp takes a route, and this node's VTEP: its underlay address is the parent device of
+// routes "via the parent" of its family.
+func (t *RouteTable) OnOp(op calc.Op) bool {
+	switch op.Kind() {
+	case calc.OpRoute:
+		if op.Remove {
+			t.DeleteRoute(op.Route.Dst)
+		} else {
+			t.SetRoute(op.Route)
+		}
+		return true
+	case calc.OpVTEP:
+		if v := op.VTEP; !op.Remove && v.Local && v.Underlay.IsValid() {
+			t.setParent(v.Underlay)
+		}
+		return true
+	}
+	return false
+}
+
+// setParent takes this node's underlay address of a's family.
+func (t *RouteTable) setParent(a netip.Addr) {
+	p := &t.cfg.ParentAddr
+	if a.Is6() {
+		p = &t.cfg.ParentAddr6
+	}
+	if *p != a {
+		*p = a
+		t.QueueResync()
+	}
+}
+
+// ParentAddrs are this node's underlay addresses as the table knows them.
+func (t *RouteTable) ParentAddrs() (v4, v6 netip.Addr) { return t.cfg.ParentAddr, t.cfg.ParentAddr6 }
+
+// HasIPv6 says whether any IPv6 route is desired.
+func (t *RouteTable) HasIPv6() bool { return t.v6 > 0 }
+
+// ReadPending says whether the next Apply reads the kernel again.
+func (t *RouteTable) ReadPending() bool { return t.needRead }
 
 // QueueResync makes the next Apply read the kernel again (drift, link changes, failures).
 func (t *RouteTable) QueueResync() { t.needRead, t.linksStale = true, true }

@@ -153,6 +153,60 @@ func (x *VXLAN) DeleteVTEP(v calc.VTEP) {
 	}
 }
 
+// Full takes a full update's VTEPs of the device's family: those it lacks are deleted.
+func (x *VXLAN) Full(u *calc.Update) {
+	seen := map[calc.VTEPKey]bool{}
+	for _, op := range u.Ops {
+		if op.Kind() == calc.OpVTEP {
+			seen[op.VTEP.Key()] = true
+		}
+	}
+	for node, r := range x.remotes {
+		if !seen[calc.VTEPKey{Node: node, IPv6: r.tunnel.Is6()}] {
+			x.DeleteVTEP(r.vtep(node))
+		}
+	}
+	if x.local != nil && !seen[x.local.Key()] {
+		x.DeleteVTEP(*x.local)
+	}
+	for _, op := range u.Ops {
+		x.OnOp(op)
+	}
+}
+
+// OnOp takes a VTEP. This node's, with an underlay address of the device's family, binds the
+// device to that address (whichever family its tunnel address is).
+func (x *VXLAN) OnOp(op calc.Op) bool {
+	if op.Kind() != calc.OpVTEP {
+		return false
+	}
+	v := op.VTEP
+	if op.Remove {
+		x.DeleteVTEP(*v)
+		return true
+	}
+	x.SetVTEP(*v)
+	if v.Local && v.Underlay.IsValid() && v.Underlay.Is6() == x.cfg.IPv6 && x.cfg.ParentAddr != v.Underlay {
+		x.cfg.ParentAddr = v.Underlay
+		x.QueueResync()
+	}
+	return true
+}
+
+// ParentAddr is the underlay address the device is bound to.
+func (x *VXLAN) ParentAddr() netip.Addr { return x.cfg.ParentAddr }
+
+// AddrChanged hears that address a came or went on some link: the device bound to it is
+// read again.
+func (x *VXLAN) AddrChanged(a netip.Addr) {
+	if a == x.cfg.ParentAddr {
+		x.QueueResync()
+	}
+}
+
+// Index is the device's index as of the last Apply (0: none).
+func (x *VXLAN) Index() int { return x.index }
+
 // NeighGone records that a neighbour (by IP) or FDB entry (AF_BRIDGE, by MAC)
 // on the device was deleted by someone: the next Apply puts it back without a full read.
 // It reports whether the entry is one sluice wants (a repair is due).

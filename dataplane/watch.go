@@ -234,11 +234,9 @@ func (d *Dataplane) onAddr(u netlink.AddrUpdate) {
 	for _, x := range d.devices() {
 		x.CheckDevice()
 	}
-	if u.LinkAddress.IP != nil {
-		if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok && a.Unmap() == d.routes.cfg.ParentAddr {
-			d.vxlan.QueueResync()
-		} else if ok && a == d.vxlan6.cfg.ParentAddr {
-			d.vxlan6.QueueResync()
+	if a, ok := netip.AddrFromSlice(u.LinkAddress.IP); ok {
+		for _, x := range d.devices() {
+			x.AddrChanged(a.Unmap())
 		}
 	}
 	d.mu.Unlock()
@@ -250,12 +248,12 @@ func (d *Dataplane) onNeighGone(u Neighbour) {
 	d.mu.Lock()
 	repair := false
 	for _, x := range d.devices() {
-		if x.index != 0 && u.LinkIndex == x.index {
+		if x.Index() != 0 && u.LinkIndex == x.Index() {
 			if x.NeighGone(u.IP, u.MAC, u.Family == unix.AF_BRIDGE) {
 				d.stats.NeighRepairs++
-				what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.IP, u.MAC, x.cfg.Name)
+				what := fmt.Sprintf("neighbour %s lladdr %s dev %s", u.IP, u.MAC, x.Name())
 				if u.Family == unix.AF_BRIDGE {
-					what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.MAC, u.IP, x.cfg.Name)
+					what = fmt.Sprintf("FDB entry %s dst %s dev %s", u.MAC, u.IP, x.Name())
 				}
 				d.repairing("neighbour", what)
 				repair = true
@@ -339,7 +337,7 @@ func (d *Dataplane) quietOwnDevice(a *netlink.LinkAttrs, known bool) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, x := range d.devices() {
-		if x.Name() != a.Name || x.index == 0 || x.index != a.Index {
+		if x.Name() != a.Name || x.Index() == 0 || x.Index() != a.Index {
 			continue
 		}
 		if a.Flags&net.FlagUp != 0 {
