@@ -184,8 +184,6 @@ type Graph struct {
 	blocks     map[netip.Prefix]*store.Block
 	affinities map[string]*store.BlockAffinity
 	weps       map[string]*store.WorkloadEndpoint
-	services   map[string]*store.Service
-	slices     map[string]*store.EndpointSlice
 
 	// Indexes from an input to what it touches.
 	blocksByNode  prefixLists
@@ -195,11 +193,7 @@ type Graph struct {
 	// singles holds every single address a workload network or a tunnel names, by the /24 (or
 	// IPv6 /120) around it: a block finds the addresses inside it with one lookup per 256
 	// addresses instead of one per address.
-	singles         map[netip.Prefix]set[netip.Addr]
-	slicesByService multi[string, string]
-	// slicesByNode holds the slices naming each node in an endpoint: a node's underlay
-	// address is its backends' NodeAddr, so its change recomputes these slices' services.
-	slicesByNode multi[string, string]
+	singles map[netip.Prefix]set[netip.Addr]
 	// hostNets holds the nodes claiming each underlay address, as a /32 or /128.
 	hostNets  multi[netip.Prefix, string]
 	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
@@ -209,7 +203,6 @@ type Graph struct {
 	// dirtyVTEP maps each node whose VTEPs may have changed to the Node they were last
 	// computed from (nil: none).
 	dirtyVTEP map[string]*store.Node
-	dirtySvc  set[string]
 	// dirtyNet maps each cluster net that may have changed to its value as last computed
 	// (markNet).
 	dirtyNet map[netip.Prefix]netWas
@@ -222,15 +215,10 @@ type Graph struct {
 	// Desired state as last computed (but VTEPs and cluster nets, computed again).
 	// routes holds each route as emitted: a route is never changed once made (a new one
 	// replaces it), so the dataplane keeps the same pointer rather than a copy.
-	routes    map[netip.Prefix]*Route
-	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
-	svcHealth map[string]uint16          // health-check port each service claims
-	claims    multi[FrontendKey, string] // services wanting each frontend
-	frontends map[FrontendKey]*Frontend  // each points into its service's svcFronts
-	hcClaims  map[uint16]map[string]HealthCheck
-	health    map[uint16]HealthCheck
-	problems  map[string]string
-	clashes   set[FrontendKey] // frontends claimed by several services, a problem each
+	routes map[netip.Prefix]*Route
+	// svc computes the services' frontends and health checks from services and slices (its
+	// own inputs) and the nodes (the graph's, read only).
+	svc *serviceCalc
 	// routeProblems holds the problem key of each destination that gets no route though due.
 	routeProblems map[netip.Prefix]string
 	selfKey       string // this agent's own Node's problem key, made once
@@ -238,9 +226,26 @@ type Graph struct {
 	inSync bool
 	// unsure holds the destinations left without a route before the first in-sync, whose
 	// problems (if any) are said at in-sync.
-	unsure  set[netip.Prefix]
-	emitted bool
-	pending pendingOps
+	unsure set[netip.Prefix]
+	emitter
+}
+
+// emitter is where every calculator puts what it computed: the changes of the batch and the
+// problems. The graph's is shared by its calculators.
+type emitter struct {
+	// emitted is set once the first (full) update has gone: changes are queued from then on.
+	emitted  bool
+	pending  pendingOps
+	problems map[string]string
+}
+
+// problem records something calc cannot act on; it is reported once, in the next update.
+func (e *emitter) problem(key, reason string) {
+	if e.problems[key] == reason {
+		return
+	}
+	e.problems[key] = reason
+	e.pending.problems = append(e.pending.problems, Problem{Key: key, Reason: reason})
 }
 
 // New returns an empty graph for cfg.
@@ -248,43 +253,33 @@ func New(cfg Config) (*Graph, error) {
 	if err := cfg.normalise(); err != nil {
 		return nil, err
 	}
-	return &Graph{
-		cfg:             cfg,
-		selfKey:         "node/" + cfg.NodeName,
-		pools:           map[string]*store.IPPool{},
-		nodes:           map[string]*store.Node{},
-		blocks:          map[netip.Prefix]*store.Block{},
-		affinities:      map[string]*store.BlockAffinity{},
-		weps:            map[string]*store.WorkloadEndpoint{},
-		services:        map[string]*store.Service{},
-		slices:          map[string]*store.EndpointSlice{},
-		blocksByNode:    prefixLists{},
-		wepsByNet:       newMulti[netip.Prefix, string](),
-		wepsByNode:      map[string]set[string]{},
-		tunnelsByAddr:   newMulti[netip.Addr, string](),
-		singles:         map[netip.Prefix]set[netip.Addr]{},
-		slicesByService: newMulti[string, string](),
-		slicesByNode:    newMulti[string, string](),
-		hostNets:        newMulti[netip.Prefix, string](),
-		fipsByAddr:      newMulti[netip.Addr, string](),
-		fips:            map[netip.Addr]FloatingIP{},
-		dirtyFIP:        set[netip.Addr]{},
-		blockBits:       map[int]int{},
-		dirtyDst:        set[netip.Prefix]{},
-		dirtyVTEP:       map[string]*store.Node{},
-		dirtySvc:        set[string]{},
-		dirtyNet:        map[netip.Prefix]netWas{},
-		routes:          map[netip.Prefix]*Route{},
-		svcFronts:       map[string][]Frontend{},
-		svcHealth:       map[string]uint16{},
-		claims:          newMulti[FrontendKey, string](),
-		frontends:       map[FrontendKey]*Frontend{},
-		hcClaims:        map[uint16]map[string]HealthCheck{},
-		health:          map[uint16]HealthCheck{},
-		problems:        map[string]string{},
-		clashes:         set[FrontendKey]{},
-		routeProblems:   map[netip.Prefix]string{},
-	}, nil
+	g := &Graph{
+		cfg:           cfg,
+		selfKey:       "node/" + cfg.NodeName,
+		pools:         map[string]*store.IPPool{},
+		nodes:         map[string]*store.Node{},
+		blocks:        map[netip.Prefix]*store.Block{},
+		affinities:    map[string]*store.BlockAffinity{},
+		weps:          map[string]*store.WorkloadEndpoint{},
+		blocksByNode:  prefixLists{},
+		wepsByNet:     newMulti[netip.Prefix, string](),
+		wepsByNode:    map[string]set[string]{},
+		tunnelsByAddr: newMulti[netip.Addr, string](),
+		singles:       map[netip.Prefix]set[netip.Addr]{},
+		hostNets:      newMulti[netip.Prefix, string](),
+		fipsByAddr:    newMulti[netip.Addr, string](),
+		fips:          map[netip.Addr]FloatingIP{},
+		dirtyFIP:      set[netip.Addr]{},
+		blockBits:     map[int]int{},
+		dirtyDst:      set[netip.Prefix]{},
+		dirtyVTEP:     map[string]*store.Node{},
+		dirtyNet:      map[netip.Prefix]netWas{},
+		routes:        map[netip.Prefix]*Route{},
+		routeProblems: map[netip.Prefix]string{},
+		emitter:       emitter{problems: map[string]string{}},
+	}
+	g.svc = newServiceCalc(cfg.NodeName, g.nodes, &g.emitter)
+	return g, nil
 }
 
 // Config returns the graph's configuration.
@@ -383,9 +378,9 @@ func (g *Graph) apply(ev *store.Event) {
 	case store.KindWorkloadEndpoint:
 		g.onWEP(ev.ID, asType[*store.WorkloadEndpoint](obj))
 	case store.KindService:
-		g.onService(ev.ID, asType[*store.Service](obj))
+		g.svc.onService(ev.ID, asType[*store.Service](obj))
 	case store.KindEndpointSlice:
-		g.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
+		g.svc.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
 	}
 }
 
@@ -525,14 +520,7 @@ func (g *Graph) onNode(id string, n *store.Node) {
 	if _, ok := g.dirtyVTEP[id]; !ok {
 		g.dirtyVTEP[id] = old
 	}
-	// The node's underlay addresses are the NodeAddr of its backends: recompute the services
-	// with an endpoint on it (through the slice index, not every service) when the node comes,
-	// goes or changes address.
-	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
-		for sl := range g.slicesByNode.all(id) {
-			g.dirtySvc.add(g.slices[sl].ServiceID())
-		}
-	}
+	g.svc.onNode(id, old, n)
 	if g.isLocal(id) {
 		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
 		for cidr := range g.blocks {
@@ -545,11 +533,6 @@ func (g *Graph) onNode(id string, n *store.Node) {
 			g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
 		}
 		g.markFloatingIPs()
-		for sid, s := range g.services {
-			if s.Type != store.ServiceClusterIP {
-				g.dirtySvc.add(sid)
-			}
-		}
 		return
 	}
 	for _, cidr := range g.blocksByNode[id] {
@@ -656,39 +639,6 @@ func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
 	addTo(g.wepsByNode, w.Node, id)
 }
 
-func (g *Graph) onService(id string, s *store.Service) {
-	if s == nil {
-		delete(g.services, id)
-	} else {
-		g.services[id] = s
-	}
-	g.dirtySvc.add(id)
-}
-
-func (g *Graph) onSlice(id string, e *store.EndpointSlice) {
-	if old := g.slices[id]; old != nil {
-		g.slicesByService.remove(old.ServiceID(), id)
-		for _, ep := range old.Endpoints {
-			if ep.NodeName != "" {
-				g.slicesByNode.remove(ep.NodeName, id)
-			}
-		}
-		g.dirtySvc.add(old.ServiceID())
-	}
-	if e == nil {
-		delete(g.slices, id)
-		return
-	}
-	g.slices[id] = e
-	g.slicesByService.add(e.ServiceID(), id)
-	for _, ep := range e.Endpoints {
-		if ep.NodeName != "" {
-			g.slicesByNode.add(ep.NodeName, id)
-		}
-	}
-	g.dirtySvc.add(e.ServiceID())
-}
-
 // Vacant says whether a is an address of the pools that no workload and no node's tunnel
 // holds, once the graph is in sync: nothing there answers (the node whose block holds it
 // drops what is sent to it). False for any other address, which may answer.
@@ -726,12 +676,3 @@ func (g *Graph) checkSelf() {
 
 // ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).
 func (g *Graph) ProblemCount() int { return len(g.problems) }
-
-// problem records something calc cannot act on; it is reported once, in the next update.
-func (g *Graph) problem(key, reason string) {
-	if g.problems[key] == reason {
-		return
-	}
-	g.problems[key] = reason
-	g.pending.problems = append(g.pending.problems, Problem{Key: key, Reason: reason})
-}

@@ -19,6 +19,97 @@ func ServiceID(s *store.Service) uint64 {
 	return h.Sum64()
 }
 
+// serviceCalc is the services' calculator: from the services and their endpoint slices (its
+// own inputs) and the nodes (the graph's, read only: a backend's NodeAddr is its node's
+// underlay address, and this node's addresses are its node ports), it computes the frontends
+// and health checks this node programs, as deltas into the graph's emitter.
+type serviceCalc struct {
+	self  string                 // this node's name
+	nodes map[string]*store.Node // the graph's, read only
+	*emitter
+
+	// Inputs, by ID, and the indexes from them to the services they touch.
+	services        map[string]*store.Service
+	slices          map[string]*store.EndpointSlice
+	slicesByService multi[string, string]
+	// slicesByNode holds the slices naming each node in an endpoint: a node's underlay
+	// address is its backends' NodeAddr, so its change recomputes these slices' services.
+	slicesByNode multi[string, string]
+	dirty        set[string] // services to recompute
+
+	// Desired state as last computed.
+	svcFronts map[string][]Frontend      // frontends each service wants, sorted by key
+	svcHealth map[string]uint16          // health-check port each service claims
+	claims    multi[FrontendKey, string] // services wanting each frontend
+	frontends map[FrontendKey]*Frontend  // each points into its service's svcFronts
+	hcClaims  map[uint16]map[string]HealthCheck
+	health    map[uint16]HealthCheck
+	clashes   set[FrontendKey] // frontends claimed by several services, a problem each
+}
+
+func newServiceCalc(self string, nodes map[string]*store.Node, e *emitter) *serviceCalc {
+	return &serviceCalc{self: self, nodes: nodes, emitter: e,
+		services: map[string]*store.Service{}, slices: map[string]*store.EndpointSlice{},
+		slicesByService: newMulti[string, string](), slicesByNode: newMulti[string, string](), dirty: set[string]{},
+		svcFronts: map[string][]Frontend{}, svcHealth: map[string]uint16{}, claims: newMulti[FrontendKey, string](),
+		frontends: map[FrontendKey]*Frontend{}, hcClaims: map[uint16]map[string]HealthCheck{}, health: map[uint16]HealthCheck{},
+		clashes: set[FrontendKey]{}}
+}
+
+func (c *serviceCalc) isLocal(node string) bool { return node == c.self }
+
+func (c *serviceCalc) onService(id string, s *store.Service) {
+	if s == nil {
+		delete(c.services, id)
+	} else {
+		c.services[id] = s
+	}
+	c.dirty.add(id)
+}
+
+func (c *serviceCalc) onSlice(id string, e *store.EndpointSlice) {
+	if old := c.slices[id]; old != nil {
+		c.slicesByService.remove(old.ServiceID(), id)
+		for _, ep := range old.Endpoints {
+			if ep.NodeName != "" {
+				c.slicesByNode.remove(ep.NodeName, id)
+			}
+		}
+		c.dirty.add(old.ServiceID())
+	}
+	if e == nil {
+		delete(c.slices, id)
+		return
+	}
+	c.slices[id] = e
+	c.slicesByService.add(e.ServiceID(), id)
+	for _, ep := range e.Endpoints {
+		if ep.NodeName != "" {
+			c.slicesByNode.add(ep.NodeName, id)
+		}
+	}
+	c.dirty.add(e.ServiceID())
+}
+
+// onNode hears that node id changed from old to n (nil: absent). Its underlay addresses are
+// the NodeAddr of its backends: the services with an endpoint on it (through the slice index,
+// not every service) are recomputed when it comes, goes or changes address. This node's
+// addresses are its node ports: every service with node ports is recomputed.
+func (c *serviceCalc) onNode(id string, old, n *store.Node) {
+	if old == nil || n == nil || old.IPv4Address.Addr() != n.IPv4Address.Addr() || old.IPv6Address().Addr() != n.IPv6Address().Addr() {
+		for sl := range c.slicesByNode.all(id) {
+			c.dirty.add(c.slices[sl].ServiceID())
+		}
+	}
+	if c.isLocal(id) {
+		for sid, s := range c.services {
+			if s.Type != store.ServiceClusterIP {
+				c.dirty.add(sid)
+			}
+		}
+	}
+}
+
 // endpointSets holds a service port's endpoints, split as kube-proxy splits them: the set for
 // cluster-wide traffic and the set for node-local traffic, each with the terminating fallback.
 type endpointSets struct {
@@ -32,15 +123,16 @@ type endpointSets struct {
 // (Without a map or a second sort per call: a service is recomputed at every change of it or
 // of its slices, and while thousands of services arrive those allocations were a fifth of
 // calc's work; BenchmarkServicesArriving in calc.)
-func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
+func (c *serviceCalc) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets {
 	type cand struct {
 		b     Backend
 		ready bool
 	}
+	self := c.self
 	var all []cand
 	var present []netip.AddrPort
-	for id := range g.slicesByService.all(svcID) {
-		es := g.slices[id]
+	for id := range c.slicesByService.all(svcID) {
+		es := c.slices[id]
 		var port uint16
 		for _, p := range es.Ports {
 			if p.Name == sp.Name && p.Protocol == sp.Protocol {
@@ -60,7 +152,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 			for _, a := range ep.Addresses {
 				present = append(present, netip.AddrPortFrom(a, port))
 				if usable {
-					all = append(all, cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, NodeAddr: g.nodeAddr(ep.NodeName, a), Terminating: !ep.Ready},
+					all = append(all, cand{b: Backend{Addr: a, Port: port, Node: ep.NodeName, NodeAddr: c.nodeAddr(ep.NodeName, a), Terminating: !ep.Ready},
 						ready: ep.Ready})
 				}
 			}
@@ -82,7 +174,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 	pick := func(local bool) []Backend {
 		var nReady, nFallback int
 		for _, c := range all {
-			if local && !g.isLocal(c.b.Node) {
+			if local && c.b.Node != self {
 				continue
 			}
 			if c.ready {
@@ -100,7 +192,7 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 		}
 		out := make([]Backend, 0, n)
 		for _, c := range all {
-			if c.ready == want && (!local || g.isLocal(c.b.Node)) {
+			if c.ready == want && (!local || c.b.Node == self) {
 				out = append(out, c.b)
 			}
 		}
@@ -112,8 +204,8 @@ func (g *Graph) backendsFor(svcID string, sp store.ServicePortSpec) endpointSets
 
 // nodeAddr is node's underlay address in the family of a backend address a; invalid when the
 // node is unknown or has none.
-func (g *Graph) nodeAddr(node string, a netip.Addr) netip.Addr {
-	n := g.nodes[node]
+func (c *serviceCalc) nodeAddr(node string, a netip.Addr) netip.Addr {
+	n := c.nodes[node]
 	if n == nil {
 		return netip.Addr{}
 	}
@@ -191,15 +283,15 @@ func kindRank(k FrontendKind) int {
 }
 
 // computeService returns the frontends and health check a service wants on this node.
-func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
-	s := g.services[id]
+func (c *serviceCalc) computeService(id string) ([]Frontend, *HealthCheck) {
+	s := c.services[id]
 	if s == nil {
 		return nil, nil
 	}
 	sid := ServiceID(s)
 	extLocal := s.ExternalTrafficPolicy == store.PolicyLocal
 	var nodeAddrs []netip.Addr
-	if self := g.nodes[g.cfg.NodeName]; self != nil && s.Type != store.ServiceClusterIP {
+	if self := c.nodes[c.self]; self != nil && s.Type != store.ServiceClusterIP {
 		for _, p := range []netip.Prefix{self.IPv4Address, self.IPv6Address()} {
 			if p.IsValid() {
 				nodeAddrs = append(nodeAddrs, p.Addr())
@@ -234,7 +326,7 @@ func (g *Graph) computeService(id string) ([]Frontend, *HealthCheck) {
 		return 1
 	}
 	for _, sp := range s.Ports {
-		sets := g.backendsFor(id, sp)
+		sets := c.backendsFor(id, sp)
 		// The port's frontends of one family and policy share one ordered list, and those of
 		// one family one present list (read-only, as every Frontend's slices are): the
 		// service stage then knows them for the same endpoints without comparing them, and
@@ -358,89 +450,89 @@ func frontendEqual(a, b Frontend) bool {
 
 func frontendPointerEqual(a, b *Frontend) bool { return a == b || frontendEqual(*a, *b) }
 
-// recomputeServices recomputes dirty services; where two services claim one frontend or
-// health-check port, the one whose "namespace/name" sorts first wins and the clash is reported.
-func (g *Graph) recomputeServices() {
+// recompute recomputes dirty services; where two services claim one frontend or health-check
+// port, the one whose "namespace/name" sorts first wins and the clash is reported.
+func (c *serviceCalc) recompute() {
 	dirtyKeys := set[FrontendKey]{}
 	dirtyHC := set[uint16]{}
-	n := len(g.dirtySvc)
-	for id := range g.dirtySvc {
-		old := g.svcFronts[id]
+	n := len(c.dirty)
+	for id := range c.dirty {
+		old := c.svcFronts[id]
 		for _, f := range old {
 			dirtyKeys.add(f.Key)
 		}
-		delete(g.svcFronts, id)
-		if p, ok := g.svcHealth[id]; ok {
-			if c := g.hcClaims[p]; c != nil {
-				delete(c, id)
-				if len(c) == 0 {
-					delete(g.hcClaims, p)
+		delete(c.svcFronts, id)
+		if p, ok := c.svcHealth[id]; ok {
+			if hcs := c.hcClaims[p]; hcs != nil {
+				delete(hcs, id)
+				if len(hcs) == 0 {
+					delete(c.hcClaims, p)
 				}
 			}
 			dirtyHC.add(p)
-			delete(g.svcHealth, id)
+			delete(c.svcHealth, id)
 		}
-		fes, hc := g.computeService(id)
+		fes, hc := c.computeService(id)
 		sortFrontends(fes)
 		// A service whose frontends keep their keys (its endpoints changed, the common
 		// change) keeps its claims as they are.
 		if !slices.EqualFunc(old, fes, func(a, b Frontend) bool { return a.Key == b.Key }) {
 			for _, f := range old {
-				g.claims.remove(f.Key, id)
+				c.claims.remove(f.Key, id)
 			}
 			for _, f := range fes {
-				g.claims.add(f.Key, id)
+				c.claims.add(f.Key, id)
 			}
 		}
 		for _, f := range fes {
 			dirtyKeys.add(f.Key)
 		}
 		if len(fes) > 0 {
-			g.svcFronts[id] = slices.Clip(fes)
+			c.svcFronts[id] = slices.Clip(fes)
 		}
 		if hc != nil {
-			c := g.hcClaims[hc.Port]
-			if c == nil {
-				c = map[string]HealthCheck{}
-				g.hcClaims[hc.Port] = c
+			hcs := c.hcClaims[hc.Port]
+			if hcs == nil {
+				hcs = map[string]HealthCheck{}
+				c.hcClaims[hc.Port] = hcs
 			}
-			c[id] = *hc
-			g.svcHealth[id] = hc.Port
+			hcs[id] = *hc
+			c.svcHealth[id] = hc.Port
 			dirtyHC.add(hc.Port)
 		}
 	}
-	reset(&g.dirtySvc, n)
+	reset(&c.dirty, n)
 	for k := range dirtyKeys {
-		f, ok := g.claimed(k)
+		f, ok := c.claimed(k)
 		// The problem's key is made only for a clash, said or taken back: made for every
 		// dirty frontend it was a tenth of calc's work while services arrive.
-		if g.claims.count(k) > 1 {
-			g.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
-			g.clashes.add(k)
-		} else if _, had := g.clashes[k]; had {
-			delete(g.problems, "frontend/"+k.String())
-			delete(g.clashes, k)
+		if c.claims.count(k) > 1 {
+			c.problem("frontend/"+k.String(), "claimed by several services; "+f.Service+" wins")
+			c.clashes.add(k)
+		} else if _, had := c.clashes[k]; had {
+			delete(c.problems, "frontend/"+k.String())
+			delete(c.clashes, k)
 		}
-		settle(g.frontends, k, f, ok, frontendPointerEqual, g.emitted, &g.pending.frontendSets, &g.pending.frontendDels)
+		settle(c.frontends, k, f, ok, frontendPointerEqual, c.emitted, &c.pending.frontendSets, &c.pending.frontendDels)
 		if ok {
-			g.frontends[k] = f // the newest even when equal, so the service's older list is freed
+			c.frontends[k] = f // the newest even when equal, so the service's older list is freed
 		}
 	}
 	for p := range dirtyHC {
-		h, ok := winner(g.hcClaims[p])
-		settle(g.health, p, h, ok, same[HealthCheck], g.emitted, &g.pending.healthSets, &g.pending.healthDels)
+		h, ok := winner(c.hcClaims[p])
+		settle(c.health, p, h, ok, same[HealthCheck], c.emitted, &c.pending.healthSets, &c.pending.healthDels)
 	}
 }
 
 // claimed returns the frontend at k of the service whose "namespace/name" sorts first: its
 // element of that service's svcFronts, which is never changed (a recomputed service gets a
 // new list), so the emitted state and the updates share it rather than copy it.
-func (g *Graph) claimed(k FrontendKey) (*Frontend, bool) {
-	id, ok := g.claims.first(k)
+func (c *serviceCalc) claimed(k FrontendKey) (*Frontend, bool) {
+	id, ok := c.claims.first(k)
 	if !ok {
 		return nil, false
 	}
-	fes := g.svcFronts[id]
+	fes := c.svcFronts[id]
 	i, found := slices.BinarySearchFunc(fes, k, func(f Frontend, k FrontendKey) int { return cmpFrontendKey(f.Key, k) })
 	if !found {
 		return nil, false

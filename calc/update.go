@@ -191,7 +191,7 @@ func (g *Graph) recompute() {
 	g.recomputeClusterNets()
 	g.recomputeRoutes()
 	g.recomputeFIPs()
-	g.recomputeServices()
+	g.svc.recompute()
 }
 
 // State is the whole desired state, sorted.
@@ -218,17 +218,17 @@ func (g *Graph) State() *State {
 // stateBut is the desired state but its routes, sorted.
 func (g *Graph) stateBut() *State {
 	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.hostNets.one)+len(g.pools)),
-		Frontends: make([]Frontend, 0, len(g.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.health))}
+		Frontends: make([]Frontend, 0, len(g.svc.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.svc.health))}
 	for v := range g.vteps {
 		s.VTEPs = append(s.VTEPs, v)
 	}
 	for c := range g.clusterNets {
 		s.ClusterNets = append(s.ClusterNets, c)
 	}
-	for _, f := range g.frontends {
+	for _, f := range g.svc.frontends {
 		s.Frontends = append(s.Frontends, *f)
 	}
-	for _, h := range g.health {
+	for _, h := range g.svc.health {
 		s.HealthChecks = append(s.HealthChecks, h)
 	}
 	for _, f := range g.fips {
@@ -258,8 +258,8 @@ func (g *Graph) fullUpdate() *Update {
 	for _, r := range g.routes {
 		routes = append(routes, r) // calc's own: the consumer keeps them, not copies
 	}
-	fronts := make([]*Frontend, 0, len(g.frontends))
-	for _, f := range g.frontends {
+	fronts := make([]*Frontend, 0, len(g.svc.frontends))
+	for _, f := range g.svc.frontends {
 		fronts = append(fronts, f)
 	}
 	return fullOf(g.stateBut(), routes, fronts)
