@@ -81,13 +81,21 @@ func HaveTCX() error {
 }
 
 // Classic tc ownership rule: sluice's filter on a clsact hook is the bpf filter at priority
-// TCPriority with handle TCHandle whose program's name starts with "sl_". The first priority,
-// so that it runs before other classic filters; a filter of another program found at that
-// slot is never replaced.
+// TCPriority with handle TCHandle whose program's name starts with ProgramPrefix. The first
+// priority, so that it runs before other classic filters; a filter of another program found
+// at that slot is never replaced.
 const (
 	TCPriority = 1
 	TCHandle   = 0x5c1
 )
+
+// ProgramPrefix starts the name of every program sluice loads (the C functions in c/ are
+// sl_*). It is the ownership rule for programs by name, declared here beside the classic tc
+// slot because package bpf has no ownership file. By it a filter in that slot is sluice's
+// (tcFilter.ours), so is a program on a hook or a cgroup to a reader without the agent's
+// program IDs (sluiceByName: sluicectl), and a socket program of another agent sharing the
+// cgroup is passed over (cgroupConflicts).
+const ProgramPrefix = "sl_"
 
 // tcFilter is a bpf filter on a clsact hook as the kernel lists it.
 type tcFilter struct {
@@ -99,7 +107,7 @@ type tcFilter struct {
 }
 
 func (f tcFilter) ours() bool {
-	return f.Priority == TCPriority && f.Handle == TCHandle && strings.HasPrefix(f.Name, "sl_")
+	return f.Priority == TCPriority && f.Handle == TCHandle && strings.HasPrefix(f.Name, ProgramPrefix)
 }
 
 func (f tcFilter) String() string {

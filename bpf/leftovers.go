@@ -278,7 +278,7 @@ func (c *Conflict) remove() error {
 // sluiceByName tells sluice's programs by their sl_* names, as a reader without the agent's
 // program IDs does (sluicectl).
 func sluiceByName(name func(ebpf.ProgramID) string) func(ebpf.ProgramID) bool {
-	return func(id ebpf.ProgramID) bool { return strings.HasPrefix(name(id), "sl_") }
+	return func(id ebpf.ProgramID) bool { return strings.HasPrefix(name(id), ProgramPrefix) }
 }
 
 // programNames returns programName remembering what it read: a node's hooks name the same
@@ -414,7 +414,7 @@ func cgroupConflicts(cgroup, hook string, attach ebpf.AttachType, flags uint32, 
 			continue
 		}
 		n := name(id)
-		if strings.HasPrefix(n, "sl_") {
+		if strings.HasPrefix(n, ProgramPrefix) {
 			// Another sluice agent's (agents of several namespaces can share a cgroup: their
 			// programs act on their own namespace's sockets only).
 			continue

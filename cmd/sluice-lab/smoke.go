@@ -247,7 +247,7 @@ func toolHooks(args []string) error {
 				return fmt.Errorf("%s: %w", l.Attrs().Name, err)
 			}
 			for _, name := range names {
-				if strings.HasPrefix(name, "sl_") {
+				if strings.HasPrefix(name, bpf.ProgramPrefix) {
 					n[i]++
 				}
 			}
