@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -16,6 +17,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
@@ -145,7 +147,7 @@ func TestServiceStageContained(t *testing.T) {
 	if got := testutil.ToFloat64(newReadyCollector(svc)); got != 0 {
 		t.Errorf("sluice_services_ready %v while the stage cannot start", got)
 	}
-	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric(0, "load")), "sluice_services_ready"); err != nil {
+	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric("load")), "sluice_services_ready"); err != nil {
 		t.Error(err)
 	}
 	if ok, why := state.readiness(); ok || !strings.Contains(why, "service stage not working") || !strings.Contains(why, fault.Error()) {
@@ -172,7 +174,7 @@ func TestServiceStageContained(t *testing.T) {
 	if c := st.Svc.Counts()["frontends"]; c[0] == 0 || c[0] != c[1] {
 		t.Errorf("frontends desired/programmed %v: the late stage was not handed calc's state", c)
 	}
-	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric(1, "")), "sluice_services_ready"); err != nil {
+	if err := testutil.CollectAndCompare(reg, strings.NewReader(readyMetric("")), "sluice_services_ready"); err != nil {
 		t.Error(err)
 	}
 	if ok, why := state.readiness(); !ok {
@@ -201,12 +203,71 @@ func TestServiceStageContained(t *testing.T) {
 	}
 }
 
-func readyMetric(v int, reason string) string {
-	val := "0"
-	if v == 1 {
-		val = "1"
+// readyMetric is sluice_services_ready as /metrics writes it: 1 with no label when reason is
+// "", else 0 with the reason.
+func readyMetric(reason string) string {
+	series := "sluice_services_ready 1"
+	if reason != "" {
+		series = `sluice_services_ready{reason="` + reason + `"} 0`
 	}
-	return "# HELP sluice_services_ready " + servicesReadyHelp + "\n# TYPE sluice_services_ready gauge\nsluice_services_ready{reason=\"" + reason + "\"} " + val + "\n"
+	return "# HELP sluice_services_ready " + servicesReadyHelp + "\n# TYPE sluice_services_ready gauge\n" + series + "\n"
+}
+
+// TestServicesReadyGauge: sluice_services_ready in the text of /metrics is one series,
+// `sluice_services_ready 1` with no label while the service stage does its whole job, and 0
+// with the reason's step while it does not; never an empty reason="". The agent's whole
+// registry takes the collector beside its other metrics.
+func TestServicesReadyGauge(t *testing.T) {
+	scrape := func(g prometheus.Gatherer) string {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		promhttp.HandlerFor(g, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		if rec.Code != 200 {
+			t.Fatalf("/metrics = %d: %s", rec.Code, rec.Body)
+		}
+		var out []string
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if strings.Contains(l, "sluice_services_ready") {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "\n") + "\n"
+	}
+	svc := newServiceStage(bpf.StageConfig{}, nil, zerolog.Nop())
+	c := newReadyCollector(svc)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	if got, want := scrape(reg), readyMetric(reasonStarting); got != want {
+		t.Errorf("before the stage starts:\n%s\nwant\n%s", got, want)
+	}
+	svc.mu.Lock()
+	svc.step, svc.reason = "load", "the kernel refused a program (test)"
+	svc.mu.Unlock()
+	if got, want := scrape(reg), readyMetric("load"); got != want {
+		t.Errorf("refused at load:\n%s\nwant\n%s", got, want)
+	}
+	c.status = func() (bool, string, string) { return false, reasonDegraded, "no programs on eth0 (test)" }
+	if got, want := scrape(reg), readyMetric(reasonDegraded); got != want {
+		t.Errorf("degraded:\n%s\nwant\n%s", got, want)
+	}
+	c.status = func() (bool, string, string) { return true, "", "" }
+	if got, want := scrape(reg), readyMetric(""); got != want {
+		t.Errorf("ready:\n%s\nwant\n%s", got, want)
+	}
+
+	state := newAgentState()
+	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
+		t.Fatal(err)
+	}
+	state.svc = svc
+	if got, want := scrape(state.registry()), readyMetric("load"); got != want {
+		t.Errorf("the agent's registry:\n%s\nwant\n%s", got, want)
+	}
 }
 
 // hookPrograms names the programs on an interface's ingress in ns: TCX programs, then
