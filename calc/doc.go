@@ -1,14 +1,15 @@
 // Package calc is sluice's pure calculation graph. It takes the store's events, this node's
 // name and the agent's configuration, and computes this node's desired dataplane: routes
-// (local workloads, remote blocks through VXLAN or directly, borrowed addresses, blackholes for
-// local blocks), VTEPs, cluster nets (pool CIDRs and node addresses), and service NAT frontends
-// with their backends and health-check ports.
+// (local workloads, remote blocks through VXLAN or directly, borrowed addresses, floating IPs,
+// blackholes for local blocks), VTEPs, cluster nets (pool CIDRs and node addresses), the
+// floating IPs of this node's workloads (external to internal address, for the kernel's NAT),
+// and service NAT frontends with their backends and health-check ports.
 // It hands the next stage only what changed: nothing before the first in-sync, then one full
 // state, then deltas.
 //
 // It does no I/O and starts no goroutines, takes no locks and reads no clock. Its output depends
 // only on its current inputs, never on the order they arrived in, so replaying an event log
 // always gives the same state. Each change recomputes only the destinations, VTEPs, cluster
-// nets and services that the changed object can touch, so the cost of one change does not grow
-// with the cluster.
+// nets, floating IPs and services that the changed object can touch, so the cost of one change
+// does not grow with the cluster.
 package calc

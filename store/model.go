@@ -1,8 +1,3 @@
-// Package store owns sluice's view of etcd: the typed model of every key sluice reads
-// (Calico's IP pools, nodes, IPAM blocks and affinities, workload endpoints, and sluice's own
-// services and endpoint slices), the intake that lists and watches those keys and turns them
-// into upsert, delete and in-sync events, the go-memdb index those events build, and the
-// event log that records and replays them. It never touches the kernel.
 package store
 
 import (

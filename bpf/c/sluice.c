@@ -2,7 +2,7 @@
 /* sluice's service data path: tc programs on host and workload interfaces that translate
  * service traffic (cluster IPs, node ports, external and load-balancer addresses), forward
  * node-port traffic to an endpoint's node through a VXLAN tunnel of their own (the client's
- * address kept), and send replies back the way the request came. See ARCHITECTURE.md ("bpf")
+ * address kept), and send replies back the way the request came. See docs/internals.md ("bpf")
  * for the design and the Go files of package bpf for the other side.
  *
  * The parts are headers under lib/, by concern, included once here in the order their

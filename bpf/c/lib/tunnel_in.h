@@ -41,7 +41,7 @@ static __noinline int tunnel_in(struct __sk_buff *skb, struct pkt *outer, struct
 	 * adds the tunnel's 50 bytes to a TCP aggregate's and refuses a UDP one's. DECAP_L4_UDP
 	 * (with DECAP_L3_IPV4) also drops the aggregate's tunnel GSO state, where the kernel has
 	 * it (Linux 7.0); an older one refuses the flags, and the aggregate keeps that state: see
-	 * ARCHITECTURE.md (bpf, segmented packets) for what that means. */
+	 * docs/internals.md ("bpf", "Cross-node node ports") for what that means. */
 	if (bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC,
 				BPF_F_ADJ_ROOM_FIXED_GSO | ADJ_ROOM_DECAP_L3_IPV4 | ADJ_ROOM_DECAP_L4_UDP) < 0 &&
 	    bpf_skb_adjust_room(skb, -(__s32)ENCAP_LEN, BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO) < 0) {

@@ -619,6 +619,11 @@ func Doc(w io.Writer) {
 	fmt.Fprintln(w, "turns the endpoint off even when the file sets an address.")
 	WriteOptionTable(w)
 	fmt.Fprintln(w, "\nExample file:\n\n```yaml\netcdEndpoints: [https://10.0.0.1:2379, https://10.0.0.2:2379]\netcdCACert: /etc/sluice/etcd-ca.pem\netcdCert: /etc/sluice/etcd-cert.pem\netcdKey: /etc/sluice/etcd-key.pem\nlogLevel: info\ncleanConflicts: false\n```")
+	fmt.Fprintln(w, "\nTwo more flags are commands, not options: each must be the only argument (`-check-kernel`,")
+	fmt.Fprintln(w, "`-version` and `version` work too). They read no configuration and start no agent.")
+	fmt.Fprintln(w, "\n| flag | what it does |\n|---|---|")
+	fmt.Fprintln(w, "| `--check-kernel` | as root (the probes load programs), print the kernel's release and every kernel feature sluice uses: the Linux version that brought it, whether this kernel has it (or the probe's error), and what sluice does without it; exit 0 when sluice can do its whole job here, 1 when a feature is missing that nothing stands in for (classic tc filters stand in for TCX, a cleaner in user space for syscall programs) |")
+	fmt.Fprintln(w, "| `--version` | print which build this is and exit: `sluiced version V, commit C, goX.Y`, the commit followed by \"(with uncommitted changes)\" when the tree had some |")
 }
 
 // OptionNames lists every option's flag and environment variable, for tests.
