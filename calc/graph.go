@@ -167,68 +167,90 @@ func removeFrom[K, V comparable](m map[K]set[V], k K, v V) {
 	}
 }
 
-// Graph holds calc's inputs, the indexes that say which outputs an input touches, and the
-// desired state as last emitted where it cannot be computed again from the inputs (routes,
-// services, floating IPs; VTEPs and cluster nets can: see recomputeVTEPs and markNet).
+// inputs are the graph's inputs by ID, written only by the dispatcher (Graph.apply) and read
+// by the calculators: several compute from the same ones (routes, VTEPs and services from the
+// nodes; routes and cluster nets from the pools).
+type inputs struct {
+	cfg        Config
+	pools      map[string]*store.IPPool
+	nodes      map[string]*store.Node
+	blocks     map[netip.Prefix]*store.Block
+	affinities map[string]*store.BlockAffinity
+	weps       map[string]*store.WorkloadEndpoint
+	// inSync is set at the first in-sync: the inputs are then etcd's whole state.
+	inSync bool
+}
+
+func (in *inputs) isLocal(node string) bool { return node == in.cfg.NodeName }
+
+// Graph is calc's dispatcher: it keeps the inputs, hands each event to the calculators that
+// compute from its kind, has each recompute what the batch made dirty, and turns what they
+// queued into one update. A calculator owns its indexes (which outputs an input touches), its
+// dirty sets and, where it cannot compute them again from the inputs, its outputs as last
+// emitted; it hears a kind of input by having that kind's method (nodeListener, ...), so a new
+// output is a new calculator and one line in New.
 //
 // Hazards that shaped it: a block and its affinity arrive in separate transactions (a block
 // without a confirmed affinity is not ours to blackhole); an address can be borrowed across
 // nodes both ways; a node's own address moving subnet flips every CrossSubnet route, so it is
 // the one change allowed to touch everything.
 type Graph struct {
-	cfg Config
-
-	// Inputs, by ID.
-	pools      map[string]*store.IPPool
-	nodes      map[string]*store.Node
-	blocks     map[netip.Prefix]*store.Block
-	affinities map[string]*store.BlockAffinity
-	weps       map[string]*store.WorkloadEndpoint
-
-	// Indexes from an input to what it touches.
-	blocksByNode  prefixLists
-	wepsByNet     multi[netip.Prefix, string]
-	wepsByNode    map[string]set[string]
-	tunnelsByAddr multi[netip.Addr, string]
-	// singles holds every single address a workload network or a tunnel names, by the /24 (or
-	// IPv6 /120) around it: a block finds the addresses inside it with one lookup per 256
-	// addresses instead of one per address.
-	singles map[netip.Prefix]set[netip.Addr]
-	// hostNets holds the nodes claiming each underlay address, as a /32 or /128.
-	hostNets  multi[netip.Prefix, string]
-	blockBits map[int]int // prefix lengths of known blocks, with counts, for longest match
-
-	// What needs recomputing.
-	dirtyDst set[netip.Prefix]
-	// dirtyVTEP maps each node whose VTEPs may have changed to the Node they were last
-	// computed from (nil: none).
-	dirtyVTEP map[string]*store.Node
-	// dirtyNet maps each cluster net that may have changed to its value as last computed
-	// (markNet).
-	dirtyNet map[netip.Prefix]netWas
-	// fipsByAddr holds the workloads naming each floating IP (ipNATs' externalIP); fips the
-	// floating IPs of this node's workloads as emitted; dirtyFIP those to recompute.
-	fipsByAddr multi[netip.Addr, string]
-	fips       map[netip.Addr]FloatingIP
-	dirtyFIP   set[netip.Addr]
-
-	// Desired state as last computed (but VTEPs and cluster nets, computed again).
-	// routes holds each route as emitted: a route is never changed once made (a new one
-	// replaces it), so the dataplane keeps the same pointer rather than a copy.
-	routes map[netip.Prefix]*Route
-	// svc computes the services' frontends and health checks from services and slices (its
-	// own inputs) and the nodes (the graph's, read only).
-	svc *serviceCalc
-	// routeProblems holds the problem key of each destination that gets no route though due.
-	routeProblems map[netip.Prefix]string
-	selfKey       string // this agent's own Node's problem key, made once
-
-	inSync bool
-	// unsure holds the destinations left without a route before the first in-sync, whose
-	// problems (if any) are said at in-sync.
-	unsure set[netip.Prefix]
+	inputs
 	emitter
+	// The calculators, in the order they recompute (the apply order of their outputs is the
+	// update's own: see Update).
+	vteps  *vtepCalc    // VTEPs
+	nets   *netCalc     // cluster nets
+	routes *routeCalc   // routes (floating IPs' too) and blackholes
+	fips   *fipCalc     // the floating IPs of this node's workloads
+	svc    *serviceCalc // service frontends and health checks
+	calcs  []calculator
+	// The calculators that hear each kind of input, from calcs.
+	poolLs     []poolListener
+	nodeLs     []nodeListener
+	blockLs    []blockListener
+	affinityLs []affinityListener
+	wepLs      []wepListener
+	serviceLs  []serviceListener
+	sliceLs    []sliceListener
+	selfKey    string // this agent's own Node's problem key, made once
 }
+
+// A calculator computes one part of the desired state: recompute computes again what the
+// events it heard made dirty, and queues the differences into the graph's emitter.
+type calculator interface{ recompute() }
+
+// The listeners: old is the input as it was (nil: absent), the new value is already in the
+// graph's inputs (nil: deleted).
+type (
+	poolListener interface {
+		onPool(id string, old, p *store.IPPool)
+	}
+	nodeListener interface {
+		onNode(id string, old, n *store.Node)
+	}
+	blockListener interface {
+		onBlock(cidr netip.Prefix, old, b *store.Block)
+	}
+	affinityListener interface {
+		onAffinity(id string, old, a *store.BlockAffinity)
+	}
+	wepListener interface {
+		onWEP(id string, old, w *store.WorkloadEndpoint)
+	}
+	serviceListener interface {
+		onService(id string, s *store.Service)
+	}
+	sliceListener interface {
+		onSlice(id string, e *store.EndpointSlice)
+	}
+	// A sizer makes room in its dirty sets for a large batch (a page of a cold start), and
+	// gives it back after.
+	sizer interface {
+		expect(batch []store.Event)
+		shrink()
+	}
+)
 
 // emitter is where every calculator puts what it computed: the changes of the batch and the
 // problems. The graph's is shared by its calculators.
@@ -254,32 +276,46 @@ func New(cfg Config) (*Graph, error) {
 		return nil, err
 	}
 	g := &Graph{
-		cfg:           cfg,
-		selfKey:       "node/" + cfg.NodeName,
-		pools:         map[string]*store.IPPool{},
-		nodes:         map[string]*store.Node{},
-		blocks:        map[netip.Prefix]*store.Block{},
-		affinities:    map[string]*store.BlockAffinity{},
-		weps:          map[string]*store.WorkloadEndpoint{},
-		blocksByNode:  prefixLists{},
-		wepsByNet:     newMulti[netip.Prefix, string](),
-		wepsByNode:    map[string]set[string]{},
-		tunnelsByAddr: newMulti[netip.Addr, string](),
-		singles:       map[netip.Prefix]set[netip.Addr]{},
-		hostNets:      newMulti[netip.Prefix, string](),
-		fipsByAddr:    newMulti[netip.Addr, string](),
-		fips:          map[netip.Addr]FloatingIP{},
-		dirtyFIP:      set[netip.Addr]{},
-		blockBits:     map[int]int{},
-		dirtyDst:      set[netip.Prefix]{},
-		dirtyVTEP:     map[string]*store.Node{},
-		dirtyNet:      map[netip.Prefix]netWas{},
-		routes:        map[netip.Prefix]*Route{},
-		routeProblems: map[netip.Prefix]string{},
-		emitter:       emitter{problems: map[string]string{}},
+		inputs: inputs{cfg: cfg, pools: map[string]*store.IPPool{}, nodes: map[string]*store.Node{},
+			blocks: map[netip.Prefix]*store.Block{}, affinities: map[string]*store.BlockAffinity{}, weps: map[string]*store.WorkloadEndpoint{}},
+		emitter: emitter{problems: map[string]string{}},
+		selfKey: "node/" + cfg.NodeName,
 	}
-	g.svc = newServiceCalc(cfg.NodeName, g.nodes, &g.emitter)
+	g.vteps = newVTEPCalc(&g.inputs, &g.emitter)
+	g.nets = newNetCalc(&g.inputs, &g.emitter)
+	g.fips = newFIPCalc(&g.inputs, &g.emitter)
+	g.routes = newRouteCalc(&g.inputs, &g.emitter, g.fips)
+	g.svc = newServiceCalc(&g.inputs, &g.emitter)
+	g.register(g.vteps, g.nets, g.routes, g.fips, g.svc)
 	return g, nil
+}
+
+// register adds calculators, in recompute order, to the listeners of the kinds they hear.
+func (g *Graph) register(cs ...calculator) {
+	for _, c := range cs {
+		g.calcs = append(g.calcs, c)
+		if l, ok := c.(poolListener); ok {
+			g.poolLs = append(g.poolLs, l)
+		}
+		if l, ok := c.(nodeListener); ok {
+			g.nodeLs = append(g.nodeLs, l)
+		}
+		if l, ok := c.(blockListener); ok {
+			g.blockLs = append(g.blockLs, l)
+		}
+		if l, ok := c.(affinityListener); ok {
+			g.affinityLs = append(g.affinityLs, l)
+		}
+		if l, ok := c.(wepListener); ok {
+			g.wepLs = append(g.wepLs, l)
+		}
+		if l, ok := c.(serviceListener); ok {
+			g.serviceLs = append(g.serviceLs, l)
+		}
+		if l, ok := c.(sliceListener); ok {
+			g.sliceLs = append(g.sliceLs, l)
+		}
+	}
 }
 
 // Config returns the graph's configuration.
@@ -296,11 +332,17 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	// Computed as the data arrives, before the first in-sync too, so that on a cold start the
 	// work overlaps the reading of etcd (which reads pools and nodes before blocks); nothing is
 	// emitted before it.
-	g.recompute()
+	for _, c := range g.calcs {
+		c.recompute()
+	}
 	if sized {
 		// Emptied by recompute but still the size of the batch (a page that dirtied few
 		// destinations keeps a set cleared, not replaced): give the room back.
-		g.dirtyDst, g.dirtyNet, g.dirtyVTEP = set[netip.Prefix]{}, map[netip.Prefix]netWas{}, map[string]*store.Node{}
+		for _, c := range g.calcs {
+			if sz, ok := c.(sizer); ok {
+				sz.shrink()
+			}
+		}
 	}
 	g.checkSelf()
 	if !g.inSync {
@@ -319,27 +361,12 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 // at a time, a set of 20,000 copies itself a dozen times, which at a large cold start is a
 // good part of the CPU (BenchmarkColdStartBatches in calc measures it).
 func (g *Graph) expect(batch []store.Event) (sized bool) {
-	n := len(batch)
-	if n < 1024 {
+	if len(batch) < 1024 {
 		return false
 	}
-	if len(g.dirtyDst) == 0 {
-		// Two destinations an input, as a rule: a block and the tunnel address inside it.
-		g.dirtyDst = make(set[netip.Prefix], 2*n)
-	}
-	// Only nodes and pools touch VTEPs and cluster nets (a page of blocks, none).
-	nodes := 0
-	for i := range batch {
-		if k := batch[i].Kind; k == store.KindNode || k == store.KindIPPool {
-			nodes++
-		}
-	}
-	if nodes >= 1024 {
-		if len(g.dirtyNet) == 0 {
-			g.dirtyNet = make(map[netip.Prefix]netWas, nodes)
-		}
-		if len(g.dirtyVTEP) == 0 {
-			g.dirtyVTEP = make(map[string]*store.Node, nodes)
+	for _, c := range g.calcs {
+		if sz, ok := c.(sizer); ok {
+			sz.expect(batch)
 		}
 	}
 	return true
@@ -365,23 +392,62 @@ func (g *Graph) apply(ev *store.Event) {
 	}
 	switch ev.Kind {
 	case store.KindIPPool:
-		g.onPool(ev.ID, asType[*store.IPPool](obj))
+		p := asType[*store.IPPool](obj)
+		old := g.pools[ev.ID]
+		put(g.pools, ev.ID, p)
+		for _, l := range g.poolLs {
+			l.onPool(ev.ID, old, p)
+		}
 	case store.KindNode:
-		g.onNode(ev.ID, asType[*store.Node](obj))
+		n := asType[*store.Node](obj)
+		old := g.nodes[ev.ID]
+		put(g.nodes, ev.ID, n)
+		for _, l := range g.nodeLs {
+			l.onNode(ev.ID, old, n)
+		}
 	case store.KindBlock:
-		p, err := netip.ParsePrefix(ev.ID)
-		if err == nil {
-			g.onBlock(p, asType[*store.Block](obj))
+		cidr, err := netip.ParsePrefix(ev.ID)
+		if err != nil {
+			return
+		}
+		b := asType[*store.Block](obj)
+		old := g.blocks[cidr]
+		put(g.blocks, cidr, b)
+		for _, l := range g.blockLs {
+			l.onBlock(cidr, old, b)
 		}
 	case store.KindBlockAffinity:
-		g.onAffinity(ev.ID, asType[*store.BlockAffinity](obj))
+		a := asType[*store.BlockAffinity](obj)
+		old := g.affinities[ev.ID]
+		put(g.affinities, ev.ID, a)
+		for _, l := range g.affinityLs {
+			l.onAffinity(ev.ID, old, a)
+		}
 	case store.KindWorkloadEndpoint:
-		g.onWEP(ev.ID, asType[*store.WorkloadEndpoint](obj))
+		w := asType[*store.WorkloadEndpoint](obj)
+		old := g.weps[ev.ID]
+		put(g.weps, ev.ID, w)
+		for _, l := range g.wepLs {
+			l.onWEP(ev.ID, old, w)
+		}
 	case store.KindService:
-		g.svc.onService(ev.ID, asType[*store.Service](obj))
+		for _, l := range g.serviceLs {
+			l.onService(ev.ID, asType[*store.Service](obj))
+		}
 	case store.KindEndpointSlice:
-		g.svc.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
+		for _, l := range g.sliceLs {
+			l.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
+		}
 	}
+}
+
+// put sets m[k] to v, or deletes k when v is nil.
+func put[K comparable, V any](m map[K]*V, k K, v *V) {
+	if v == nil {
+		delete(m, k)
+		return
+	}
+	m[k] = v
 }
 
 func asType[T store.Object](o store.Object) T {
@@ -389,272 +455,10 @@ func asType[T store.Object](o store.Object) T {
 	return t
 }
 
-func (g *Graph) isLocal(node string) bool { return node == g.cfg.NodeName }
-
-// markBlockContents marks every address of a block whose route may depend on the block:
-// workload addresses (borrowed or not) and tunnel addresses.
-func (g *Graph) markBlockContents(cidr netip.Prefix) {
-	start := cidr.Masked().Addr()
-	for i := 0; i < store.BlockSlots(cidr); i += bucketSize {
-		for s := range g.singles[bucketOf(addrPlus(start, uint64(i)))] {
-			if cidr.Contains(s) {
-				g.dirtyDst.add(netip.PrefixFrom(s, s.BitLen()))
-			}
-		}
-	}
-}
-
-// addrPlus is a+n (n small: within a block), carrying across the address's bytes.
-func addrPlus(a netip.Addr, n uint64) netip.Addr {
-	b := a.As16()
-	for i := 15; i >= 0 && n > 0; i-- {
-		sum := uint64(b[i]) + n&0xff
-		b[i] = byte(sum)
-		n = n>>8 + sum>>8
-	}
-	out := netip.AddrFrom16(b)
-	if a.Is4() {
-		return out.Unmap()
-	}
-	return out
-}
-
-// bucketSize is how many addresses one entry of Graph.singles covers.
-const bucketSize = 256
-
-// bucketOf is the /24 (IPv4) or /120 (IPv6) around a: its key in Graph.singles.
-func bucketOf(a netip.Addr) netip.Prefix {
-	p, _ := a.Prefix(a.BitLen() - 8)
-	return p
-}
-
-// indexSingle notes that a workload network or a tunnel now names the single address a.
-func (g *Graph) indexSingle(a netip.Addr) { addTo(g.singles, bucketOf(a), a) }
-
-// unindexSingle forgets a once neither a workload network nor a tunnel names it.
-func (g *Graph) unindexSingle(a netip.Addr) {
-	if g.tunnelsByAddr.count(a) == 0 && g.wepsByNet.count(netip.PrefixFrom(a, a.BitLen())) == 0 {
-		removeFrom(g.singles, bucketOf(a), a)
-	}
-}
-
-func (g *Graph) onPool(id string, p *store.IPPool) {
-	old := g.pools[id]
-	for _, q := range []*store.IPPool{old, p} {
-		if q != nil {
-			g.markNet(q.CIDR)
-		}
-	}
-	if p == nil {
-		delete(g.pools, id)
-	} else {
-		g.pools[id] = p
-	}
-	// A pool decides the route of every block inside it, and of borrowed addresses there.
-	for _, q := range []*store.IPPool{old, p} {
-		if q == nil {
-			continue
-		}
-		g.dirtyDst.add(q.CIDR)
-		for cidr := range g.blocks {
-			if q.CIDR.Overlaps(cidr) {
-				g.dirtyDst.add(cidr)
-				g.markBlockContents(cidr)
-			}
-		}
-		for net := range g.wepsByNet.one {
-			if q.CIDR.Contains(net.Addr()) {
-				g.dirtyDst.add(net)
-			}
-		}
-		g.markFloatingIPs() // routed by their internal address's pool
-	}
-	if p != nil && p.IPIPMode != store.EncapNever {
-		g.problem("pool/"+id, "IPIP encapsulation is not supported: remote blocks in this pool get no route; local blocks are still blackholed")
-	} else {
-		delete(g.problems, "pool/"+id)
-	}
-}
-
-func (g *Graph) onNode(id string, n *store.Node) {
-	old := g.nodes[id]
-	if n == nil {
-		delete(g.nodes, id)
-	} else {
-		g.nodes[id] = n
-	}
-	for _, m := range []*store.Node{old, n} {
-		if m == nil {
-			continue
-		}
-		for _, a := range []netip.Addr{m.IPv4VXLANTunnelAddr, m.IPv6VXLANTunnelAddr()} {
-			if a.IsValid() {
-				g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
-			}
-		}
-	}
-	if old != nil {
-		for _, a := range []netip.Addr{old.IPv4VXLANTunnelAddr, old.IPv6VXLANTunnelAddr()} {
-			if a.IsValid() {
-				g.tunnelsByAddr.remove(a, id)
-				g.unindexSingle(a)
-			}
-		}
-		for _, p := range hostNets(old) {
-			g.markNet(p)
-			g.hostNets.remove(p, id)
-		}
-	}
-	if n != nil {
-		for _, a := range []netip.Addr{n.IPv4VXLANTunnelAddr, n.IPv6VXLANTunnelAddr()} {
-			if a.IsValid() {
-				g.tunnelsByAddr.add(a, id)
-				g.indexSingle(a)
-			}
-		}
-		for _, p := range hostNets(n) {
-			g.markNet(p)
-			g.hostNets.add(p, id)
-		}
-	}
-	if _, ok := g.dirtyVTEP[id]; !ok {
-		g.dirtyVTEP[id] = old
-	}
-	g.svc.onNode(id, old, n)
-	if g.isLocal(id) {
-		// This node's addresses decide CrossSubnet routes everywhere and its node ports.
-		for cidr := range g.blocks {
-			g.dirtyDst.add(cidr)
-		}
-		for net := range g.wepsByNet.one {
-			g.dirtyDst.add(net)
-		}
-		for a := range g.tunnelsByAddr.one {
-			g.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
-		}
-		g.markFloatingIPs()
-		return
-	}
-	for _, cidr := range g.blocksByNode[id] {
-		g.dirtyDst.add(cidr)
-	}
-	for wid := range g.wepsByNode[id] {
-		w := g.weps[wid]
-		for _, net := range w.IPNetworks {
-			g.dirtyDst.add(net)
-		}
-		for _, n := range w.IPNATs { // routed to the node like the workload's own address
-			g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
-		}
-	}
-}
-
-// markFloatingIPs makes every floating IP's route be computed again (there are few).
-func (g *Graph) markFloatingIPs() {
-	for ext := range g.fipsByAddr.one {
-		g.dirtyDst.add(netip.PrefixFrom(ext, ext.BitLen()))
-	}
-}
-
-// hostNets returns a node's underlay addresses as single-address prefixes.
-func hostNets(n *store.Node) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range []netip.Prefix{n.IPv4Address, n.IPv6Address()} {
-		if p.IsValid() {
-			out = append(out, netip.PrefixFrom(p.Addr(), p.Addr().BitLen()))
-		}
-	}
-	return out
-}
-
-func (g *Graph) onBlock(cidr netip.Prefix, b *store.Block) {
-	old := g.blocks[cidr]
-	if old != nil {
-		g.blocksByNode.remove(old.AffinityNode, cidr)
-		if g.blockBits[cidr.Bits()]--; g.blockBits[cidr.Bits()] == 0 {
-			delete(g.blockBits, cidr.Bits())
-		}
-	}
-	if b == nil {
-		delete(g.blocks, cidr)
-	} else {
-		g.blocks[cidr] = b
-		g.blocksByNode.add(b.AffinityNode, cidr)
-		g.blockBits[cidr.Bits()]++
-	}
-	g.dirtyDst.add(cidr)
-	// Which node a block is affine to decides whether the addresses in it are borrowed.
-	if old == nil || b == nil || old.AffinityNode != b.AffinityNode {
-		g.markBlockContents(cidr)
-	}
-}
-
-func (g *Graph) onAffinity(id string, a *store.BlockAffinity) {
-	old := g.affinities[id]
-	if a == nil {
-		delete(g.affinities, id)
-	} else {
-		g.affinities[id] = a
-	}
-	for _, x := range []*store.BlockAffinity{old, a} {
-		if x != nil {
-			g.dirtyDst.add(x.CIDR)
-		}
-	}
-}
-
-func (g *Graph) onWEP(id string, w *store.WorkloadEndpoint) {
-	if old := g.weps[id]; old != nil {
-		for _, net := range old.IPNetworks {
-			g.wepsByNet.remove(net, id)
-			g.dirtyDst.add(net)
-			if net.IsSingleIP() {
-				g.unindexSingle(net.Addr())
-			}
-		}
-		for _, n := range old.IPNATs {
-			g.fipsByAddr.remove(n.ExternalIP, id)
-			g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
-			g.dirtyFIP.add(n.ExternalIP)
-		}
-		removeFrom(g.wepsByNode, old.Node, id)
-	}
-	if w == nil {
-		delete(g.weps, id)
-		return
-	}
-	for _, n := range w.IPNATs {
-		g.fipsByAddr.add(n.ExternalIP, id)
-		g.dirtyDst.add(netip.PrefixFrom(n.ExternalIP, n.ExternalIP.BitLen()))
-		g.dirtyFIP.add(n.ExternalIP)
-	}
-	g.weps[id] = w
-	for _, net := range w.IPNetworks {
-		g.wepsByNet.add(net, id)
-		g.dirtyDst.add(net)
-		if net.IsSingleIP() {
-			g.indexSingle(net.Addr())
-		}
-	}
-	addTo(g.wepsByNode, w.Node, id)
-}
-
 // Vacant says whether a is an address of the pools that no workload and no node's tunnel
 // holds, once the graph is in sync: nothing there answers (the node whose block holds it
 // drops what is sent to it). False for any other address, which may answer.
-func (g *Graph) Vacant(a netip.Addr) bool {
-	pool := g.poolFor(netip.PrefixFrom(a, a.BitLen()))
-	if !g.inSync || pool == nil || g.tunnelsByAddr.count(a) > 0 {
-		return false
-	}
-	// A workload's network holding a: its own address, or a wider network of its.
-	for bits := a.BitLen(); bits >= pool.CIDR.Bits(); bits-- {
-		if p, err := a.Prefix(bits); err == nil && g.wepsByNet.count(p) > 0 {
-			return false
-		}
-	}
-	return true
-}
+func (g *Graph) Vacant(a netip.Addr) bool { return g.routes.vacant(a) }
 
 // InSync reports whether the graph has had its first in-sync: State is then the desired state
 // of etcd as of the last batch.
@@ -676,3 +480,16 @@ func (g *Graph) checkSelf() {
 
 // ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).
 func (g *Graph) ProblemCount() int { return len(g.problems) }
+
+// countKinds is how many of batch's events are of the kinds given.
+func countKinds(batch []store.Event, kinds ...store.Kind) int {
+	n := 0
+	for i := range batch {
+		for _, k := range kinds {
+			if batch[i].Kind == k {
+				n++
+			}
+		}
+	}
+	return n
+}

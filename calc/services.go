@@ -24,8 +24,7 @@ func ServiceID(s *store.Service) uint64 {
 // underlay address, and this node's addresses are its node ports), it computes the frontends
 // and health checks this node programs, as deltas into the graph's emitter.
 type serviceCalc struct {
-	self  string                 // this node's name
-	nodes map[string]*store.Node // the graph's, read only
+	*inputs // the nodes, read only
 	*emitter
 
 	// Inputs, by ID, and the indexes from them to the services they touch.
@@ -47,16 +46,14 @@ type serviceCalc struct {
 	clashes   set[FrontendKey] // frontends claimed by several services, a problem each
 }
 
-func newServiceCalc(self string, nodes map[string]*store.Node, e *emitter) *serviceCalc {
-	return &serviceCalc{self: self, nodes: nodes, emitter: e,
+func newServiceCalc(in *inputs, e *emitter) *serviceCalc {
+	return &serviceCalc{inputs: in, emitter: e,
 		services: map[string]*store.Service{}, slices: map[string]*store.EndpointSlice{},
 		slicesByService: newMulti[string, string](), slicesByNode: newMulti[string, string](), dirty: set[string]{},
 		svcFronts: map[string][]Frontend{}, svcHealth: map[string]uint16{}, claims: newMulti[FrontendKey, string](),
 		frontends: map[FrontendKey]*Frontend{}, hcClaims: map[uint16]map[string]HealthCheck{}, health: map[uint16]HealthCheck{},
 		clashes: set[FrontendKey]{}}
 }
-
-func (c *serviceCalc) isLocal(node string) bool { return node == c.self }
 
 func (c *serviceCalc) onService(id string, s *store.Service) {
 	if s == nil {
@@ -128,7 +125,7 @@ func (c *serviceCalc) backendsFor(svcID string, sp store.ServicePortSpec) endpoi
 		b     Backend
 		ready bool
 	}
-	self := c.self
+	self := c.cfg.NodeName
 	var all []cand
 	var present []netip.AddrPort
 	for id := range c.slicesByService.all(svcID) {
@@ -291,7 +288,7 @@ func (c *serviceCalc) computeService(id string) ([]Frontend, *HealthCheck) {
 	sid := ServiceID(s)
 	extLocal := s.ExternalTrafficPolicy == store.PolicyLocal
 	var nodeAddrs []netip.Addr
-	if self := c.nodes[c.self]; self != nil && s.Type != store.ServiceClusterIP {
+	if self := c.nodes[c.cfg.NodeName]; self != nil && s.Type != store.ServiceClusterIP {
 		for _, p := range []netip.Prefix{self.IPv4Address, self.IPv6Address()} {
 			if p.IsValid() {
 				nodeAddrs = append(nodeAddrs, p.Addr())

@@ -186,14 +186,6 @@ func (p *pendingOps) take() *Update {
 	return u
 }
 
-func (g *Graph) recompute() {
-	g.recomputeVTEPs()
-	g.recomputeClusterNets()
-	g.recomputeRoutes()
-	g.recomputeFIPs()
-	g.svc.recompute()
-}
-
 // State is the whole desired state, sorted.
 type State struct {
 	VTEPs        []VTEP        `json:"vteps"`
@@ -208,8 +200,8 @@ type State struct {
 // State returns the desired state as it stands (computed up to the last batch).
 func (g *Graph) State() *State {
 	s := g.stateBut()
-	s.Routes = make([]Route, 0, len(g.routes))
-	for _, r := range g.routes {
+	s.Routes = make([]Route, 0, len(g.routes.routes))
+	for _, r := range g.routes.routes {
 		s.Routes = append(s.Routes, *r)
 	}
 	return SortState(s)
@@ -217,12 +209,12 @@ func (g *Graph) State() *State {
 
 // stateBut is the desired state but its routes, sorted.
 func (g *Graph) stateBut() *State {
-	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.hostNets.one)+len(g.pools)),
+	s := &State{VTEPs: make([]VTEP, 0, len(g.nodes)), ClusterNets: make([]ClusterNet, 0, len(g.nets.hostNets.one)+len(g.pools)),
 		Frontends: make([]Frontend, 0, len(g.svc.frontends)), HealthChecks: make([]HealthCheck, 0, len(g.svc.health))}
-	for v := range g.vteps {
+	for v := range g.vteps.all {
 		s.VTEPs = append(s.VTEPs, v)
 	}
-	for c := range g.clusterNets {
+	for c := range g.nets.all {
 		s.ClusterNets = append(s.ClusterNets, c)
 	}
 	for _, f := range g.svc.frontends {
@@ -231,7 +223,7 @@ func (g *Graph) stateBut() *State {
 	for _, h := range g.svc.health {
 		s.HealthChecks = append(s.HealthChecks, h)
 	}
-	for _, f := range g.fips {
+	for _, f := range g.fips.fips {
 		s.FloatingIPs = append(s.FloatingIPs, f)
 	}
 	for k, r := range g.problems {
@@ -254,8 +246,8 @@ func SortState(s *State) *State {
 
 // fullUpdate is the whole state as one update, in the same apply order as deltas.
 func (g *Graph) fullUpdate() *Update {
-	routes := make([]*Route, 0, len(g.routes))
-	for _, r := range g.routes {
+	routes := make([]*Route, 0, len(g.routes.routes))
+	for _, r := range g.routes.routes {
 		routes = append(routes, r) // calc's own: the consumer keeps them, not copies
 	}
 	fronts := make([]*Frontend, 0, len(g.svc.frontends))

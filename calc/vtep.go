@@ -26,8 +26,8 @@ func DeriveMAC(node string, ipv6 bool) net.HardwareAddr {
 // a changed node's old VTEP is computed again from the Node it replaced (such a map would hold
 // one more copy of every node's tunnel address, MAC and underlay; BenchmarkDataplane in
 // cmd/sluiced reports the settled agent's memory at 20,000 nodes).
-func (g *Graph) vtepOf(node string, n *store.Node, ipv6 bool) (VTEP, bool) {
-	if !g.cfg.VXLAN || n == nil {
+func (vc *vtepCalc) vtepOf(node string, n *store.Node, ipv6 bool) (VTEP, bool) {
+	if !vc.cfg.VXLAN || n == nil {
 		return VTEP{}, false
 	}
 	tunnel, mac, under := n.IPv4VXLANTunnelAddr, n.VXLANTunnelMAC, n.IPv4Address
@@ -40,33 +40,61 @@ func (g *Graph) vtepOf(node string, n *store.Node, ipv6 bool) (VTEP, bool) {
 	if mac == nil {
 		mac = DeriveMAC(node, ipv6)
 	}
-	return VTEP{Node: node, TunnelAddr: tunnel, MAC: mac, Underlay: under.Addr(), Local: g.isLocal(node)}, true
+	return VTEP{Node: node, TunnelAddr: tunnel, MAC: mac, Underlay: under.Addr(), Local: vc.isLocal(node)}, true
 }
 
 func vtepEqual(a, b VTEP) bool {
 	return a.Node == b.Node && a.TunnelAddr == b.TunnelAddr && bytes.Equal(a.MAC, b.MAC) && a.Underlay == b.Underlay && a.Local == b.Local
 }
 
-// recomputeVTEPs compares each changed node's VTEPs with those of the Node they were last
+// vtepCalc is the VTEPs' calculator: one VTEP per node and family, from the node alone.
+type vtepCalc struct {
+	*inputs
+	*emitter
+	// dirty maps each node whose VTEPs may have changed to the Node they were last computed
+	// from (nil: none).
+	dirty map[string]*store.Node
+}
+
+func newVTEPCalc(in *inputs, e *emitter) *vtepCalc {
+	return &vtepCalc{inputs: in, emitter: e, dirty: map[string]*store.Node{}}
+}
+
+func (vc *vtepCalc) onNode(id string, old, _ *store.Node) {
+	if _, ok := vc.dirty[id]; !ok {
+		vc.dirty[id] = old
+	}
+}
+
+// expect sizes the empty dirty set for a batch of many nodes.
+func (vc *vtepCalc) expect(batch []store.Event) {
+	if n := countKinds(batch, store.KindNode); n >= 1024 && len(vc.dirty) == 0 {
+		vc.dirty = make(map[string]*store.Node, n)
+	}
+}
+
+func (vc *vtepCalc) shrink() { vc.dirty = map[string]*store.Node{} }
+
+// recompute compares each changed node's VTEPs with those of the Node they were last
 // computed from, and queues the differences.
-func (g *Graph) recomputeVTEPs() {
-	if g.emitted {
-		for node, was := range g.dirtyVTEP {
+func (vc *vtepCalc) recompute() {
+	if vc.emitted {
+		for node, was := range vc.dirty {
 			for _, v6 := range []bool{false, true} {
-				old, had := g.vtepOf(node, was, v6)
-				v, ok := g.vtepOf(node, g.nodes[node], v6)
-				queueDiff(old, had, v, ok, vtepEqual, &g.pending.vtepSets, &g.pending.vtepDels)
+				old, had := vc.vtepOf(node, was, v6)
+				v, ok := vc.vtepOf(node, vc.nodes[node], v6)
+				queueDiff(old, had, v, ok, vtepEqual, &vc.pending.vtepSets, &vc.pending.vtepDels)
 			}
 		}
 	}
-	reset(&g.dirtyVTEP, len(g.dirtyVTEP))
+	reset(&vc.dirty, len(vc.dirty))
 }
 
-// vteps yields every VTEP of the current nodes.
-func (g *Graph) vteps(yield func(VTEP) bool) {
-	for node, n := range g.nodes {
+// all yields every VTEP of the current nodes.
+func (vc *vtepCalc) all(yield func(VTEP) bool) {
+	for node, n := range vc.nodes {
 		for _, v6 := range []bool{false, true} {
-			if v, ok := g.vtepOf(node, n, v6); ok && !yield(v) {
+			if v, ok := vc.vtepOf(node, n, v6); ok && !yield(v) {
 				return
 			}
 		}
