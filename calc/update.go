@@ -45,6 +45,25 @@ func (k OpKind) String() string {
 	return "unknown"
 }
 
+// String names the op's object: its kind, then the object ("route 10.0.1.0/26 ...").
+func (o Op) String() string {
+	switch o.Kind() {
+	case OpVTEP:
+		return "vtep " + o.VTEP.String()
+	case OpRoute:
+		return "route " + o.Route.String()
+	case OpFrontend:
+		return "frontend " + o.Frontend.Key.String() + " " + o.Frontend.Service
+	case OpHealthCheck:
+		return "health-check " + o.HealthCheck.Service
+	case OpClusterNet:
+		return "cluster-net " + o.ClusterNet.String()
+	case OpFloatingIP:
+		return "floating-ip " + o.FloatingIP.String()
+	}
+	return ""
+}
+
 // Kind is the kind of o: the one pointer set is the only place that says it.
 func (o Op) Kind() OpKind {
 	switch {

@@ -3,11 +3,12 @@ package main
 import (
 	"bytes"
 	"flag"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/configuration.md and testdata/cli/sluiced-help.txt")

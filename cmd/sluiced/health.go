@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluice-net/sluice/bpf"
-	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -13,6 +11,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-net/sluice/bpf"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,7 +38,7 @@ type agentState struct {
 	problems    atomic.Int64
 	selfMissing atomic.Bool
 	nodeName    string
-	svc         *serviceStage // nil with --services=false
+	svc         *agent.ServiceStage // nil with --services=false
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
 	// restored is the etcd revision at which etcd was found to hold the keys the state kept
@@ -80,7 +82,7 @@ const stuckIntake = 2 * time.Minute
 // live is what /livez and the systemd watchdog follow: the apply loops, and an intake not
 // stuck in its handler. An agent cut off from etcd is live (restarting it would not help).
 func (a *agentState) live() bool {
-	st := a.svc.running()
+	st := a.svc.Running()
 	return (a.dp == nil || a.dp.Alive(10*time.Second)) && (st == nil || st.Alive(10*time.Second)) && !a.intakeStuck()
 }
 
@@ -106,7 +108,7 @@ func (a *agentState) readiness() (bool, string) {
 		return false, why
 	}
 	if a.svc != nil {
-		if ok, _, why := a.svc.status(); !ok {
+		if ok, _, why := a.svc.Status(); !ok {
 			return false, "service stage not working (routes are programmed; node ports and cluster IPs are not): " + why
 		}
 	}
@@ -307,7 +309,7 @@ func (a *agentState) registry() *prometheus.Registry {
 func (a *agentState) registerServices(r *prometheus.Registry) {
 	of := func(f func(*bpf.Stage) float64) func() float64 {
 		return func() float64 {
-			if st := a.svc.running(); st != nil {
+			if st := a.svc.Running(); st != nil {
 				return f(st)
 			}
 			return 0
@@ -321,7 +323,7 @@ func (a *agentState) registerServices(r *prometheus.Registry) {
 			Help: "Entries calc wants in each service map.", ConstLabels: prometheus.Labels{"map": name}},
 			of(func(st *bpf.Stage) float64 { return float64(st.Svc.Counts()[name][0]) })))
 	}
-	sizes := a.svc.cfg.Sizes
+	sizes := a.svc.Sizes()
 	for name, m := range map[string]int{"frontends": sizes.Frontends, "backends": sizes.Backends,
 		"conntrack": sizes.Conntrack, "affinity": sizes.Affinity} {
 		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_bpf_map_max_entries",

@@ -10,8 +10,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
-	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
 	"io"
 	"net"
 	"os"
@@ -20,9 +18,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
+	"github.com/sluice-net/sluice/cmd/internal/buildinfo"
+
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/store"
 )
 
@@ -80,7 +82,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 	// The agent keeps no queryable copy of what it read (calc holds what it computes from):
 	// the intake's counts are what it reports.
 	state.profiling = c.Profiling
-	plan := &planner{graph: graph, log: log, problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
+	plan := &agent.Planner{Graph: graph, Log: log, Problems: &state.problems, SelfMissing: &state.selfMissing, FromCalc: &state.fromCalc}
 	state.nodeName = c.NodeName
 	var background sync.WaitGroup
 	defer func() { cancel(); background.Wait() }()
@@ -90,7 +92,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		if err != nil {
 			return err
 		}
-		plan.dp = dp
+		plan.Dataplane = dp
 		state.dp = dp
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
@@ -151,7 +153,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 			if restoreKept(ctx, stateFile, cli, build, plan, prefixes, state, log) {
 				select {
 				case <-state.applied:
-				case <-time.After(keptApplyWait):
+				case <-time.After(agent.KeptApplyWait):
 				case <-ctx.Done():
 				}
 			}

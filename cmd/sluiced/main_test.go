@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"io"
 	"maps"
 	"net"
@@ -22,6 +21,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"

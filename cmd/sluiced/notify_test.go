@@ -3,13 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/dataplane"

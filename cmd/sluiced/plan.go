@@ -4,157 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/bpf/healthcheck"
-	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/dataplane"
-	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netns"
 )
-
-// planner runs the calc graph on the event stream and logs what the desired dataplane
-// becomes; the dataplane stage will consume the same updates.
-type planner struct {
-	graph *calc.Graph
-	log   zerolog.Logger
-	dp    *dataplane.Dataplane // nil with --dataplane=false
-	// problems is how many inputs calc cannot act on, for metrics and the status key.
-	problems *atomic.Int64
-	// selfMissing is set while, in sync, this agent's own Node is not in etcd.
-	selfMissing *atomic.Bool
-
-	// mu orders the two sources of the stages' first update: the state kept by the last run
-	// (restore) and calc's. Once calc's first has been handed over (fromCalc, set under mu,
-	// read by anyone), the kept one never is.
-	mu       sync.Mutex
-	fromCalc *atomic.Bool
-	// svc is the service stage once it has started (set under mu: it may start at any time),
-	// and kept the state restored from the last run, for a stage that starts before calc's
-	// first update.
-	svc  *bpf.Stage
-	kept *calc.Update
-}
-
-func (p *planner) OnEvents(batch []store.Event) {
-	// Under mu: a service stage that starts now reads the graph's whole state.
-	p.mu.Lock()
-	u := p.graph.OnEvents(batch)
-	p.problems.Store(int64(p.graph.ProblemCount()))
-	p.selfMissing.Store(p.graph.SelfMissing())
-	if u == nil {
-		p.mu.Unlock()
-		return
-	}
-	p.fromCalc.Store(true)
-	p.kept = nil
-	p.handOver(u)
-	p.mu.Unlock()
-	for _, pr := range u.Problems {
-		p.log.Warn().Str("key", store.Clip(pr.Key, store.MaxMessage)).Str("reason", store.Clip(pr.Reason, store.MaxMessage)).Msg("cannot act on input")
-	}
-	var vteps, routes, frontends, health, nets, removes int
-	for _, op := range u.Ops {
-		switch kind := op.Kind(); {
-		case op.Remove:
-			removes++
-		case kind == calc.OpVTEP:
-			vteps++
-		case kind == calc.OpRoute:
-			routes++
-		case kind == calc.OpFrontend:
-			frontends++
-		case kind == calc.OpHealthCheck:
-			health++
-		case kind == calc.OpClusterNet:
-			nets++
-		}
-		if e := p.log.Debug(); e.Enabled() {
-			e.Bool("remove", op.Remove).Str("object", describe(op)).Msg("desired change")
-		}
-	}
-	msg := "desired state changed"
-	if u.Full {
-		msg = "desired state computed"
-	}
-	p.log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).Int("cluster_nets", nets).
-		Int("removed", removes).Msg(msg)
-}
-
-// vacant says whether calc knows a for an address of the pools that nothing holds
-// (calc.Graph.Vacant): the service stage's cleaner asks it of the endpoints of connections
-// whose endpoint left its service.
-func (p *planner) vacant(a netip.Addr) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.graph.Vacant(a)
-}
-
-// handOver gives u to the stages.
-func (p *planner) handOver(u *calc.Update) {
-	if p.dp != nil {
-		p.dp.OnUpdate(u)
-	}
-	if p.svc != nil {
-		p.svc.OnUpdate(u)
-	}
-}
-
-// restore gives the stages u, the desired state kept by the last run and found current at
-// revision checked, and records that revision in restored, unless calc's own first update has
-// been handed over already. It reports whether it gave it.
-func (p *planner) restore(u *calc.Update, checked int64, restored *atomic.Int64) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.fromCalc.Load() {
-		return false
-	}
-	restored.Store(checked) // before the dataplane can have applied it
-	p.kept = u
-	p.handOver(u)
-	return true
-}
-
-// attachServices hands a service stage that has just started the whole desired state as it
-// stands (calc's, or the state kept by the last run before calc's first update; nothing
-// before either), then every update that follows.
-func (p *planner) attachServices(st *bpf.Stage) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case p.fromCalc.Load():
-		st.OnUpdate(p.graph.State().Update())
-	case p.kept != nil:
-		st.OnUpdate(p.kept)
-	}
-	p.svc = st
-}
-
-func describe(op calc.Op) string {
-	switch op.Kind() {
-	case calc.OpVTEP:
-		return "vtep " + op.VTEP.String()
-	case calc.OpRoute:
-		return "route " + op.Route.String()
-	case calc.OpFrontend:
-		return "frontend " + op.Frontend.Key.String() + " " + op.Frontend.Service
-	case calc.OpHealthCheck:
-		return "health-check " + op.HealthCheck.Service
-	case calc.OpClusterNet:
-		return "cluster-net " + op.ClusterNet.String()
-	}
-	return ""
-}
 
 // startDataplane opens netlink in this namespace and runs the dataplane and its kernel
 // watch until ctx ends. Stopping leaves everything programmed in place.
@@ -237,7 +103,7 @@ func startDataplane(ctx context.Context, c *agentconfig.Config, log zerolog.Logg
 // maps in place, so connections live through a restart. The proxy health port is served from
 // the start: 503 while the stage is not running. The returned wait blocks until all of it
 // has stopped.
-func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, log zerolog.Logger, state *agentState) (*serviceStage, func()) {
+func startServices(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, log zerolog.Logger, state *agentState) (*agent.ServiceStage, func()) {
 	cfg := c.BPF
 	cfg.OnResized = func(maps []string) {
 		log.Warn().Strs("maps", maps).Msg("map size options changed: maps resized, their entries kept")
@@ -247,10 +113,10 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 	}
 	var mu sync.Mutex
 	var lastLog time.Time
-	var svc *serviceStage
+	var svc *agent.ServiceStage
 	var lastRepairs bpf.Repairs
 	cfg.OnApply = func(err error, writes int, took time.Duration) {
-		if stage := svc.running(); stage != nil {
+		if stage := svc.Running(); stage != nil {
 			// Drift is logged once for each time it is found.
 			if r := stage.Repairs(); r != lastRepairs {
 				e := log.Warn().Int("map_entries", r.MapEntries-lastRepairs.MapEntries).Int("links", r.Links-lastRepairs.Links).
@@ -290,24 +156,24 @@ func startServices(ctx context.Context, c *agentconfig.Config, plan *planner, lo
 			log.Debug().Int("entries", st.Entries).Int("deleted", st.Deleted).Int("kept_refreshed", st.Kept).Msg("connection table cleaned")
 		}
 	}
-	cfg.Vacant = plan.vacant
+	cfg.Vacant = plan.Vacant
 	cfg.OnSweep = func(n int) {
 		state.conntrackDeleted.Add(float64(n))
 		log.Debug().Int("deleted", n).Msg("flows to removed endpoints deleted")
 	}
-	svc = newServiceStage(cfg, plan, log)
+	svc = agent.NewServiceStage(cfg, plan, log)
 	// The first attempt is made in the stage's own loop, beside the routes: loading and
 	// verifying the programs takes long, and far longer on a slow machine (an emulated one:
 	// the kernel matrix), which the routes must not wait for (BenchmarkServiceEndpointChange
 	// in cmd/sluiced measures the time to the first service-map apply).
 	var loops sync.WaitGroup
 	loops.Add(1)
-	go func() { defer loops.Done(); svc.run(ctx) }()
+	go func() { defer loops.Done(); svc.Run(ctx) }()
 	if c.ProxyHealthListen != "" {
 		loops.Add(1)
 		go func() {
 			defer loops.Done()
-			serveProxyHealth(ctx, log, c.ProxyHealthListen, time.Second, svc.health)
+			serveProxyHealth(ctx, log, c.ProxyHealthListen, time.Second, svc.Health())
 		}()
 	}
 	return svc, loops.Wait

@@ -23,6 +23,7 @@ import (
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/bpf/healthcheck"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/internal/nstest"
 	"github.com/sluice-net/sluice/store"
 	"github.com/vishvananda/netlink"
@@ -51,7 +52,7 @@ func TestServiceStageContained(t *testing.T) {
 	}
 	state := newAgentState()
 	state.nodeName = "node-a"
-	plan := &planner{graph: graph, log: zerolog.Nop(), problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
+	plan := &agent.Planner{Graph: graph, Log: zerolog.Nop(), Problems: &state.problems, SelfMissing: &state.selfMissing, FromCalc: &state.fromCalc}
 	intake, err := store.NewIntake(store.IntakeConfig{Client: cli, Handler: store.Fanout{plan, state}, Prefixes: store.NodePrefixes("node-a")})
 	if err != nil {
 		t.Fatal(err)
@@ -88,8 +89,8 @@ func TestServiceStageContained(t *testing.T) {
 			return nil
 		}}
 	var logs logBuffer
-	svc := newServiceStage(cfg, plan, zerolog.New(&logs))
-	svc.retryMin, svc.retryMax = 20*time.Millisecond, 20*time.Millisecond
+	svc := agent.NewServiceStage(cfg, plan, zerolog.New(&logs))
+	svc.RetryMin, svc.RetryMax = 20*time.Millisecond, 20*time.Millisecond
 	state.svc = svc
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newReadyCollector(svc))
@@ -98,7 +99,7 @@ func TestServiceStageContained(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxyDone := make(chan struct{})
-	go func() { defer close(proxyDone); _ = healthcheck.ServeProxyHealth(ctx, ln, svc.health) }()
+	go func() { defer close(proxyDone); _ = healthcheck.ServeProxyHealth(ctx, ln, svc.Health()) }()
 	defer func() { cancel(); <-proxyDone }()
 
 	// The stage's node: its own network namespace with eth0 holding node-a's address.
@@ -126,7 +127,7 @@ func TestServiceStageContained(t *testing.T) {
 			_ = netlink.AddrAdd(l, a)
 		}
 		nsReady <- ns
-		svc.run(ctx)
+		svc.Run(ctx)
 	}()
 	ns, ok := <-nsReady
 	if !ok {
@@ -137,11 +138,9 @@ func TestServiceStageContained(t *testing.T) {
 
 	// Cannot start: said, counted, tried again.
 	waitUntil(t, "a few start attempts", 10*time.Second, func() bool {
-		svc.mu.Lock()
-		defer svc.mu.Unlock()
-		return svc.attempts >= 3
+		return svc.Attempts() >= 3
 	})
-	if ok, step, why := svc.status(); ok || step != "load" || !strings.Contains(why, fault.Error()) {
+	if ok, step, why := svc.Status(); ok || step != "load" || !strings.Contains(why, fault.Error()) {
 		t.Errorf("status %v %q %q, want not ok at step load naming the fault", ok, step, why)
 	}
 	if got := testutil.ToFloat64(newReadyCollector(svc)); got != 0 {
@@ -169,8 +168,8 @@ func TestServiceStageContained(t *testing.T) {
 
 	// The cause goes: the stage starts by itself with calc's whole state, and attaches.
 	failing.Store(false)
-	waitUntil(t, "the stage running and ready", 10*time.Second, func() bool { ok, _, _ := svc.status(); return ok })
-	st := svc.running()
+	waitUntil(t, "the stage running and ready", 10*time.Second, func() bool { ok, _, _ := svc.Status(); return ok })
+	st := svc.Running()
 	if c := st.Svc.Counts()["frontends"]; c[0] == 0 || c[0] != c[1] {
 		t.Errorf("frontends desired/programmed %v: the late stage was not handed calc's state", c)
 	}
@@ -233,21 +232,19 @@ func TestServicesReadyGauge(t *testing.T) {
 		}
 		return strings.Join(out, "\n") + "\n"
 	}
-	svc := newServiceStage(bpf.StageConfig{}, nil, zerolog.Nop())
+	svc := agent.NewServiceStage(bpf.StageConfig{}, nil, zerolog.Nop())
 	c := newReadyCollector(svc)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
-	if got, want := scrape(reg), readyMetric(reasonStarting); got != want {
+	if got, want := scrape(reg), readyMetric(agent.ReasonStarting); got != want {
 		t.Errorf("before the stage starts:\n%s\nwant\n%s", got, want)
 	}
-	svc.mu.Lock()
-	svc.step, svc.reason = "load", "the kernel refused a program (test)"
-	svc.mu.Unlock()
+	c.status = func() (bool, string, string) { return false, "load", "the kernel refused a program (test)" }
 	if got, want := scrape(reg), readyMetric("load"); got != want {
 		t.Errorf("refused at load:\n%s\nwant\n%s", got, want)
 	}
-	c.status = func() (bool, string, string) { return false, reasonDegraded, "no programs on eth0 (test)" }
-	if got, want := scrape(reg), readyMetric(reasonDegraded); got != want {
+	c.status = func() (bool, string, string) { return false, agent.ReasonDegraded, "no programs on eth0 (test)" }
+	if got, want := scrape(reg), readyMetric(agent.ReasonDegraded); got != want {
 		t.Errorf("degraded:\n%s\nwant\n%s", got, want)
 	}
 	c.status = func() (bool, string, string) { return true, "", "" }
@@ -264,8 +261,8 @@ func TestServicesReadyGauge(t *testing.T) {
 	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
 		t.Fatal(err)
 	}
-	state.svc = svc
-	if got, want := scrape(state.registry()), readyMetric("load"); got != want {
+	state.svc = svc // not started: the agent's registry says so from the supervisor itself
+	if got, want := scrape(state.registry()), readyMetric(agent.ReasonStarting); got != want {
 		t.Errorf("the agent's registry:\n%s\nwant\n%s", got, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/store"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -85,7 +86,7 @@ func BenchmarkKeptState(b *testing.B) {
 	var err error
 	b.Run("write", func(b *testing.B) {
 		for b.Loop() {
-			if size, err = saveState(path, "bench", cfg, held, st); err != nil {
+			if size, err = agent.SaveState(path, "bench", cfg, held, st); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -101,7 +102,7 @@ func BenchmarkKeptState(b *testing.B) {
 	b.Run("restore", func(b *testing.B) {
 		var ops int
 		for b.Loop() {
-			u, _, _, err := restoreState(ctx, path, cli, "bench", cfg, prefixes)
+			u, _, _, err := agent.RestoreState(ctx, path, cli, "bench", cfg, prefixes)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -125,14 +126,14 @@ func TestKeptState(t *testing.T) {
 	prefixes := store.NodePrefixes("node-00000")
 	path := filepath.Join(t.TempDir(), "desired-state")
 	ctx := context.Background()
-	if _, err := saveState(path, "build-1", cfg, held, st); err != nil {
+	if _, err := agent.SaveState(path, "build-1", cfg, held, st); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
 		t.Errorf("the temporary file is left: %v", err)
 	}
 
-	u, kept, checked, err := restoreState(ctx, path, cli, "build-1", cfg, prefixes)
+	u, kept, checked, err := agent.RestoreState(ctx, path, cli, "build-1", cfg, prefixes)
 	if err != nil {
 		t.Fatalf("etcd unchanged: %v", err)
 	}
@@ -145,8 +146,8 @@ func TestKeptState(t *testing.T) {
 
 	refused := func(what, reason string, build string, cfg calc.Config) {
 		t.Helper()
-		_, _, _, err := restoreState(ctx, path, cli, build, cfg, prefixes)
-		var nc notCurrent
+		_, _, _, err := agent.RestoreState(ctx, path, cli, build, cfg, prefixes)
+		var nc agent.NotCurrent
 		if !errors.As(err, &nc) || !strings.Contains(err.Error(), reason) {
 			t.Errorf("%s: %v, want it not current, saying %q", what, err, reason)
 		}
@@ -160,35 +161,35 @@ func TestKeptState(t *testing.T) {
 	}
 	refused("a node written again, with the same value", "etcd changed since revision", "build-1", cfg)
 
-	if _, _, _, err := restoreState(ctx, filepath.Join(t.TempDir(), "none"), cli, "build-1", cfg, prefixes); !errors.Is(err, errNoKeptState) {
-		t.Errorf("no file: %v, want errNoKeptState", err)
+	if _, _, _, err := agent.RestoreState(ctx, filepath.Join(t.TempDir(), "none"), cli, "build-1", cfg, prefixes); !errors.Is(err, agent.ErrNoKeptState) {
+		t.Errorf("no file: %v, want ErrNoKeptState", err)
 	}
 	// Saved again (etcd as it is now), then damaged: cut short, a byte of the state changed.
-	size, err := saveState(path, "build-1", cfg, heldBy(t, cli), st)
+	size, err := agent.SaveState(path, "build-1", cfg, heldBy(t, cli), st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := restoreState(ctx, path, cli, "build-1", cfg, prefixes); err != nil {
+	if _, _, _, err := agent.RestoreState(ctx, path, cli, "build-1", cfg, prefixes); err != nil {
 		t.Fatalf("saved again with etcd as it is: %v", err)
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nc notCurrent
+	var nc agent.NotCurrent
 	for what, damaged := range map[string][]byte{"cut short": raw[:size-100], "a byte changed": append(raw[:size-10:size-10], append([]byte{raw[size-10] ^ 0x20}, raw[size-9:]...)...)} {
 		if err := os.WriteFile(path, damaged, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes)
-		if err == nil || errors.As(err, &nc) || errors.Is(err, errNoKeptState) || !strings.Contains(err.Error(), path) {
+		_, _, _, err = agent.RestoreState(ctx, path, cli, "build-1", cfg, prefixes)
+		if err == nil || errors.As(err, &nc) || errors.Is(err, agent.ErrNoKeptState) || !strings.Contains(err.Error(), path) {
 			t.Errorf("a file %s: %v, want an error naming %s", what, err, path)
 		}
 	}
 	if err := os.WriteFile(path, []byte("not a state file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err = restoreState(ctx, path, cli, "build-1", cfg, prefixes); err == nil || errors.As(err, &nc) || !strings.Contains(err.Error(), path) {
+	if _, _, _, err = agent.RestoreState(ctx, path, cli, "build-1", cfg, prefixes); err == nil || errors.As(err, &nc) || !strings.Contains(err.Error(), path) {
 		t.Errorf("a file of something else: %v, want an error naming %s", err, path)
 	}
 }
@@ -197,7 +198,7 @@ func TestKeptState(t *testing.T) {
 func opsText(u *calc.Update) string {
 	var b strings.Builder
 	for _, op := range u.Ops {
-		fmt.Fprintf(&b, "%v %s\n", op.Remove, describe(op))
+		fmt.Fprintf(&b, "%v %s\n", op.Remove, op.String())
 	}
 	return b.String()
 }
@@ -257,7 +258,7 @@ func TestRestoreKeptOutcomes(t *testing.T) {
 		}
 		state := newAgentState()
 		state.fromCalc.Store(fromCalc)
-		plan := &planner{graph: graph, problems: &state.problems, selfMissing: &state.selfMissing, fromCalc: &state.fromCalc}
+		plan := &agent.Planner{Graph: graph, Problems: &state.problems, SelfMissing: &state.selfMissing, FromCalc: &state.fromCalc}
 		if got := restoreKept(context.Background(), path, cli, "build-1", plan, prefixes, state, zerolog.Nop()); got != want {
 			t.Errorf("%s: handed over %v, want %v", what, got, want)
 		}
@@ -270,7 +271,7 @@ func TestRestoreKeptOutcomes(t *testing.T) {
 		return state
 	}
 	try("no file", "missing", false, cli, false)
-	if _, err := saveState(path, "build-1", cfg, held, st); err != nil {
+	if _, err := agent.SaveState(path, "build-1", cfg, held, st); err != nil {
 		t.Fatal(err)
 	}
 	state := try("etcd unchanged", "restored", true, cli, false)

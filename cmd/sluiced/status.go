@@ -133,7 +133,7 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 	}
 	if a.svc != nil {
 		s.Services = "running"
-		if ok, _, why := a.svc.status(); !ok {
+		if ok, _, why := a.svc.Status(); !ok {
 			s.Services = "down: " + why
 		}
 	}

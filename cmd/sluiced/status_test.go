@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 
 	"github.com/rs/zerolog"
 	"github.com/sluice-net/sluice/store"
