@@ -214,45 +214,91 @@ func (s *Services) expectLocked(u *calc.Update) {
 	s.svcIDs = make(map[uint64]*idOwner, nList[0]+nList[1])
 }
 
-// OnUpdate takes one calc update. It reports whether the update touched anything the
-// service stage programs (a route change elsewhere in the cluster does not).
+// OnUpdate takes one calc update: Full's or OnOp's work for each op, under one lock. It
+// reports whether the update touched anything the service stage programs (a route change
+// elsewhere in the cluster does not).
 func (s *Services) OnUpdate(u *calc.Update) (changed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if u.Full {
-		s.reset()
-		s.expectLocked(u)
-		s.full = true
+		s.fullLocked(u)
 		changed = true
-	}
-	var last *calc.FrontendKey
-	for _, op := range u.Ops {
-		switch op.Kind() {
-		case calc.OpFrontend:
-			changed = true
-			// A full update follows a reset and names each frontend once, in key order (calc's
-			// State): there is nothing to remove unless a key comes again.
-			if !u.Full || (last != nil && *last == op.Frontend.Key) {
-				s.removeFrontendLocked(op.Frontend.Key)
-			}
-			last = &op.Frontend.Key
-			if !op.Remove {
-				s.setFrontendLocked(*op.Frontend)
-			}
-		case calc.OpClusterNet:
-			changed = true
-			s.setClusterNetLocked(*op.ClusterNet, op.Remove)
-		case calc.OpRoute:
-			// Routes are keyed by destination: a workload's address that now leads elsewhere
-			// comes as a set with another reason, not as a removal.
-			if s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload) {
+	} else {
+		for _, op := range u.Ops {
+			if s.onOpLocked(op) {
 				changed = true
 			}
 		}
 	}
+	s.settleLocked()
+	return changed
+}
+
+// Full replaces the desired state with a full update's: what it lacks goes at the next Apply.
+// Nothing is written before the first.
+func (s *Services) Full(u *calc.Update) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fullLocked(u)
+	s.settleLocked()
+}
+
+// OnOp takes one change: a frontend, a cluster net, or a route to a workload (the workloads'
+// programs follow them). It reports whether it touched anything the stage programs.
+func (s *Services) OnOp(op calc.Op) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := s.onOpLocked(op)
+	s.settleLocked()
+	return changed
+}
+
+func (s *Services) fullLocked(u *calc.Update) {
+	s.reset()
+	s.expectLocked(u)
+	s.full = true
+	// A full update names each frontend once, in key order (calc's State): there is nothing
+	// to remove unless a key comes again.
+	var last *calc.FrontendKey
+	for _, op := range u.Ops {
+		if op.Kind() != calc.OpFrontend {
+			s.onOpLocked(op)
+			continue
+		}
+		if last != nil && *last == op.Frontend.Key {
+			s.removeFrontendLocked(op.Frontend.Key)
+		}
+		last = &op.Frontend.Key
+		if !op.Remove {
+			s.setFrontendLocked(*op.Frontend)
+		}
+	}
+}
+
+func (s *Services) onOpLocked(op calc.Op) bool {
+	switch op.Kind() {
+	case calc.OpFrontend:
+		s.removeFrontendLocked(op.Frontend.Key)
+		if !op.Remove {
+			s.setFrontendLocked(*op.Frontend)
+		}
+		return true
+	case calc.OpClusterNet:
+		s.setClusterNetLocked(*op.ClusterNet, op.Remove)
+		return true
+	case calc.OpRoute:
+		// Routes are keyed by destination: a workload's address that now leads elsewhere
+		// comes as a set with another reason, not as a removal.
+		return s.setWorkloadRouteLocked(*op.Route, op.Remove || op.Route.Reason != calc.ReasonLocalWorkload)
+	}
+	return false
+}
+
+// settleLocked is what follows any change: frontends refused for another's identity are tried
+// again, and the settings follow the node's addresses.
+func (s *Services) settleLocked() {
 	s.retryRefusedLocked()
 	s.setSettingsLocked()
-	return changed
 }
 
 // retryRefusedLocked tries again the frontends refused for a service identity that was
@@ -667,6 +713,38 @@ func (s *Services) Apply() error {
 	s.settings.Settle()
 	s.settings6.Settle()
 	return errors.Join(errs...)
+}
+
+// Diff reads the maps, as a resync does, and says what they lack or hold differently
+// (missing) and what of sluice's they hold too much of (extra); it writes nothing. Meant for a
+// driver given only a full update (sluicectl): the read becomes what it knows of the maps.
+func (s *Services) Diff() (missing, extra []string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.readLocked(); err != nil {
+		return nil, nil, err
+	}
+	s.v4.diff(&missing, &extra)
+	if s.v6.usable() {
+		s.v6.diff(&missing, &extra)
+	}
+	settings := func(which string) func(_ uint32, _, _ Settings, held bool) {
+		return func(_ uint32, _, _ Settings, held bool) {
+			if held {
+				missing = append(missing, which+" (tunnel, MTU, source ports, this node's address): other values")
+			} else {
+				missing = append(missing, which+" (tunnel, MTU, source ports, this node's address)")
+			}
+		}
+	}
+	s.settings.Differences(settings("settings"), func(uint32, Settings) {})
+	if s.t.Settings6 != nil {
+		s.settings6.Differences(func(_ uint32, _, _ Settings6, held bool) { settings("IPv6 settings")(0, Settings{}, Settings{}, held) },
+			func(uint32, Settings6) {})
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	return missing, extra, nil
 }
 
 // AffinityScan is the longest list client-IP affinity reads whole (AFF_SCAN); only longer

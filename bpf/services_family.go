@@ -751,6 +751,39 @@ func (m *famMaps[FK, BV, IK, SK, CK]) read() error {
 }
 
 // counts adds the family's desired and programmed entries to c (named as in TableNames).
+// diff lists what the family's trackers hold as different after a read: frontends (and
+// address-only entries), backend lists, source ranges and cluster nets.
+func (m *famMaps[FK, BV, IK, SK, CK]) diff(missing, extra *[]string) {
+	name := m.fam.name()
+	m.fe.Differences(func(k FK, want, have FrontendValue, held bool) {
+		line := name + " frontend " + m.fam.feString(k, want)
+		if held {
+			line += " (has " + m.fam.feString(k, have) + ")"
+		}
+		*missing = append(*missing, line)
+	}, func(k FK, have FrontendValue) { *extra = append(*extra, name+" frontend "+m.fam.feString(k, have)) })
+	m.be.Differences(func(id uint64, want, have []BV, held bool) {
+		line := fmt.Sprintf("%s backend list %016x (%d backends)", name, id, len(want))
+		if held {
+			line += fmt.Sprintf(" (has %d, other)", len(have))
+		}
+		*missing = append(*missing, line)
+	}, func(id uint64, have []BV) {
+		*extra = append(*extra, fmt.Sprintf("%s backend list %016x (%d backends)", name, id, len(have)))
+	})
+	m.src.Differences(func(k SK, _, _ uint32, _ bool) { *missing = append(*missing, name+" source range "+m.fam.srcString(k)) },
+		func(k SK, _ uint32) { *extra = append(*extra, name+" source range "+m.fam.srcString(k)) })
+	m.cnet.Differences(func(k CK, want, have ClusterNetVal, held bool) {
+		line := name + " cluster net " + m.fam.cnetString(k, want)
+		if held {
+			line += " (has " + m.fam.cnetString(k, have) + ")"
+		}
+		*missing = append(*missing, line)
+	}, func(k CK, have ClusterNetVal) {
+		*extra = append(*extra, name+" cluster net "+m.fam.cnetString(k, have))
+	})
+}
+
 func (m *famMaps[FK, BV, IK, SK, CK]) counts(c map[string][2]int) {
 	add := func(name string, d, a int) {
 		v := c[name]

@@ -2092,3 +2092,53 @@ func TestServicesResyncNoDrift(t *testing.T) {
 		}
 	}
 }
+
+// TestServicesDiff: Diff reads the maps and names what they lack, hold differently or hold
+// too much of, writing nothing; a driver given only the full update (as sluicectl builds one)
+// finds nothing once another has applied it.
+func TestServicesDiff(t *testing.T) {
+	web := svtFE("default/web", 0xa1, calc.FrontendClusterIP, "198.51.100.10:80", store.ProtocolTCP, svtWebA, svtWebB)
+	full := func() *calc.Update { return &calc.Update{Full: true, Ops: []calc.Op{{Frontend: &web}}} }
+	d := newSvtDriver(t)
+	var _ interface {
+		Full(*calc.Update)
+		OnOp(calc.Op) bool
+		Apply() error
+		QueueResync()
+		Diff() ([]string, []string, error)
+	} = d.s
+	d.s.Full(full())
+	missing, extra, err := d.s.Diff()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The frontend, the cluster IP's address-only entry, the backend list, both settings.
+	if len(missing) != 5 || len(extra) != 0 || d.writes() != 0 {
+		t.Fatalf("before any apply: missing %q, extra %q, %d writes", missing, extra, d.writes())
+	}
+	d.apply()
+	fresh := func() (missing, extra []string) {
+		t.Helper()
+		s := NewServices(d.tables, svtConfig())
+		s.Full(full())
+		before := d.writes()
+		m, e, err := s.Diff()
+		if err != nil || d.writes() != before {
+			t.Fatalf("Diff: %v, %d writes", err, d.writes()-before)
+		}
+		return m, e
+	}
+	if m, e := fresh(); len(m) != 0 || len(e) != 0 {
+		t.Fatalf("after the apply: missing %q, extra %q", m, e)
+	}
+	// Someone deletes the frontend and leaves another of their own: both are named.
+	k := FrontendMapKey(web.Key)
+	v := d.fakes.Frontends.Entries[k]
+	delete(d.fakes.Frontends.Entries, k)
+	stray := FrontendMapKey(calc.FrontendKey{Addr: netip.MustParseAddr("198.51.100.99"), Port: 80, Protocol: store.ProtocolTCP})
+	d.fakes.Frontends.Entries[stray] = v
+	m, e := fresh()
+	if len(m) != 1 || !strings.Contains(m[0], "198.51.100.10:80") || len(e) != 1 || !strings.Contains(e[0], "198.51.100.99:80") {
+		t.Fatalf("after a frontend was deleted and another added: missing %q, extra %q", m, e)
+	}
+}
