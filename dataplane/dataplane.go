@@ -83,6 +83,7 @@ type Stats struct {
 // periodically.
 type Dataplane struct {
 	cfg Config
+	k   Kernel // for the leftover pass; each driver has its own use of it
 
 	mu      sync.Mutex
 	routes  *RouteTable
@@ -148,7 +149,7 @@ func New(k Kernel, cfg Config) *Dataplane {
 		cfg.VXLANv6.Port = cfg.VXLAN.Port
 	}
 	rt := NewRouteTable(k, cfg.Routes)
-	d := &Dataplane{cfg: cfg, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
+	d := &Dataplane{cfg: cfg, k: k, table: rt.cfg.Table, protocol: rt.cfg.Protocol, routes: rt, vxlan: NewVXLAN(k, cfg.VXLAN), vxlan6: NewVXLAN(k, cfg.VXLANv6),
 		sysctls: newSysctls(cfg.Sysctl, readSys, rt.HasIPv6), removedLeftovers: map[string]time.Time{}, kick: make(chan struct{}, 1)}
 	d.drivers = []driver{d.sysctls, d.vxlan, d.vxlan6, d.routes}
 	if nk, ok := k.(natKernel); ok && !cfg.NAT.Disabled {
@@ -222,11 +223,11 @@ func (d *Dataplane) Stats() Stats {
 	defer d.mu.Unlock()
 	s := d.stats
 	s.Writes = d.routes.Writes() + d.vxlan.Writes() + d.vxlan6.Writes()
-	s.DesiredRoutes = len(d.routes.routes)
-	s.ProgrammedRoutes = d.routes.tracker.ActualLen()
+	s.DesiredRoutes = d.routes.DesiredLen()
+	s.ProgrammedRoutes = d.routes.ProgrammedLen()
 	s.DesiredNexthops, s.ProgrammedNexthops = d.routes.Nexthops()
 	if d.nat != nil {
-		s.Writes += d.nat.writes
+		s.Writes += d.nat.Writes()
 		s.NAT = d.nat.Programmed()
 	}
 	return s
@@ -280,7 +281,7 @@ func (d *Dataplane) Apply() error {
 	var natErr error
 	if d.nat != nil {
 		natErr = d.nat.Apply()
-		if d.nat.repaired {
+		if d.nat.Repaired() {
 			d.stats.NATRepairs++
 			d.repairing("nat", "nftables table "+NATTable)
 		}

@@ -61,18 +61,15 @@ func protocolOwner(protocol int) string {
 func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	var out []Leftover
 	names := map[int]string{}
-	links, err := d.routes.k.Links()
+	links, err := d.k.Links()
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range links {
 		names[l.Attrs().Index] = l.Attrs().Name
 	}
-	dsts := make([]netip.Prefix, 0, len(d.routes.routes))
-	for dst := range d.routes.routes {
-		dsts = append(dsts, dst)
-	}
-	for _, r := range d.routes.foreign {
+	dsts := d.routes.destinations()
+	for _, r := range d.routes.foreignRoutes() {
 		k, _, ok := fromKernel(r)
 		if !ok {
 			continue
@@ -118,9 +115,9 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	// could not replace (sluice's route unresolved: its device missing, say behind Calico's
 	// vxlan.calico; or refused): they hold the destination meanwhile. Never removed: sluice's
 	// own route replaces each once it can be written.
-	for k, r := range d.routes.replacing {
+	for k, r := range d.routes.heldAtOurs() {
 		why := "writing sluice's route failed (see the apply error)"
-		if d.routes.unres[k] {
+		if d.routes.unresolvedAt(k) {
 			why = "sluice's route cannot be written yet: its device or gateway is missing"
 		}
 		kind := routeTypeName(r.Type)
@@ -145,7 +142,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		if !ok || name == d.vxlan.Name() || name == d.vxlan6.Name() {
 			continue
 		}
-		if lo, ok := vxlanLeftover(vx, d.vxlan.cfg, d.vxlan6.cfg); ok {
+		if lo, ok := vxlanLeftover(vx, d.vxlan.Config(), d.vxlan6.Config()); ok {
 			out = append(out, lo)
 		}
 	}
@@ -166,7 +163,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 // handleNetfilter reads other products' netfilter chains, reports each when it appears and
 // when it goes, and, when allowed, removes the removable ones (NetfilterLeftover.Removable).
 func (d *Dataplane) handleNetfilter() {
-	nk, ok := d.routes.k.(interface {
+	nk, ok := d.k.(interface {
 		conn() (*nftables.Conn, error)
 	})
 	if d.cfg.OnNetfilter == nil || !ok {
@@ -209,9 +206,9 @@ func (d *Dataplane) handleLeftovers() bool {
 		if d.cfg.CleanConflicts && !l.Dormant && !l.replaced && (l.route != nil || l.Owner != "") && time.Since(d.removedLeftovers[l.Key]) > 10*time.Minute {
 			d.removedLeftovers[l.Key] = time.Now()
 			if l.route != nil {
-				l.Err = d.routes.k.RouteDelMany([]*Route{l.route})[0]
+				l.Err = d.k.RouteDelMany([]*Route{l.route})[0]
 			} else {
-				l.Err = d.routes.k.LinkDel(l.link)
+				l.Err = d.k.LinkDel(l.link)
 			}
 			l.Removed = l.Err == nil
 			removed = removed || l.Removed
@@ -292,7 +289,7 @@ func deviceOwner(name string) string {
 // so). A rule that selects by firewall mark is dormant (sluice marks nothing) and not listed.
 // Their owners cannot be told from the kernel: they are reported with their fix, never removed.
 func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
-	rk, ok := d.routes.k.(interface {
+	rk, ok := d.k.(interface {
 		ruleList() ([]netlink.Rule, error)
 	})
 	if !ok || len(dsts) == 0 {
@@ -311,7 +308,7 @@ func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
 		}
 		rs, seen := tables[r.Table]
 		if !seen {
-			rs, _ = d.routes.k.RouteList(r.Table)
+			rs, _ = d.k.RouteList(r.Table)
 			tables[r.Table] = rs
 		}
 		for _, rt := range rs {

@@ -231,6 +231,12 @@ func (n *OutgoingNAT) desired() natRules {
 	return r
 }
 
+// Writes is how many times the table was written.
+func (n *OutgoingNAT) Writes() int { return n.writes }
+
+// Repaired says whether the last Apply's read found the table not as sluice had left it.
+func (n *OutgoingNAT) Repaired() bool { return n.repaired }
+
 // Apply makes the table match: written whole when it differs, deleted when nothing is to be
 // translated. It reads the table first after QueueResync or a failure.
 func (n *OutgoingNAT) Apply() error {

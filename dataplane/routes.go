@@ -258,6 +258,32 @@ func (t *RouteTable) ParentAddrs() (v4, v6 netip.Addr) { return t.cfg.ParentAddr
 // HasIPv6 says whether any IPv6 route is desired.
 func (t *RouteTable) HasIPv6() bool { return t.v6 > 0 }
 
+// ProgrammedLen is how many of sluice's routes the kernel holds, as last read or written.
+func (t *RouteTable) ProgrammedLen() int { return t.tracker.ActualLen() }
+
+// DesiredLen is how many routes are desired.
+func (t *RouteTable) DesiredLen() int { return len(t.routes) }
+
+// destinations are the desired routes' destinations, for the leftover pass.
+func (t *RouteTable) destinations() []netip.Prefix {
+	dsts := make([]netip.Prefix, 0, len(t.routes))
+	for dst := range t.routes {
+		dsts = append(dsts, dst)
+	}
+	return dsts
+}
+
+// foreignRoutes are the other programs' routes as of the last read.
+func (t *RouteTable) foreignRoutes() []Route { return t.foreign }
+
+// heldAtOurs are the foreign routes at a desired route's key, as of the last read, that
+// sluice's has not replaced yet.
+func (t *RouteTable) heldAtOurs() map[routeKey]Route { return t.replacing }
+
+// unresolvedAt says whether the desired route at k could not be resolved at the last Apply
+// (its device or gateway missing).
+func (t *RouteTable) unresolvedAt(k routeKey) bool { return t.unres[k] }
+
 // ReadPending says whether the next Apply reads the kernel again.
 func (t *RouteTable) ReadPending() bool { return t.needRead }
 

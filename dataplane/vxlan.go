@@ -193,6 +193,10 @@ func (x *VXLAN) OnOp(op calc.Op) bool {
 	return true
 }
 
+// Config is the device's configuration (its parent address as last taken from this node's
+// VTEP).
+func (x *VXLAN) Config() VXLANConfig { return x.cfg }
+
 // ParentAddr is the underlay address the device is bound to.
 func (x *VXLAN) ParentAddr() netip.Addr { return x.cfg.ParentAddr }
 

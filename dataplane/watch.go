@@ -171,7 +171,7 @@ func (d *Dataplane) subscribe(ns netns.NsHandle, onErr func(error)) (ev *kernelE
 	}
 	// Deletions in nftables (sluice's table, or anything in it): the NAT table is read again.
 	if d.nat != nil {
-		if nk, real := d.nat.k.(*NetlinkKernel); real {
+		if nk, real := d.k.(*NetlinkKernel); real {
 			c, err := nk.conn()
 			if err != nil {
 				return ev, stop, err
