@@ -104,6 +104,9 @@ type svcBenchLogLine struct {
 	Message string    `json:"message"`
 	Took    string    `json:"took"`
 	Writes  int       `json:"writes"`
+	// Frontends and Removed are a desired-state change's frontend sets and removals.
+	Frontends int `json:"frontends"`
+	Removed   int `json:"removed"`
 }
 
 // startServicesAgent runs sluiced for node-000 with the service stage pinned under pinDir.
@@ -395,6 +398,7 @@ func BenchmarkServicesArriving(b *testing.B) {
 	var logMu sync.Mutex
 	messages := map[string]int{}
 	var mapWrites int     // the entries the service-map applies wrote
+	var frontendOps int   // the frontend sets and removals calc handed over
 	var warnings []string // the first lines above info level, for a failure's message
 	go func() {
 		for l := range agent.lines {
@@ -402,8 +406,11 @@ func BenchmarkServicesArriving(b *testing.B) {
 			if json.Unmarshal([]byte(l), &e) == nil {
 				logMu.Lock()
 				messages[e.Message]++
-				if e.Message == "service maps updated" {
+				switch e.Message {
+				case "service maps updated":
 					mapWrites += e.Writes
+				case "desired state changed":
+					frontendOps += e.Frontends + e.Removed
 				}
 				if !strings.Contains(l, `"level":"info"`) && !strings.Contains(l, `"level":"debug"`) && len(warnings) < 20 {
 					warnings = append(warnings, l)
@@ -430,7 +437,7 @@ func BenchmarkServicesArriving(b *testing.B) {
 	watcherUser, watcherSys := cpuSplit(b, watcherPid)
 	logMu.Lock()
 	clear(messages)
-	mapWrites = 0
+	mapWrites, frontendOps = 0, 0
 	logMu.Unlock()
 	start := time.Now()
 	profiled := make(chan struct{})
@@ -515,8 +522,8 @@ func BenchmarkServicesArriving(b *testing.B) {
 	b.Logf("user and system CPU: sluiced %v and %v, the watcher %v and %v", agentUserCPU.Round(10*time.Millisecond), agentSysCPU.Round(10*time.Millisecond),
 		watcherUserCPU.Round(10*time.Millisecond), watcherSysCPU.Round(10*time.Millisecond))
 	logMu.Lock()
-	b.Logf("sluiced logged during the write: %d service-map applies writing %d entries, %d dataplane applies, %d desired-state changes (%v)",
-		messages["service maps updated"], mapWrites, messages["dataplane updated"], messages["desired state changed"], messages)
+	b.Logf("sluiced logged during the write: %d service-map applies writing %d entries, %d dataplane applies, %d desired-state changes carrying %d frontend ops (%v)",
+		messages["service maps updated"], mapWrites, messages["dataplane updated"], messages["desired state changed"], frontendOps, messages)
 	logMu.Unlock()
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(writes.Seconds(), "etcd-writes-s")
