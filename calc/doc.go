@@ -7,6 +7,10 @@
 // It hands the next stage only what changed: nothing before the first in-sync, then one full
 // state, then deltas.
 //
+// Graph is a dispatcher over calculators, one per kind of output (routeCalc, vtepCalc,
+// netCalc, fipCalc, serviceCalc): it keeps the inputs and hands each event to the calculators
+// that hear its kind; each owns its indexes, its dirty sets and what it emitted.
+//
 // It does no I/O and starts no goroutines, takes no locks and reads no clock. Its output depends
 // only on its current inputs, never on the order they arrived in, so replaying an event log
 // always gives the same state. Each change recomputes only the destinations, VTEPs, cluster
