@@ -294,27 +294,20 @@ func New(cfg Config) (*Graph, error) {
 func (g *Graph) register(cs ...calculator) {
 	for _, c := range cs {
 		g.calcs = append(g.calcs, c)
-		if l, ok := c.(poolListener); ok {
-			g.poolLs = append(g.poolLs, l)
-		}
-		if l, ok := c.(nodeListener); ok {
-			g.nodeLs = append(g.nodeLs, l)
-		}
-		if l, ok := c.(blockListener); ok {
-			g.blockLs = append(g.blockLs, l)
-		}
-		if l, ok := c.(affinityListener); ok {
-			g.affinityLs = append(g.affinityLs, l)
-		}
-		if l, ok := c.(wepListener); ok {
-			g.wepLs = append(g.wepLs, l)
-		}
-		if l, ok := c.(serviceListener); ok {
-			g.serviceLs = append(g.serviceLs, l)
-		}
-		if l, ok := c.(sliceListener); ok {
-			g.sliceLs = append(g.sliceLs, l)
-		}
+		listen(c, &g.poolLs)
+		listen(c, &g.nodeLs)
+		listen(c, &g.blockLs)
+		listen(c, &g.affinityLs)
+		listen(c, &g.wepLs)
+		listen(c, &g.serviceLs)
+		listen(c, &g.sliceLs)
+	}
+}
+
+// listen adds c to ls when it is a listener of ls's kind.
+func listen[L any](c calculator, ls *[]L) {
+	if l, ok := c.(L); ok {
+		*ls = append(*ls, l)
 	}
 }
 
