@@ -213,21 +213,6 @@ func (p *proc) waitFor(timeout time.Duration, parts ...string) bool {
 	return true
 }
 
-// ask makes five connections from namespace ns to addr (a tcp-whoami) until all five are
-// answered with want, the address the server saw, or 5 s pass; it returns the last answer on
-// one line and whether it was that.
-func (l *lab) ask(ns, addr, want string) (string, bool) {
-	var out string
-	_, err := l.retry(5*time.Second, func() (err error) {
-		out, err = l.nsRun(ns, l.tool(), "tcp-ask", addr, "5")
-		if err == nil && !strings.Contains(out, "answer "+want+" 5") {
-			err = fmt.Errorf("answered %q", out)
-		}
-		return err
-	})
-	return oneLine(out), err == nil
-}
-
 // finish closes the stream tool's input (it then reports and exits), waits for it, and says
 // whether it ran to its end: every round trip answered ("round trips" reported, no error).
 func (p *proc) finish() bool {
@@ -326,14 +311,7 @@ func (l *lab) sleep(d time.Duration) bool {
 	}
 }
 
-func (l *lab) workload(name string) labWorkload {
-	for _, w := range labWorkloads {
-		if w.name == name {
-			return w
-		}
-	}
-	panic("no workload " + name)
-}
+func (l *lab) workload(name string) labWorkload { return workloadNamed(name) }
 
 func (l *lab) ping(from, to string) error {
 	_, err := l.nsRun(wlNS(l.workload(from)), l.tool(), "ping", l.workload(to).addr)

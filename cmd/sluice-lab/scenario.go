@@ -67,130 +67,140 @@ func (l *lab) setup() error {
 }
 
 // demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
-// dataplane with real traffic.
+// dataplane with real traffic: demoScene.
 func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	l.ctx = ctx
 	defer l.end(&err)
 	if err := l.setup(); err != nil {
 		return err
 	}
-	for _, w := range labWorkloads {
-		if _, err := l.start(wlNS(w), "tcp "+w.name, false, l.tool(), "tcp-serve", w.addr+":8080"); err != nil {
-			return err
-		}
-		if w.addr6 != "" {
-			if _, err := l.start(wlNS(w), "tcp6 "+w.name, false, l.tool(), "tcp-serve", "["+w.addr6+"]:8080"); err != nil {
-				return err
-			}
-		}
+	if err := l.play(demoScene); err != nil {
+		return err
 	}
+	if keep {
+		l.step("the lab stays up; Ctrl-C tears it down")
+		fmt.Fprintln(l.out, "look around:")
+		fmt.Fprintf(l.out, "  ip netns exec %s ip route              # node-a's routes\n", nodeNS("node-a"))
+		fmt.Fprintf(l.out, "  ip netns exec %s %s ping 10.65.0.129   # from web-a to web-c\n", wlNS(l.workload("web-a")), l.tool())
+		fmt.Fprintf(l.out, "  ip netns exec %s env SLUICE_ETCD_ENDPOINTS=http://%s %s plan --node node-c\n", nsRouter, etcdListen, filepath.Join(l.bin, "sluicectl"))
+		<-ctx.Done()
+		fmt.Fprintf(l.out, "\n==> tearing down (%v)\n", context.Cause(ctx)) // not a step: the lab's context is done
+		return nil
+	}
+	l.step("tearing down")
+	return nil
+}
 
-	l.step("node-a's kernel, against what Calico's Felix programs for the same data")
-	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "proto", "83")
-	fmt.Fprint(l.out, routes)
+// Ways the demo's traffic between workloads goes.
+const (
+	throughVXLAN = "through VXLAN"
+	crossSubnet  = "directly (CrossSubnet pool, same subnet)"
+)
+
+// demoScene is the demo after its setup: node-a's kernel against what Felix programs,
+// workload traffic, natOutgoing, floating IPs, seed 003, drift, restarts, sluicectl diff and
+// status, then the services (seed000, endpointRemoved, ipv6Services).
+var demoScene = scene{
+	workloadServers(),
+
+	heading("node-a's kernel, against what Calico's Felix programs for the same data"),
 	// node-a lays routes to other nodes out through nexthop objects (`nhid N`), node-c as
 	// Felix does; either way the gateway, device and flag are Felix's.
-	for _, want := range []string{
+	routes("node-a", "ip route show proto 83", "node-a has route %q",
 		"blackhole 10.65.0.0/26 metric 1024",
 		"blackhole 10.66.0.0/26 metric 1024",
 		"10.65.0.64/26 nhid * via 10.65.0.64 dev vxlan.sluice onlink",
 		"10.65.0.128/26 nhid * via 10.65.0.128 dev vxlan.sluice onlink",
 		"10.66.0.64/26 nhid * via 192.168.10.12 dev eth0 onlink",
-		"10.65.0.1 dev cali-web-a scope link",
-	} {
-		l.check(routeLine(routes, want), "node-a has route %q", want)
-	}
-	objects, _ := sh("ip", "-n", nodeNS("node-a"), "nexthop", "show", "proto", "83")
-	fmt.Fprint(l.out, objects)
-	l.check(strings.Contains(objects, "via 10.65.0.128 dev vxlan.sluice scope link proto 83 onlink") &&
-		strings.Contains(objects, "via 10.65.0.64 dev vxlan.sluice scope link proto 83 onlink") &&
-		strings.Contains(objects, "via 192.168.10.12 dev eth0 scope link proto 83 onlink"),
-		"node-a's nexthop objects: one per remote node and gateway, sluice's protocol")
-	routesC, _ := sh("ip", "-n", nodeNS("node-c"), "route", "show", "proto", "83")
-	l.check(strings.Contains(routesC, "10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink") && !strings.Contains(routesC, "nhid"),
-		"node-c (--route-layout gateways) lays its routes out as Felix does: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink")
-	link, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan.sluice")
-	l.check(strings.Contains(link, "vxlan id 4096") && strings.Contains(link, "dstport 4789") && strings.Contains(link, "nolearning") &&
-		strings.Contains(link, "66:c1:a0:00:00:0a") && strings.Contains(link, "mtu 1450"),
-		"node-a's vxlan.sluice: VNI 4096, port 4789, learning off, the node's MAC, MTU 1450")
-	neigh, _ := sh("ip", "-n", nodeNS("node-a"), "neigh", "show", "dev", "vxlan.sluice")
-	l.check(strings.Contains(neigh, "10.65.0.128 lladdr 66:c1:a0:00:00:0c PERMANENT"), "node-a has a permanent neighbour for node-c's VTEP")
-	fdb, _ := sh("bridge", "-n", nodeNS("node-a"), "fdb", "show", "dev", "vxlan.sluice")
-	l.check(strings.Contains(fdb, "66:c1:a0:00:00:0c dst 192.168.20.13"), "node-a has an FDB entry sending node-c's MAC to 192.168.20.13")
-
-	routes6, _ := sh("ip", "-n", nodeNS("node-a"), "-6", "route", "show", "proto", "83")
-	fmt.Fprint(l.out, routes6)
-	for _, want := range []string{
+		"10.65.0.1 dev cali-web-a scope link"),
+	look{node: "node-a", cmd: "ip nexthop show proto 83", show: true, name: "node-a's nexthop objects: one per remote node and gateway, sluice's protocol",
+		has: []string{"via 10.65.0.128 dev vxlan.sluice scope link proto 83 onlink", "via 10.65.0.64 dev vxlan.sluice scope link proto 83 onlink", "via 192.168.10.12 dev eth0 scope link proto 83 onlink"}},
+	look{node: "node-c", cmd: "ip route show proto 83", has: []string{"10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink"}, lacks: []string{"nhid"},
+		name: "node-c (--route-layout gateways) lays its routes out as Felix does: 10.65.0.0/26 via 10.65.0.0 dev vxlan.sluice onlink"},
+	look{node: "node-a", cmd: "ip -d link show vxlan.sluice", has: []string{"vxlan id 4096", "dstport 4789", "nolearning", "66:c1:a0:00:00:0a", "mtu 1450"},
+		name: "node-a's vxlan.sluice: VNI 4096, port 4789, learning off, the node's MAC, MTU 1450"},
+	look{node: "node-a", cmd: "ip neigh show dev vxlan.sluice", has: []string{"10.65.0.128 lladdr 66:c1:a0:00:00:0c PERMANENT"},
+		name: "node-a has a permanent neighbour for node-c's VTEP"},
+	look{node: "node-a", cmd: "bridge fdb show dev vxlan.sluice", has: []string{"66:c1:a0:00:00:0c dst 192.168.20.13"},
+		name: "node-a has an FDB entry sending node-c's MAC to 192.168.20.13"},
+	routes("node-a", "ip -6 route show proto 83", "node-a has IPv6 route %q",
 		"blackhole fd00:65::/122",
 		"fd00:65::40/122 nhid * via fd00:65::40 dev vxlan-v6.sluice metric 1024 onlink",
 		"fd00:65::80/122 nhid * via fd00:65::80 dev vxlan-v6.sluice metric 1024 onlink",
-		"fd00:65::1 dev cali-web-a metric 1024",
-	} {
-		l.check(routeLine(routes6, want), "node-a has IPv6 route %q", want)
-	}
-	link6, _ := sh("ip", "-n", nodeNS("node-a"), "-d", "link", "show", "vxlan-v6.sluice")
-	l.check(strings.Contains(link6, "vxlan id 4096") && strings.Contains(link6, "dstport 4789") && strings.Contains(link6, "nolearning") &&
-		strings.Contains(link6, "66:c1:a6:00:00:0a") && strings.Contains(link6, "mtu 1430") && strings.Contains(link6, "local fd00:10::11"),
-		"node-a's vxlan-v6.sluice: VNI 4096, port 4789, learning off, the node's IPv6 MAC, MTU 1430, bound to fd00:10::11")
-	fdb6, _ := sh("bridge", "-n", nodeNS("node-a"), "fdb", "show", "dev", "vxlan-v6.sluice")
-	l.check(strings.Contains(fdb6, "66:c1:a6:00:00:0c dst fd00:20::13"), "node-a has an FDB entry sending node-c's IPv6 MAC to fd00:20::13")
+		"fd00:65::1 dev cali-web-a metric 1024"),
+	look{node: "node-a", cmd: "ip -d link show vxlan-v6.sluice", has: []string{"vxlan id 4096", "dstport 4789", "nolearning", "66:c1:a6:00:00:0a", "mtu 1430", "local fd00:10::11"},
+		name: "node-a's vxlan-v6.sluice: VNI 4096, port 4789, learning off, the node's IPv6 MAC, MTU 1430, bound to fd00:10::11"},
+	look{node: "node-a", cmd: "bridge fdb show dev vxlan-v6.sluice", has: []string{"66:c1:a6:00:00:0c dst fd00:20::13"},
+		name: "node-a has an FDB entry sending node-c's IPv6 MAC to fd00:20::13"},
 
-	l.step("traffic between workloads on every pair of nodes")
-	pairs := [][2]string{{"web-a", "web-b"}, {"web-b", "web-a"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-b", "web-c"}, {"web-c", "web-b"}, {"db-a", "db-b"}, {"db-b", "db-a"}}
-	for _, p := range pairs {
-		how := "through VXLAN"
-		if strings.HasPrefix(p[0], "db") {
-			how = "directly (CrossSubnet pool, same subnet)"
-		}
-		_, err := l.retry(10*time.Second, func() error { return l.ping(p[0], p[1]) })
-		l.check(err == nil, "ping %s -> %s %s", p[0], p[1], how)
-		_, err = l.retry(5*time.Second, func() error { return l.tcp(p[0], p[1], false) })
-		l.check(err == nil, "TCP %s -> %s %s", p[0], p[1], how)
-	}
+	heading("traffic between workloads on every pair of nodes"),
+	pingTCP("web-a", "web-b", throughVXLAN), pingTCP("web-b", "web-a", throughVXLAN),
+	pingTCP("web-a", "web-c", throughVXLAN), pingTCP("web-c", "web-a", throughVXLAN),
+	pingTCP("web-b", "web-c", throughVXLAN), pingTCP("web-c", "web-b", throughVXLAN),
+	pingTCP("db-a", "db-b", crossSubnet), pingTCP("db-b", "db-a", crossSubnet),
+	tcp6("web-a", "web-b"), tcp6("web-a", "web-c"), tcp6("web-c", "web-a"), tcp6("web-c", "web-b"),
 
-	for _, p := range [][2]string{{"web-a", "web-b"}, {"web-a", "web-c"}, {"web-c", "web-a"}, {"web-c", "web-b"}} {
-		_, err := l.retry(10*time.Second, func() error { return l.tcp(p[0], p[1], true) })
-		l.check(err == nil, "TCP over IPv6 %s -> %s through vxlan-v6.sluice", p[0], p[1])
-	}
-
-	l.step("natOutgoing: workloads reach the LAN gateway (in no pool) as their node; between pools they keep their addresses")
-	if p, err := l.start(nsGateway, "whoami gateway", false, l.tool(), "tcp-whoami", "192.168.10.254:8081"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("whoami on the gateway: %v", err)
-	}
-	if p, err := l.start(nsGateway, "tcp gateway", false, l.tool(), "tcp-serve", "192.168.10.254:8080"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("echo server on the gateway: %v", err)
-	}
-	for _, w := range []struct{ wl, node string }{{"web-a", "node-a"}, {"web-b", "node-b"}, {"web-c", "node-c"}} {
-		out, ok := l.ask(wlNS(l.workload(w.wl)), "192.168.10.254:8081", nodeIPs[w.node])
-		l.check(ok, "%s (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs[w.node], out)
-	}
-	if p, err := l.start(wlNS(l.workload("web-c")), "whoami web-c", false, l.tool(), "tcp-whoami", "10.65.0.129:8089"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("whoami on web-c: %v", err)
-	}
-	out, ok := l.ask(wlNS(l.workload("web-a")), "10.65.0.129:8089", "10.65.0.1")
-	l.check(ok, "web-a -> web-c (another node, same pool) keeps web-a's address: %s", out)
-	out, ok = l.ask(wlNS(l.workload("db-a")), "10.65.0.129:8089", l.workload("db-a").addr)
-	l.check(ok, "db-a (another pool) -> web-c keeps db-a's address: %s", out)
-
+	heading("natOutgoing: workloads reach the LAN gateway (in no pool) as their node; between pools they keep their addresses"),
+	serve{at: nsGateway, run: "tcp-whoami 192.168.10.254:8081", ready: true},
+	serve{at: nsGateway, run: "tcp-serve 192.168.10.254:8080", ready: true},
+	probe{from: "web-a", send: "tcp-ask 5", to: "192.168.10.254:8081", seenAs: "192.168.10.11", retry: 5 * time.Second,
+		name: "web-a (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as node-a's address 192.168.10.11: %s"},
+	probe{from: "web-b", send: "tcp-ask 5", to: "192.168.10.254:8081", seenAs: "192.168.10.12", retry: 5 * time.Second,
+		name: "web-b (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as node-b's address 192.168.10.12: %s"},
+	probe{from: "web-c", send: "tcp-ask 5", to: "192.168.10.254:8081", seenAs: "192.168.20.13", retry: 5 * time.Second,
+		name: "web-c (pool with natOutgoing) reaches the gateway 5 of 5 times, seen as node-c's address 192.168.20.13: %s"},
+	serve{at: "web-c", run: "tcp-whoami 10.65.0.129:8089", ready: true},
+	probe{from: "web-a", send: "tcp-ask 5", to: "10.65.0.129:8089", seenAs: "10.65.0.1", retry: 5 * time.Second,
+		name: "web-a -> web-c (another node, same pool) keeps web-a's address: %s"},
+	probe{from: "db-a", send: "tcp-ask 5", to: "10.65.0.129:8089", seenAs: "10.66.0.1", retry: 5 * time.Second,
+		name: "db-a (another pool) -> web-c keeps db-a's address: %s"},
 	// IPv6: the pool fd00:65::/64 has natOutgoing too; the gateway knows no pool.
-	if p, err := l.start(nsGateway, "whoami gateway v6", false, l.tool(), "tcp-whoami", "["+gateway6+"]:8081"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("whoami on the gateway (IPv6): %v", err)
-	}
-	for _, w := range []struct{ wl, node string }{{"web-a", "node-a"}, {"web-b", "node-b"}, {"web-c", "node-c"}} {
-		out, ok := l.ask(wlNS(l.workload(w.wl)), "["+gateway6+"]:8081", nodeIPs6[w.node])
-		l.check(ok, "%s reaches the gateway over IPv6 5 of 5 times, seen as %s's address %s: %s", w.wl, w.node, nodeIPs6[w.node], out)
-	}
-	if p, err := l.start(wlNS(l.workload("web-c")), "whoami web-c v6", false, l.tool(), "tcp-whoami", "[fd00:65::81]:8089"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("whoami on web-c (IPv6): %v", err)
-	}
-	out, ok = l.ask(wlNS(l.workload("web-a")), "[fd00:65::81]:8089", "fd00:65::1")
-	l.check(ok, "web-a -> web-c over IPv6 (another node, same pool) keeps web-a's address: %s", out)
+	serve{at: nsGateway, run: "tcp-whoami [" + gateway6 + "]:8081", ready: true},
+	probe{from: "web-a", send: "tcp-ask 5", to: "[fd00:10::fe]:8081", seenAs: "fd00:10::11", retry: 5 * time.Second,
+		name: "web-a reaches the gateway over IPv6 5 of 5 times, seen as node-a's address fd00:10::11: %s"},
+	probe{from: "web-b", send: "tcp-ask 5", to: "[fd00:10::fe]:8081", seenAs: "fd00:10::12", retry: 5 * time.Second,
+		name: "web-b reaches the gateway over IPv6 5 of 5 times, seen as node-b's address fd00:10::12: %s"},
+	probe{from: "web-c", send: "tcp-ask 5", to: "[fd00:10::fe]:8081", seenAs: "fd00:20::13", retry: 5 * time.Second,
+		name: "web-c reaches the gateway over IPv6 5 of 5 times, seen as node-c's address fd00:20::13: %s"},
+	serve{at: "web-c", run: "tcp-whoami [fd00:65::81]:8089", ready: true},
+	probe{from: "web-a", send: "tcp-ask 5", to: "[fd00:65::81]:8089", seenAs: "fd00:65::1", retry: 5 * time.Second,
+		name: "web-a -> web-c over IPv6 (another node, same pool) keeps web-a's address: %s"},
 
-	if err := l.floatingIPs(); err != nil {
-		return err
-	}
+	act((*lab).floatingIPs),
 
-	l.step("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway")
+	heading("seed 003: a client outside the cluster routes the pool to node-a; unassigned addresses must not reach the LAN gateway"),
+	act((*lab).noLeak),
+
+	heading("drift: a route and the VXLAN device deleted by hand"),
+	act((*lab).driftRepaired),
+
+	heading("sluiced restarted on node-a while a TCP stream crosses it"),
+	act((*lab).restartUnderStreams),
+
+	heading("sluicectl diff on a node, and sluicectl status"),
+	act((*lab).diffAndStatus),
+
+	act((*lab).seed000),
+	act((*lab).endpointRemoved),
+	act((*lab).ipv6Services),
+}
+
+// workloadServers: every workload serves TCP (echo) on port 8080 of each of its addresses.
+func workloadServers() scene {
+	var s scene
+	for _, w := range labWorkloads {
+		s = append(s, serve{at: w.name, run: "tcp-serve " + w.addr + ":8080"})
+		if w.addr6 != "" {
+			s = append(s, serve{at: w.name, run: "tcp-serve [" + w.addr6 + "]:8080"})
+		}
+	}
+	return s
+}
+
+// noLeak (seed 003): the client, which routes the pool to node-a, sends UDP to an address of
+// node-a's block that no workload has, while a capture on the LAN gateway counts what
+// reaches it; the same to an address in no block shows the capture works.
+func (l *lab) noLeak() error {
 	sniff := func(dst string) int {
 		p, err := l.start(nsGateway, "sniff", false, l.tool(), "sniff", "eth0", dst, "1.5")
 		if err != nil || !p.waitFor(5*time.Second, "READY") {
@@ -210,8 +220,12 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	l.check(control > 0, "control: 10.65.200.5 is in no block (pool blackholes are off), so node-a forwards it to the gateway (%d packets seen there): the capture works", control)
 	leaked := sniff("10.65.0.5")
 	l.check(leaked == 0, "10.65.0.5, unassigned in node-a's block, is blackholed: %d packets reached the gateway", leaked)
+	return nil
+}
 
-	l.step("drift: a route and the VXLAN device deleted by hand")
+// driftRepaired deletes a route, then the VXLAN device, on node-a by hand: each must be back
+// and web-a reach web-c again within 5 s.
+func (l *lab) driftRepaired() error {
 	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "del", "10.65.0.128/26"); err != nil {
 		return err
 	}
@@ -228,8 +242,13 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	}
 	took, err = l.retry(5*time.Second, func() error { return l.ping("web-a", "web-c") })
 	l.check(err == nil, "the deleted VXLAN device is back with its neighbours and routes; traffic recovers (%v)", took.Round(time.Millisecond))
+	return nil
+}
 
-	l.step("sluiced restarted on node-a while a TCP stream crosses it")
+// restartUnderStreams restarts node-a's sluiced while a TCP stream from web-a crosses it to
+// web-c and another goes masqueraded to the gateway: the new agent programs the state the
+// old one kept (etcd being unchanged), then etcd's, writing nothing; neither stream breaks.
+func (l *lab) restartUnderStreams() error {
 	stream, err := l.start(wlNS(l.workload("web-a")), "stream", false, l.tool(), "stream", l.workload("web-c").addr+":8080")
 	if err != nil {
 		return err
@@ -255,10 +274,14 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 		"it found everything in place, with the kept state and then with etcd's, and wrote nothing to the kernel (its reports: %q)", restarted.matching("dataplane updated"))
 	l.check(stream.finish(), "the stream never broke: %s", stream.transcript())
 	l.check(natStream.finish(), "the masqueraded stream never broke either: %s", natStream.transcript())
+	return nil
+}
 
-	l.step("sluicectl diff on a node, and sluicectl status")
-	diff := l.diff
-	out, err = diff("node-b")
+// diffAndStatus: sluicectl diff finds node-b's kernel as its agent would program it; with
+// the agent stopped and drift made by hand, diff names it and status shows the agent gone;
+// the agent started again repairs it from the state it kept.
+func (l *lab) diffAndStatus() error {
+	out, err := l.diff("node-b")
 	l.check(err == nil && strings.Contains(out, "matches"), "node-b's kernel matches its desired state")
 	l.check(l.agents["node-b"].stop() == nil, "sluiced on node-b stopped, to let drift stand")
 	_, err1 := sh("ip", "-n", nodeNS("node-b"), "route", "del", "10.65.0.0/26")
@@ -266,7 +289,7 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	if err1 != nil || err2 != nil {
 		return fmt.Errorf("injecting drift: %v %v", err1, err2)
 	}
-	out, err = diff("node-b")
+	out, err = l.diff("node-b")
 	l.check(err != nil && routeLine(out, "missing: 10.65.0.0/26 nhid * via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
 		"diff reports the missing route and the extra one, and exits 1")
 	status, _ := l.ctl("status")
@@ -286,30 +309,8 @@ func (l *lab) demo(ctx context.Context, keep bool) (err error) {
 	}
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced restarted on node-b has applied")
 	l.check(nb.count("desired state restored") == 1, "it applied the state it kept, etcd being unchanged: %q", nb.matching("state"))
-	_, err = l.retry(5*time.Second, func() error { _, err := diff("node-b"); return err })
+	_, err = l.retry(5*time.Second, func() error { _, err := l.diff("node-b"); return err })
 	l.check(err == nil, "sluiced back on node-b repairs both: the diff is clean again")
-
-	if err := l.seed000(); err != nil {
-		return err
-	}
-	if err := l.endpointRemoved(); err != nil {
-		return err
-	}
-	if err := l.ipv6Services(); err != nil {
-		return err
-	}
-
-	if keep {
-		l.step("the lab stays up; Ctrl-C tears it down")
-		fmt.Fprintln(l.out, "look around:")
-		fmt.Fprintf(l.out, "  ip netns exec %s ip route              # node-a's routes\n", nodeNS("node-a"))
-		fmt.Fprintf(l.out, "  ip netns exec %s %s ping 10.65.0.129   # from web-a to web-c\n", wlNS(l.workload("web-a")), l.tool())
-		fmt.Fprintf(l.out, "  ip netns exec %s env SLUICE_ETCD_ENDPOINTS=http://%s %s plan --node node-c\n", nsRouter, etcdListen, filepath.Join(l.bin, "sluicectl"))
-		<-ctx.Done()
-		fmt.Fprintf(l.out, "\n==> tearing down (%v)\n", context.Cause(ctx)) // not a step: the lab's context is done
-		return nil
-	}
-	l.step("tearing down")
 	return nil
 }
 
@@ -365,86 +366,101 @@ const floating6 = "fd00:50::2"
 // other client, sl-ext, straight to node-b), keeping the client's address; web-b's own
 // traffic out leaves from the floating IP; a stream through it survives sluiced's restart on
 // node-b; a VM with its floating IP live-migrated from node-b to node-c is reached there.
-func (l *lab) floatingIPs() error {
-	l.step("floating IPs: 192.168.50.2 and fd00:50::2 for web-b (10.65.0.65, fd00:65::41), as networking-calico writes ipNATs")
-	write := func(name, doc string) {
-		if err := l.apply(name, doc); err != nil {
-			l.check(false, "writing %s: %v", name, err)
-		}
-	}
-	if err := l.script(
-		[]string{"ip", "-n", nsClient, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
-		[]string{"ip", "-n", nsRouter, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-b"]},
-		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.50.0/24", "via", nodeIPs["node-a"]},
+func (l *lab) floatingIPs() error { return l.play(floatingScene) }
+
+var floatingScene = scene{
+	heading("floating IPs: 192.168.50.2 and fd00:50::2 for web-b (10.65.0.65, fd00:65::41), as networking-calico writes ipNATs"),
+	commands{
+		"ip -n sl-client route add 192.168.50.0/24 via 192.168.10.11",
+		"ip -n sl-router route add 192.168.50.0/24 via 192.168.10.12",
+		"ip -n sl-gw route add 192.168.50.0/24 via 192.168.10.11",
 		// node-b answers sl-ext by its default route, the gateway: for this step only, the
 		// gateway knows sl-ext's network is behind the router (later steps rely on it not),
 		// and forwards. Said outright: a new namespace takes IPv4 forwarding from the host's
 		// (net.core.devconf_inherit_init_net 0), so without it this step passed or failed
 		// with the host's net.ipv4.ip_forward.
-		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.40.0/24", "via", "192.168.10.1"},
-		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		"ip -n sl-gw route add 192.168.40.0/24 via 192.168.10.1",
+		"ip netns exec sl-gw sysctl -qw net.ipv4.ip_forward=1",
 		// The same for IPv6, fd00:50::/64.
-		[]string{"ip", "-n", nsClient, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-a"]},
-		[]string{"ip", "-n", nsRouter, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-b"]},
-		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:50::/64", "via", nodeIPs6["node-a"]},
-		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:40::/64", "via", "fd00:10::1"},
-		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-	); err != nil {
-		return err
-	}
-	defer func() {
-		_, _ = sh("ip", "-n", nsGateway, "route", "del", "192.168.40.0/24")
-		_, _ = sh("ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=0")
-		_, _ = sh("ip", "-n", nsGateway, "-6", "route", "del", "fd00:40::/64")
-		_, _ = sh("ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=0")
-	}()
+		"ip -n sl-client -6 route add fd00:50::/64 via fd00:10::11",
+		"ip -n sl-router -6 route add fd00:50::/64 via fd00:10::12",
+		"ip -n sl-gw -6 route add fd00:50::/64 via fd00:10::11",
+		"ip -n sl-gw -6 route add fd00:40::/64 via fd00:10::1",
+		"ip netns exec sl-gw sysctl -qw net.ipv6.conf.all.forwarding=1",
+	},
+	undo{
+		"ip -n sl-gw route del 192.168.40.0/24",
+		"ip netns exec sl-gw sysctl -qw net.ipv4.ip_forward=0",
+		"ip -n sl-gw -6 route del fd00:40::/64",
+		"ip netns exec sl-gw sysctl -qw net.ipv6.conf.all.forwarding=0",
+	},
 	// web-b answers on 8090, web-c on 8091: which port answers says which workload it is.
-	for w, port := range map[string]string{"web-b": "8090", "web-c": "8091"} {
-		for _, addr := range []string{l.workload(w).addr, "[" + l.workload(w).addr6 + "]"} {
-			if p, err := l.start(wlNS(l.workload(w)), "whoami "+w+" fip "+addr, false, l.tool(), "tcp-whoami", addr+":"+port); err != nil || !p.waitFor(5*time.Second, "READY") {
-				return fmt.Errorf("whoami on %s: %v", w, err)
-			}
-		}
-	}
-	write("fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true))
-	// leadsNowhere says whether the client's connections to addr stop being answered soon.
-	leadsNowhere := func(addr string) bool {
-		_, err := l.retry(5*time.Second, func() error {
-			if _, err := l.nsRun(nsClient, l.tool(), "tcp-ask", addr, "1"); err == nil {
-				return fmt.Errorf("%s still answered", addr)
-			}
-			return nil
-		})
-		return err == nil
-	}
-	out, ok := l.ask(nsClient, "192.168.50.2:8090", "192.168.10.100")
-	l.check(ok, "the client reaches web-b through 192.168.50.2 by way of node-a (its route), 5 of 5, its own address kept: %s", out)
-	out, ok = l.ask(nsExt, "192.168.50.2:8090", "192.168.40.100")
-	l.check(ok, "sl-ext reaches web-b through 192.168.50.2 on node-b itself, 5 of 5, its own address kept: %s", out)
+	serve{at: "web-b", run: "tcp-whoami 10.65.0.65:8090", ready: true},
+	serve{at: "web-b", run: "tcp-whoami [fd00:65::41]:8090", ready: true},
+	serve{at: "web-c", run: "tcp-whoami 10.65.0.129:8091", ready: true},
+	serve{at: "web-c", run: "tcp-whoami [fd00:65::81]:8091", ready: true},
+	manifest{"fip-web-b.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", true)},
+	probe{from: nsClient, send: "tcp-ask 5", to: "192.168.50.2:8090", seenAs: "192.168.10.100", retry: 5 * time.Second,
+		name: "the client reaches web-b through 192.168.50.2 by way of node-a (its route), 5 of 5, its own address kept: %s"},
+	probe{from: nsExt, send: "tcp-ask 5", to: "192.168.50.2:8090", seenAs: "192.168.40.100", retry: 5 * time.Second,
+		name: "sl-ext reaches web-b through 192.168.50.2 on node-b itself, 5 of 5, its own address kept: %s"},
 	// From another node: its workload (masqueraded there, the floating IP being in no pool,
 	// to the address of the interface it leaves by: node-a's tunnel address on
 	// vxlan.sluice) and the node itself.
-	out, ok = l.ask(wlNS(l.workload("web-a")), "192.168.50.2:8090", "10.65.0.0")
-	l.check(ok, "web-a on node-a reaches web-b through 192.168.50.2 (masqueraded to node-a's tunnel address, the way out): %s", out)
-	out, ok = l.ask(nodeNS("node-c"), "192.168.50.2:8090", "10.65.0.128")
-	l.check(ok, "node-c itself reaches web-b through 192.168.50.2 (from its tunnel address): %s", out)
-	out, ok = l.ask(wlNS(l.workload("web-b")), "192.168.10.254:8081", "192.168.50.2")
-	l.check(ok, "web-b's own traffic out reaches the gateway from 192.168.50.2 (not node-b's address): %s", out)
-	routes, _ := sh("ip", "-n", nodeNS("node-a"), "route", "show", "192.168.50.2")
-	l.check(strings.Contains(routes, "via 10.65.0.64 dev vxlan.sluice"), "node-a routes 192.168.50.2 as web-b's own address, through VXLAN to node-b: %s", strings.TrimSpace(routes))
+	probe{from: "web-a", send: "tcp-ask 5", to: "192.168.50.2:8090", seenAs: "10.65.0.0", retry: 5 * time.Second,
+		name: "web-a on node-a reaches web-b through 192.168.50.2 (masqueraded to node-a's tunnel address, the way out): %s"},
+	probe{from: "node-c", send: "tcp-ask 5", to: "192.168.50.2:8090", seenAs: "10.65.0.128", retry: 5 * time.Second,
+		name: "node-c itself reaches web-b through 192.168.50.2 (from its tunnel address): %s"},
+	probe{from: "web-b", send: "tcp-ask 5", to: "192.168.10.254:8081", seenAs: "192.168.50.2", retry: 5 * time.Second,
+		name: "web-b's own traffic out reaches the gateway from 192.168.50.2 (not node-b's address): %s"},
+	look{node: "node-a", cmd: "ip route show 192.168.50.2", has: []string{"via 10.65.0.64 dev vxlan.sluice"},
+		name: "node-a routes 192.168.50.2 as web-b's own address, through VXLAN to node-b: %s"},
+	probe{from: nsClient, send: "tcp-ask 5", to: "[fd00:50::2]:8090", seenAs: "fd00:10::100", retry: 5 * time.Second,
+		name: "the client reaches web-b through fd00:50::2 by way of node-a, 5 of 5, its own address kept: %s"},
+	probe{from: nsExt, send: "tcp-ask 5", to: "[fd00:50::2]:8090", seenAs: ext6, retry: 5 * time.Second,
+		name: "sl-ext reaches web-b through fd00:50::2 on node-b itself, 5 of 5, its own address kept: %s"},
+	probe{from: "web-a", send: "tcp-ask 5", to: "[fd00:50::2]:8090", seenAs: "fd00:65::", retry: 5 * time.Second,
+		name: "web-a on node-a reaches web-b through fd00:50::2 (masqueraded to node-a's IPv6 tunnel address, the way out): %s"},
+	probe{from: "web-b", send: "tcp-ask 5", to: "[fd00:10::fe]:8081", seenAs: "fd00:50::2", retry: 5 * time.Second,
+		name: "web-b's own IPv6 traffic out reaches the gateway from fd00:50::2 (not node-b's address): %s"},
+	look{node: "node-a", cmd: "ip -6 route show fd00:50::2", has: []string{"dev vxlan-v6.sluice"},
+		name: "node-a routes fd00:50::2 as web-b's own address, through VXLAN to node-b: %s"},
 
-	fip6 := "[" + floating6 + "]:8090"
-	out, ok = l.ask(nsClient, fip6, "fd00:10::100")
-	l.check(ok, "the client reaches web-b through %s by way of node-a, 5 of 5, its own address kept: %s", floating6, out)
-	out, ok = l.ask(nsExt, fip6, ext6)
-	l.check(ok, "sl-ext reaches web-b through %s on node-b itself, 5 of 5, its own address kept: %s", floating6, out)
-	out, ok = l.ask(wlNS(l.workload("web-a")), fip6, "fd00:65::")
-	l.check(ok, "web-a on node-a reaches web-b through %s (masqueraded to node-a's IPv6 tunnel address, the way out): %s", floating6, out)
-	out, ok = l.ask(wlNS(l.workload("web-b")), "["+gateway6+"]:8081", floating6)
-	l.check(ok, "web-b's own IPv6 traffic out reaches the gateway from %s (not node-b's address): %s", floating6, out)
-	routes, _ = sh("ip", "-n", nodeNS("node-a"), "-6", "route", "show", floating6)
-	l.check(strings.Contains(routes, "dev vxlan-v6.sluice"), "node-a routes %s as web-b's own address, through VXLAN to node-b: %s", floating6, strings.TrimSpace(routes))
+	act((*lab).floatingStreamAcrossRestart),
 
+	manifest{"fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false)},
+	probe{from: nsClient, send: "tcp-ask 1", to: "192.168.50.2:8090", fails: true, retry: 5 * time.Second,
+		name: "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere"},
+	probe{from: nsClient, send: "tcp-ask 1", to: "[fd00:50::2]:8090", fails: true, retry: 5 * time.Second,
+		name: "and fd00:50::2 leads nowhere"},
+
+	// A VM live-migrated: 10.65.0.70 (node-b's block) with floating IP 192.168.50.3 runs on
+	// node-b; its copy starts on node-c, networking-calico writes the new endpoint, then the
+	// old VM stops and its endpoint goes.
+	act(func(l *lab) error { return l.plugVM("node-b", "tapvm1b") }),
+	manifest{"vm1-node-b.yaml", vmWEP("node-b", "tapvm1b", true)},
+	probe{from: nsClient, send: "tcp-ask 5", to: "192.168.50.3:8092", seenAs: "192.168.10.100", retry: 5 * time.Second,
+		name: "the client reaches the VM on node-b through 192.168.50.3: %s"},
+	act(func(l *lab) error { return l.plugVM("node-c", "tapvm1c") }),
+	manifest{"vm1-node-c.yaml", vmWEP("node-c", "tapvm1c", true)},
+	commands{"ip -n sl-node-b link del tapvm1b"}, // the old VM stops
+	ctl("delete -n openstack workloadendpoint node--b-openstack-vm1-tap"),
+	probe{from: nsClient, send: "tcp-ask 5", to: "192.168.50.3:8092", seenAs: "192.168.10.100", retry: 5 * time.Second,
+		name: "after the migration the client reaches the VM on node-c through 192.168.50.3 (by way of node-a): %s"},
+	probe{from: nsExt, send: "tcp-ask 5", to: "192.168.50.3:8092", seenAs: "192.168.40.100", retry: 5 * time.Second,
+		name: "and sl-ext, routed to node-b where the VM was, reaches it on node-c too: %s"},
+	probe{from: nsVM + "-node-c", send: "tcp-ask 5", to: "192.168.10.254:8081", seenAs: "192.168.50.3", retry: 5 * time.Second,
+		name: "the migrated VM's traffic out leaves node-c from 192.168.50.3: %s"},
+	look{node: "node-c", cmd: "ip route show 192.168.50.3", has: []string{"dev tapvm1c"},
+		name: "node-c routes 192.168.50.3 to the VM's interface: %s"},
+	manifest{"vm1-node-c-nofip.yaml", vmWEP("node-c", "tapvm1c", false)},
+	probe{from: nsClient, send: "tcp-ask 1", to: "192.168.50.3:8092", fails: true, retry: 5 * time.Second,
+		name: "with the floating IP disassociated, 192.168.50.3 leads nowhere"},
+}
+
+// floatingStreamAcrossRestart: a TCP stream from the client through web-b's floating IP
+// keeps going while sluiced on node-b is stopped and started again.
+func (l *lab) floatingStreamAcrossRestart() error {
 	stream, err := l.start(nsClient, "stream to floating IP", false, l.tool(), "stream", "192.168.50.2:8080")
 	if err != nil {
 		return err
@@ -458,39 +474,30 @@ func (l *lab) floatingIPs() error {
 	l.check(nb.waitFor(20*time.Second, "dataplane updated"), "sluiced on node-b is back")
 	l.sleep(time.Second)
 	l.check(stream.finish(), "the stream through the floating IP never broke across the restart: %s", stream.transcript())
+	return nil
+}
 
-	write("fip-web-b-gone.yaml", floatingWEP("node-b", "web-b", "cali-web-b", "10.65.0.65", "fd00:65::41", false))
-	l.check(leadsNowhere("192.168.50.2:8090"), "with the floating IP removed from web-b's endpoint, 192.168.50.2 leads nowhere")
-	l.check(leadsNowhere(fip6), "and %s leads nowhere", floating6)
-
-	// A VM live-migrated: 10.65.0.70 (node-b's block) with floating IP 192.168.50.3 runs on
-	// node-b; its copy starts on node-c, networking-calico writes the new endpoint, then the
-	// old VM stops and its endpoint goes.
-	vm := func(node, tap string) (string, error) {
-		ns := nsVM + "-" + node
-		if err := l.script(
-			[]string{"ip", "netns", "add", ns},
-			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
-			[]string{"ip", "-n", nodeNS(node), "link", "add", tap, "type", "veth", "peer", "name", "eth0", "netns", ns},
-			[]string{"ip", "-n", nodeNS(node), "link", "set", tap, "up"},
-			[]string{"ip", "-n", ns, "addr", "add", "10.65.0.70/32", "dev", "eth0"},
-			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
-			[]string{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
-			[]string{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
-		); err != nil {
-			return "", err
-		}
-		if p, err := l.start(ns, "whoami vm1 on "+node, false, l.tool(), "tcp-whoami", "10.65.0.70:8092"); err != nil || !p.waitFor(5*time.Second, "READY") {
-			return "", fmt.Errorf("whoami in the VM on %s: %v", node, err)
-		}
-		return ns, nil
+// plugVM starts the lab's OpenStack VM (10.65.0.70, a TCP whoami on port 8092) on node,
+// plugged in by its tap interface.
+func (l *lab) plugVM(node, tap string) error {
+	ns := nsVM + "-" + node
+	if err := l.script(plugWorkload(ns, node, tap, "10.65.0.70", "")...); err != nil {
+		return err
 	}
-	vmWEP := func(node, tap string, fip bool) string {
-		nats := ""
-		if fip {
-			nats = "\n  ipNATs: [{internalIP: 10.65.0.70, externalIP: 192.168.50.3}]"
-		}
-		return fmt.Sprintf(`apiVersion: projectcalico.org/v3
+	if p, err := l.start(ns, "whoami vm1 on "+node, false, l.tool(), "tcp-whoami", "10.65.0.70:8092"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami in the VM on %s: %v", node, err)
+	}
+	return nil
+}
+
+// vmWEP is the VM's endpoint on node, by its tap interface, with (fip) or without its
+// floating IP 192.168.50.3, as networking-calico writes it.
+func vmWEP(node, tap string, fip bool) string {
+	nats := ""
+	if fip {
+		nats = "\n  ipNATs: [{internalIP: 10.65.0.70, externalIP: 192.168.50.3}]"
+	}
+	return fmt.Sprintf(`apiVersion: projectcalico.org/v3
 kind: WorkloadEndpoint
 metadata:
   name: %s-openstack-vm1-tap
@@ -502,33 +509,6 @@ spec:
   interfaceName: %s
   ipNetworks: [10.65.0.70/32]%s
 `, strings.ReplaceAll(node, "-", "--"), node, tap, nats)
-	}
-	if _, err := vm("node-b", "tapvm1b"); err != nil {
-		return err
-	}
-	write("vm1-node-b.yaml", vmWEP("node-b", "tapvm1b", true))
-	out, ok = l.ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
-	l.check(ok, "the client reaches the VM on node-b through 192.168.50.3: %s", out)
-	vmC, err := vm("node-c", "tapvm1c")
-	if err != nil {
-		return err
-	}
-	write("vm1-node-c.yaml", vmWEP("node-c", "tapvm1c", true))
-	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "del", "tapvm1b"); err != nil { // the old VM stops
-		return err
-	}
-	l.mustCtl("delete", "-n", "openstack", "workloadendpoint", "node--b-openstack-vm1-tap")
-	out, ok = l.ask(nsClient, "192.168.50.3:8092", "192.168.10.100")
-	l.check(ok, "after the migration the client reaches the VM on node-c through 192.168.50.3 (by way of node-a): %s", out)
-	out, ok = l.ask(nsExt, "192.168.50.3:8092", "192.168.40.100")
-	l.check(ok, "and sl-ext, routed to node-b where the VM was, reaches it on node-c too: %s", out)
-	out, ok = l.ask(vmC, "192.168.10.254:8081", "192.168.50.3")
-	l.check(ok, "the migrated VM's traffic out leaves node-c from 192.168.50.3: %s", out)
-	routesC, _ := sh("ip", "-n", nodeNS("node-c"), "route", "show", "192.168.50.3")
-	l.check(strings.Contains(routesC, "dev tapvm1c"), "node-c routes 192.168.50.3 to the VM's interface: %s", strings.TrimSpace(routesC))
-	write("vm1-node-c-nofip.yaml", vmWEP("node-c", "tapvm1c", false))
-	l.check(leadsNowhere("192.168.50.3:8092"), "with the floating IP disassociated, 192.168.50.3 leads nowhere")
-	return nil
 }
 
 // migratedNode: node-c as a node migrated from Cilium and kube-proxy keeps them: Cilium's

@@ -141,150 +141,168 @@ var nodeIPs = map[string]string{"node-a": "192.168.10.11", "node-b": "192.168.10
 // is on another node, from a client on another network, through a multi-homed node whose
 // default route leads elsewhere; long and idle connections across cleanups; Local policy with
 // its health check; cluster IPs from workloads; and agent restarts under traffic.
-func (l *lab) seed000() error {
-	l.step("seed 000: node ports whose only endpoint is on node-b, from a client outside the cluster (192.168.40.100)")
-	webB := wlNS(l.workload("web-b"))
-	for _, port := range []string{"8081"} {
-		if _, err := l.start(webB, "echo web-b:"+port, false, l.tool(), "tcp-serve", "10.65.0.65:"+port); err != nil {
-			return err
-		}
-	}
-	if _, err := l.start(webB, "whoami web-b", false, l.tool(), "tcp-whoami", "10.65.0.65:8082"); err != nil {
-		return err
-	}
-	if err := l.apply("seed-services.yaml", seedServices); err != nil {
-		return err
-	}
-	// Every node drops conntrack-INVALID packets in forward, input and output, as
-	// kube-proxy's KUBE-FORWARD and most host firewalls do: every service path below must
-	// work with it.
-	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		if _, err := l.nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "add"); err != nil {
-			return fmt.Errorf("firewall on %s: %v", n, err)
-		}
-	}
-	// node-a becomes multi-homed: its default route now leads out of eth1 to a gateway
-	// that knows no client; replies must still leave by eth0, where requests come in.
-	if _, err := sh("ip", "-n", nodeNS("node-a"), "route", "replace", "default", "via", "192.168.30.254", "dev", "eth1"); err != nil {
-		return err
-	}
+func (l *lab) seed000() error { return l.play(seed000Scene) }
+
+var seed000Scene = scene{
+	heading("seed 000: node ports whose only endpoint is on node-b, from a client outside the cluster (192.168.40.100)"),
+	serve{at: "web-b", run: "tcp-serve 10.65.0.65:8081"},
+	serve{at: "web-b", run: "tcp-whoami 10.65.0.65:8082"},
+	manifest{"seed-services.yaml", seedServices},
+	commands{
+		// Every node drops conntrack-INVALID packets in forward, input and output, as
+		// kube-proxy's KUBE-FORWARD and most host firewalls do: every service path below must
+		// work with it.
+		"ip netns exec sl-node-a sluice-lab nft-drop-invalid add",
+		"ip netns exec sl-node-b sluice-lab nft-drop-invalid add",
+		"ip netns exec sl-node-c sluice-lab nft-drop-invalid add",
+		// node-a becomes multi-homed: its default route now leads out of eth1 to a gateway
+		// that knows no client; replies must still leave by eth0, where requests come in.
+		"ip -n sl-node-a route replace default via 192.168.30.254 dev eth1",
+	},
 	// Wait until every node answers before counting.
-	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		_, err := l.retry(10*time.Second, func() error {
-			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "1")
-			return err
-		})
-		l.check(err == nil, "the node port answers on %s (%s:30092)", n, nodeIPs[n])
-	}
-	for _, n := range []string{"node-a", "node-b", "node-c"} {
-		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30092", "50")
-		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 50"),
-			"50 of 50 connections to %s's node port reach the endpoint on node-b, which sees the client's own address: %s", n, oneLine(out))
-	}
+	probe{from: nsExt, send: "tcp-ask 1", to: "192.168.10.11:30092", retry: 10 * time.Second, name: "the node port answers on node-a (192.168.10.11:30092)"},
+	probe{from: nsExt, send: "tcp-ask 1", to: "192.168.10.12:30092", retry: 10 * time.Second, name: "the node port answers on node-b (192.168.10.12:30092)"},
+	probe{from: nsExt, send: "tcp-ask 1", to: "192.168.20.13:30092", retry: 10 * time.Second, name: "the node port answers on node-c (192.168.20.13:30092)"},
+	probe{from: nsExt, send: "tcp-ask 50", to: "192.168.10.11:30092", seenAs: "192.168.40.100",
+		name: "50 of 50 connections to node-a's node port reach the endpoint on node-b, which sees the client's own address: %s"},
+	probe{from: nsExt, send: "tcp-ask 50", to: "192.168.10.12:30092", seenAs: "192.168.40.100",
+		name: "50 of 50 connections to node-b's node port reach the endpoint on node-b, which sees the client's own address: %s"},
+	probe{from: nsExt, send: "tcp-ask 50", to: "192.168.20.13:30092", seenAs: "192.168.40.100",
+		name: "50 of 50 connections to node-c's node port reach the endpoint on node-b, which sees the client's own address: %s"},
 
 	// While node port 30092 leads to web-b's whoami: the same node ports through a node
 	// migrated from Cilium and kube-proxy.
-	if err := l.migratedNode(); err != nil {
-		return err
-	}
+	act((*lab).migratedNode),
 
-	l.step("IPv4 options: every packet of the connection with Record Route, both ways")
-	for _, n := range []string{"node-a", "node-b"} {
-		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask-opts", nodeIPs[n]+":30092", "10")
-		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 10"),
-			"10 of 10 connections with IP options to %s's node port reach web-b, which sees the client's own address: %s", n, oneLine(out))
-	}
+	heading("IPv4 options: every packet of the connection with Record Route, both ways"),
+	probe{from: nsExt, send: "tcp-ask-opts 10", to: "192.168.10.11:30092", seenAs: "192.168.40.100",
+		name: "10 of 10 connections with IP options to node-a's node port reach web-b, which sees the client's own address: %s"},
+	probe{from: nsExt, send: "tcp-ask-opts 10", to: "192.168.10.12:30092", seenAs: "192.168.40.100",
+		name: "10 of 10 connections with IP options to node-b's node port reach web-b, which sees the client's own address: %s"},
 
-	l.step("the node's own sockets and the node-port range")
-	out, err := sh("ip", "netns", "exec", nodeNS("node-a"), "cat", "/proc/sys/net/ipv4/ip_local_reserved_ports")
-	l.check(err == nil && strings.Contains(out, "30000-32767"), "node-a reserves the node-port range for its own sockets' source ports: %q", strings.TrimSpace(out))
+	heading("the node's own sockets and the node-port range"),
+	look{node: "node-a", cmd: "cat /proc/sys/net/ipv4/ip_local_reserved_ports", has: []string{"30000-32767"},
+		name: "node-a reserves the node-port range for its own sockets' source ports: %q"},
 	// A socket bound to a node port's number by hand (the reservation does not stop that):
 	// its TCP answers are told apart from node-port clients.
-	out, err = l.nsRun(nodeNS("node-a"), l.tool(), "tcp-reuse", "192.168.10.254:8081", "192.168.10.254:8081", "fin", "30092")
-	l.check(err == nil && strings.Count(out, "192.168.10.11") == 2, "node-a's own connections from port 30092 (node port of np) to the gateway are answered: %s", oneLine(out))
+	probe{from: "node-a", send: "tcp-reuse 192.168.10.254:8081 fin 30092", to: "192.168.10.254:8081", want: []string{"first 192.168.10.11", "second 192.168.10.11"},
+		name: "node-a's own connections from port 30092 (node port of np) to the gateway are answered: %s"},
 
-	l.step("UDP datagrams of 4,000 bytes, as IP fragments both ways, through a cluster IP and a node port")
-	if p, err := l.start(webB, "udp-echo web-b", false, l.tool(), "udp-echo", "10.65.0.65:7007"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("udp-echo on web-b: %v", err)
-	}
-	if err := l.apply("seed-big.yaml", seedBig); err != nil {
-		return err
-	}
-	_, _ = l.retry(10*time.Second, func() error {
-		_, err := l.nsRun(nsExt, l.tool(), "udp-big", nodeIPs["node-b"]+":30097", "100", "1")
-		return err
-	})
-	for _, c := range []struct{ ns, to, what string }{
-		{wlNS(l.workload("db-b")), "10.96.0.24:7", "db-b to the cluster IP, endpoint on its own node"},
-		{wlNS(l.workload("web-a")), "10.96.0.24:7", "web-a to the cluster IP, endpoint on node-b (tunnel)"},
-		{nsExt, nodeIPs["node-b"] + ":30097", "the outside client to node-b's node port, endpoint local"},
-		{nsExt, nodeIPs["node-a"] + ":30097", "the outside client to node-a's node port, endpoint on node-b (tunnel)"},
-	} {
-		out, err := l.nsRun(c.ns, l.tool(), "udp-big", c.to, "4000", "20")
-		l.check(err == nil, "%s: 20 datagrams of 4,000 bytes echoed whole: %s", c.what, oneLine(out))
-	}
+	heading("UDP datagrams of 4,000 bytes, as IP fragments both ways, through a cluster IP and a node port"),
+	serve{at: "web-b", run: "udp-echo 10.65.0.65:7007", ready: true},
+	manifest{"seed-big.yaml", seedBig},
+	await{from: nsExt, send: "udp-big 100 1", to: "192.168.10.12:30097", retry: 10 * time.Second},
+	probe{from: "db-b", send: "udp-big 4000 20", to: "10.96.0.24:7",
+		name: "db-b to the cluster IP, endpoint on its own node: 20 datagrams of 4,000 bytes echoed whole: %s"},
+	probe{from: "web-a", send: "udp-big 4000 20", to: "10.96.0.24:7",
+		name: "web-a to the cluster IP, endpoint on node-b (tunnel): 20 datagrams of 4,000 bytes echoed whole: %s"},
+	probe{from: nsExt, send: "udp-big 4000 20", to: "192.168.10.12:30097",
+		name: "the outside client to node-b's node port, endpoint local: 20 datagrams of 4,000 bytes echoed whole: %s"},
+	probe{from: nsExt, send: "udp-big 4000 20", to: "192.168.10.11:30097",
+		name: "the outside client to node-a's node port, endpoint on node-b (tunnel): 20 datagrams of 4,000 bytes echoed whole: %s"},
 
-	if err := l.noDF(webB); err != nil {
-		return err
-	}
+	act((*lab).noDF),
 
-	l.step("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address")
+	heading("a client reuses its source port: through node-a's node port, then straight to the endpoint's own address"),
 	// The second connection goes straight to web-b's node (a route of the client's own, so
 	// that both directions pass node-b, as the firewall below wants), which must answer it as
 	// web-b itself, not through the closed flow's state.
-	if _, err := sh("ip", "-n", nsClient, "route", "add", "10.65.0.64/26", "via", nodeIPs["node-b"]); err != nil {
-		return err
-	}
-	defer func() { _, _ = sh("ip", "-n", nsClient, "route", "del", "10.65.0.64/26") }()
-	for i, how := range []string{"fin", "rst"} {
-		port := strconv.Itoa(47001 + i)
-		out, err := l.nsRun(nsClient, l.tool(), "tcp-reuse", nodeIPs["node-a"]+":30092", "10.65.0.65:8082", how, port)
-		l.check(err == nil && strings.Contains(out, "first 192.168.10.100") && strings.Contains(out, "second 192.168.10.100"),
-			"from port %s: node-a's node port, closed with %s, then web-b's own address 2 s later: both answered: %s", port, strings.ToUpper(how), oneLine(out))
-	}
+	commands{"ip -n sl-client route add 10.65.0.64/26 via 192.168.10.12"},
+	undo{"ip -n sl-client route del 10.65.0.64/26"},
+	probe{from: nsClient, send: "tcp-reuse 10.65.0.65:8082 fin 47001", to: "192.168.10.11:30092", want: []string{"first 192.168.10.100", "second 192.168.10.100"},
+		name: "from port 47001: node-a's node port, closed with FIN, then web-b's own address 2 s later: both answered: %s"},
+	probe{from: nsClient, send: "tcp-reuse 10.65.0.65:8082 rst 47002", to: "192.168.10.11:30092", want: []string{"first 192.168.10.100", "second 192.168.10.100"},
+		name: "from port 47002: node-a's node port, closed with RST, then web-b's own address 2 s later: both answered: %s"},
 
-	l.step("a host-networked endpoint (node-b's own address): its replies leave by host interfaces")
-	if _, err := l.start(nodeNS("node-b"), "whoami node-b host", false, l.tool(), "tcp-whoami", nodeIPs["node-b"]+":8083"); err != nil {
-		return err
-	}
-	for _, n := range []string{"node-b", "node-a", "node-c"} {
-		_, _ = l.retry(5*time.Second, func() error {
-			_, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "1")
-			return err
-		})
-		out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs[n]+":30094", "20")
-		l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"),
-			"20 of 20 connections to %s's node port reach the server in node-b's host namespace, which sees the client's own address: %s", n, oneLine(out))
-	}
+	heading("a host-networked endpoint (node-b's own address): its replies leave by host interfaces"),
+	serve{at: "node-b", run: "tcp-whoami 192.168.10.12:8083"},
+	await{from: nsExt, send: "tcp-ask 1", to: "192.168.10.12:30094", retry: 5 * time.Second},
+	probe{from: nsExt, send: "tcp-ask 20", to: "192.168.10.12:30094", seenAs: "192.168.40.100",
+		name: "20 of 20 connections to node-b's node port reach the server in node-b's host namespace, which sees the client's own address: %s"},
+	await{from: nsExt, send: "tcp-ask 1", to: "192.168.10.11:30094", retry: 5 * time.Second},
+	probe{from: nsExt, send: "tcp-ask 20", to: "192.168.10.11:30094", seenAs: "192.168.40.100",
+		name: "20 of 20 connections to node-a's node port reach the server in node-b's host namespace, which sees the client's own address: %s"},
+	await{from: nsExt, send: "tcp-ask 1", to: "192.168.20.13:30094", retry: 5 * time.Second},
+	probe{from: nsExt, send: "tcp-ask 20", to: "192.168.20.13:30094", seenAs: "192.168.40.100",
+		name: "20 of 20 connections to node-c's node port reach the server in node-b's host namespace, which sees the client's own address: %s"},
 	// Bulk both ways through node-a: node-b's host stack sends full-size segments (TSO on),
 	// too large for the tunnel back to node-a; fragmentation-needed must reach that stack
 	// (not leave by the NIC), which then sends segments that fit.
-	if p, err := l.start(nodeNS("node-b"), "echo node-b host", false, l.tool(), "tcp-serve", nodeIPs["node-b"]+":8084"); err != nil || !p.waitFor(5*time.Second, "READY") {
-		return fmt.Errorf("echo server in node-b's host namespace: %v", err)
-	}
-	out, err = l.nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
-	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, segmented (TSO) both ways: %s", oneLine(out))
+	serve{at: "node-b", run: "tcp-serve 192.168.10.12:8084", ready: true},
+	probe{from: nsExt, send: "tcp-bulk 4000000", to: "192.168.10.11:30095",
+		name: "4 MB echoed by node-b's host through node-a's node port, segmented (TSO) both ways: %s"},
 	// The same with segmentation off on node-b's NIC (as on a VM without offloads): every
 	// full-size segment is a packet of its own.
-	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "1"); err != nil {
-		return err
-	}
-	out, err = l.nsRun(nsExt, l.tool(), "tcp-bulk", nodeIPs["node-a"]+":30095", "4000000")
-	l.check(err == nil, "4 MB echoed by node-b's host through node-a's node port, without segmentation offload: %s", oneLine(out))
-	if _, err := sh("ip", "-n", nodeNS("node-b"), "link", "set", "eth0", "gso_max_segs", "65535"); err != nil {
-		return err
-	}
-	for _, w := range []string{"web-a", "web-b"} {
-		out, err := l.nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.22:83", "10")
-		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
-			"%s reaches cluster IP 10.96.0.22:83 (node-b's host) 10 of 10 times: %s", w, oneLine(out))
-	}
+	commands{"ip -n sl-node-b link set eth0 gso_max_segs 1"},
+	probe{from: nsExt, send: "tcp-bulk 4000000", to: "192.168.10.11:30095",
+		name: "4 MB echoed by node-b's host through node-a's node port, without segmentation offload: %s"},
+	commands{"ip -n sl-node-b link set eth0 gso_max_segs 65535"},
+	probe{from: "web-a", send: "tcp-ask 10", to: "10.96.0.22:83", seenAs: "10.65.0.1",
+		name: "web-a reaches cluster IP 10.96.0.22:83 (node-b's host) 10 of 10 times: %s"},
+	probe{from: "web-b", send: "tcp-ask 10", to: "10.96.0.22:83", seenAs: "10.65.0.65",
+		name: "web-b reaches cluster IP 10.96.0.22:83 (node-b's host) 10 of 10 times: %s"},
 
-	if err := l.synFlood(); err != nil {
-		return err
-	}
+	act((*lab).synFlood),
 
-	l.step("seed 000: the reply leaves multi-homed node-a by the NIC the request came in on")
+	heading("seed 000: the reply leaves multi-homed node-a by the NIC the request came in on"),
+	act((*lab).repliesLeaveByEth0),
+
+	heading("seed 000: a connection through node-a lives across cleanups, busy and idle"),
+	act((*lab).acrossCleanups),
+
+	heading("externalTrafficPolicy Local with its health check node port"),
+	// A health check is answered by the node's own socket and routed like any host service;
+	// node-b's default gateway does not forward, so node-b gets a route to the client's network.
+	commands{"ip -n sl-node-b route add 192.168.40.0/24 via 192.168.10.1"},
+	await{from: nsExt, send: "http-get", to: "http://192.168.10.12:30999/", want: []string{"status 200"}, retry: 10 * time.Second},
+	probe{from: nsExt, send: "http-get", to: "http://192.168.10.12:30999/", want: []string{`"localEndpoints":1`, `"serviceProxyHealthy":true`},
+		name: "node-b's health check answers 200 with one local endpoint: %s"},
+	// node-c, not multi-homed node-a: a health check is the host's own socket, answered by
+	// the node's routing like any host service.
+	probe{from: nsExt, send: "http-get", to: "http://192.168.20.13:30999/", want: []string{"status 503", `"localEndpoints":0`},
+		name: "node-c's health check answers 503 with no local endpoint: %s"},
+	probe{from: nsExt, send: "tcp-ask 20", to: "192.168.10.12:30093", seenAs: "192.168.40.100",
+		name: "node-b serves the Local service to the outside client, whose address is kept: %s"},
+	probe{from: nsExt, send: "tcp-ask 1", to: "192.168.20.13:30093", fails: true, want: []string{"failed 1"},
+		name: "node-c, which has no local endpoint, drops the Local service's traffic as its health check says: %s"},
+	probe{from: "web-a", send: "tcp-ask 5", to: "192.168.10.11:30093", seenAs: "10.65.0.1",
+		name: "from inside the cluster (web-a) the same node port on node-a is treated as Cluster: %s"},
+
+	heading("cluster IPs from workloads; unknown ports rejected at once"),
+	probe{from: "web-a", send: "tcp-ask 10", to: "10.96.0.20:81", seenAs: "10.65.0.1",
+		name: "web-a reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s"},
+	probe{from: "web-c", send: "tcp-ask 10", to: "10.96.0.20:81", seenAs: "10.65.0.129",
+		name: "web-c reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s"},
+	probe{from: "db-a", send: "tcp-ask 10", to: "10.96.0.20:81", seenAs: "10.66.0.1",
+		name: "db-a reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s"},
+	probe{from: "db-b", send: "tcp-ask 10", to: "10.96.0.20:81", seenAs: "10.66.0.65",
+		name: "db-b reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s"},
+	// Hairpin: web-b is the service's endpoint and reaches it through the cluster IP.
+	probe{from: "web-b", send: "tcp-ask 10", to: "10.96.0.20:81", seenAs: "169.254.42.1",
+		name: "web-b, the endpoint itself, reaches cluster IP 10.96.0.20:81 10 of 10 times (hairpin, seen as 169.254.42.1): %s"},
+	probe{from: "node-a", send: "tcp-ask 10", to: "10.96.0.20:81", want: []string{"failed 0"},
+		name: "node-a itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s"},
+	probe{from: "node-c", send: "tcp-ask 10", to: "10.96.0.20:81", want: []string{"failed 0"},
+		name: "node-c itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s"},
+	probe{from: "web-a", send: "tcp-check", to: "10.96.0.20:82", fails: true, want: []string{"refused"}, within: time.Second,
+		name: "a port the service does not have is refused at once (%v): %s"},
+
+	heading("an endpoint removed and another added while clients connect"),
+	act((*lab).endpointsMoved),
+
+	heading("a UDP service's only endpoint replaced while a resolver sends from one source port"),
+	act((*lab).udpEndpointReplaced),
+
+	act((*lab).firewallDrops),
+
+	heading("sluiced restarted on node-a during a stream and a run of new connections through its node port"),
+	act(func(l *lab) error { return l.restartUnderTraffic(nsExt, "192.168.10.11:30090", "node port") }),
+}
+
+// repliesLeaveByEth0: 10 connections from the outside client through multi-homed node-a's
+// node port, while captures on its eth0 (where they come in) and eth1 (its default route's)
+// count the packets to the client: all leave by eth0.
+func (l *lab) repliesLeaveByEth0() error {
 	eth0, err := l.start(nodeNS("node-a"), "sniff eth0", false, l.tool(), "sniff", "eth0", "192.168.40.100", "3")
 	if err != nil {
 		return err
@@ -296,14 +314,18 @@ func (l *lab) seed000() error {
 	if !eth0.waitFor(2*time.Second, "READY") || !eth1.waitFor(2*time.Second, "READY") {
 		return fmt.Errorf("the captures on node-a's eth0 and eth1 did not start: %s; %s", eth0.transcript(), eth1.transcript())
 	}
-	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
+	out, err := l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-a"]+":30092", "10")
 	<-eth0.done
 	<-eth1.done
 	l.check(err == nil, "10 connections through node-a succeed although its default route leads out of eth1: %s", oneLine(out))
 	l.check(eth1.count("packets 0") == 1, "no packet to the client left node-a by eth1 (capture: %s)", strings.Join(eth1.lines, " "))
 	l.check(eth0.count("packets 0") == 0 && eth0.count("packets") == 1, "the replies left node-a by eth0 (capture: %s)", strings.Join(eth0.lines, " "))
+	return nil
+}
 
-	l.step("seed 000: a connection through node-a lives across cleanups, busy and idle")
+// acrossCleanups: a connection through node-a's node port idle for 7 s, and a busy stream
+// through node-c's for the same time, both across several conntrack cleanups (every 2 s).
+func (l *lab) acrossCleanups() error {
 	idle, err := l.start(nsExt, "idle", false, l.tool(), "tcp-idle", nodeIPs["node-a"]+":30090", "7")
 	if err != nil {
 		return err
@@ -317,57 +339,12 @@ func (l *lab) seed000() error {
 	l.check(idle.err == nil && idle.count("survived") == 1,
 		"a connection through node-a idle for 7 s (more than three 2 s cleanup periods) still works: %s %v", strings.Join(idle.lines, " "), idle.err)
 	l.check(stream.finish(), "a busy stream through node-c to node-b for the same 7 s never broke: %s", stream.transcript())
+	return nil
+}
 
-	l.step("externalTrafficPolicy Local with its health check node port")
-	// A health check is answered by the node's own socket and routed like any host service;
-	// node-b's default gateway does not forward, so node-b gets a route to the client's network.
-	if _, err := sh("ip", "-n", nodeNS("node-b"), "route", "add", "192.168.40.0/24", "via", "192.168.10.1"); err != nil {
-		return err
-	}
-	ok, err := l.retry(10*time.Second, func() error {
-		out, err := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
-		if err == nil && !strings.Contains(out, "status 200") {
-			err = fmt.Errorf("%s", out)
-		}
-		return err
-	})
-	_ = ok
-	outB, _ := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-b"]+":30999/")
-	l.check(err == nil && strings.Contains(outB, `"localEndpoints":1`) && strings.Contains(outB, `"serviceProxyHealthy":true`),
-		"node-b's health check answers 200 with one local endpoint: %s", oneLine(outB))
-	// node-c, not multi-homed node-a: a health check is the host's own socket, answered by
-	// the node's routing like any host service.
-	outC, _ := l.nsRun(nsExt, l.tool(), "http-get", "http://"+nodeIPs["node-c"]+":30999/")
-	l.check(strings.Contains(outC, "status 503") && strings.Contains(outC, `"localEndpoints":0`),
-		"node-c's health check answers 503 with no local endpoint: %s", oneLine(outC))
-	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-b"]+":30093", "20")
-	l.check(err == nil && strings.Contains(out, "answer 192.168.40.100 20"), "node-b serves the Local service to the outside client, whose address is kept: %s", oneLine(out))
-	out, err = l.nsRun(nsExt, l.tool(), "tcp-ask", nodeIPs["node-c"]+":30093", "1")
-	l.check(err != nil && strings.Contains(out, "failed 1"), "node-c, which has no local endpoint, drops the Local service's traffic as its health check says: %s", oneLine(out))
-	out, err = l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-ask", nodeIPs["node-a"]+":30093", "5")
-	l.check(err == nil && strings.Contains(out, "answer 10.65.0.1 5"), "from inside the cluster (web-a) the same node port on node-a is treated as Cluster: %s", oneLine(out))
-
-	l.step("cluster IPs from workloads; unknown ports rejected at once")
-	for _, w := range []string{"web-a", "web-c", "db-a", "db-b"} {
-		out, err := l.nsRun(wlNS(l.workload(w)), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
-		l.check(err == nil && strings.Contains(out, "answer "+l.workload(w).addr+" 10"),
-			"%s reaches cluster IP 10.96.0.20:81 (endpoint on node-b) 10 of 10 times, seen with its own address: %s", w, oneLine(out))
-	}
-	// Hairpin: web-b is the service's endpoint and reaches it through the cluster IP.
-	out, err = l.nsRun(wlNS(l.workload("web-b")), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
-	l.check(err == nil && strings.Contains(out, "answer 169.254.42.1 10"),
-		"web-b, the endpoint itself, reaches cluster IP 10.96.0.20:81 10 of 10 times (hairpin, seen as 169.254.42.1): %s", oneLine(out))
-	for _, n := range []string{"node-a", "node-c"} {
-		out, err := l.nsRun(nodeNS(n), l.tool(), "tcp-ask", "10.96.0.20:81", "10")
-		l.check(err == nil && strings.Contains(out, "failed 0"), "%s itself reaches cluster IP 10.96.0.20:81 10 of 10 times (socket programs): %s", n, oneLine(out))
-	}
-	start := time.Now()
-	out, err = l.nsRun(wlNS(l.workload("web-a")), l.tool(), "tcp-check", "10.96.0.20:82")
-	took := time.Since(start)
-	l.check(err != nil && strings.Contains(out, "refused") && took < time.Second,
-		"a port the service does not have is refused at once (%v): %s", took.Round(time.Millisecond), oneLine(out))
-
-	l.step("an endpoint removed and another added while clients connect")
+// endpointsMoved: new connections through node-a's node port go on without a failure while
+// the echo service's endpoint web-b turns terminating, web-c is added, and web-b is removed.
+func (l *lab) endpointsMoved() error {
 	loop, err := l.start(nsExt, "loop", false, l.tool(), "tcp-loop", nodeIPs["node-a"]+":30090")
 	if err != nil {
 		return err
@@ -393,8 +370,12 @@ func (l *lab) seed000() error {
 	_ = loop.stdin.Close()
 	<-loop.done
 	l.check(loop.err == nil && loop.count("failed 0") == 1, "connections through node-a while web-b turned terminating, web-c was added and web-b was removed: %s", oneLine(strings.Join(loop.lines, " ")))
+	return nil
+}
 
-	l.step("a UDP service's only endpoint replaced while a resolver sends from one source port")
+// udpEndpointReplaced: a resolver on web-a sends to a UDP service from one source port while
+// the service's only endpoint, web-b, is replaced by web-c: within a second web-c answers.
+func (l *lab) udpEndpointReplaced() error {
 	for _, w := range []struct{ name, addr string }{{"web-b", "10.65.0.65"}, {"web-c", "10.65.0.129"}} {
 		if p, err := l.start(wlNS(l.workload(w.name)), "udp-who "+w.name, false, l.tool(), "udp-who", w.addr+":5353", w.name); err != nil || !p.waitFor(5*time.Second, "READY") {
 			return fmt.Errorf("udp-who on %s: %v", w.name, err)
@@ -417,14 +398,16 @@ func (l *lab) seed000() error {
 	l.check(answered && swapped < time.Second, "after web-b was replaced by web-c, the resolver's next answers come from web-c within a second (%v; cleanup runs every 2 s)", swapped.Round(10*time.Millisecond))
 	_ = resolver.stdin.Close()
 	<-resolver.done
+	return nil
+}
 
+// firewallDrops prints how many packets each node's firewall dropped as conntrack-INVALID.
+func (l *lab) firewallDrops() error {
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		out, _ := l.nsRun(nodeNS(n), l.tool(), "nft-drop-invalid", "count")
 		fmt.Fprintf(l.out, "%s's firewall dropped as conntrack-INVALID: %s\n", n, strings.TrimSpace(out))
 	}
-
-	l.step("sluiced restarted on node-a during a stream and a run of new connections through its node port")
-	return l.restartUnderTraffic(nsExt, nodeIPs["node-a"]+":30090", "node port")
+	return nil
 }
 
 // restartUnderTraffic restarts node-a's sluiced while a stream and a run of new connections
@@ -508,9 +491,9 @@ func (l *lab) synFlood() error {
 // echo, as routers would. The client's stack leaves its checksum to be finished at transmit
 // (it sits behind a veth), as do the echo server's: every datagram was lost until the
 // programs finished such a checksum before cutting.
-func (l *lab) noDF(webB string) error {
+func (l *lab) noDF() error {
 	l.step("UDP with DF clear, 1,460 bytes of payload: too large for the tunnel, cut by node-a and node-b both ways")
-	if p, err := l.start(webB, "udp-echo nodf web-b", false, l.tool(), "udp-echo", "10.65.0.65:7008", "nodf"); err != nil || !p.waitFor(5*time.Second, "READY") {
+	if p, err := l.start(nsOf("web-b"), "udp-echo nodf web-b", false, l.tool(), "udp-echo", "10.65.0.65:7008", "nodf"); err != nil || !p.waitFor(5*time.Second, "READY") {
 		return fmt.Errorf("udp-echo nodf on web-b: %v", err)
 	}
 	if err := l.apply("seed-nodf.yaml", seedNoDF); err != nil {

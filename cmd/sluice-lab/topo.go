@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 )
@@ -42,17 +43,82 @@ const (
 	ext6     = "fd00:40::100"
 )
 
+// labNode is a node: its namespace, the router's bridge its uplink is a port of, and the
+// addresses its uplink carries (their routes are in labRoutes).
 type labNode struct {
-	name, ns, addr, gw, lan string
-	// addr6 is the node's IPv6 address; other6 the other subnet's IPv6 prefix and via6 the
-	// router's address towards it.
-	addr6, other6, via6 string
+	name, ns, lan string
+	addr, addr6   string
 }
 
 var labNodes = []labNode{
-	{"node-a", "sl-node-a", "192.168.10.11/24", "192.168.10.254", "br-a", "fd00:10::11/64", "fd00:20::/64", "fd00:10::1"},
-	{"node-b", "sl-node-b", "192.168.10.12/24", "192.168.10.254", "br-a", "fd00:10::12/64", "fd00:20::/64", "fd00:10::1"},
-	{"node-c", "sl-node-c", "192.168.20.13/24", "192.168.20.1", "br-b", "fd00:20::13/64", "fd00:10::/64", "fd00:20::1"},
+	{name: "node-a", ns: "sl-node-a", lan: "br-a", addr: "192.168.10.11/24", addr6: "fd00:10::11/64"},
+	{name: "node-b", ns: "sl-node-b", lan: "br-a", addr: "192.168.10.12/24", addr6: "fd00:10::12/64"},
+	{name: "node-c", ns: "sl-node-c", lan: "br-b", addr: "192.168.20.13/24", addr6: "fd00:20::13/64"},
+}
+
+// labHosts are the underlay's namespaces that are no node.
+var labHosts = []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2}
+
+// routerLANs are the router's bridges, one per subnet, with its addresses on them.
+var routerLANs = []struct{ bridge, addr, addr6 string }{
+	{"br-a", "192.168.10.1/24", "fd00:10::1/64"}, // subnet A: node-a, node-b, the gateway, the client
+	{"br-b", "192.168.20.1/24", "fd00:20::1/64"}, // subnet B: node-c
+}
+
+// labSysctls are set in a namespace: the router forwards.
+var labSysctls = []struct{ at, setting string }{
+	{nsRouter, "net.ipv6.conf.all.forwarding=1"},
+	{nsRouter, "net.ipv4.ip_forward=1"},
+}
+
+// labCable is a veth pair: dev at a namespace (nsOf), and its peer at another, a port of
+// the router's bridge when one is named; each end has its addresses.
+type labCable struct {
+	at, dev      string
+	addrs        []string
+	peerAt, peer string
+	bridge       string
+	peerAddrs    []string
+}
+
+// labCables join the hosts to the router, and node-a's second NIC to a gateway; the nodes'
+// uplinks are the node's own (nodeUplink).
+var labCables = []labCable{
+	{at: nsGateway, dev: "eth0", addrs: []string{"192.168.10.254/24", gateway6 + "/64"}, peerAt: nsRouter, peer: "a-gw", bridge: "br-a"},
+	{at: nsClient, dev: "eth0", addrs: []string{"192.168.10.100/24", "fd00:10::100/64"}, peerAt: nsRouter, peer: "a-client", bridge: "br-a"},
+	{at: nsExt, dev: "eth0", addrs: []string{"192.168.40.100/24", ext6 + "/64"}, peerAt: nsRouter, peer: "ext0", peerAddrs: []string{"192.168.40.1/24", "fd00:40::1/64"}},
+	// node-a's second NIC, on a network of its own with a gateway that leads nowhere:
+	// replies routed by the default route through it would never reach a client.
+	{at: nsGw2, dev: "eth0", addrs: []string{"192.168.30.254/24", "fd00:30::fe/64"}, peerAt: "node-a", peer: "eth1", peerAddrs: []string{"192.168.30.11/24", "fd00:30::11/64"}},
+}
+
+// labRoute is a static route at a namespace (nsOf): dst by way of via, IPv6 when via is.
+type labRoute struct{ at, dst, via string }
+
+// labRoutes are every static route of the underlay.
+var labRoutes = []labRoute{
+	// The gateway knows the site's other subnet, behind the router (node-c's, whose
+	// masqueraded traffic it answers); not the pools.
+	{nsGateway, "192.168.20.0/24", "192.168.10.1"},
+	{nsGateway, "fd00:20::/64", "fd00:10::1"},
+	{nsClient, "10.65.0.0/16", "192.168.10.11"},
+	{nsExt, "default", "192.168.40.1"},
+	{nsExt, "default", "fd00:40::1"},
+	{nsRouter, "default", "192.168.10.254"},
+	{nsRouter, "default", gateway6},
+	// Every node's default routes lead to the LAN gateway (node-c's to the router, which
+	// leads there); the other subnet is through the router, not the gateway.
+	{"node-a", "default", "192.168.10.254"},
+	{"node-a", "default", gateway6},
+	{"node-a", "192.168.20.0/24", "192.168.10.1"},
+	{"node-a", "fd00:20::/64", "fd00:10::1"},
+	{"node-b", "default", "192.168.10.254"},
+	{"node-b", "default", gateway6},
+	{"node-b", "192.168.20.0/24", "192.168.10.1"},
+	{"node-b", "fd00:20::/64", "fd00:10::1"},
+	{"node-c", "default", "192.168.20.1"},
+	{"node-c", "default", "fd00:20::1"},
+	{"node-c", "fd00:10::/64", "fd00:20::1"},
 }
 
 type labWorkload struct {
@@ -79,12 +145,18 @@ const (
 func nodeNS(node string) string { return "sl-" + node }
 func wlNS(w labWorkload) string { return "sl-wl-" + w.name }
 
-// allNamespaces lists every namespace the lab makes.
-func allNamespaces() []string {
-	out := []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2}
+// underlayNamespaces lists the hosts' and the nodes' namespaces.
+func underlayNamespaces() []string {
+	out := slices.Clone(labHosts)
 	for _, n := range labNodes {
 		out = append(out, n.ns)
 	}
+	return out
+}
+
+// allNamespaces lists every namespace the lab makes.
+func allNamespaces() []string {
+	out := underlayNamespaces()
 	for _, w := range labWorkloads {
 		out = append(out, wlNS(w))
 	}
@@ -148,6 +220,8 @@ func teardown() {
 	}
 }
 
+// buildTopology makes the lab's underlay from its tables (labHosts, labNodes, routerLANs,
+// labSysctls, labCables, labRoutes) and plugs in labWorkloads.
 func (l *lab) buildTopology() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("the lab builds network namespaces: run it as root")
@@ -156,172 +230,138 @@ func (l *lab) buildTopology() error {
 		return fmt.Errorf("the lab needs iproute2's ip command: %w", err)
 	}
 	teardown() // a previous run that died leaves its namespaces behind
-	for _, ns := range []string{nsRouter, nsGateway, nsClient, nsExt, nsGw2} {
-		if err := l.script([]string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"}); err != nil {
-			return err
+	var cmds [][]string
+	for _, ns := range underlayNamespaces() {
+		cmds = append(cmds, []string{"ip", "netns", "add", ns}, []string{"ip", "-n", ns, "link", "set", "lo", "up"})
+	}
+	for _, lan := range routerLANs {
+		cmds = append(cmds, []string{"ip", "-n", nsRouter, "link", "add", lan.bridge, "type", "bridge"},
+			addrAdd(nsRouter, lan.bridge, lan.addr), addrAdd(nsRouter, lan.bridge, lan.addr6),
+			[]string{"ip", "-n", nsRouter, "link", "set", lan.bridge, "up"})
+	}
+	for _, s := range labSysctls {
+		cmds = append(cmds, []string{"ip", "netns", "exec", nsOf(s.at), "sysctl", "-qw", s.setting})
+	}
+	// The LANs' ports first, the hosts' then the nodes', then the other cables: interfaces
+	// are numbered in the order they are made.
+	for _, c := range labCables {
+		if c.bridge != "" {
+			cmds = append(cmds, c.commands()...)
 		}
 	}
 	for _, n := range labNodes {
-		if err := l.script([]string{"ip", "netns", "add", n.ns}, []string{"ip", "-n", n.ns, "link", "set", "lo", "up"}); err != nil {
-			return err
+		cmds = append(cmds, l.nodeUplink(n)...)
+	}
+	for _, c := range labCables {
+		if c.bridge == "" {
+			cmds = append(cmds, c.commands()...)
 		}
 	}
-	err := l.script(
-		[]string{"ip", "-n", nsRouter, "link", "add", "br-a", "type", "bridge"},
-		[]string{"ip", "-n", nsRouter, "link", "add", "br-b", "type", "bridge"},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.10.1/24", "dev", "br-a"},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.20.1/24", "dev", "br-b"},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:10::1/64", "dev", "br-a", "nodad"},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:20::1/64", "dev", "br-b", "nodad"},
-		[]string{"ip", "netns", "exec", nsRouter, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"},
-		[]string{"ip", "-n", nsRouter, "link", "set", "br-a", "up"},
-		[]string{"ip", "-n", nsRouter, "link", "set", "br-b", "up"},
-		[]string{"ip", "netns", "exec", nsRouter, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
-	)
-	if err != nil {
-		return err
-	}
-	// Attach a namespace's eth0 to a bridge in the router.
-	attach := func(ns, peer, bridge, addr string) error {
-		return l.script(
-			[]string{"ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
-			[]string{"ip", "-n", nsRouter, "link", "set", peer, "master", bridge, "up"},
-			[]string{"ip", "-n", ns, "addr", "add", addr, "dev", "eth0"},
-			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
-		)
-	}
-	if err := attach(nsGateway, "a-gw", "br-a", "192.168.10.254/24"); err != nil {
-		return err
-	}
-	// The gateway knows the site's other subnet, behind the router (node-c's, whose
-	// masqueraded traffic it answers); not the pools.
-	if err := l.script(
-		[]string{"ip", "-n", nsGateway, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"},
-		[]string{"ip", "-n", nsGateway, "addr", "add", gateway6 + "/64", "dev", "eth0", "nodad"},
-		[]string{"ip", "-n", nsGateway, "-6", "route", "add", "fd00:20::/64", "via", "fd00:10::1"},
-	); err != nil {
-		return err
-	}
-	if err := attach(nsClient, "a-client", "br-a", "192.168.10.100/24"); err != nil {
-		return err
-	}
-	if _, err := sh("ip", "-n", nsClient, "addr", "add", "fd00:10::100/64", "dev", "eth0", "nodad"); err != nil {
-		return err
-	}
-	for _, n := range labNodes {
-		var err error
-		switch up, peer := l.uplink(n.name), n.lan[3:]+"-"+n.name; up {
-		case "bond0":
-			// Two links to the LAN bridge, bonded (active-backup: eth0 active, eth2 its
-			// backup); the bond carries the address.
-			err = l.script(
-				[]string{"ip", "-n", n.ns, "link", "add", "bond0", "type", "bond", "mode", "active-backup", "miimon", "100"},
-				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
-				[]string{"ip", "-n", n.ns, "link", "add", "eth2", "type", "veth", "peer", "name", peer + "2", "netns", nsRouter},
-				[]string{"ip", "-n", nsRouter, "link", "set", peer, "master", n.lan, "up"},
-				[]string{"ip", "-n", nsRouter, "link", "set", peer + "2", "master", n.lan, "up"},
-				[]string{"ip", "-n", n.ns, "link", "set", "eth0", "master", "bond0"},
-				[]string{"ip", "-n", n.ns, "link", "set", "eth2", "master", "bond0"},
-				[]string{"ip", "-n", n.ns, "link", "set", "bond0", "up"},
-				[]string{"ip", "-n", n.ns, "addr", "add", n.addr, "dev", "bond0"},
-			)
-		case "eth0.100":
-			// The LAN reaches this node tagged, VLAN 100: the router's port is the VLAN's.
-			err = l.script(
-				[]string{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
-				[]string{"ip", "-n", nsRouter, "link", "add", "link", peer, "name", peer + ".100", "type", "vlan", "id", "100"},
-				[]string{"ip", "-n", nsRouter, "link", "set", peer, "up"},
-				[]string{"ip", "-n", nsRouter, "link", "set", peer + ".100", "master", n.lan, "up"},
-				[]string{"ip", "-n", n.ns, "link", "set", "eth0", "up"},
-				[]string{"ip", "-n", n.ns, "link", "add", "link", "eth0", "name", "eth0.100", "type", "vlan", "id", "100"},
-				[]string{"ip", "-n", n.ns, "addr", "add", n.addr, "dev", "eth0.100"},
-				[]string{"ip", "-n", n.ns, "link", "set", "eth0.100", "up"},
-			)
-		default:
-			err = attach(n.ns, peer, n.lan, n.addr)
+	for _, r := range labRoutes {
+		family := []string{}
+		if strings.Contains(r.via, ":") {
+			family = []string{"-6"}
 		}
-		if err != nil {
-			return err
-		}
-		if _, err := sh("ip", "-n", n.ns, "route", "add", "default", "via", n.gw); err != nil {
-			return err
-		}
-		gw6 := gateway6 // node-c's gateway is the router, which leads there
-		if n.lan == "br-b" {
-			gw6 = n.via6
-		}
-		if err := l.script(
-			[]string{"ip", "-n", n.ns, "addr", "add", n.addr6, "dev", l.uplink(n.name), "nodad"},
-			[]string{"ip", "-n", n.ns, "-6", "route", "add", n.other6, "via", n.via6},
-			[]string{"ip", "-n", n.ns, "-6", "route", "add", "default", "via", gw6},
-		); err != nil {
-			return err
-		}
-		if n.lan == "br-a" { // the other subnet is through the router, not the gateway
-			if _, err := sh("ip", "-n", n.ns, "route", "add", "192.168.20.0/24", "via", "192.168.10.1"); err != nil {
-				return err
-			}
-		}
-	}
-	if err := l.script(
-		[]string{"ip", "-n", nsExt, "link", "add", "eth0", "type", "veth", "peer", "name", "ext0", "netns", nsRouter},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "192.168.40.1/24", "dev", "ext0"},
-		[]string{"ip", "-n", nsRouter, "link", "set", "ext0", "up"},
-		[]string{"ip", "-n", nsExt, "addr", "add", "192.168.40.100/24", "dev", "eth0"},
-		[]string{"ip", "-n", nsExt, "link", "set", "eth0", "up"},
-		[]string{"ip", "-n", nsExt, "route", "add", "default", "via", "192.168.40.1"},
-		[]string{"ip", "-n", nsRouter, "addr", "add", "fd00:40::1/64", "dev", "ext0", "nodad"},
-		[]string{"ip", "-n", nsExt, "addr", "add", ext6 + "/64", "dev", "eth0", "nodad"},
-		[]string{"ip", "-n", nsExt, "-6", "route", "add", "default", "via", "fd00:40::1"},
-		// node-a's second NIC, on a network of its own with a gateway that leads nowhere:
-		// replies routed by the default route through it would never reach a client.
-		[]string{"ip", "-n", nsGw2, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1", "netns", nodeNS("node-a")},
-		[]string{"ip", "-n", nsGw2, "addr", "add", "192.168.30.254/24", "dev", "eth0"},
-		[]string{"ip", "-n", nsGw2, "link", "set", "eth0", "up"},
-		[]string{"ip", "-n", nodeNS("node-a"), "addr", "add", "192.168.30.11/24", "dev", "eth1"},
-		[]string{"ip", "-n", nsGw2, "addr", "add", "fd00:30::fe/64", "dev", "eth0", "nodad"},
-		[]string{"ip", "-n", nodeNS("node-a"), "addr", "add", "fd00:30::11/64", "dev", "eth1", "nodad"},
-		[]string{"ip", "-n", nodeNS("node-a"), "link", "set", "eth1", "up"},
-	); err != nil {
-		return err
-	}
-	if err := l.script(
-		[]string{"ip", "-n", nsRouter, "route", "add", "default", "via", "192.168.10.254"},
-		[]string{"ip", "-n", nsRouter, "-6", "route", "add", "default", "via", gateway6},
-		[]string{"ip", "-n", nsClient, "route", "add", "10.65.0.0/16", "via", "192.168.10.11"},
-	); err != nil {
-		return err
+		cmds = append(cmds, slices.Concat([]string{"ip", "-n", nsOf(r.at)}, family, []string{"route", "add", r.dst, "via", r.via}))
 	}
 	for _, w := range labWorkloads {
-		node := nodeNS(w.node)
-		ns := wlNS(w)
-		if err := l.script(
-			[]string{"ip", "netns", "add", ns},
-			[]string{"ip", "-n", ns, "link", "set", "lo", "up"},
-			[]string{"ip", "-n", node, "link", "add", w.iface, "type", "veth", "peer", "name", "eth0", "netns", ns},
-			[]string{"ip", "-n", node, "link", "set", w.iface, "up"},
-			[]string{"ip", "-n", ns, "addr", "add", w.addr + "/32", "dev", "eth0"},
-			[]string{"ip", "-n", ns, "link", "set", "eth0", "up"},
-			[]string{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
-			[]string{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
-		); err != nil {
-			return err
+		cmds = append(cmds, plugWorkload(wlNS(w), w.node, w.iface, w.addr, w.addr6)...)
+	}
+	return l.script(cmds...)
+}
+
+// addrAdd adds addr to dev at ns (an IPv6 address at once: no duplicate address detection).
+func addrAdd(ns, dev, addr string) []string {
+	cmd := []string{"ip", "-n", ns, "addr", "add", addr, "dev", dev}
+	if strings.Contains(addr, ":") {
+		cmd = append(cmd, "nodad")
+	}
+	return cmd
+}
+
+// commands make the cable: the pair, the peer's end (a bridge's port, or addressed), then
+// dev's end.
+func (c labCable) commands() [][]string {
+	ns, peerNS := nsOf(c.at), nsOf(c.peerAt)
+	cmds := [][]string{{"ip", "-n", ns, "link", "add", c.dev, "type", "veth", "peer", "name", c.peer, "netns", peerNS}}
+	if c.bridge != "" {
+		cmds = append(cmds, []string{"ip", "-n", peerNS, "link", "set", c.peer, "master", c.bridge, "up"})
+	}
+	for _, a := range c.peerAddrs {
+		cmds = append(cmds, addrAdd(peerNS, c.peer, a))
+	}
+	if c.bridge == "" {
+		cmds = append(cmds, []string{"ip", "-n", peerNS, "link", "set", c.peer, "up"})
+	}
+	for _, a := range c.addrs {
+		cmds = append(cmds, addrAdd(ns, c.dev, a))
+	}
+	return append(cmds, []string{"ip", "-n", ns, "link", "set", c.dev, "up"})
+}
+
+// nodeUplink joins node n to its LAN, the router's bridge: by one veth (a cable), or in
+// bare metal's shapes (smoke --uplinks, l.uplink): a bond, or a VLAN sub-interface.
+func (l *lab) nodeUplink(n labNode) [][]string {
+	peer := n.lan[3:] + "-" + n.name // a-node-a: its port on the router's bridge
+	up := l.uplink(n.name)
+	switch up {
+	case "bond0":
+		// Two links to the LAN bridge, bonded (active-backup: eth0 active, eth2 its
+		// backup); the bond carries the addresses.
+		return [][]string{
+			{"ip", "-n", n.ns, "link", "add", "bond0", "type", "bond", "mode", "active-backup", "miimon", "100"},
+			{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
+			{"ip", "-n", n.ns, "link", "add", "eth2", "type", "veth", "peer", "name", peer + "2", "netns", nsRouter},
+			{"ip", "-n", nsRouter, "link", "set", peer, "master", n.lan, "up"},
+			{"ip", "-n", nsRouter, "link", "set", peer + "2", "master", n.lan, "up"},
+			{"ip", "-n", n.ns, "link", "set", "eth0", "master", "bond0"},
+			{"ip", "-n", n.ns, "link", "set", "eth2", "master", "bond0"},
+			{"ip", "-n", n.ns, "link", "set", "bond0", "up"},
+			addrAdd(n.ns, up, n.addr), addrAdd(n.ns, up, n.addr6),
 		}
-		if w.addr6 == "" {
-			continue
-		}
-		// IPv6: the host side answers as the workload's router from a link-local address
-		// known in advance, at once (no duplicate address detection).
-		if err := l.script(
-			[]string{"ip", "-n", node, "link", "set", w.iface, "down"},
-			[]string{"ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv6.conf." + w.iface + ".accept_dad=0"},
-			[]string{"ip", "-n", node, "link", "set", w.iface, "address", hostSideMAC},
-			[]string{"ip", "-n", node, "link", "set", w.iface, "up"},
-			[]string{"ip", "-n", ns, "addr", "add", w.addr6 + "/128", "dev", "eth0", "nodad"},
-			[]string{"ip", "-n", ns, "-6", "route", "add", "default", "via", hostSideLL, "dev", "eth0"},
-		); err != nil {
-			return err
+	case "eth0.100":
+		// The LAN reaches this node tagged, VLAN 100: the router's port is the VLAN's.
+		return [][]string{
+			{"ip", "-n", n.ns, "link", "add", "eth0", "type", "veth", "peer", "name", peer, "netns", nsRouter},
+			{"ip", "-n", nsRouter, "link", "add", "link", peer, "name", peer + ".100", "type", "vlan", "id", "100"},
+			{"ip", "-n", nsRouter, "link", "set", peer, "up"},
+			{"ip", "-n", nsRouter, "link", "set", peer + ".100", "master", n.lan, "up"},
+			{"ip", "-n", n.ns, "link", "set", "eth0", "up"},
+			{"ip", "-n", n.ns, "link", "add", "link", "eth0", "name", up, "type", "vlan", "id", "100"},
+			addrAdd(n.ns, up, n.addr), addrAdd(n.ns, up, n.addr6),
+			{"ip", "-n", n.ns, "link", "set", up, "up"},
 		}
 	}
-	return nil
+	return labCable{at: n.name, dev: up, addrs: []string{n.addr, n.addr6}, peerAt: nsRouter, peer: peer, bridge: n.lan}.commands()
+}
+
+// plugWorkload makes a workload's namespace ns and joins it to its node by a veth pair, the
+// host's end named iface, as Calico does: the workload addressed /32 (and /128) with
+// link-local default gateways (169.254.1.1, and the host end's IPv6 link-local address from
+// its MAC).
+func plugWorkload(ns, node, iface, addr, addr6 string) [][]string {
+	host := nodeNS(node)
+	cmds := [][]string{
+		{"ip", "netns", "add", ns},
+		{"ip", "-n", ns, "link", "set", "lo", "up"},
+		{"ip", "-n", host, "link", "add", iface, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"ip", "-n", host, "link", "set", iface, "up"},
+		{"ip", "-n", ns, "addr", "add", addr + "/32", "dev", "eth0"},
+		{"ip", "-n", ns, "link", "set", "eth0", "up"},
+		{"ip", "-n", ns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"},
+		{"ip", "-n", ns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
+	}
+	if addr6 == "" {
+		return cmds
+	}
+	// IPv6: the host side answers as the workload's router from a link-local address
+	// known in advance, at once (no duplicate address detection).
+	return append(cmds,
+		[]string{"ip", "-n", host, "link", "set", iface, "down"},
+		[]string{"ip", "netns", "exec", host, "sysctl", "-qw", "net.ipv6.conf." + iface + ".accept_dad=0"},
+		[]string{"ip", "-n", host, "link", "set", iface, "address", hostSideMAC},
+		[]string{"ip", "-n", host, "link", "set", iface, "up"},
+		[]string{"ip", "-n", ns, "addr", "add", addr6 + "/128", "dev", "eth0", "nodad"},
+		[]string{"ip", "-n", ns, "-6", "route", "add", "default", "via", hostSideLL, "dev", "eth0"},
+	)
 }
