@@ -709,18 +709,30 @@ func TestIntakeHoldsBatchesWhileBusy(t *testing.T) {
 	eventually(t, 10*time.Second, "first in-sync", func() bool { return s.inSyncs() == 1 })
 
 	// A steady stream: each write committed (and so on its way to the watch) before the next.
-	const n = 100
+	// The intake holds a batch open only while answers keep coming (one within 5 ms of the
+	// last delivery): a write that returned more than that after the one before (a loaded
+	// machine's etcd) starts a batch of its own, rightly, so the bound counts those apart.
+	const n, busyWithin = 100, 5 * time.Millisecond
+	quiet := 0 // writes that returned more than busyWithin after the one before
+	var last time.Time
 	for i := range n {
 		put(t, cli, fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i), serviceValue("default", fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.96.0.%d", i+1)))
+		if now := time.Now(); i > 0 && now.Sub(last) > busyWithin {
+			quiet++
+		}
+		last = time.Now()
 		time.Sleep(500 * time.Microsecond)
 	}
 	eventually(t, 10*time.Second, "every change delivered", func() bool { return s.count() == 1+n })
 	s.sink.mu.Lock()
 	batches := len(s.sizes) - 1 // after the in-sync
 	s.sink.mu.Unlock()
-	t.Logf("%d writes in a stream came in %d batches", n, batches)
-	if batches > n/3 {
-		t.Errorf("%d writes in a stream came in %d batches; want them held together, a few a batch", n, batches)
+	t.Logf("%d writes in a stream came in %d batches (%d of the writes returned more than %v after the one before)", n, batches, quiet, busyWithin)
+	if quiet > n/2 {
+		t.Logf("etcd answered more than half the writes slower than a stream: the hold is not measured here")
+	} else if want := quiet + (n-quiet)/3; batches > want {
+		t.Errorf("%d writes in a stream came in %d batches; want them held together, at most %d (a few a batch, and one for each of the %d slow writes)",
+			n, batches, want, quiet)
 	}
 	for i, ev := range s.since(1) {
 		if want := fmt.Sprintf("%sdefault/svc-%d", store.ServicePrefix, i); ev.Key != want {
