@@ -523,6 +523,9 @@ func (l *lab) faultColdStartKilled() error {
 		return err
 	}
 	l.check(agent.waitFor(60*time.Second, "dataplane updated"), "sluiced on node-a, started after being killed six times, has applied (%v)", time.Since(start).Round(10*time.Millisecond))
+	// The service stage starts beside the routes and programs the fleet's 20,000 cluster nets
+	// in its first apply: the comparison with a fresh agent (after this fault) waits for it.
+	l.check(agent.waitFor(60*time.Second, "service maps updated"), "and its service stage has programmed its maps (%v)", time.Since(start).Round(10*time.Millisecond))
 	routes, _ := sh("ip", "-n", ns, "route", "show", "proto", "83")
 	n := len(fleetRoutes(routes, false))
 	l.check(n == fleetBlocks, "node-a routes the fleet's %d blocks (%d of sluice's routes in the fleet's pool)", fleetBlocks, n)

@@ -292,6 +292,9 @@ func (l *lab) diffAndStatus() error {
 	out, err = l.diff("node-b")
 	l.check(err != nil && routeLine(out, "missing: 10.65.0.0/26 nhid * via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
 		"diff reports the missing route and the extra one, and exits 1")
+	// node-a was restarted just before: its service stage starts beside its routes (loading
+	// the programs takes a second or more), and status says "services down" until it runs.
+	l.waitReady("node-a", 200, 30*time.Second)
 	status, _ := l.ctl("status")
 	line := func(node string) string {
 		for _, l := range strings.Split(status, "\n") {
