@@ -293,9 +293,10 @@ func (l *lab) diffAndStatus() error {
 	l.check(err != nil && routeLine(out, "missing: 10.65.0.0/26 nhid * via 10.65.0.0 dev vxlan.sluice") && strings.Contains(out, "extra:   10.99.0.0/24 dev eth0"),
 		"diff reports the missing route and the extra one, and exits 1")
 	// node-a was restarted just before: its service stage starts beside its routes (loading
-	// the programs takes a second or more), and status says "services down" until it runs.
-	l.waitReady("node-a", 200, 30*time.Second)
-	status, _ := l.ctl("status")
+	// the programs takes a second or more on a busy machine), and its status key says
+	// "services down" until the agent's next status write after that: asked until it says
+	// what is true now, for 15 s at most.
+	var status string
 	line := func(node string) string {
 		for _, l := range strings.Split(status, "\n") {
 			if strings.HasPrefix(l, node+" ") {
@@ -304,8 +305,15 @@ func (l *lab) diffAndStatus() error {
 		}
 		return ""
 	}
-	l.check(strings.Contains(line("node-b"), "gone") && strings.Contains(line("node-a"), "in sync") && strings.Contains(line("node-c"), "in sync"),
-		"sluicectl status shows node-b's agent gone and the others in sync")
+	want := func() bool {
+		return strings.Contains(line("node-b"), "gone") && strings.Contains(line("node-a"), "in sync") && strings.Contains(line("node-c"), "in sync")
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; l.sleep(250 * time.Millisecond) {
+		if status, _ = l.ctl("status"); want() || time.Now().After(deadline) {
+			break
+		}
+	}
+	l.check(want(), "sluicectl status shows node-b's agent gone and the others in sync")
 	nb, err := l.startAgent("node-b")
 	if err != nil {
 		return err
