@@ -385,44 +385,17 @@ func (g *Graph) apply(ev *store.Event) {
 	}
 	switch ev.Kind {
 	case store.KindIPPool:
-		p := asType[*store.IPPool](obj)
-		old := g.pools[ev.ID]
-		put(g.pools, ev.ID, p)
-		for _, l := range g.poolLs {
-			l.onPool(ev.ID, old, p)
-		}
+		hand(g.pools, ev.ID, asType[*store.IPPool](obj), g.poolLs, poolListener.onPool)
 	case store.KindNode:
-		n := asType[*store.Node](obj)
-		old := g.nodes[ev.ID]
-		put(g.nodes, ev.ID, n)
-		for _, l := range g.nodeLs {
-			l.onNode(ev.ID, old, n)
-		}
+		hand(g.nodes, ev.ID, asType[*store.Node](obj), g.nodeLs, nodeListener.onNode)
 	case store.KindBlock:
-		cidr, err := netip.ParsePrefix(ev.ID)
-		if err != nil {
-			return
-		}
-		b := asType[*store.Block](obj)
-		old := g.blocks[cidr]
-		put(g.blocks, cidr, b)
-		for _, l := range g.blockLs {
-			l.onBlock(cidr, old, b)
+		if cidr, err := netip.ParsePrefix(ev.ID); err == nil {
+			hand(g.blocks, cidr, asType[*store.Block](obj), g.blockLs, blockListener.onBlock)
 		}
 	case store.KindBlockAffinity:
-		a := asType[*store.BlockAffinity](obj)
-		old := g.affinities[ev.ID]
-		put(g.affinities, ev.ID, a)
-		for _, l := range g.affinityLs {
-			l.onAffinity(ev.ID, old, a)
-		}
+		hand(g.affinities, ev.ID, asType[*store.BlockAffinity](obj), g.affinityLs, affinityListener.onAffinity)
 	case store.KindWorkloadEndpoint:
-		w := asType[*store.WorkloadEndpoint](obj)
-		old := g.weps[ev.ID]
-		put(g.weps, ev.ID, w)
-		for _, l := range g.wepLs {
-			l.onWEP(ev.ID, old, w)
-		}
+		hand(g.weps, ev.ID, asType[*store.WorkloadEndpoint](obj), g.wepLs, wepListener.onWEP)
 	case store.KindService:
 		for _, l := range g.serviceLs {
 			l.onService(ev.ID, asType[*store.Service](obj))
@@ -431,6 +404,15 @@ func (g *Graph) apply(ev *store.Event) {
 		for _, l := range g.sliceLs {
 			l.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
 		}
+	}
+}
+
+// hand puts v in the inputs at k and hands the change (as it was, as it is) to ls.
+func hand[K comparable, V any, L any](m map[K]*V, k K, v *V, ls []L, on func(L, K, *V, *V)) {
+	old := m[k]
+	put(m, k, v)
+	for _, l := range ls {
+		on(l, k, old, v)
 	}
 }
 

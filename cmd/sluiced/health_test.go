@@ -97,15 +97,7 @@ func TestHealthStates(t *testing.T) {
 // and the process's figures beside sluice's own, with values a live process has (a leak shows
 // in production as goroutines, heap, resident memory or descriptors that only grow).
 func TestMetricsGoAndProcess(t *testing.T) {
-	state := newAgentState()
-	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
-		t.Fatal(err)
-	}
+	state := offlineAgentState(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -163,4 +155,20 @@ func TestMetricsGoAndProcess(t *testing.T) {
 	if open, max := values["process_open_fds"], values["process_max_fds"]; open > max {
 		t.Errorf("process_open_fds %v > process_max_fds %v", open, max)
 	}
+}
+
+// offlineAgentState is an agent's state with an intake over an etcd that never answers (its
+// client closed by the test's cleanup): enough for its registry and health handlers.
+func offlineAgentState(t *testing.T) *agentState {
+	t.Helper()
+	state := newAgentState()
+	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
+		t.Fatal(err)
+	}
+	return state
 }

@@ -252,15 +252,7 @@ func TestServicesReadyGauge(t *testing.T) {
 		t.Errorf("ready:\n%s\nwant\n%s", got, want)
 	}
 
-	state := newAgentState()
-	cli, err := store.ClientConfig{Endpoints: []string{"http://127.0.0.1:1"}}.New() // never reachable
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if state.intake, err = store.NewIntake(store.IntakeConfig{Client: cli, Handler: state}); err != nil {
-		t.Fatal(err)
-	}
+	state := offlineAgentState(t)
 	state.svc = svc // not started: the agent's registry says so from the supervisor itself
 	if got, want := scrape(state.registry()), readyMetric(agent.ReasonStarting); got != want {
 		t.Errorf("the agent's registry:\n%s\nwant\n%s", got, want)
