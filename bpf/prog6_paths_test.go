@@ -296,7 +296,7 @@ func TestProg6NodePortFromOutside(t *testing.T) {
 
 // Endpoints on other nodes, on a node without an IPv6 underlay address (node6 sets none, so
 // there is no IPv6 node-port tunnel): a flow from a host interface uses this node's endpoints
-// only (nat6.h), so a node port whose endpoints are all elsewhere drops outside clients; a
+// only (nat.h), so a node port whose endpoints are all elsewhere drops outside clients; a
 // workload's flow to a cluster IP whose endpoint is elsewhere is translated and routed by the
 // kernel, and the reply translated back where it meets the client.
 func TestProg6RemoteEndpoint(t *testing.T) {

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Connection tracking: TCP state, the tests on it, dropping superseded state, the young-flow
- * ring that evicts unestablished flows, and writing entries. */
-#ifndef SLUICE_LIB_CONNTRACK_H
-#define SLUICE_LIB_CONNTRACK_H
+ * ring that evicts unestablished flows, and writing entries. Included once per family
+ * (lib/family.h): the state bits and rules are one, the tables are each family's. */
+
+#ifndef SLUICE_LIB_CONNTRACK_SHARED
+#define SLUICE_LIB_CONNTRACK_SHARED
 
 /* tcp_next is the state bits of a REV or TUN entry after a packet of its flow with these
- * transport protocol and TCP flags (reply: from the backend), for both families. A flow of
- * another protocol (UDP) is only marked replied, which the cleaner reads as the kernel's
- * "stream": answered UDP lives 120 s, not 30. */
+ * transport protocol and TCP flags (reply: from the backend). A flow of another protocol
+ * (UDP) is only marked replied, which the cleaner reads as the kernel's "stream": answered UDP
+ * lives 120 s, not 30. */
 static __always_inline __u8 tcp_next(__u8 t, __u8 proto, __u8 f, int reply)
 {
 	if (proto != IPPROTO_TCP) {
@@ -37,16 +39,7 @@ static __always_inline __u8 tcp_next(__u8 t, __u8 proto, __u8 f, int reply)
 	return t;
 }
 
-/* tcp_track keeps the state bits of a REV or TUN entry for a packet of its flow, written only
- * when they change (an entry's cache line is not dirtied by every packet). */
-static __always_inline void tcp_track(struct ct_val_v4 *v, struct pkt *p, int reply)
-{
-	__u8 t = tcp_next(v->tcp, p->proto, p->tcp_flags, reply);
-	if (t != v->tcp)
-		v->tcp = t;
-}
-
-/* established says whether a flow's state entry (REV or TUN) is past its handshake: TCP
+/* established_state says whether a flow's state entry (REV or TUN) is past its handshake: TCP
  * answered and acknowledged, another protocol answered. Only such flows are never evicted. */
 static __always_inline int established_state(__u8 t, __u8 proto)
 {
@@ -55,23 +48,13 @@ static __always_inline int established_state(__u8 t, __u8 proto)
 	return (t & (TCP_REPLIED | TCP_OPENING)) == TCP_REPLIED;
 }
 
-static __always_inline int established(struct ct_val_v4 *v, __u8 proto)
-{
-	return established_state(v->tcp, proto);
-}
-
-/* closed says whether a new SYN may reuse the tuple of an entry in this state. */
+/* closed_state says whether a new SYN may reuse the tuple of an entry in this state. */
 static __always_inline int closed_state(__u8 t)
 {
 	return (t & TCP_RST) || ((t & TCP_FIN_FWD) && (t & TCP_FIN_REV));
 }
 
-static __always_inline int closed(struct ct_val_v4 *v)
-{
-	return closed_state(v->tcp);
-}
-
-/* syn_only and syn_ack read a packet's transport protocol and TCP flags (either family). */
+/* syn_only and syn_ack read a packet's transport protocol and TCP flags. */
 static __always_inline int syn_only(__u8 proto, __u8 f)
 {
 	return proto == IPPROTO_TCP && (f & (TH_SYN | TH_ACK)) == TH_SYN;
@@ -82,48 +65,66 @@ static __always_inline int syn_ack(__u8 proto, __u8 f)
 	return proto == IPPROTO_TCP && (f & (TH_SYN | TH_ACK | TH_RST)) == (TH_SYN | TH_ACK);
 }
 
-static __always_inline int is_syn(struct pkt *p)
+#endif /* SLUICE_LIB_CONNTRACK_SHARED */
+
+/* ct_key is the key of p's tuple as it travels (rev 0) or turned round (rev 1). */
+static __always_inline void FN(ct_key)(ct_key_t *k, pkt_t *p, int rev)
+{
+	k->src = rev ? p->dst : p->src;
+	k->dst = rev ? p->src : p->dst;
+	k->sport = rev ? p->dport : p->sport;
+	k->dport = rev ? p->sport : p->dport;
+	k->proto = p->proto;
+	k->pad[0] = k->pad[1] = k->pad[2] = 0;
+}
+
+/* tcp_track keeps the state bits of a REV or TUN entry for a packet of its flow, written only
+ * when they change (an entry's cache line is not dirtied by every packet). */
+static __always_inline void FN(tcp_track)(ct_val_t *v, pkt_t *p, int reply)
+{
+	__u8 t = tcp_next(v->tcp, p->proto, p->tcp_flags, reply);
+	if (t != v->tcp)
+		v->tcp = t;
+}
+
+static __always_inline int FN(is_syn)(pkt_t *p)
 {
 	return syn_only(p->proto, p->tcp_flags);
 }
 
-static __always_inline int is_synack(struct pkt *p)
-{
-	return syn_ack(p->proto, p->tcp_flags);
-}
-
-/* ct_drop deletes a reverse or tunnel entry and, for a reverse entry, its forward pair: the
- * state of a flow that a new connection on the same tuple supersedes. */
-static __always_inline void ct_forget(struct ct_key_v4 *k, struct ct_val_v4 *v)
+/* ct_forget deletes a reverse or tunnel entry and, for a reverse entry, its forward pair. A
+ * function of its own: its key is not on the stack of the paths that call it. */
+static __noinline void FN(ct_forget)(ct_key_t *k, ct_val_t *v)
 {
 	if (v->type == CT_REV) {
-		struct ct_key_v4 fk = {.src = v->nat_saddr ? v->nat_saddr : k->dst, .dst = v->nat_addr,
-				       .sport = v->nat_sport, .dport = v->nat_port, .proto = k->proto};
-		bpf_map_delete_elem(&sl_ct_v4, &fk);
+		ct_key_t fk = {.dst = v->nat_addr, .sport = v->nat_sport, .dport = v->nat_port, .proto = k->proto};
+		fk.src = ADDR_ZERO(v->nat_saddr) ? k->dst : v->nat_saddr;
+		bpf_map_delete_elem(&CT_MAP, &fk);
 	}
-	bpf_map_delete_elem(&sl_ct_v4, k);
+	bpf_map_delete_elem(&CT_MAP, k);
 }
 
-static __always_inline void ct_drop(struct ct_key_v4 *k, struct ct_val_v4 *v)
+/* ct_drop deletes the state of a flow that a new connection on the same tuple supersedes. */
+static __always_inline void FN(ct_drop)(ct_key_t *k, ct_val_t *v)
 {
-	ct_forget(k, v);
+	FN(ct_forget)(k, v);
 	count(C_CT_SUPERSEDED);
 }
 
-/* young records a new flow's state entry in this CPU's ring, evicting the flow whose slot it
- * takes if that one is still not established. */
-static __noinline void young(struct ct_key_v4 *k, __u64 created)
+/* young records a new flow's state entry in this CPU's ring (the family's own, of the same
+ * size), evicting the flow whose slot it takes if that one is still not established. */
+static __noinline void FN(young)(ct_key_t *k, __u64 created)
 {
 	__u32 zero = 0;
-	__u32 *pos = bpf_map_lookup_elem(&sl_ct_young_pos, &zero);
+	__u32 *pos = bpf_map_lookup_elem(&YOUNG_POS_MAP, &zero);
 	if (!pos)
 		return;
 	__u32 i = *pos;
-	struct ct_young_v4 *y = bpf_map_lookup_elem(&sl_ct_young_v4, &i);
+	ct_young_t *y = bpf_map_lookup_elem(&YOUNG_MAP, &i);
 	if (!y) {
 		/* Past the ring's end (its size is the agent's): round to the start. */
 		i = 0;
-		y = bpf_map_lookup_elem(&sl_ct_young_v4, &i);
+		y = bpf_map_lookup_elem(&YOUNG_MAP, &i);
 		if (!y)
 			return;
 	}
@@ -133,10 +134,10 @@ static __noinline void young(struct ct_key_v4 *k, __u64 created)
 	 * that never answers may be a one-way stream (syslog), and a slow answer (a resolver
 	 * asking upstream) must still find its flow on a busy node. */
 	if (y->created && y->key.proto == IPPROTO_TCP) {
-		struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &y->key);
+		ct_val_t *v = bpf_map_lookup_elem(&CT_MAP, &y->key);
 		if (v && v->created == y->created && (v->type == CT_REV || v->type == CT_TUN) &&
-		    !established(v, y->key.proto)) {
-			ct_forget(&y->key, v);
+		    !established_state(v->tcp, y->key.proto)) {
+			FN(ct_forget)(&y->key, v);
 			count(C_CT_EVICTED);
 		}
 	}
@@ -150,30 +151,31 @@ static __noinline void young(struct ct_key_v4 *k, __u64 created)
  * answer to a new connection whose SYN came some other way: straight to the backend's own
  * address; a SYN through the service would have renewed the entry). Such state is dropped,
  * and the packet goes on untranslated. */
-static __always_inline int stale_reply(struct pkt *p, struct ct_key_v4 *k, struct ct_val_v4 *v)
+static __always_inline int FN(stale_reply)(pkt_t *p, ct_key_t *k, ct_val_t *v)
 {
-	if (!(is_syn(p) || (is_synack(p) && closed(v))))
+	if (!(FN(is_syn)(p) || (syn_ack(p->proto, p->tcp_flags) && closed_state(v->tcp))))
 		return 0;
-	ct_drop(k, v);
+	FN(ct_drop)(k, v);
 	return 1;
 }
 
 /* supersede drops the reverse or tunnel state of the tuple a SYN that is addressed to no
  * frontend opens: a client reusing a port towards an endpoint's own address after a flow
  * through a service must never have its answers translated by the old flow's state. */
-static __always_inline void supersede(struct pkt *p)
+static __always_inline void FN(supersede)(pkt_t *p)
 {
-	if (!is_syn(p))
+	if (!FN(is_syn)(p))
 		return;
-	struct ct_key_v4 rk = {.src = p->dst, .dst = p->src, .sport = p->dport, .dport = p->sport, .proto = p->proto};
-	struct ct_val_v4 *v = bpf_map_lookup_elem(&sl_ct_v4, &rk);
+	ct_key_t rk;
+	FN(ct_key)(&rk, p, 1);
+	ct_val_t *v = bpf_map_lookup_elem(&CT_MAP, &rk);
 	if (v && (v->type == CT_REV || v->type == CT_TUN))
-		ct_drop(&rk, v);
+		FN(ct_drop)(&rk, v);
 }
 
-static __always_inline int ct_put(struct ct_key_v4 *k, struct ct_val_v4 *v, __u64 flags)
+static __always_inline int FN(ct_put)(ct_key_t *k, ct_val_t *v, __u64 flags)
 {
-	long rc = bpf_map_update_elem(&sl_ct_v4, k, v, flags);
+	long rc = bpf_map_update_elem(&CT_MAP, k, v, flags);
 	if (rc == -17 /* EEXIST: another CPU took the tuple first */) {
 		count(C_DROP_COLLISION);
 		return -1;
@@ -184,5 +186,3 @@ static __always_inline int ct_put(struct ct_key_v4 *k, struct ct_val_v4 *v, __u6
 	}
 	return 0;
 }
-
-#endif

@@ -1,30 +1,32 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* IP fragments: later fragments translated as their first, and packets too large for the
- * tunnel cut as a router would (or answered with fragmentation-needed). */
-#ifndef SLUICE_LIB_FRAG_H
-#define SLUICE_LIB_FRAG_H
+/* IP fragments: later fragments translated as their first (both families), and IPv4 packets
+ * too large for the tunnel cut as a router would (frag_cut, for oversize in tunnel.h).
+ * Included once per family (lib/family.h). */
 
 /* frag_track gives a later fragment of a TCP or UDP datagram the ports of its first fragment,
  * as the first fragment arrived at this hook (so it is translated as the first was), and
  * remembers a first fragment's ports. A later fragment that comes before its first is left
- * without ports: passed on untranslated, as Cilium does. */
-static __always_inline void frag_track(struct pkt *p)
+ * without ports: passed on untranslated, as Cilium does. A function of its own: its key is not
+ * on the stack of the programs that call it. */
+static __noinline void FN(frag_track)(pkt_t *p)
 {
-	if (!(p->frag & (IP_MF | IP_OFFMASK)) || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
+	if (!FN(is_frag)(p) || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
 		return;
-	struct frag_key_v4 k = {.src = p->src, .dst = p->dst, .id = p->id, .proto = p->proto};
-	if (!(p->frag & IP_OFFMASK)) {
+	frag_key_t k = {.src = p->src, .dst = p->dst, .id = p->id, .proto = p->proto};
+	if (!FN(later_frag)(p)) {
 		struct frag_val_v4 v = {.sport = p->sport, .dport = p->dport};
-		bpf_map_update_elem(&sl_frag_v4, &k, &v, BPF_ANY);
+		bpf_map_update_elem(&FRAG_MAP, &k, &v, BPF_ANY);
 		return;
 	}
-	struct frag_val_v4 *v = bpf_map_lookup_elem(&sl_frag_v4, &k);
+	struct frag_val_v4 *v = bpf_map_lookup_elem(&FRAG_MAP, &k);
 	if (!v)
 		return;
 	p->sport = v->sport;
 	p->dport = v->dport;
 	p->later = 1;
 }
+
+#if FAMILY == 4
 
 /* Datagrams of more than CSUM_CHUNKS pieces of CSUM_CHUNK bytes (16 KB) are cut without a
  * look at their checksum: no interface carries such a packet whole. */
@@ -62,12 +64,7 @@ static __noinline int frag_csum(struct __sk_buff *skb, struct pkt *p)
 		return -1;
 	if (p->proto == IPPROTO_UDP && check == 0)
 		return 0; /* sent without a checksum */
-	struct {
-		__be32 src, dst;
-		__u8 zero, proto;
-		__be16 len;
-	} ph = {.src = p->src, .dst = p->dst, .proto = p->proto, .len = bpf_htons(len)};
-	__s64 cs = bpf_csum_diff(0, 0, (__be32 *)&ph, sizeof(ph), 0);
+	__s64 cs = csum_pseudo(&p->src, &p->dst, len, p->proto);
 	if (check != (__u16)~csum_fold(cs))
 		return 0;
 	__u32 zero = 0;
@@ -178,47 +175,21 @@ static __noinline int frag_rest(struct __sk_buff *skb, struct pkt *p, struct cfg
 	return -1;
 }
 
-/* oversize answers a packet that cannot cross the tunnel whole: one that may be fragmented
- * (no DF) is cut (frag_split), one that may not gets fragmentation-needed back: out of the
- * interface it came in by, or, on an egress hook, up into the host's own stack that sent it.
- * It returns -1 when the packet (or its first part) fits. A segmented packet (GSO: a local
- * stack's, or GRO's merge of received ones) is cut after encapsulation with its segment size
- * kept (BPF_F_ADJ_ROOM_FIXED_GSO), so one segment must fit: judged by gso_size, as the
- * kernel's forwarding judges it (gso_segs is no guide: VM tap devices leave it 0). */
-static __always_inline int oversize(struct __sk_buff *skb, struct pkt *p, struct cfg *c, int egress)
+/* frag_cut handles a packet too large for the tunnel that may be fragmented (no DF, oversize):
+ * cut (frag_split), unless it is segmented (gso), whose segments would each need cutting. */
+static __always_inline int frag_cut(struct __sk_buff *skb, struct pkt *p, struct cfg *c, __u32 gso, int egress)
 {
-	if (!c) {
+	if (gso) {
 		count(C_DROP_TOO_BIG);
 		return TC_ACT_SHOT;
 	}
-	__u32 len = p->tot_len;
-	__u32 gso = skb->gso_size;
-	if (gso) {
-		__u32 l4 = sizeof(struct udphdr);
-		if (p->proto == IPPROTO_TCP) {
-			__u8 doff;
-			if (bpf_skb_load_bytes(skb, p->l4 + 12, &doff, 1) < 0)
-				return TC_ACT_SHOT;
-			l4 = (doff >> 4) * 4;
-		}
-		len = (p->l4 - IP_OFF) + l4 + gso;
+	/* Only a whole datagram can carry a pending checksum: a stack finishes it before it
+	 * fragments. Called before frag_split, not from it: the two frames never stack. */
+	if (!(p->frag & (IP_MF | IP_OFFMASK)) && frag_csum(skb, p) < 0) {
+		count(C_DROP_MALFORMED);
+		return TC_ACT_SHOT;
 	}
-	if (len <= c->tunnel_mtu)
-		return -1;
-	if (!(p->frag & IP_DF)) {
-		if (gso) {
-			count(C_DROP_TOO_BIG);
-			return TC_ACT_SHOT;
-		}
-		/* Only a whole datagram can carry a pending checksum: a stack finishes it before it
-		 * fragments. Called before frag_split, not from it: the two frames never stack. */
-		if (!(p->frag & (IP_MF | IP_OFFMASK)) && frag_csum(skb, p) < 0) {
-			count(C_DROP_MALFORMED);
-			return TC_ACT_SHOT;
-		}
-		return frag_split(skb, p, c, egress);
-	}
-	return too_big_back(skb, p, c->tunnel_mtu, egress ? BPF_F_INGRESS : 0);
+	return frag_split(skb, p, c, egress);
 }
 
-#endif
+#endif /* FAMILY == 4 */
