@@ -53,8 +53,8 @@ func (nc *netCalc) onNode(id string, old, n *store.Node) {
 }
 
 // expect sizes the empty dirty set for a batch of many nodes and pools.
-func (nc *netCalc) expect(batch []store.Event) {
-	if n := countKinds(batch, store.KindNode, store.KindIPPool); n >= 1024 && len(nc.dirty) == 0 {
+func (nc *netCalc) expect(b batchCount) {
+	if n := b.of(store.KindNode, store.KindIPPool); n >= 1024 && len(nc.dirty) == 0 {
 		nc.dirty = make(map[netip.Prefix]netWas, n)
 	}
 }

@@ -247,7 +247,7 @@ type (
 	// A sizer makes room in its dirty sets for a large batch (a page of a cold start), and
 	// gives it back after.
 	sizer interface {
-		expect(batch []store.Event)
+		expect(b batchCount)
 		shrink()
 	}
 )
@@ -357,9 +357,15 @@ func (g *Graph) expect(batch []store.Event) (sized bool) {
 	if len(batch) < 1024 {
 		return false
 	}
+	b := batchCount{events: len(batch)}
+	for i := range batch {
+		if k := batch[i].Kind; int(k) < len(b.kinds) {
+			b.kinds[k]++
+		}
+	}
 	for _, c := range g.calcs {
 		if sz, ok := c.(sizer); ok {
-			sz.expect(batch)
+			sz.expect(b)
 		}
 	}
 	return true
@@ -456,15 +462,19 @@ func (g *Graph) checkSelf() {
 // ProblemCount is how many inputs calc cannot act on now (State().Problems lists them).
 func (g *Graph) ProblemCount() int { return len(g.problems) }
 
-// countKinds is how many of batch's events are of the kinds given.
-func countKinds(batch []store.Event, kinds ...store.Kind) int {
+// batchCount is how many events a large batch holds, in all and by kind: what the
+// calculators size their dirty sets by. A count, not the batch: handed to an interface, the
+// batch would escape to the heap at every call of OnEvents.
+type batchCount struct {
+	events int
+	kinds  [8]int // by store.Kind
+}
+
+// of is how many of the batch's events are of the kinds given.
+func (b batchCount) of(kinds ...store.Kind) int {
 	n := 0
-	for i := range batch {
-		for _, k := range kinds {
-			if batch[i].Kind == k {
-				n++
-			}
-		}
+	for _, k := range kinds {
+		n += b.kinds[k]
 	}
 	return n
 }

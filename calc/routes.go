@@ -51,9 +51,9 @@ func newRouteCalc(in *inputs, e *emitter, fips *fipCalc) *routeCalc {
 
 // expect sizes the empty dirty set for a large batch: two destinations an input, as a rule
 // (a block and the tunnel address inside it).
-func (rc *routeCalc) expect(batch []store.Event) {
+func (rc *routeCalc) expect(b batchCount) {
 	if len(rc.dirtyDst) == 0 {
-		rc.dirtyDst = make(set[netip.Prefix], 2*len(batch))
+		rc.dirtyDst = make(set[netip.Prefix], 2*b.events)
 	}
 }
 

@@ -67,8 +67,8 @@ func (vc *vtepCalc) onNode(id string, old, _ *store.Node) {
 }
 
 // expect sizes the empty dirty set for a batch of many nodes.
-func (vc *vtepCalc) expect(batch []store.Event) {
-	if n := countKinds(batch, store.KindNode); n >= 1024 && len(vc.dirty) == 0 {
+func (vc *vtepCalc) expect(b batchCount) {
+	if n := b.of(store.KindNode); n >= 1024 && len(vc.dirty) == 0 {
 		vc.dirty = make(map[string]*store.Node, n)
 	}
 }
