@@ -359,7 +359,7 @@ func (g *Graph) expect(batch []store.Event) (sized bool) {
 	}
 	b := batchCount{events: len(batch)}
 	for i := range batch {
-		if k := batch[i].Kind; int(k) < len(b.kinds) {
+		if k := int(batch[i].Kind); k < len(b.kinds) {
 			b.kinds[k]++
 		}
 	}
@@ -467,7 +467,7 @@ func (g *Graph) ProblemCount() int { return len(g.problems) }
 // batch would escape to the heap at every call of OnEvents.
 type batchCount struct {
 	events int
-	kinds  [8]int // by store.Kind
+	kinds  [store.KindSlots]int
 }
 
 // of is how many of the batch's events are of the kinds given.

@@ -79,7 +79,7 @@ type IntakeStats struct {
 	PageShrinks atomic.Int64
 	// objects counts, by kind, the objects delivered and not deleted since: what an agent
 	// reports of its view without holding a copy of it (the intake knows every key anyway).
-	objects [len(kindNames)]atomic.Int64
+	objects [KindSlots]atomic.Int64
 }
 
 // Objects is how many objects of kind k the consumers hold, as delivered so far.

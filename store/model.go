@@ -19,7 +19,11 @@ const (
 	KindWorkloadEndpoint
 	KindService
 	KindEndpointSlice
+	kindEnd
 )
+
+// KindSlots is how many elements an array indexed by Kind takes (Kind 0 is none).
+const KindSlots = int(kindEnd)
 
 // Kinds lists every kind in dump order.
 var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice}
