@@ -165,7 +165,7 @@ test-kernels: build
 # The matrix as CI runs it (docs/kernels.md, "In CI"): the same kernels, each verifying every
 # program of both families, making a first apply through the real stage (TCX or classic tc,
 # as the kernel has) and running the smoke scenario (three agents, real traffic). The whole
-# bpf suite in every guest takes about 30 minutes under TCG, past CI's budget; it is make
+# bpf suite in every guest takes about 33 minutes under TCG, past CI's budget; it is make
 # test-kernels, which a change to the C, the stage or the loader runs before it lands.
 CI_BPF_RUN := ^(TestProgramsPassVerifier|TestStageFirstApply)
 test-kernels-ci:
