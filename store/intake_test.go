@@ -730,8 +730,12 @@ func TestIntakeHoldsBatchesWhileBusy(t *testing.T) {
 	t.Logf("%d writes in a stream came in %d batches (%d of the writes returned more than %v after the one before)", n, batches, quiet, busyWithin)
 	if quiet > n/2 {
 		t.Logf("etcd answered more than half the writes slower than a stream: the hold is not measured here")
-	} else if want := quiet + (n-quiet)/3; batches > want {
-		t.Errorf("%d writes in a stream came in %d batches; want them held together, at most %d (a few a batch, and one for each of the %d slow writes)",
+	} else if want := quiet + (n-quiet)/2; batches > want {
+		// Held, a stream comes in 28-35 batches here (two to four writes a batch, by how the
+		// writes fall against the holds); without the hold, in one a write (100). At most
+		// one a batch on average for every two writes tells them apart with room for a loaded
+		// machine (a third was too tight: 34 and 35 batches, quiet and under make test).
+		t.Errorf("%d writes in a stream came in %d batches; want them held together, at most %d (two or more a batch, and one for each of the %d slow writes)",
 			n, batches, want, quiet)
 	}
 	for i, ev := range s.since(1) {
