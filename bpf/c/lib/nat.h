@@ -23,7 +23,7 @@
 #define NF_REJECT_NONE (-11)
 /* client_flow's: a packet that starts a flow, for the caller to pass to new_flow (whose frame
  * is then not stacked on the known flow's path); NF_RETRY, a SYN sent again on a forwarded
- * flow that got no answer (PSNAT_ON_RETRY). */
+ * flow that got no answer. */
 #define NF_NEW (-12)
 #define NF_RETRY (-13)
 
@@ -168,7 +168,7 @@ static __noinline int FN(new_flow)(struct __sk_buff *skb, pkt_t *p, struct cfg *
 	 * workload by its default route and comes back here, to the REV entry. The workload
 	 * sees the hairpin address as its client (Cilium #26100). Only for a workload's flow to
 	 * a backend here: the address must never leave the node (Cilium #10841). */
-	int hairpin = (beflags & HAIRPIN_BE) && from == FROM_WEP && ADDR_EQ(be->addr, p->src);
+	int hairpin = (beflags & (BE_LOCAL | BE_ROUTED)) && from == FROM_WEP && ADDR_EQ(be->addr, p->src);
 	ct_key_t rk = {.src = be->addr, .sport = be->port, .dport = p->sport, .proto = p->proto};
 	if (hairpin)
 		FN(hairpin_addr)(&rk.dst);
@@ -182,7 +182,7 @@ static __noinline int FN(new_flow)(struct __sk_buff *skb, pkt_t *p, struct cfg *
 	 * so does a SYN sent again for a forwarded flow that got no answer: two clients behind
 	 * one load balancer reusing a source port towards two nodes meet on the endpoint's node,
 	 * which drops the second (counted), and its retry comes with another port. */
-	if (bpf_map_lookup_elem(&CT_MAP, &rk) || (PSNAT_ON_RETRY && remote && retry)) {
+	if (bpf_map_lookup_elem(&CT_MAP, &rk) || (remote && retry)) {
 		if (c && c->psnat_max > c->psnat_min) {
 			__u32 span = c->psnat_max - c->psnat_min + 1;
 			for (int i = 0; i < 8; i++) {
@@ -411,7 +411,7 @@ static __always_inline int FN(client_flow)(struct __sk_buff *skb, pkt_t *p, ct_k
 		int retry = r && !closed_state(r->tcp);
 		bpf_map_delete_elem(&CT_MAP, &rk);
 		bpf_map_delete_elem(&CT_MAP, k);
-		if (PSNAT_ON_RETRY && retry)
+		if (retry)
 			return NF_RETRY;
 	}
 	return NF_NEW;

@@ -148,7 +148,7 @@ static __always_inline int FN(leaving)(struct __sk_buff *skb, int host)
 		ct_key_t rk;
 		FN(ct_key)(&rk, &p, 1);
 		ct_val_t *r = bpf_map_lookup_elem(&CT_MAP, &rk);
-		if (r && (r->type == CT_REV || (SYN_SUPERSEDES_TUN && r->type == CT_TUN)) && closed_state(r->tcp))
+		if (r && (r->type == CT_REV || r->type == CT_TUN) && closed_state(r->tcp))
 			FN(ct_drop)(&rk, r);
 		return TC_ACT_OK;
 	}
