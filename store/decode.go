@@ -61,6 +61,10 @@ func Decode(key string, value []byte) (obj Object, err error) {
 		obj, err = decodeService(id, value)
 	case KindEndpointSlice:
 		obj, err = decodeEndpointSlice(id, value)
+	case KindBGPConfiguration:
+		obj, err = decodeBGPConfiguration(id, value)
+	case KindBGPPeer:
+		obj, err = decodeBGPPeer(id, value)
 	}
 	if err != nil {
 		var fe *fieldError
@@ -145,7 +149,7 @@ func decodeIPPool(id string, value []byte) (Object, error) {
 	}
 	cidr = cidr.Masked()
 	p := &IPPool{Name: id, CIDR: cidr, NATOutgoing: r.Spec.NATOutgoing, Disabled: r.Spec.Disabled,
-		BlockSize: r.Spec.BlockSize, NodeSelector: r.Spec.NodeSelector, AllowedUses: r.Spec.AllowedUses}
+		BlockSize: r.Spec.BlockSize, NodeSelector: r.Spec.NodeSelector, AllowedUses: r.Spec.AllowedUses, DisableBGPExport: r.Spec.DisableBGPExport}
 	if p.VXLANMode, err = parseMode("spec.vxlanMode", r.Spec.VXLANMode); err != nil {
 		return nil, err
 	}
@@ -253,6 +257,20 @@ func decodeNode(id string, value []byte) (Object, error) {
 		if _, err = parseOptionalAddr("spec.bgp.ipv4IPIPTunnelAddr", b.IPv4IPIPTunnelAddr, true); err != nil {
 			return nil, err
 		}
+		n.BGP = &NodeBGP{}
+		if n.BGP.ASNumber, err = parseASNumber("spec.bgp.asNumber", b.ASNumber); err != nil {
+			return nil, err
+		}
+		if id := b.RouteReflectorClusterID; id != "" {
+			a, perr := netip.ParseAddr(id)
+			if perr != nil || !a.Is4() {
+				return nil, bad("spec.bgp.routeReflectorClusterID", "%q is not a cluster ID in IPv4 address form", id)
+			}
+			n.BGP.RouteReflectorClusterID = a
+		}
+	}
+	if len(r.Metadata.Labels) > 0 {
+		n.Labels = r.Metadata.Labels
 	}
 	// Without bgp addresses, the underlay comes from spec.addresses: InternalIP, then ExternalIP.
 	for _, typ := range []string{"InternalIP", "ExternalIP"} {

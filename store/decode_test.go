@@ -358,6 +358,8 @@ func FuzzDecode(f *testing.F) {
 		{svcKey, serviceValue("default", "web", "10.96.0.10")},
 		{sliceKey, sliceValue("default", "web-abc", "web", "10.65.0.1", "node-a")},
 		{store.BlockPrefix + "ipv6/block/fd00::-126", `{"cidr":"fd00::/126","allocations":[0,null,null,null],"attributes":[{}]}`},
+		{store.BGPConfigPrefix + "default", `{"spec":{"asNumber":"1.10","nodeToNodeMeshEnabled":false,"serviceClusterIPs":[{"cidr":"10.96.0.0/12"}],"communities":[{"name":"c","value":"1:2:3"}],"prefixAdvertisements":[{"cidr":"10.65.0.0/16","communities":["c","65000:1"]}]}}`},
+		{store.BGPPeerPrefix + "tor", `{"spec":{"nodeSelector":"rack in {'a','b'} && !has(rr)","peerIP":"[fd00::1]:1179","asNumber":64513,"password":{"secretKeyRef":{"name":"s","key":"k"}}}}`},
 	}
 	for _, s := range seeds {
 		f.Add(s.key, []byte(s.value))

@@ -66,8 +66,10 @@ func TestCalicoDump(t *testing.T) {
 			&store.IPPool{Name: "pool-vxlan", CIDR: pfx("10.65.0.0/16"), VXLANMode: store.EncapAlways, IPIPMode: store.EncapNever, NATOutgoing: true, BlockSize: 26, NodeSelector: "all()", AllowedUses: []string{"Workload", "Tunnel"}},
 		},
 		store.KindNode: {
-			&store.Node{Name: "node-a", IPv4Address: pfx("192.168.10.11/24"), IPv4VXLANTunnelAddr: addr("10.65.174.128"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0a")},
-			&store.Node{Name: "node-b", IPv4Address: pfx("192.168.10.12/24"), IPv4VXLANTunnelAddr: addr("10.65.9.0"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0b"), V6: &store.NodeV6{Address: pfx("fd00:10::12/64")}},
+			&store.Node{Name: "node-a", IPv4Address: pfx("192.168.10.11/24"), IPv4VXLANTunnelAddr: addr("10.65.174.128"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0a"),
+				Labels: map[string]string{"rack": "rack1", "kubernetes.io/hostname": "node-a"}, BGP: &store.NodeBGP{ASNumber: 64512}},
+			&store.Node{Name: "node-b", IPv4Address: pfx("192.168.10.12/24"), IPv4VXLANTunnelAddr: addr("10.65.9.0"), VXLANTunnelMAC: mac("66:c1:a0:00:00:0b"), V6: &store.NodeV6{Address: pfx("fd00:10::12/64")},
+				BGP: &store.NodeBGP{}},
 			&store.Node{Name: "node-c", IPv4Address: pfx("192.168.20.13/24"), IPv4VXLANTunnelAddr: addr("10.65.77.64")},
 		},
 		store.KindBlock: {
@@ -96,6 +98,17 @@ func TestCalicoDump(t *testing.T) {
 			&store.BlockAffinity{Node: "node-b", CIDR: pfx("fd00:65::/122"), State: store.AffinityConfirmed},
 			&store.BlockAffinity{Node: "node-c", CIDR: pfx("10.65.77.64/26"), State: store.AffinityPending},
 			&store.BlockAffinity{Node: "node-c", CIDR: pfx("10.66.3.7/32"), State: store.AffinityConfirmed},
+		},
+		store.KindBGPConfiguration: {
+			&store.BGPConfiguration{Name: "default", ASNumber: 64512, NoNodeToNodeMesh: true,
+				ServiceClusterIPs: []netip.Prefix{pfx("10.96.0.0/12")}, ServiceExternalIPs: []netip.Prefix{pfx("203.0.113.0/24")},
+				Communities: map[string]store.Community{"bgp-large-community": {Large: true, A: 63400, B: 300, C: 100}},
+				PrefixAdvertisements: []store.PrefixAdvertisement{{CIDR: pfx("10.65.0.0/16"),
+					Communities: []store.Community{{Large: true, A: 63400, B: 300, C: 100}, {A: 63400, B: 120}}}}},
+		},
+		store.KindBGPPeer: {
+			&store.BGPPeer{Name: "rack1-tor", NodeSelector: mustSelector(t, "rack == 'rack1'"), PeerIP: addr("192.168.10.1"), ASNumber: 64513,
+				NextHopMode: store.NextHopAuto, MaxRestartTime: 120 * time.Second, Password: &store.SecretKeyRef{Name: "bgp-secrets", Key: "rack1"}},
 		},
 		store.KindWorkloadEndpoint: {
 			&store.WorkloadEndpoint{Namespace: "default", Name: "node--a-k8s-web--1-eth0", Node: "node-a", Orchestrator: "k8s", InterfaceName: "cali0a1b2c3d4e5",
@@ -148,4 +161,13 @@ func reflectString(o store.Object) string {
 		fmt.Fprintf(&b, "%s=%v ", v.Type().Field(i).Name, f)
 	}
 	return b.String()
+}
+
+func mustSelector(t *testing.T, s string) store.Selector {
+	t.Helper()
+	sel, err := store.ParseSelector(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
 }

@@ -13,6 +13,8 @@ const (
 	IPPoolPrefix           = CalicoResourcePrefix + "ippools/"
 	NodePrefix             = CalicoResourcePrefix + "nodes/"
 	WorkloadEndpointPrefix = CalicoResourcePrefix + "workloadendpoints/"
+	BGPConfigPrefix        = CalicoResourcePrefix + "bgpconfigurations/"
+	BGPPeerPrefix          = CalicoResourcePrefix + "bgppeers/"
 	BlockPrefix            = "/calico/ipam/v2/assignment/"
 	AffinityPrefix         = "/calico/ipam/v2/host/"
 	HandlePrefix           = "/calico/ipam/v2/handle/"
@@ -21,7 +23,8 @@ const (
 )
 
 // WatchedPrefixes are the prefixes the intake lists and watches.
-var WatchedPrefixes = []string{IPPoolPrefix, NodePrefix, BlockPrefix, AffinityPrefix, WorkloadEndpointPrefix, ServicePrefix, EndpointSlicePrefix}
+var WatchedPrefixes = []string{IPPoolPrefix, NodePrefix, BlockPrefix, AffinityPrefix, WorkloadEndpointPrefix, ServicePrefix, EndpointSlicePrefix,
+	BGPConfigPrefix, BGPPeerPrefix}
 
 // NodePrefixes are the prefixes one node's agent lists and watches: WatchedPrefixes with the
 // block affinities narrowed to the node's own. Routes come from the blocks themselves (each
@@ -48,6 +51,10 @@ func ParseKey(key string) (Kind, string, error) {
 		return simpleName(KindIPPool, key, IPPoolPrefix)
 	case strings.HasPrefix(key, NodePrefix):
 		return simpleName(KindNode, key, NodePrefix)
+	case strings.HasPrefix(key, BGPConfigPrefix):
+		return simpleName(KindBGPConfiguration, key, BGPConfigPrefix)
+	case strings.HasPrefix(key, BGPPeerPrefix):
+		return simpleName(KindBGPPeer, key, BGPPeerPrefix)
 	case strings.HasPrefix(key, WorkloadEndpointPrefix):
 		return namespacedName(KindWorkloadEndpoint, key, WorkloadEndpointPrefix)
 	case strings.HasPrefix(key, ServicePrefix):
@@ -145,6 +152,10 @@ func KindPrefix(k Kind) string {
 		return ServicePrefix
 	case KindEndpointSlice:
 		return EndpointSlicePrefix
+	case KindBGPConfiguration:
+		return BGPConfigPrefix
+	case KindBGPPeer:
+		return BGPPeerPrefix
 	}
 	return ""
 }
@@ -152,7 +163,7 @@ func KindPrefix(k Kind) string {
 // KeyFor returns the etcd key of an object of kind k with the given ID.
 func KeyFor(k Kind, id string) (string, error) {
 	switch k {
-	case KindIPPool, KindNode, KindWorkloadEndpoint, KindService, KindEndpointSlice:
+	case KindIPPool, KindNode, KindWorkloadEndpoint, KindService, KindEndpointSlice, KindBGPConfiguration, KindBGPPeer:
 		return KindPrefix(k) + id, nil
 	case KindBlock:
 		p, err := netip.ParsePrefix(id)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 )
 
 // Kind names one kind of object sluice reads.
@@ -19,6 +20,8 @@ const (
 	KindWorkloadEndpoint
 	KindService
 	KindEndpointSlice
+	KindBGPConfiguration
+	KindBGPPeer
 	kindEnd
 )
 
@@ -26,11 +29,14 @@ const (
 const KindSlots = int(kindEnd)
 
 // Kinds lists every kind in dump order.
-var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice}
+var Kinds = []Kind{KindIPPool, KindNode, KindBlock, KindBlockAffinity, KindWorkloadEndpoint, KindService, KindEndpointSlice,
+	KindBGPConfiguration, KindBGPPeer}
 
 // kindNames is indexed by Kind: arrays counting by kind take its length.
-var kindNames = [...]string{"", "IPPool", "Node", "Block", "BlockAffinity", "WorkloadEndpoint", "Service", "EndpointSlice"}
-var kindPlurals = [...]string{"", "ippools", "nodes", "blocks", "blockaffinities", "workloadendpoints", "services", "endpointslices"}
+var kindNames = [...]string{"", "IPPool", "Node", "Block", "BlockAffinity", "WorkloadEndpoint", "Service", "EndpointSlice",
+	"BGPConfiguration", "BGPPeer"}
+var kindPlurals = [...]string{"", "ippools", "nodes", "blocks", "blockaffinities", "workloadendpoints", "services", "endpointslices",
+	"bgpconfigurations", "bgppeers"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && k != 0 {
@@ -78,6 +84,7 @@ var shortNames = map[string]Kind{
 	"wep": KindWorkloadEndpoint, "weps": KindWorkloadEndpoint,
 	"svc":      KindService,
 	"affinity": KindBlockAffinity, "affinities": KindBlockAffinity,
+	"bgpconfig": KindBGPConfiguration, "bgpconfigs": KindBGPConfiguration,
 }
 
 // KindNamed is the kind a manifest's `kind:` names: IPPool, Node, Block, BlockAffinity,
@@ -123,6 +130,8 @@ type IPPool struct {
 	BlockSize    int
 	NodeSelector string
 	AllowedUses  []string
+	// DisableBGPExport keeps the pool's routes from BGP peers.
+	DisableBGPExport bool
 }
 
 func (*IPPool) Kind() Kind   { return KindIPPool }
@@ -141,6 +150,20 @@ type Node struct {
 	IPv4VXLANTunnelAddr netip.Addr
 	VXLANTunnelMAC      net.HardwareAddr
 	V6                  *NodeV6
+	// Labels are metadata.labels (nil: none), which BGP peers' selectors match.
+	Labels map[string]string
+	// BGP is spec.bgp's BGP settings; nil when the node has no spec.bgp, which for
+	// calico/node means it runs no BGP.
+	BGP *NodeBGP
+}
+
+// NodeBGP is a Node's spec.bgp beyond its addresses.
+type NodeBGP struct {
+	// ASNumber is spec.bgp.asNumber (0: the cluster's, from BGPConfiguration).
+	ASNumber uint32
+	// RouteReflectorClusterID makes the node a route reflector for this cluster ID (invalid:
+	// not a reflector).
+	RouteReflectorClusterID netip.Addr
 }
 
 // NodeV6 is a Node's IPv6 underlay and tunnel addresses.
@@ -372,3 +395,90 @@ func (e *EndpointSlice) ID() string { return e.Namespace + "/" + e.Name }
 
 // ServiceID is "namespace/service" of the service this slice belongs to.
 func (e *EndpointSlice) ServiceID() string { return e.Namespace + "/" + e.Service }
+
+// BGPConfiguration is Calico's BGP settings: `default` for the cluster, `node.<name>` for one
+// node (which may set only the listen port and prefix advertisements, as Calico allows).
+type BGPConfiguration struct {
+	Name string
+	// ASNumber is spec.asNumber (0: not given; the cluster's default is 64512).
+	ASNumber uint32
+	// NoNodeToNodeMesh is spec.nodeToNodeMeshEnabled false (absent means on).
+	NoNodeToNodeMesh bool
+	// ListenPort is spec.listenPort (0: not given, 179).
+	ListenPort             uint16
+	ServiceClusterIPs      []netip.Prefix
+	ServiceExternalIPs     []netip.Prefix
+	ServiceLoadBalancerIPs []netip.Prefix
+	// Communities names values that PrefixAdvertisements may refer to (resolved there).
+	Communities          map[string]Community
+	PrefixAdvertisements []PrefixAdvertisement
+	// NodeMeshPassword is the mesh sessions' password (nil: none).
+	NodeMeshPassword *SecretKeyRef
+	// NodeMeshMaxRestartTime is the mesh sessions' graceful restart time (0: the default).
+	NodeMeshMaxRestartTime time.Duration
+}
+
+func (*BGPConfiguration) Kind() Kind   { return KindBGPConfiguration }
+func (c *BGPConfiguration) ID() string { return c.Name }
+
+// NodeConfigPrefix starts the name of a node's own BGPConfiguration ("node.<name>").
+const NodeConfigPrefix = "node."
+
+// Community is a BGP community: standard (Large false: A:B, each 16 bits) or large (A:B:C,
+// each 32 bits).
+type Community struct {
+	Large   bool
+	A, B, C uint32
+}
+
+func (c Community) String() string {
+	if c.Large {
+		return fmt.Sprintf("%d:%d:%d", c.A, c.B, c.C)
+	}
+	return fmt.Sprintf("%d:%d", c.A, c.B)
+}
+
+// PrefixAdvertisement gives the routes within CIDR communities (resolved from names).
+type PrefixAdvertisement struct {
+	CIDR        netip.Prefix
+	Communities []Community
+}
+
+// SecretKeyRef names one key of a secret; sluiced reads it from a file on the node.
+type SecretKeyRef struct {
+	Name, Key string
+}
+
+// Next-hop modes of a BGPPeer (spec.nextHopMode; keepOriginalNextHop means Keep).
+const (
+	NextHopAuto = "Auto"
+	NextHopSelf = "Self"
+	NextHopKeep = "Keep"
+)
+
+// BGPPeer is Calico's BGPPeer: which nodes peer (Node, NodeSelector, or every node when both
+// are empty) with whom (PeerIP, or the nodes PeerSelector selects).
+type BGPPeer struct {
+	Name         string
+	Node         string
+	NodeSelector Selector
+	PeerSelector Selector
+	PeerIP       netip.Addr
+	// PeerPort is the port of peerIP's "ip:port" form (0: 179).
+	PeerPort      uint16
+	ASNumber      uint32
+	LocalASNumber uint32
+	NextHopMode   string
+	Password      *SecretKeyRef
+	// NoSourceAddress is sourceAddress None: the kernel picks the session's source address
+	// (by default it is the node's own address).
+	NoSourceAddress bool
+	MaxRestartTime  time.Duration
+	TTLSecurity     uint8
+	// ManualReverse is reversePeering Manual: the selected peers do not peer back by
+	// themselves.
+	ManualReverse bool
+}
+
+func (*BGPPeer) Kind() Kind   { return KindBGPPeer }
+func (p *BGPPeer) ID() string { return p.Name }

@@ -116,11 +116,11 @@ type NodeSpec struct {
 
 // NodeBGPSpec carries the node's underlay addresses, in CIDR form.
 type NodeBGPSpec struct {
-	IPv4Address             string `json:"ipv4Address,omitempty"`
-	IPv6Address             string `json:"ipv6Address,omitempty"`
-	IPv4IPIPTunnelAddr      string `json:"ipv4IPIPTunnelAddr,omitempty"`
-	ASNumber                *int64 `json:"asNumber,omitempty"`
-	RouteReflectorClusterID string `json:"routeReflectorClusterID,omitempty"`
+	IPv4Address             string          `json:"ipv4Address,omitempty"`
+	IPv6Address             string          `json:"ipv6Address,omitempty"`
+	IPv4IPIPTunnelAddr      string          `json:"ipv4IPIPTunnelAddr,omitempty"`
+	ASNumber                json.RawMessage `json:"asNumber,omitempty"`
+	RouteReflectorClusterID string          `json:"routeReflectorClusterID,omitempty"`
 }
 
 // NodeAddress is one entry of spec.addresses.
@@ -338,3 +338,94 @@ type EndpointPortWire struct {
 
 // ServiceNameLabel ties an endpoint slice to its service.
 const ServiceNameLabel = "kubernetes.io/service-name"
+
+// BGPConfigurationResource is Calico's projectcalico.org/v3 BGPConfiguration: `default` for
+// the cluster, `node.<name>` for one node. Every field of Calico's spec is here so a
+// calicoctl dump applies as printed; docs/data-model.md says which sluice uses and which it
+// refuses.
+type BGPConfigurationResource struct {
+	TypeMeta
+	Metadata ObjectMeta           `json:"metadata"`
+	Spec     BGPConfigurationSpec `json:"spec"`
+}
+
+// BGPConfigurationSpec is the spec of a BGPConfigurationResource. AS numbers are kept raw:
+// Calico writes a number, and accepts a string ("64512", or "1.10" in asdot form).
+type BGPConfigurationSpec struct {
+	LogSeverityScreen              string                    `json:"logSeverityScreen,omitempty"`
+	NodeToNodeMeshEnabled          *bool                     `json:"nodeToNodeMeshEnabled,omitempty"`
+	ASNumber                       json.RawMessage           `json:"asNumber,omitempty"`
+	ServiceLoadBalancerIPs         []CIDRBlock               `json:"serviceLoadBalancerIPs,omitempty"`
+	ServiceExternalIPs             []CIDRBlock               `json:"serviceExternalIPs,omitempty"`
+	ServiceClusterIPs              []CIDRBlock               `json:"serviceClusterIPs,omitempty"`
+	ServiceLoadBalancerAggregation string                    `json:"serviceLoadBalancerAggregation,omitempty"`
+	ListenPort                     int                       `json:"listenPort,omitempty"`
+	Communities                    []CommunityWire           `json:"communities,omitempty"`
+	PrefixAdvertisements           []PrefixAdvertisementWire `json:"prefixAdvertisements,omitempty"`
+	NodeMeshPassword               *BGPPassword              `json:"nodeMeshPassword,omitempty"`
+	NodeMeshMaxRestartTime         string                    `json:"nodeMeshMaxRestartTime,omitempty"`
+	BindMode                       string                    `json:"bindMode,omitempty"`
+	IgnoredInterfaces              []string                  `json:"ignoredInterfaces,omitempty"`
+	LocalWorkloadPeeringIPV4       string                    `json:"localWorkloadPeeringIPV4,omitempty"`
+	LocalWorkloadPeeringIPV6       string                    `json:"localWorkloadPeeringIPV6,omitempty"`
+	ProgramClusterRoutes           string                    `json:"programClusterRoutes,omitempty"`
+}
+
+// CIDRBlock is one entry of the service address lists: `{cidr: ...}`.
+type CIDRBlock struct {
+	CIDR string `json:"cidr,omitempty"`
+}
+
+// CommunityWire names a community value: "aa:nn" (standard) or "aa:nn:mm" (large).
+type CommunityWire struct {
+	Name  string `json:"name,omitempty"`
+	Value string `json:"value,omitempty"`
+}
+
+// PrefixAdvertisementWire attaches communities (names from the communities list, or values) to
+// the routes within CIDR.
+type PrefixAdvertisementWire struct {
+	CIDR        string   `json:"cidr,omitempty"`
+	Communities []string `json:"communities,omitempty"`
+}
+
+// BGPPassword names where a session's password is: a key of a Kubernetes secret, which
+// sluice reads from a file on the node (docs/data-model.md).
+type BGPPassword struct {
+	SecretKeyRef *SecretKeySelector `json:"secretKeyRef,omitempty"`
+}
+
+// SecretKeySelector is Kubernetes' reference to one key of a secret.
+type SecretKeySelector struct {
+	Name     string `json:"name,omitempty"`
+	Key      string `json:"key"`
+	Optional *bool  `json:"optional,omitempty"`
+}
+
+// BGPPeerResource is Calico's projectcalico.org/v3 BGPPeer.
+type BGPPeerResource struct {
+	TypeMeta
+	Metadata ObjectMeta  `json:"metadata"`
+	Spec     BGPPeerSpec `json:"spec"`
+}
+
+// BGPPeerSpec is the spec of a BGPPeerResource, every field of Calico's.
+type BGPPeerSpec struct {
+	Node                     string          `json:"node,omitempty"`
+	PeerIP                   string          `json:"peerIP,omitempty"`
+	ASNumber                 json.RawMessage `json:"asNumber,omitempty"`
+	NodeSelector             string          `json:"nodeSelector,omitempty"`
+	PeerSelector             string          `json:"peerSelector,omitempty"`
+	KeepOriginalNextHop      bool            `json:"keepOriginalNextHop,omitempty"`
+	NextHopMode              string          `json:"nextHopMode,omitempty"`
+	Password                 *BGPPassword    `json:"password,omitempty"`
+	SourceAddress            string          `json:"sourceAddress,omitempty"`
+	MaxRestartTime           string          `json:"maxRestartTime,omitempty"`
+	NumAllowedLocalASNumbers *int32          `json:"numAllowedLocalASNumbers,omitempty"`
+	TTLSecurity              *uint8          `json:"ttlSecurity,omitempty"`
+	Filters                  []string        `json:"filters,omitempty"`
+	ReachableBy              string          `json:"reachableBy,omitempty"`
+	LocalASNumber            json.RawMessage `json:"localASNumber,omitempty"`
+	LocalWorkloadSelector    string          `json:"localWorkloadSelector,omitempty"`
+	ReversePeering           string          `json:"reversePeering,omitempty"`
+}

@@ -40,13 +40,20 @@ default web NodePort 10.96.0.10 - 80:30080/TCP ext=Cluster,int=Cluster
 	"endpointslices": `NAMESPACE NAME SERVICE ENDPOINTS PORTS
 default web-abcde web 10.65.0.1@node-a(ready),10.65.0.65@node-b(ready),10.65.0.129@node-c(terminating) 8080/TCP
 `,
+	"bgpconfigurations": `NAME AS MESH PORT SERVICE-RANGES
+default 64512 false - 10.96.0.0/12
+`,
+	"bgppeers": `NAME NODES PEERS AS LOCAL-AS
+rack-tor all() 192.168.10.1 65010 -
+`,
 }
 
-// loadSampleWithIPAM applies the sample, claims a block for node-a and assigns web-a's
+// loadSampleWithIPAM applies the sample and its BGP settings, claims a block for node-a and assigns web-a's
 // address in it, so that every kind has objects.
 func (c *cluster) loadSampleWithIPAM() {
 	c.t.Helper()
 	c.loadSample()
+	c.mustCtl("apply", "-f", "../../testdata/bgp/rack.yaml")
 	c.mustCtl("ipam", "claim", "--node", "node-a", "--pool", "pool-vxlan", "--cidr", "10.65.0.0/26")
 	c.mustCtl("ipam", "assign", "--node", "node-a", "--handle", "k8s-pod-network.web-a", "--ip", "10.65.0.1")
 }

@@ -323,7 +323,7 @@ func loadCluster(t *testing.T, cli *clientv3.Client) map[string]any {
 		t.Fatal(err)
 	}
 	return map[string]any{"ippools": 3.0, "nodes": 3.0, "blocks": 1.0, "blockaffinities": 1.0,
-		"workloadendpoints": 5.0, "services": 1.0, "endpointslices": 1.0}
+		"workloadendpoints": 5.0, "services": 1.0, "endpointslices": 1.0, "bgpconfigurations": 0.0, "bgppeers": 0.0}
 }
 
 // etcdObjects decodes every valid value under the watched prefixes, by kind and ID.

@@ -504,6 +504,14 @@ func build(kind store.Kind, raw []byte) (string, []byte, error) {
 			return &r.TypeMeta, &r.Metadata
 		},
 			"EndpointSlice", store.EndpointSliceAPIVersion, true, store.EndpointSlicePrefix)
+	case store.KindBGPConfiguration:
+		return resource(raw, &store.BGPConfigurationResource{}, func(r *store.BGPConfigurationResource) (*store.TypeMeta, *store.ObjectMeta) {
+			return &r.TypeMeta, &r.Metadata
+		},
+			"BGPConfiguration", store.CalicoAPIVersion, false, store.BGPConfigPrefix)
+	case store.KindBGPPeer:
+		return resource(raw, &store.BGPPeerResource{}, func(r *store.BGPPeerResource) (*store.TypeMeta, *store.ObjectMeta) { return &r.TypeMeta, &r.Metadata },
+			"BGPPeer", store.CalicoAPIVersion, false, store.BGPPeerPrefix)
 	case store.KindBlock:
 		var d blockDoc
 		if err := strictUnmarshal(raw, &d); err != nil {

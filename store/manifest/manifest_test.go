@@ -103,3 +103,67 @@ spec:
 		t.Fatalf("error: %v", err)
 	}
 }
+
+// TestParseBGPKinds: calicoctl's YAML for BGP (a route-reflector setup as Calico's own tests
+// write it) lands under Calico's keys and decodes; a wrong field is refused by name.
+func TestParseBGPKinds(t *testing.T) {
+	const doc = `kind: BGPConfiguration
+apiVersion: projectcalico.org/v3
+metadata: {name: default}
+spec:
+  asNumber: 64532
+  nodeToNodeMeshEnabled: false
+  serviceClusterIPs: [{cidr: 10.96.0.0/12}]
+---
+kind: BGPPeer
+apiVersion: projectcalico.org/v3
+metadata: {name: bgppeer-v6}
+spec:
+  peerIP: "[ac13::57]:50"
+  asNumber: 64533
+  nodeSelector: has(routeReflector)
+---
+kind: BGPPeer
+apiVersion: projectcalico.org/v3
+metadata: {name: bgppeer-other-nodes}
+spec:
+  nodeSelector: has(routeReflector)
+  peerSelector: "!has(routeReflector)"
+---
+kind: Node
+apiVersion: projectcalico.org/v3
+metadata:
+  name: kube-master
+  labels: {routeReflector: "true"}
+spec:
+  bgp: {ipv4Address: 10.192.0.2/16, routeReflectorClusterID: 10.0.0.1}
+`
+	docs, err := manifest.Parse("rr.yaml", strings.NewReader(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantKeys := []string{store.BGPConfigPrefix + "default", store.BGPPeerPrefix + "bgppeer-v6", store.BGPPeerPrefix + "bgppeer-other-nodes", store.NodePrefix + "kube-master"}
+	if len(docs) != len(wantKeys) {
+		t.Fatalf("%d documents, want %d", len(docs), len(wantKeys))
+	}
+	for i, d := range docs {
+		if d.Key != wantKeys[i] {
+			t.Errorf("document %d: key %s, want %s", i, d.Key, wantKeys[i])
+		}
+		o, err := store.Decode(d.Key, d.Value)
+		if err != nil {
+			t.Fatalf("%s does not decode: %v", d.Key, err)
+		}
+		if p, ok := o.(*store.BGPPeer); ok && p.Name == "bgppeer-v6" && (p.PeerPort != 50 || p.ASNumber != 64533) {
+			t.Errorf("peer: %+v", p)
+		}
+	}
+	_, err = manifest.Parse("bad.yaml", strings.NewReader("kind: BGPPeer\nmetadata: {name: p}\nspec: {peerIP: 10.0.0.1, asNumber: 1, nexthopmode: Self}\n"))
+	if err == nil || !strings.Contains(err.Error(), `unknown field "spec.nexthopmode" (did you mean "nextHopMode"?)`) {
+		t.Errorf("misspelt field: %v", err)
+	}
+	_, err = manifest.Parse("bad.yaml", strings.NewReader("kind: BGPPeer\nmetadata: {name: p}\nspec: {peerIP: 10.0.0.1, asNumber: 1, filters: [f]}\n"))
+	if err == nil || !strings.Contains(err.Error(), "spec.filters") {
+		t.Errorf("refused field: %v", err)
+	}
+}

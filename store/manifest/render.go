@@ -88,8 +88,26 @@ func Header(k store.Kind) []string {
 		return []string{"NAMESPACE", "NAME", "TYPE", "CLUSTER-IPS", "EXTERNAL", "PORTS", "POLICY"}
 	case store.KindEndpointSlice:
 		return []string{"NAMESPACE", "NAME", "SERVICE", "ENDPOINTS", "PORTS"}
+	case store.KindBGPConfiguration:
+		return []string{"NAME", "AS", "MESH", "PORT", "SERVICE-RANGES"}
+	case store.KindBGPPeer:
+		return []string{"NAME", "NODES", "PEERS", "AS", "LOCAL-AS"}
 	}
 	return nil
+}
+
+func asString(n uint32) string {
+	if n == 0 {
+		return "-"
+	}
+	return strconv.FormatUint(uint64(n), 10)
+}
+
+func portString(p uint16) string {
+	if p == 0 {
+		return "-"
+	}
+	return strconv.Itoa(int(p))
 }
 
 func or(s, dflt string) string {
@@ -171,6 +189,31 @@ func Row(o store.Object) []string {
 			ports[i] = fmt.Sprintf("%d/%s", p.Port, p.Protocol)
 		}
 		return []string{o.Namespace, o.Name, o.Service, or(strings.Join(eps, ","), "-"), or(strings.Join(ports, ","), "-")}
+	case *store.BGPConfiguration:
+		mesh := strconv.FormatBool(!o.NoNodeToNodeMesh)
+		var ranges []string
+		for _, ps := range [][]netip.Prefix{o.ServiceClusterIPs, o.ServiceExternalIPs, o.ServiceLoadBalancerIPs} {
+			for _, p := range ps {
+				ranges = append(ranges, p.String())
+			}
+		}
+		return []string{o.Name, asString(o.ASNumber), mesh, portString(o.ListenPort), or(strings.Join(ranges, ","), "-")}
+	case *store.BGPPeer:
+		nodes := "all"
+		switch {
+		case o.Node != "":
+			nodes = o.Node
+		case o.NodeSelector.Set():
+			nodes = o.NodeSelector.String()
+		}
+		peers := o.PeerSelector.String()
+		if o.PeerIP.IsValid() {
+			peers = o.PeerIP.String()
+			if o.PeerPort != 0 {
+				peers = netip.AddrPortFrom(o.PeerIP, o.PeerPort).String()
+			}
+		}
+		return []string{o.Name, nodes, peers, asString(o.ASNumber), asString(o.LocalASNumber)}
 	}
 	return nil
 }

@@ -110,6 +110,10 @@ func newResource(k store.Kind) (any, func(any) *store.ObjectMeta) {
 		return &store.ServiceResource{}, func(v any) *store.ObjectMeta { return &v.(*store.ServiceResource).Metadata }
 	case store.KindEndpointSlice:
 		return &store.EndpointSliceResource{}, func(v any) *store.ObjectMeta { return &v.(*store.EndpointSliceResource).Metadata }
+	case store.KindBGPConfiguration:
+		return &store.BGPConfigurationResource{}, func(v any) *store.ObjectMeta { return &v.(*store.BGPConfigurationResource).Metadata }
+	case store.KindBGPPeer:
+		return &store.BGPPeerResource{}, func(v any) *store.ObjectMeta { return &v.(*store.BGPPeerResource).Metadata }
 	}
 	return nil, nil
 }
