@@ -27,11 +27,15 @@ type model struct {
 	frontends map[calc.FrontendKey]calc.Frontend
 	health    map[uint16]calc.HealthCheck
 	fips      map[netip.Addr]calc.FloatingIP
+	speaker   *calc.BGPSpeaker
+	peers     map[netip.Addr]calc.BGPPeer
+	paths     map[netip.Prefix]calc.BGPPath
 }
 
 func newModel() *model {
-	return &model{map[calc.VTEPKey]calc.VTEP{}, map[netip.Prefix]calc.ClusterNet{}, map[netip.Prefix]calc.Route{},
-		map[calc.FrontendKey]calc.Frontend{}, map[uint16]calc.HealthCheck{}, map[netip.Addr]calc.FloatingIP{}}
+	return &model{vteps: map[calc.VTEPKey]calc.VTEP{}, nets: map[netip.Prefix]calc.ClusterNet{}, routes: map[netip.Prefix]calc.Route{},
+		frontends: map[calc.FrontendKey]calc.Frontend{}, health: map[uint16]calc.HealthCheck{}, fips: map[netip.Addr]calc.FloatingIP{},
+		peers: map[netip.Addr]calc.BGPPeer{}, paths: map[netip.Prefix]calc.BGPPath{}}
 }
 
 func (m *model) apply(t *testing.T, u *calc.Update) {
@@ -85,6 +89,19 @@ func (m *model) apply(t *testing.T, u *calc.Update) {
 			m.fips[op.FloatingIP.External] = *op.FloatingIP
 		case op.FloatingIP != nil:
 			delete(m.fips, op.FloatingIP.External)
+		case op.BGPSpeaker != nil && !op.Remove:
+			sp := *op.BGPSpeaker
+			m.speaker = &sp
+		case op.BGPSpeaker != nil:
+			m.speaker = nil
+		case op.BGPPeer != nil && !op.Remove:
+			m.peers[op.BGPPeer.Addr] = *op.BGPPeer
+		case op.BGPPeer != nil:
+			delete(m.peers, op.BGPPeer.Addr)
+		case op.BGPPath != nil && !op.Remove:
+			m.paths[op.BGPPath.Prefix] = *op.BGPPath
+		case op.BGPPath != nil:
+			delete(m.paths, op.BGPPath.Prefix)
 		default:
 			t.Fatalf("op %d sets nothing", i)
 		}
@@ -123,12 +140,19 @@ func (m *model) text() string {
 	for _, f := range m.fips {
 		s.FloatingIPs = append(s.FloatingIPs, f)
 	}
+	s.BGPSpeaker = m.speaker
+	for _, p := range m.peers {
+		s.BGPPeers = append(s.BGPPeers, p)
+	}
+	for _, p := range m.paths {
+		s.BGPPaths = append(s.BGPPaths, p)
+	}
 	return stateText(calc.SortState(s))
 }
 
 func stateText(s *calc.State) string {
 	s = calc.SortState(&calc.State{VTEPs: s.VTEPs, ClusterNets: s.ClusterNets, Routes: s.Routes, Frontends: s.Frontends, HealthChecks: s.HealthChecks,
-		FloatingIPs: s.FloatingIPs})
+		FloatingIPs: s.FloatingIPs, BGPSpeaker: s.BGPSpeaker, BGPPeers: s.BGPPeers, BGPPaths: s.BGPPaths})
 	var b bytes.Buffer
 	if err := s.WriteText(&b); err != nil {
 		panic(err)

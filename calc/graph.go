@@ -204,6 +204,7 @@ type Graph struct {
 	routes *routeCalc   // routes (floating IPs' too) and blackholes
 	fips   *fipCalc     // the floating IPs of this node's workloads
 	svc    *serviceCalc // service frontends and health checks
+	bgp    *bgpCalc     // the BGP speaker, its sessions and announcements (after routes and services)
 	calcs  []calculator
 	// The calculators that hear each kind of input, from calcs.
 	poolLs     []poolListener
@@ -213,6 +214,8 @@ type Graph struct {
 	wepLs      []wepListener
 	serviceLs  []serviceListener
 	sliceLs    []sliceListener
+	bgpCfgLs   []bgpConfigListener
+	bgpPeerLs  []bgpPeerListener
 	selfKey    string // this agent's own Node's problem key, made once
 }
 
@@ -243,6 +246,12 @@ type (
 	}
 	sliceListener interface {
 		onSlice(id string, e *store.EndpointSlice)
+	}
+	bgpConfigListener interface {
+		onBGPConfig(id string, c *store.BGPConfiguration)
+	}
+	bgpPeerListener interface {
+		onBGPPeer(id string, p *store.BGPPeer)
 	}
 	// A sizer makes room in its dirty sets for a large batch (a page of a cold start), and
 	// gives it back after.
@@ -286,7 +295,8 @@ func New(cfg Config) (*Graph, error) {
 	g.fips = newFIPCalc(&g.inputs, &g.emitter)
 	g.routes = newRouteCalc(&g.inputs, &g.emitter, g.fips)
 	g.svc = newServiceCalc(&g.inputs, &g.emitter)
-	g.register(g.vteps, g.nets, g.routes, g.fips, g.svc)
+	g.bgp = newBGPCalc(&g.inputs, &g.emitter, g.routes)
+	g.register(g.vteps, g.nets, g.routes, g.fips, g.svc, g.bgp)
 	return g, nil
 }
 
@@ -301,6 +311,8 @@ func (g *Graph) register(cs ...calculator) {
 		listen(c, &g.wepLs)
 		listen(c, &g.serviceLs)
 		listen(c, &g.sliceLs)
+		listen(c, &g.bgpCfgLs)
+		listen(c, &g.bgpPeerLs)
 	}
 }
 
@@ -409,6 +421,14 @@ func (g *Graph) apply(ev *store.Event) {
 	case store.KindEndpointSlice:
 		for _, l := range g.sliceLs {
 			l.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
+		}
+	case store.KindBGPConfiguration:
+		for _, l := range g.bgpCfgLs {
+			l.onBGPConfig(ev.ID, asType[*store.BGPConfiguration](obj))
+		}
+	case store.KindBGPPeer:
+		for _, l := range g.bgpPeerLs {
+			l.onBGPPeer(ev.ID, asType[*store.BGPPeer](obj))
 		}
 	}
 }

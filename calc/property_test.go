@@ -19,7 +19,8 @@ import (
 // in-sync at a random point, and checks that the state it ends in (and its consumer's, fed
 // only the updates) equals what a new graph computes from the final objects in one batch.
 // Blocks of /26, /32 and /23 (more than one bucket of calc's address index) are in the mix,
-// and a /32 pool that may equal a node's address.
+// and a /32 pool that may equal a node's address. With BGP on, nodes carry labels, AS numbers
+// and reflector cluster IDs, and BGP configurations and peers come and go too.
 func TestIncrementalMatchesScratch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow (9 s): make test runs it")
@@ -43,12 +44,15 @@ func TestIncrementalMatchesScratch(t *testing.T) {
 		}
 		batches = append(batches, append(batch, inSync()))
 		for _, node := range []string{"node-a", "node-c"} {
-			cfg := calc.DefaultConfig(node)
-			got := finalState(t, cfg, batches)
-			want := finalState(t, cfg, [][]store.Event{append(u.objects(t), inSync())})
-			if got != want {
-				t.Fatalf("seed %d, node %s: incremental state differs from scratch:\n--- incremental\n%s\n--- scratch\n%s\n--- events\n%s",
-					seed, node, got, want, describeBatches(batches))
+			for _, bgp := range []bool{false, true} {
+				cfg := calc.DefaultConfig(node)
+				cfg.BGP = bgp
+				got := finalState(t, cfg, batches)
+				want := finalState(t, cfg, [][]store.Event{append(u.objects(t), inSync())})
+				if got != want {
+					t.Fatalf("seed %d, node %s, bgp %v: incremental state differs from scratch:\n--- incremental\n%s\n--- scratch\n%s\n--- events\n%s",
+						seed, node, bgp, got, want, describeBatches(batches))
+				}
 			}
 		}
 	}
@@ -103,7 +107,20 @@ func (u *universe) objects(t *testing.T) []store.Event {
 
 func (u *universe) randomObject() (key, value string) {
 	r := u.r
-	switch r.IntN(7) {
+	switch r.IntN(9) {
+	case 7:
+		name := u.pick([]string{"default", "default", "node.node-a", "node.node-c"})
+		if name != "default" {
+			return store.BGPConfigPrefix + name, fmt.Sprintf(`{"kind":"BGPConfiguration","metadata":{"name":%q},"spec":{"listenPort":%d,"prefixAdvertisements":[{"cidr":%q,"communities":["65000:%d"]}]}}`,
+				name, 1790+r.IntN(2), u.pick([]string{"10.65.0.0/16", "10.65.0.0/26"}), r.IntN(3))
+		}
+		return store.BGPConfigPrefix + name, fmt.Sprintf(`{"kind":"BGPConfiguration","metadata":{"name":"default"},"spec":{"asNumber":%d,"nodeToNodeMeshEnabled":%v,"serviceClusterIPs":[{"cidr":%q}],"serviceExternalIPs":[{"cidr":%q}],"prefixAdvertisements":[{"cidr":"10.65.0.0/16","communities":["65000:%d"]}]}}`,
+			64512+r.IntN(2), r.IntN(3) != 0, u.pick([]string{"10.96.0.0/12", "10.96.0.1/32"}), u.pick([]string{"203.0.113.0/24", "203.0.113.1/32"}), r.IntN(3))
+	case 8:
+		name := u.pick([]string{"peer-1", "peer-2"})
+		nodes := u.pick([]string{`"node":"node-a"`, `"nodeSelector":"rack == 'r1'"`, `"nodeSelector":"all()"`, `"nodeSelector":"!has(rr)"`})
+		peers := u.pick([]string{`"peerIP":"192.0.2.1","asNumber":65001`, `"peerIP":"192.0.2.11","asNumber":65001`, `"peerSelector":"has(rr)"`, `"peerSelector":"rack == 'r2'"`})
+		return store.BGPPeerPrefix + name, fmt.Sprintf(`{"kind":"BGPPeer","metadata":{"name":%q},"spec":{%s,%s}}`, name, nodes, peers)
 	case 0:
 		name, cidr, blockSize := "pool-a", "10.65.0.0/16", 26
 		switch r.IntN(5) {
@@ -113,8 +130,8 @@ func (u *universe) randomObject() (key, value string) {
 			name, cidr, blockSize = "pool-host", "192.0.2.10/32", 32
 		}
 		mode := u.pick([]string{"Always", "CrossSubnet", "Never"})
-		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v,"natOutgoing":%v,"blockSize":%d}}`,
-			name, cidr, mode, r.IntN(5) == 0, r.IntN(2) == 0, blockSize)
+		return store.IPPoolPrefix + name, fmt.Sprintf(`{"kind":"IPPool","metadata":{"name":%q},"spec":{"cidr":%q,"vxlanMode":%q,"ipipMode":"Never","disabled":%v,"natOutgoing":%v,"blockSize":%d,"disableBGPExport":%v}}`,
+			name, cidr, mode, r.IntN(5) == 0, r.IntN(2) == 0, blockSize, r.IntN(4) == 0)
 	case 1:
 		name := u.pick(propNodes)
 		subnet := u.pick([]string{"192.0.2", "198.51.100"})
@@ -126,8 +143,10 @@ func (u *universe) randomObject() (key, value string) {
 		if r.IntN(2) == 0 {
 			v6 = fmt.Sprintf(`,"ipv6Address":"2001:db8::%d/64"`, 10+r.IntN(5))
 		}
-		return store.NodePrefix + name, fmt.Sprintf(`{"kind":"Node","metadata":{"name":%q},"spec":{"bgp":{"ipv4Address":"%s.%d/24"%s}%s}}`,
-			name, subnet, 10+r.IntN(20), v6, tunnel)
+		labels := u.pick([]string{"", `,"labels":{"rack":"r1"}`, `,"labels":{"rack":"r2"}`, `,"labels":{"rack":"r1","rr":"y"}`})
+		bgpExtra := u.pick([]string{"", "", `,"asNumber":65010`, `,"routeReflectorClusterID":"10.0.0.1"`})
+		return store.NodePrefix + name, fmt.Sprintf(`{"kind":"Node","metadata":{"name":%q%s},"spec":{"bgp":{"ipv4Address":"%s.%d/24"%s%s}%s}}`,
+			name, labels, subnet, 10+r.IntN(20), v6, bgpExtra, tunnel)
 	case 5:
 		// Two services: svc-a IPv4 only, svc-b dual-stack; either may have node ports.
 		name := u.pick([]string{"svc-a", "svc-b"})
@@ -136,8 +155,9 @@ func (u *universe) randomObject() (key, value string) {
 			ips = `"10.96.0.2","fd00:96::2"`
 		}
 		typ := u.pick([]string{"ClusterIP", "NodePort"})
-		return store.ServicePrefix + "default/" + name, fmt.Sprintf(`{"kind":"Service","metadata":{"name":%q,"namespace":"default","uid":"uid-%s"},"spec":{"type":%q,"clusterIPs":[%s],"ports":[{"name":"http","protocol":"TCP","port":80,"nodePort":%d}],"externalTrafficPolicy":%q}}`,
-			name, name, typ, ips, 30000+r.IntN(2), u.pick([]string{"Cluster", "Local"}))
+		ext := u.pick([]string{"", `,"externalIPs":["203.0.113.1"]`, `,"externalIPs":["203.0.113.2"]`})
+		return store.ServicePrefix + "default/" + name, fmt.Sprintf(`{"kind":"Service","metadata":{"name":%q,"namespace":"default","uid":"uid-%s"},"spec":{"type":%q,"clusterIPs":[%s],"ports":[{"name":"http","protocol":"TCP","port":80,"nodePort":%d}],"externalTrafficPolicy":%q%s}}`,
+			name, name, typ, ips, 30000+r.IntN(2), u.pick([]string{"Cluster", "Local"}), ext)
 	case 6:
 		// Slices naming propNodes, an unknown node and none; svc-b has an IPv6 slice too.
 		name := u.pick([]string{"svc-a-1", "svc-a-2", "svc-b-1", "svc-b-v6"})

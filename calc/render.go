@@ -100,6 +100,52 @@ func (s *State) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", f.External, f.Internal, f.Workload)
 		}
 	}
+	if s.BGPSpeaker != nil || len(s.BGPPeers) > 0 || len(s.BGPPaths) > 0 {
+		fmt.Fprintln(tw, "\nBGP SPEAKER")
+		if sp := s.BGPSpeaker; sp != nil {
+			fmt.Fprintln(tw, "AS\tROUTER-ID\tPORT\tIPV4\tIPV6\tREFLECTOR")
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s\n", sp.ASN, sp.RouterID, sp.ListenPort, addrOrDash(sp.Addr4), addrOrDash(sp.Addr6), addrOrDash(sp.ClusterID))
+		} else {
+			fmt.Fprintln(tw, "none")
+		}
+		fmt.Fprintf(tw, "\nBGP PEERS (%d)\n", len(s.BGPPeers))
+		fmt.Fprintln(tw, "PEER\tAS\tLOCAL-AS\tSOURCE\tFLAGS\tNODE\tORIGIN")
+		for _, p := range s.BGPPeers {
+			peer := p.Addr.String()
+			if p.Port != 0 {
+				peer = netip.AddrPortFrom(p.Addr, p.Port).String()
+			}
+			var flags []string
+			if p.Passive {
+				flags = append(flags, "passive")
+			}
+			if p.RRClient {
+				flags = append(flags, "rr-client")
+			}
+			if p.Password.Name != "" {
+				flags = append(flags, "password="+p.Password.Name+"/"+p.Password.Key)
+			}
+			if p.RestartTime != 0 {
+				flags = append(flags, "restart="+p.RestartTime.String())
+			}
+			if p.TTLSecurity != 0 {
+				flags = append(flags, fmt.Sprintf("ttl-security=%d", p.TTLSecurity))
+			}
+			if p.NextHop != "" && p.NextHop != "Auto" {
+				flags = append(flags, "next-hop="+p.NextHop)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", peer, p.ASN, p.LocalASN, addrOrDash(p.SourceAddr), orDash(strings.Join(flags, ",")), orDash(p.Node), p.Origin)
+		}
+		fmt.Fprintf(tw, "\nBGP PATHS (%d)\n", len(s.BGPPaths))
+		fmt.Fprintln(tw, "PREFIX\tREASON\tCOMMUNITIES")
+		for _, p := range s.BGPPaths {
+			cs := make([]string, len(p.Communities))
+			for i, c := range p.Communities {
+				cs[i] = c.String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Prefix, p.Reason, orDash(strings.Join(cs, ",")))
+		}
+	}
 	if len(s.Problems) > 0 {
 		fmt.Fprintf(tw, "\nPROBLEMS (%d)\n", len(s.Problems))
 		for _, p := range s.Problems {

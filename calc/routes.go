@@ -40,6 +40,9 @@ type routeCalc struct {
 	// unsure holds the destinations left without a route before the first in-sync, whose
 	// problems (if any) are said at in-sync.
 	unsure set[netip.Prefix]
+	// routeChanged, when set (BGP on), hears each destination whose route changed: the old
+	// route and the new (nil: none).
+	routeChanged func(dst netip.Prefix, old, r *Route)
 }
 
 func newRouteCalc(in *inputs, e *emitter, fips *fipCalc) *routeCalc {
@@ -541,10 +544,16 @@ func (rc *routeCalc) recompute() {
 			if rc.emitted {
 				rc.pending.routeSets = append(rc.pending.routeSets, p)
 			}
+			if rc.routeChanged != nil {
+				rc.routeChanged(dst, old, p)
+			}
 		case !ok && had:
 			delete(rc.routes, dst)
 			if rc.emitted {
 				rc.pending.routeDels = append(rc.pending.routeDels, old)
+			}
+			if rc.routeChanged != nil {
+				rc.routeChanged(dst, old, nil)
 			}
 		}
 		switch {

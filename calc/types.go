@@ -68,6 +68,9 @@ type Config struct {
 	// with its workload address kept, as Calico's FelixConfiguration field of that name:
 	// IPPoolsOnly (default) or IPPoolsAndHostIPs (nodes' addresses too).
 	NATOutgoingExclusions NATExclusions
+	// BGP runs this node's BGP speaker (when its Node has spec.bgp): calc then computes the
+	// speaker, its sessions and what it announces.
+	BGP bool
 }
 
 // NATExclusions is Calico's natOutgoingExclusions.

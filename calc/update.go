@@ -19,6 +19,9 @@ type Op struct {
 	Frontend    *Frontend
 	HealthCheck *HealthCheck
 	FloatingIP  *FloatingIP
+	BGPSpeaker  *BGPSpeaker
+	BGPPeer     *BGPPeer
+	BGPPath     *BGPPath
 }
 
 // OpKind is the kind of desired state an op changes: consumers switch on it rather than test
@@ -33,10 +36,14 @@ const (
 	OpFrontend
 	OpHealthCheck
 	OpFloatingIP
+	OpBGPSpeaker
+	OpBGPPeer
+	OpBGPPath
 )
 
 var opKindNames = [...]string{OpNone: "none", OpVTEP: "vtep", OpClusterNet: "cluster-net", OpRoute: "route",
-	OpFrontend: "frontend", OpHealthCheck: "health-check", OpFloatingIP: "floating-ip"}
+	OpFrontend: "frontend", OpHealthCheck: "health-check", OpFloatingIP: "floating-ip", OpBGPSpeaker: "bgp-speaker",
+	OpBGPPeer: "bgp-peer", OpBGPPath: "bgp-path"}
 
 func (k OpKind) String() string {
 	if int(k) < len(opKindNames) {
@@ -60,6 +67,12 @@ func (o Op) String() string {
 		return "cluster-net " + o.ClusterNet.String()
 	case OpFloatingIP:
 		return "floating-ip " + o.FloatingIP.String()
+	case OpBGPSpeaker:
+		return "bgp-speaker " + o.BGPSpeaker.String()
+	case OpBGPPeer:
+		return "bgp-peer " + o.BGPPeer.String()
+	case OpBGPPath:
+		return "bgp-path " + o.BGPPath.String()
 	}
 	return ""
 }
@@ -79,6 +92,12 @@ func (o Op) Kind() OpKind {
 		return OpHealthCheck
 	case o.FloatingIP != nil:
 		return OpFloatingIP
+	case o.BGPSpeaker != nil:
+		return OpBGPSpeaker
+	case o.BGPPeer != nil:
+		return OpBGPPeer
+	case o.BGPPath != nil:
+		return OpBGPPath
 	}
 	return OpNone
 }
@@ -86,8 +105,8 @@ func (o Op) Kind() OpKind {
 // Update is what calc hands the dataplane after a batch. Full means Ops is the whole desired
 // state (the first update after in-sync): the consumer replaces everything it had. Ops are in
 // apply order: VTEP sets, cluster-net sets, route sets, floating-IP sets, frontend and
-// health-check sets, then health-check, frontend, floating-IP, route, VTEP and cluster-net
-// removals. So VTEPs exist before the routes that use them, a floating IP's workload is routed
+// health-check sets, the BGP speaker, peer and path sets, then BGP path, peer and speaker
+// removals, then health-check, frontend, floating-IP, route, VTEP and cluster-net removals. So VTEPs exist before the routes that use them, a floating IP's workload is routed
 // before the floating IP leads to it and after it no longer does, and a cluster net is known
 // before any frontend that relies on it and outlives them all.
 type Update struct {
@@ -104,6 +123,10 @@ type pendingOps struct {
 	frontendSets, frontendDels []*Frontend // calc's own (svcFronts'): the consumer keeps them
 	healthSets, healthDels     []HealthCheck
 	fipSets, fipDels           []FloatingIP
+	bgpSpeakerSets             []*BGPSpeaker
+	bgpSpeakerDels             []*BGPSpeaker
+	bgpPeerSets, bgpPeerDels   []*BGPPeer
+	bgpPathSets, bgpPathDels   []*BGPPath
 	problems                   []Problem
 }
 
@@ -137,6 +160,14 @@ func sortFIPs(f []FloatingIP) {
 	slices.SortFunc(f, func(a, b FloatingIP) int { return a.External.Compare(b.External) })
 }
 
+func sortBGPPeers(p []*BGPPeer) {
+	slices.SortFunc(p, func(a, b *BGPPeer) int { return a.Addr.Compare(b.Addr) })
+}
+
+func sortBGPPaths(p []*BGPPath) {
+	slices.SortFunc(p, func(a, b *BGPPath) int { return cmpPrefix(a.Prefix, b.Prefix) })
+}
+
 func sortHealth(h []HealthCheck) {
 	slices.SortFunc(h, func(a, b HealthCheck) int { return cmp.Compare(a.Port, b.Port) })
 }
@@ -148,7 +179,8 @@ func cmpFrontendKey(a, b FrontendKey) int {
 // take turns the collected changes into an ordered update, or nil when there are none.
 func (p *pendingOps) take() *Update {
 	n := len(p.vtepSets) + len(p.vtepDels) + len(p.netSets) + len(p.netDels) + len(p.routeSets) + len(p.routeDels) + len(p.frontendSets) +
-		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels) + len(p.fipSets) + len(p.fipDels)
+		len(p.frontendDels) + len(p.healthSets) + len(p.healthDels) + len(p.fipSets) + len(p.fipDels) +
+		len(p.bgpSpeakerSets) + len(p.bgpSpeakerDels) + len(p.bgpPeerSets) + len(p.bgpPeerDels) + len(p.bgpPathSets) + len(p.bgpPathDels)
 	if n == 0 && len(p.problems) == 0 {
 		return nil
 	}
@@ -164,6 +196,10 @@ func (p *pendingOps) take() *Update {
 	sortHealth(p.healthDels)
 	sortFIPs(p.fipSets)
 	sortFIPs(p.fipDels)
+	sortBGPPeers(p.bgpPeerSets)
+	sortBGPPeers(p.bgpPeerDels)
+	sortBGPPaths(p.bgpPathSets)
+	sortBGPPaths(p.bgpPathDels)
 	u := &Update{Ops: make([]Op, 0, n), Problems: p.problems}
 	for i := range p.vtepSets {
 		u.Ops = append(u.Ops, Op{VTEP: &p.vtepSets[i]})
@@ -182,6 +218,24 @@ func (p *pendingOps) take() *Update {
 	}
 	for i := range p.healthSets {
 		u.Ops = append(u.Ops, Op{HealthCheck: &p.healthSets[i]})
+	}
+	for _, s := range p.bgpSpeakerSets {
+		u.Ops = append(u.Ops, Op{BGPSpeaker: s})
+	}
+	for _, b := range p.bgpPeerSets {
+		u.Ops = append(u.Ops, Op{BGPPeer: b})
+	}
+	for _, b := range p.bgpPathSets {
+		u.Ops = append(u.Ops, Op{BGPPath: b})
+	}
+	for _, b := range p.bgpPathDels {
+		u.Ops = append(u.Ops, Op{Remove: true, BGPPath: b})
+	}
+	for _, b := range p.bgpPeerDels {
+		u.Ops = append(u.Ops, Op{Remove: true, BGPPeer: b})
+	}
+	for _, s := range p.bgpSpeakerDels {
+		u.Ops = append(u.Ops, Op{Remove: true, BGPSpeaker: s})
 	}
 	for i := range p.healthDels {
 		u.Ops = append(u.Ops, Op{Remove: true, HealthCheck: &p.healthDels[i]})
@@ -213,7 +267,11 @@ type State struct {
 	Frontends    []Frontend    `json:"frontends"`
 	HealthChecks []HealthCheck `json:"healthChecks"`
 	FloatingIPs  []FloatingIP  `json:"floatingIPs"`
-	Problems     []Problem     `json:"problems"`
+	// The BGP speaker (nil: none), its sessions and what it announces.
+	BGPSpeaker *BGPSpeaker `json:"bgpSpeaker,omitempty"`
+	BGPPeers   []BGPPeer   `json:"bgpPeers,omitempty"`
+	BGPPaths   []BGPPath   `json:"bgpPaths,omitempty"`
+	Problems   []Problem   `json:"problems"`
 }
 
 // State returns the desired state as it stands (computed up to the last batch).
@@ -248,6 +306,7 @@ func (g *Graph) stateBut() *State {
 	for k, r := range g.problems {
 		s.Problems = append(s.Problems, Problem{Key: k, Reason: r})
 	}
+	g.bgp.state(s)
 	return SortState(s)
 }
 
@@ -259,6 +318,8 @@ func SortState(s *State) *State {
 	sortFrontends(s.Frontends)
 	sortHealth(s.HealthChecks)
 	sortFIPs(s.FloatingIPs)
+	slices.SortFunc(s.BGPPeers, func(a, b BGPPeer) int { return a.Addr.Compare(b.Addr) })
+	slices.SortFunc(s.BGPPaths, func(a, b BGPPath) int { return cmpPrefix(a.Prefix, b.Prefix) })
 	slices.SortFunc(s.Problems, func(a, b Problem) int { return strings.Compare(a.Key, b.Key) })
 	return s
 }
@@ -296,6 +357,15 @@ func (s *State) Update() *Update {
 func fullOf(s *State, routes []*Route, fronts []*Frontend) *Update {
 	p := pendingOps{vtepSets: s.VTEPs, netSets: s.ClusterNets, routeSets: routes, frontendSets: fronts, healthSets: s.HealthChecks,
 		fipSets: s.FloatingIPs, problems: s.Problems}
+	if s.BGPSpeaker != nil {
+		p.bgpSpeakerSets = []*BGPSpeaker{s.BGPSpeaker}
+	}
+	for i := range s.BGPPeers {
+		p.bgpPeerSets = append(p.bgpPeerSets, &s.BGPPeers[i])
+	}
+	for i := range s.BGPPaths {
+		p.bgpPathSets = append(p.bgpPathSets, &s.BGPPaths[i])
+	}
 	u := p.take()
 	if u == nil {
 		u = &Update{} // an empty full state still tells the consumer to clear what it has
