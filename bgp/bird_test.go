@@ -1,0 +1,184 @@
+package bgp_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sluice-net/sluice/internal/nstest"
+)
+
+// bird is a BIRD 2 daemon in a namespace of the test's, with its own control socket: never
+// the system's service.
+type bird struct {
+	t    *testing.T
+	ns   netns.NsHandle
+	dir  string
+	ctl  string
+	cmd  *exec.Cmd
+	conf string
+}
+
+// needBIRD skips unless bird and birdc are installed (CI installs Debian's bird2).
+func needBIRD(t *testing.T) {
+	t.Helper()
+	for _, b := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s is not installed (apt-get install bird2): %v", b, err)
+		}
+	}
+}
+
+// startBIRD runs bird in ns with conf, in the foreground of a child process the test's
+// cleanup kills.
+func startBIRD(t *testing.T, ns netns.NsHandle, name, conf string) *bird {
+	t.Helper()
+	dir := t.TempDir()
+	b := &bird{t: t, ns: ns, dir: dir, ctl: filepath.Join(dir, name+".ctl"), conf: filepath.Join(dir, name+".conf")}
+	if err := os.WriteFile(b.conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.cmd = exec.Command("bird", "-f", "-c", b.conf, "-s", b.ctl, "-P", filepath.Join(dir, name+".pid"))
+	b.cmd.Stdout, b.cmd.Stderr = os.Stderr, os.Stderr
+	if err := nstest.Run(ns, b.cmd.Start); err != nil {
+		t.Fatalf("starting bird: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+		_ = b.cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := b.c("show status"); err == nil {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bird's control socket %s never answered", b.ctl)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// c runs a birdc command and returns its output.
+func (b *bird) c(cmd string) (string, error) {
+	out, err := exec.Command("birdc", append([]string{"-s", b.ctl}, strings.Fields(cmd)...)...).CombinedOutput()
+	return string(out), err
+}
+
+// mustC is c, failing the test on an error.
+func (b *bird) mustC(cmd string) string {
+	b.t.Helper()
+	out, err := b.c(cmd)
+	if err != nil {
+		b.t.Fatalf("birdc %s: %v\n%s", cmd, err, out)
+	}
+	return out
+}
+
+// waitC polls a birdc command until ok accepts its output, and returns when.
+func (b *bird) waitC(what, cmd string, timeout time.Duration, ok func(string) bool) time.Time {
+	b.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		// birdc exits non-zero on "Network not found": what it printed is the answer, as
+		// long as it reached bird.
+		out, _ := b.c(cmd)
+		if strings.Contains(out, "BIRD ") && ok(out) {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("%s: not within %v; birdc %s says:\n%s\nprotocols:\n%s", what, timeout, cmd, out, b.mustC("show protocols all"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kernelRoutes lists ns's routes of a protocol, as "dst via gw" lines.
+func kernelRoutes(t *testing.T, ns netns.NsHandle, proto netlink.RouteProtocol) []string {
+	t.Helper()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	rs, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: proto}, netlink.RT_FILTER_PROTOCOL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range rs {
+		line := r.Dst.String()
+		if r.Gw != nil {
+			line += " via " + r.Gw.String()
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// link joins two namespaces with a veth pair and gives each end an address (CIDR form).
+func link(t *testing.T, a netns.NsHandle, aName, aAddr string, b netns.NsHandle, bName, bAddr string) {
+	t.Helper()
+	ha, err := netlink.NewHandleAt(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ha.Close()
+	if err := ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: bName, PeerNamespace: netlink.NsFd(b)}); err != nil {
+		t.Fatal(err)
+	}
+	hb, err := netlink.NewHandleAt(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hb.Close()
+	for _, e := range []struct {
+		h    *netlink.Handle
+		name string
+		addr string
+	}{{ha, aName, aAddr}, {hb, bName, bAddr}} {
+		l, err := e.h.LinkByName(e.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := netip.MustParsePrefix(e.addr)
+		ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+		if err := e.h.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// torConf is a top-of-rack router's BIRD configuration: it peers with one node over eBGP
+// (with a password and graceful restart), programs what it learns into its kernel and
+// announces a route of its own.
+func torConf(routerID, local string, localAS int, neighbor string, neighborAS int, password string) string {
+	pw := ""
+	if password != "" {
+		pw = fmt.Sprintf("  password %q;\n", password)
+	}
+	return fmt.Sprintf(`router id %s;
+protocol device { scan time 1; }
+protocol kernel { ipv4 { import none; export all; }; merge paths on; }
+protocol static { ipv4; route 198.18.0.0/24 blackhole; }
+protocol bgp node {
+  local %s as %d;
+  neighbor %s as %d;
+%s  graceful restart on;
+  connect retry time 1;
+  ipv4 { import all; export all; };
+}
+`, routerID, local, localAS, neighbor, neighborAS, pw)
+}

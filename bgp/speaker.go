@@ -1,0 +1,415 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/applyloop"
+	"github.com/sluice-net/sluice/internal/tracker"
+)
+
+// DefaultRestartTime is the graceful-restart time a session offers when calc names none
+// (calico/node's BIRD offers 120 s).
+const DefaultRestartTime = 120 * time.Second
+
+// multihopTTL is the TTL of sessions to peers that are not directly connected: calico/node
+// makes every session `multihop` (BIRD's default of 64 hops).
+const multihopTTL = 64
+
+// Config configures a Speaker.
+type Config struct {
+	// SecretsDir holds the sessions' passwords: a secretKeyRef {name, key} is the file
+	// SecretsDir/name/key (a Kubernetes secret mounted as a volume has this layout).
+	SecretsDir string
+	// Log receives GoBGP's own log (nil: discarded).
+	Log *slog.Logger
+	// OnSession hears each session's state changes (nil: none).
+	OnSession func(SessionEvent)
+	// OnApply hears each apply's outcome (nil: none).
+	OnApply func(error)
+}
+
+// SessionEvent is a session's change of state.
+type SessionEvent struct {
+	Peer  netip.Addr
+	ASN   uint32
+	State string // idle, connect, active, opensent, openconfirm, established
+	Up    bool   // established
+	// Reason says why a session went down ("" when it came up).
+	Reason string
+}
+
+// Speaker is the BGP stage: desired state from calc's ops (OnUpdate, cheap, any goroutine),
+// made real by Apply (the stage's loop, Run).
+type Speaker struct {
+	cfg  Config
+	kick chan struct{}
+
+	mu sync.Mutex
+	// full is set once a whole desired state has come: nothing is started before it.
+	full  bool
+	want  *calc.BGPSpeaker
+	peers *tracker.Tracker[netip.Addr, calc.BGPPeer]
+	paths *tracker.Tracker[netip.Prefix, *calc.BGPPath]
+	// The keys desired, for a full update to drop those it no longer names.
+	peerKeys map[netip.Addr]bool
+	pathKeys map[netip.Prefix]bool
+
+	// The running speaker, on the loop's goroutine only.
+	srv     *server.BgpServer
+	running *calc.BGPSpeaker
+	stopW   context.CancelFunc
+}
+
+// New returns a speaker stage that runs nothing until its first full update.
+func New(cfg Config) *Speaker {
+	return &Speaker{cfg: cfg, kick: make(chan struct{}, 1),
+		peers:    tracker.New[netip.Addr, calc.BGPPeer](func(a, b calc.BGPPeer) bool { return a == b }),
+		paths:    tracker.New[netip.Prefix, *calc.BGPPath](samePath),
+		peerKeys: map[netip.Addr]bool{}, pathKeys: map[netip.Prefix]bool{}}
+}
+
+func samePath(a, b *calc.BGPPath) bool {
+	return a.Prefix == b.Prefix && slices.Equal(a.Communities, b.Communities)
+}
+
+// OnUpdate takes calc's BGP ops (the others are not this stage's) and kicks the loop.
+func (s *Speaker) OnUpdate(u *calc.Update) {
+	s.mu.Lock()
+	if u.Full {
+		s.full = true
+		s.want = nil
+		wantPeers, wantPaths := map[netip.Addr]bool{}, map[netip.Prefix]bool{}
+		for _, op := range u.Ops {
+			switch op.Kind() {
+			case calc.OpBGPPeer:
+				wantPeers[op.BGPPeer.Addr] = true
+			case calc.OpBGPPath:
+				wantPaths[op.BGPPath.Prefix] = true
+			}
+		}
+		s.dropDesiredBut(wantPeers, wantPaths)
+	}
+	for _, op := range u.Ops {
+		switch op.Kind() {
+		case calc.OpBGPSpeaker:
+			if op.Remove {
+				s.want = nil
+			} else {
+				sp := *op.BGPSpeaker
+				s.want = &sp
+			}
+		case calc.OpBGPPeer:
+			if op.Remove {
+				s.peers.DeleteDesired(op.BGPPeer.Addr)
+				delete(s.peerKeys, op.BGPPeer.Addr)
+			} else {
+				s.peers.SetDesired(op.BGPPeer.Addr, *op.BGPPeer)
+				s.peerKeys[op.BGPPeer.Addr] = true
+			}
+		case calc.OpBGPPath:
+			if op.Remove {
+				s.paths.DeleteDesired(op.BGPPath.Prefix)
+				delete(s.pathKeys, op.BGPPath.Prefix)
+			} else {
+				s.paths.SetDesired(op.BGPPath.Prefix, op.BGPPath)
+				s.pathKeys[op.BGPPath.Prefix] = true
+			}
+		}
+	}
+	s.mu.Unlock()
+	s.Kick()
+}
+
+// dropDesiredBut forgets the desired sessions and paths a full update no longer names.
+func (s *Speaker) dropDesiredBut(peers map[netip.Addr]bool, paths map[netip.Prefix]bool) {
+	for k := range s.peerKeys {
+		if !peers[k] {
+			s.peers.DeleteDesired(k)
+			delete(s.peerKeys, k)
+		}
+	}
+	for k := range s.pathKeys {
+		if !paths[k] {
+			s.paths.DeleteDesired(k)
+			delete(s.pathKeys, k)
+		}
+	}
+}
+
+// Kick asks the loop for an apply.
+func (s *Speaker) Kick() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run applies until ctx ends. It then leaves without a word to the peers: no Cease is sent
+// (GoBGP's StopBgp sends one, and a peer that gets it flushes this node's routes at once);
+// the connections close with the process, which peers with graceful restart take for a
+// restart, keeping the routes while it comes back.
+func (s *Speaker) Run(ctx context.Context) {
+	loop := applyloop.Loop{Kick: s.kick, MinInterval: 10 * time.Millisecond, Apply: func() error {
+		err := s.Apply(ctx)
+		if s.cfg.OnApply != nil {
+			s.cfg.OnApply(err)
+		}
+		return err
+	}}
+	loop.Run(ctx)
+}
+
+// Apply makes the running speaker match the desired state: the speaker first, then the
+// sessions, then the paths. A failed session or path stays dirty and is tried again; the
+// others are applied regardless.
+func (s *Speaker) Apply(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.full {
+		return nil
+	}
+	if err := s.applySpeaker(ctx); err != nil {
+		return err
+	}
+	if s.srv == nil {
+		return nil
+	}
+	var errs []error
+	s.peers.Pending(func(a netip.Addr, p calc.BGPPeer) tracker.Outcome {
+		if err := s.setPeer(ctx, p); err != nil {
+			errs = append(errs, fmt.Errorf("peer %s: %w", a, err))
+			return tracker.Failed
+		}
+		s.peers.SetActual(a, p)
+		return tracker.Done
+	}, func(a netip.Addr, _ calc.BGPPeer) tracker.Outcome {
+		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: a.String()}); err != nil && !notFound(err) {
+			errs = append(errs, fmt.Errorf("peer %s: %w", a, err))
+			return tracker.Failed
+		}
+		s.peers.DeleteActual(a)
+		return tracker.Done
+	})
+	s.paths.Pending(func(p netip.Prefix, path *calc.BGPPath) tracker.Outcome {
+		if err := s.addPath(path); err != nil {
+			errs = append(errs, fmt.Errorf("path %s: %w", p, err))
+			return tracker.Failed
+		}
+		s.paths.SetActual(p, path)
+		return tracker.Done
+	}, func(p netip.Prefix, have *calc.BGPPath) tracker.Outcome {
+		if err := s.deletePath(have); err != nil {
+			errs = append(errs, fmt.Errorf("path %s: %w", p, err))
+			return tracker.Failed
+		}
+		s.paths.DeleteActual(p)
+		return tracker.Done
+	})
+	s.peers.Settle()
+	s.paths.Settle()
+	return errors.Join(errs...)
+}
+
+func notFound(err error) bool { return err != nil && strings.Contains(err.Error(), "not found") }
+
+// applySpeaker starts, restarts (its AS, router ID or port changed) or stops the speaker.
+func (s *Speaker) applySpeaker(ctx context.Context) error {
+	if s.running != nil && (s.want == nil || *s.want != *s.running) {
+		s.stop()
+	}
+	if s.want == nil || s.running != nil {
+		return nil
+	}
+	lvl := new(slog.LevelVar)
+	log := s.cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	srv := server.NewBgpServer(server.LoggerOption(log, lvl))
+	go srv.Serve()
+	w := s.want
+	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: w.ASN, RouterId: w.RouterID.String(),
+		ListenPort: int32(w.ListenPort), UseMultiplePaths: true}}); err != nil {
+		srv.Stop()
+		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPeerUpdate: s.onPeer}, server.WatchPeer()); err != nil {
+		cancel()
+		srv.Stop()
+		return fmt.Errorf("watching the BGP speaker's sessions: %w", err)
+	}
+	s.srv, s.running, s.stopW = srv, w, cancel
+	// Everything is to be added again to the new speaker.
+	s.peers.ReplaceActual(map[netip.Addr]calc.BGPPeer{})
+	s.paths.ReplaceActual(map[netip.Prefix]*calc.BGPPath{})
+	return nil
+}
+
+// stop stops the running speaker (a configuration change: its peers see a Cease).
+func (s *Speaker) stop() {
+	if s.stopW != nil {
+		s.stopW()
+	}
+	s.srv.Stop()
+	s.srv, s.running, s.stopW = nil, nil, nil
+}
+
+func (s *Speaker) onPeer(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
+	if ev.Type != apiutil.PEER_EVENT_STATE || s.cfg.OnSession == nil {
+		return
+	}
+	st := ev.Peer.State
+	state := strings.TrimPrefix(strings.ToLower(bgp.FSMState(st.SessionState).String()), "bgp_fsm_")
+	e := SessionEvent{Peer: ev.Peer.Conf.NeighborAddress, ASN: ev.Peer.Conf.PeerASN, State: state,
+		Up: st.SessionState == bgp.BGP_FSM_ESTABLISHED}
+	if !e.Up {
+		e.Reason = st.DisconnectReason.String()
+	}
+	s.cfg.OnSession(e)
+}
+
+// password reads a session's password from its secret's file.
+func (s *Speaker) password(p calc.BGPPeer) (string, error) {
+	if p.Password.Name == "" {
+		return "", nil
+	}
+	file := filepath.Join(s.cfg.SecretsDir, p.Password.Name, p.Password.Key)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("password (secret %s key %s): %w", p.Password.Name, p.Password.Key, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+func family(a netip.Addr) (*api.Family, bgp.Family) {
+	if a.Is4() {
+		return &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, bgp.RF_IPv4_UC
+	}
+	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}, bgp.RF_IPv6_UC
+}
+
+// setPeer adds a session, or replaces one whose settings changed.
+func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
+	if _, had := s.peers.Actual(p.Addr); had {
+		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()}); err != nil && !notFound(err) {
+			return err
+		}
+		s.peers.DeleteActual(p.Addr)
+	}
+	pw, err := s.password(p)
+	if err != nil {
+		return err
+	}
+	fam, _ := family(p.Addr)
+	restart := p.RestartTime
+	if restart == 0 {
+		restart = DefaultRestartTime
+	}
+	peer := &api.Peer{
+		Conf: &api.PeerConf{NeighborAddress: p.Addr.String(), PeerAsn: p.ASN, LocalAsn: p.LocalASN, AuthPassword: pw,
+			Description: p.Origin},
+		Transport: &api.Transport{PassiveMode: p.Passive, RemotePort: uint32(p.Port)},
+		Timers:    &api.Timers{Config: &api.TimersConfig{ConnectRetry: 5}},
+		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(restart / time.Second),
+			// Only the session's own family is offered, so no family the peer lacks defers
+			// the first update (GoBGP waits 360 s for one).
+			DeferralTime: 0},
+		AfiSafis: []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: fam, Enabled: true},
+			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}}},
+	}
+	if p.SourceAddr.IsValid() {
+		peer.Transport.LocalAddress = p.SourceAddr.String()
+	}
+	if p.TTLSecurity != 0 {
+		peer.TtlSecurity = &api.TtlSecurity{Enabled: true, TtlMin: uint32(256 - int(p.TTLSecurity))}
+	} else if p.ASN != p.LocalASN {
+		peer.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: multihopTTL}
+	}
+	if p.RRClient && s.running.ClusterID.IsValid() {
+		peer.RouteReflector = &api.RouteReflector{RouteReflectorClient: true, RouteReflectorClusterId: s.running.ClusterID.String()}
+	}
+	return s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: peer})
+}
+
+// pathOf builds the BGP path announcing p: origin IGP, this node's own address as next hop,
+// its communities.
+func (s *Speaker) pathOf(p *calc.BGPPath) (*apiutil.Path, error) {
+	nlri, err := bgp.NewIPAddrPrefix(p.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	_, fam := family(p.Prefix.Addr())
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP)}
+	if p.Prefix.Addr().Is4() {
+		if !s.running.Addr4.IsValid() {
+			return nil, fmt.Errorf("this node has no IPv4 address to announce it from (spec.bgp.ipv4Address)")
+		}
+		nh, err := bgp.NewPathAttributeNextHop(s.running.Addr4)
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, nh)
+	} else {
+		if !s.running.Addr6.IsValid() {
+			return nil, fmt.Errorf("this node has no IPv6 address to announce it from (spec.bgp.ipv6Address)")
+		}
+		mp, err := bgp.NewPathAttributeMpReachNLRI(fam, []bgp.PathNLRI{{NLRI: nlri}}, s.running.Addr6)
+		if err != nil {
+			return nil, err
+		}
+		attrs = append(attrs, mp)
+	}
+	var std []uint32
+	var large []*bgp.LargeCommunity
+	for _, c := range p.Communities {
+		if c.Large {
+			large = append(large, bgp.NewLargeCommunity(c.A, c.B, c.C))
+		} else {
+			std = append(std, c.A<<16|c.B)
+		}
+	}
+	if len(std) > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeCommunities(std))
+	}
+	if len(large) > 0 {
+		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities(large))
+	}
+	return &apiutil.Path{Family: fam, Nlri: nlri, Attrs: attrs}, nil
+}
+
+func (s *Speaker) addPath(p *calc.BGPPath) error {
+	path, err := s.pathOf(p)
+	if err != nil {
+		return err
+	}
+	resp, err := s.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}})
+	if err == nil && len(resp) > 0 && resp[0].Error != nil {
+		err = resp[0].Error
+	}
+	return err
+}
+
+func (s *Speaker) deletePath(p *calc.BGPPath) error {
+	path, err := s.pathOf(p)
+	if err != nil {
+		return nil // never announced
+	}
+	return s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}})
+}

@@ -1,0 +1,127 @@
+package bgp_test
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/internal/nstest"
+	"github.com/sluice-net/sluice/store"
+)
+
+// birdProto is BIRD's kernel route protocol number (RTPROT_BIRD).
+const birdProto = 12
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func addr(s string) netip.Addr  { return netip.MustParseAddr(s) }
+
+// TestSpeakerWithBIRD runs the speaker against Debian's BIRD 2 as a top-of-rack router, each
+// in a namespace of its own, over eBGP with a TCP MD5 password: a block announced arrives in
+// the router's table with its community and in its kernel; a block claimed is announced and
+// one released withdrawn (timed); the router's own route is learned; the speaker killed
+// outright leaves the router keeping this node's routes (graceful restart, no Cease), and a
+// new speaker takes them over.
+func TestSpeakerWithBIRD(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needBIRD(t)
+	nodeNS, torNS := nstest.New(t), nstest.New(t)
+	link(t, nodeNS, "eth0", "192.0.2.11/24", torNS, "eth-node", "192.0.2.1/24")
+	secrets := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(secrets, "bgp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secrets, "bgp", "tor"), []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tor := startBIRD(t, torNS, "tor", torConf("192.0.2.1", "192.0.2.1", 65001, "192.0.2.11", 64512, "s3cret"))
+
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
+	peer := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto,
+		Password: store.SecretKeyRef{Name: "bgp", Key: "tor"}, Origin: "BGPPeer tor"}
+	block := calc.BGPPath{Prefix: pfx("10.80.0.0/26"), Reason: calc.AnnounceBlock, Communities: []store.Community{{A: 65000, B: 100}}}
+	full := &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &block}}}
+
+	sp := startSpeaker(t, nodeNS, secrets)
+	start := time.Now()
+	sp.send(request{Update: full})
+	sp.waitFor("session up", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up && r.Session.Peer == peer.Addr })
+	t.Logf("session established %v after the first update", time.Since(start).Round(time.Millisecond))
+
+	// The router has the block, from the node, with its community, and in its kernel.
+	tor.waitC("the block at the router", "show route 10.80.0.0/26 all", 10*time.Second, func(out string) bool {
+		return strings.Contains(out, "via 192.0.2.11") && strings.Contains(out, "(65000,100)")
+	})
+	waitKernel(t, "the block in the router's kernel", func() bool {
+		return slices.Contains(kernelRoutes(t, torNS, birdProto), "10.80.0.0/26 via 192.0.2.11")
+	})
+
+	// The router's own route is learned.
+	waitRIB(t, sp, func(rib []string) bool { return slices.Contains(rib, "198.18.0.0/24 via [192.0.2.1] from 192.0.2.1") })
+
+	// A block claimed: one path added; one released: withdrawn.
+	claimed := calc.BGPPath{Prefix: pfx("10.80.0.64/26"), Reason: calc.AnnounceBlock}
+	t0 := time.Now()
+	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{BGPPath: &claimed}}}})
+	at := tor.waitC("the claimed block at the router", "show route 10.80.0.64/26", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 192.0.2.11") })
+	t.Logf("claimed block at the router after %v", at.Sub(t0).Round(time.Millisecond))
+	t0 = time.Now()
+	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{Remove: true, BGPPath: &block}}}})
+	at = tor.waitC("the released block withdrawn", "show route 10.80.0.0/26", 10*time.Second, func(out string) bool { return !strings.Contains(out, "10.80.0.0/26") })
+	t.Logf("released block withdrawn at the router after %v", at.Sub(t0).Round(time.Millisecond))
+
+	// Killed outright: the router keeps the node's route (stale) and its kernel route.
+	sp.kill()
+	tor.waitC("the session down at the router", "show protocols node", 10*time.Second, func(out string) bool { return !strings.Contains(out, "Established") })
+	time.Sleep(2 * time.Second)
+	if out, _ := tor.c("show route 10.80.0.64/26"); !strings.Contains(out, "via 192.0.2.11") {
+		t.Fatalf("the router dropped the node's route when the speaker was killed:\n%s\n%s", out, tor.mustC("show protocols all node"))
+	}
+	if !slices.Contains(kernelRoutes(t, torNS, birdProto), "10.80.0.64/26 via 192.0.2.11") {
+		t.Fatalf("the router's kernel lost the node's route when the speaker was killed: %v", kernelRoutes(t, torNS, birdProto))
+	}
+
+	// A new speaker with the same desired state: the session comes back, the route stays.
+	sp2 := startSpeaker(t, nodeNS, secrets)
+	sp2.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &claimed}}}})
+	sp2.waitFor("session up again", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up })
+	tor.waitC("the route after the restart", "show route 10.80.0.64/26 all", 10*time.Second, func(out string) bool {
+		return strings.Contains(out, "via 192.0.2.11") && !strings.Contains(out, "stale")
+	})
+	if out, _ := tor.c("show route 10.80.0.0/26"); strings.Contains(out, "10.80.0.0/26") {
+		t.Fatalf("the released block came back:\n%s", out)
+	}
+}
+
+func waitKernel(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitRIB(t *testing.T, sp *speakerProc, ok func([]string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var lines []string
+		for _, r := range sp.rib() {
+			lines = append(lines, r.String())
+		}
+		if ok(lines) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the speaker's table: %q", lines)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
