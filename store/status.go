@@ -32,7 +32,11 @@ type NodeStatus struct {
 	LeftoversDormant  int `json:"leftoversDormant,omitempty"`
 	// Services is the eBPF service stage's state: "running", "down: <why>" (the agent runs
 	// and programs routes, but node ports and cluster IPs do not work), or "" with services off.
-	Services  string    `json:"services,omitempty"`
-	LastError string    `json:"lastError,omitempty"`
-	Updated   time.Time `json:"updated"`
+	Services string `json:"services,omitempty"`
+	// BGPSessions is how many BGP sessions the node's speaker has configured, BGPSessionsUp
+	// how many of them are established (both 0 without BGP).
+	BGPSessions   int       `json:"bgpSessions,omitempty"`
+	BGPSessionsUp int       `json:"bgpSessionsUp,omitempty"`
+	LastError     string    `json:"lastError,omitempty"`
+	Updated       time.Time `json:"updated"`
 }

@@ -62,6 +62,7 @@ var commands = map[string]command{
 	"status":    {"list every node's agent: in sync, lagging by N revisions, failing, starting, gone or none", runStatus},
 	"version":   {"print sluicectl's version (also --version)", runVersion},
 	"services":  {"on a node: show its service maps: services [frontends|backends|conntrack|drops] [-o table|json]", runServices},
+	"bgp":       {"on a node: its BGP sessions (peer, AS, state, since, prefixes) and, with --routes, its table", runBGP},
 	"leftovers": {"on a node: other software's programs on sluice's hooks, breaking or dormant; exit 1 when one breaks", runLeftovers},
 }
 

@@ -68,15 +68,19 @@ func runStatus(ctx context.Context, a *app, args []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tLEFTOVERS\tSERVICES\tLAST-ERROR")
+	fmt.Fprintln(tw, "NODE\tSTATE\tREVISION\tAPPLIED\tROUTES\tBAD-VALUES\tPROBLEMS\tLEFTOVERS\tSERVICES\tBGP\tLAST-ERROR")
 	for _, r := range rows {
 		if r.Status == nil {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", r.Node, r.State)
 			continue
 		}
 		s := r.Status
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems,
-			leftoverCounts(s), or(s.Services, "off"), or(s.LastError, "-"))
+		bgp := "-"
+		if s.BGPSessions > 0 {
+			bgp = fmt.Sprintf("%d/%d up", s.BGPSessionsUp, s.BGPSessions)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s\t%s\t%s\n", r.Node, r.State, s.Revision, s.AppliedRevision, s.RoutesProgrammed, s.RoutesDesired, s.BadValues, s.Problems,
+			leftoverCounts(s), or(s.Services, "off"), bgp, or(s.LastError, "-"))
 	}
 	return tw.Flush()
 }

@@ -28,7 +28,8 @@ func TestStatus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7})
+	put(store.NodeStatus{Node: "node-a", Revision: latest, AppliedRevision: latest, InSync: true, Ready: true, RoutesDesired: 7, RoutesProgrammed: 7,
+		BGPSessions: 3, BGPSessionsUp: 2})
 	put(store.NodeStatus{Node: "node-b", Revision: latest, AppliedRevision: latest - 3, InSync: true, BadValues: 1, Problems: 2,
 		LeftoversBreaking: 1, LeftoversDormant: 2})
 	put(store.NodeStatus{Node: "node-x", Revision: latest, AppliedRevision: latest, InSync: true, LastError: "replacing route to 10.65.0.0/26: no such device"})
@@ -36,10 +37,10 @@ func TestStatus(t *testing.T) {
 		Services: "down: loading the eBPF programs: invalid argument"})
 	out := table(c.mustCtl("status", "--settle", "0"))
 	for _, want := range []string{
-		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LEFTOVERS SERVICES LAST-ERROR",
-		"node-a in sync", "7/7",
-		"node-b lagging by 3", "0/0 1 2 1 breaking, 2 dormant off -", // one bad value, two inputs it cannot act on, leftovers
-		"node-y services down (routes programmed)", "3/3 0 0 - down: loading the eBPF programs: invalid argument -",
+		"NODE STATE REVISION APPLIED ROUTES BAD-VALUES PROBLEMS LEFTOVERS SERVICES BGP LAST-ERROR",
+		"node-a in sync", "7/7 0 0 - off 2/3 up -", // two of its three BGP sessions established
+		"node-b lagging by 3", "0/0 1 2 1 breaking, 2 dormant off - -", // one bad value, two inputs it cannot act on, leftovers, no BGP
+		"node-y services down (routes programmed)", "3/3 0 0 - down: loading the eBPF programs: invalid argument - -",
 		"node-c no agent (none ever reported)",
 		"node-z gone (its agent last started 2026-12-04T05:00:00Z)",
 		"node-x failing", "no such device",

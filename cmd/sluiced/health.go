@@ -39,6 +39,7 @@ type agentState struct {
 	selfMissing atomic.Bool
 	nodeName    string
 	svc         *agent.ServiceStage // nil with --services=false
+	bgp         *bgpStage           // nil without --bgp
 	// profiling serves Go's profiles under /debug/pprof/ (option profiling)
 	profiling bool
 	// restored is the etcd revision at which etcd was found to hold the keys the state kept
@@ -296,6 +297,9 @@ func (a *agentState) registry() *prometheus.Registry {
 		gauge("sluice_nexthops_desired", "Nexthop objects sluice wants (one per remote node and gateway, in the nexthop route layout).", func() float64 { return float64(ds().DesiredNexthops) })
 		gauge("sluice_nexthops_programmed", "Nexthop objects sluice knows the kernel holds.", func() float64 { return float64(ds().ProgrammedNexthops) })
 	}
+	if a.bgp != nil {
+		r.MustRegister(a.bgp)
+	}
 	if a.svc != nil {
 		r.MustRegister(newReadyCollector(a.svc))
 		a.registerServices(r)
@@ -387,6 +391,9 @@ func (a *agentState) serveHealth(ctx context.Context, ln net.Listener) error {
 		answer(true, w)
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(a.registry(), promhttp.HandlerOpts{}))
+	if a.bgp != nil {
+		mux.HandleFunc("/bgp", a.bgp.serve)
+	}
 	if a.profiling {
 		// Go's profiles, as kube-proxy's enableProfiling: on the health address only.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -96,6 +96,12 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		state.dp = dp
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
+		if c.Calc.BGP {
+			st, bwait := startBGP(ctx, c, plan, log)
+			state.bgp = st
+			background.Add(1)
+			go func() { defer background.Done(); bwait() }()
+		}
 		if c.Services {
 			// Never fatal: the service stage starts (and is retried) beside the routes.
 			svc, swait := startServices(ctx, c, plan, log, state)

@@ -62,6 +62,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
 		Services:          true,
+		BGPSecretsDir:     "/etc/sluice/bgp-secrets",
 		ProxyHealthListen: "0.0.0.0:10256",
 		BPF: bpf.StageConfig{PinDir: "/sys/fs/bpf/sluice", Sizes: bpf.DefaultMapSizes, Timeouts: bpf.DefaultTimeouts,
 			CleanupInterval: 10 * time.Second, ResyncInterval: 90 * time.Second, Attach: bpf.AttachAuto,

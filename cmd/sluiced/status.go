@@ -137,6 +137,14 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 			s.Services = "down: " + why
 		}
 	}
+	if a.bgp != nil {
+		for _, ses := range a.bgp.sessions() {
+			s.BGPSessions++
+			if ses.Up() {
+				s.BGPSessionsUp++
+			}
+		}
+	}
 	s.AppliedRevision = *applied
 	s.Problems = int(a.problems.Load())
 	s.LeftoversBreaking, s.LeftoversDormant = int(a.leftoversBreaking.Load()), int(a.leftoversDormant.Load())

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
+	"github.com/sluice-net/sluice/bgp"
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
@@ -19,6 +20,7 @@ type Planner struct {
 	Graph     *calc.Graph
 	Log       zerolog.Logger
 	Dataplane *dataplane.Dataplane // nil with --dataplane=false
+	BGP       *bgp.Speaker         // nil without --bgp
 	// Problems is how many inputs calc cannot act on, for metrics and the status key.
 	Problems *atomic.Int64
 	// SelfMissing is set while, in sync, this agent's own Node is not in etcd.
@@ -54,7 +56,7 @@ func (p *Planner) OnEvents(batch []store.Event) {
 	for _, pr := range u.Problems {
 		p.Log.Warn().Str("key", store.Clip(pr.Key, store.MaxMessage)).Str("reason", store.Clip(pr.Reason, store.MaxMessage)).Msg("cannot act on input")
 	}
-	var vteps, routes, frontends, health, nets, removes int
+	var vteps, routes, frontends, health, nets, peers, paths, removes int
 	for _, op := range u.Ops {
 		switch kind := op.Kind(); {
 		case op.Remove:
@@ -69,6 +71,10 @@ func (p *Planner) OnEvents(batch []store.Event) {
 			health++
 		case kind == calc.OpClusterNet:
 			nets++
+		case kind == calc.OpBGPPeer:
+			peers++
+		case kind == calc.OpBGPPath:
+			paths++
 		}
 		if e := p.Log.Debug(); e.Enabled() {
 			e.Bool("remove", op.Remove).Str("object", op.String()).Msg("desired change")
@@ -78,8 +84,11 @@ func (p *Planner) OnEvents(batch []store.Event) {
 	if u.Full {
 		msg = "desired state computed"
 	}
-	p.Log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).Int("cluster_nets", nets).
-		Int("removed", removes).Msg(msg)
+	e := p.Log.Info().Int("vteps", vteps).Int("routes", routes).Int("frontends", frontends).Int("health_checks", health).Int("cluster_nets", nets)
+	if p.BGP != nil {
+		e = e.Int("bgp_peers", peers).Int("bgp_paths", paths)
+	}
+	e.Int("removed", removes).Msg(msg)
 }
 
 // Vacant says whether calc knows a for an address of the pools that nothing holds
@@ -95,6 +104,9 @@ func (p *Planner) Vacant(a netip.Addr) bool {
 func (p *Planner) handOver(u *calc.Update) {
 	if p.Dataplane != nil {
 		p.Dataplane.OnUpdate(u)
+	}
+	if p.BGP != nil {
+		p.BGP.OnUpdate(u)
 	}
 	if p.svc != nil {
 		p.svc.OnUpdate(u)

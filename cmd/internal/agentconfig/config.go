@@ -47,7 +47,10 @@ type Config struct {
 	// for lost (0: never).
 	EtcdWatchStall time.Duration
 	// Services turns on the eBPF service stage (with the dataplane).
-	Services          bool
+	Services bool
+	// BGPSecretsDir holds the BGP sessions' passwords (a secret's key is the file
+	// <dir>/<secret>/<key>).
+	BGPSecretsDir     string
 	BPF               bpf.StageConfig
 	ProxyHealthListen string
 	Profiling         bool
@@ -227,6 +230,16 @@ func optionTable() []option {
 			set: func(c *Config, v string) (err error) { c.DP.CleanConflicts, err = parseBool(v); return }},
 		{name: "services", env: "SLUICE_SERVICES", key: "services", def: "true", boolean: true, accepts: "true or false", help: "program service NAT in eBPF (cluster IPs, node ports, load-balancer and external IPs); false removes sluice's programs, links and pins",
 			set: func(c *Config, v string) (err error) { c.Services, err = parseBool(v); return }},
+		{name: "bgp", env: "SLUICE_BGP", key: "bgp", def: "false", boolean: true, accepts: "true or false", help: "run this node's BGP speaker (when its Node has spec.bgp), as calico/node's BIRD does: sessions and announcements from Calico's BGPConfiguration and BGPPeer; needs the dataplane",
+			set: func(c *Config, v string) (err error) { c.Calc.BGP, err = parseBool(v); return }},
+		{name: "bgp-secrets-dir", env: "SLUICE_BGP_SECRETS_DIR", key: "bgpSecretsDir", def: "/etc/sluice/bgp-secrets", accepts: "an absolute directory", help: "where BGP passwords are: a BGPPeer's password.secretKeyRef {name, key} is the file <dir>/<name>/<key> (a Kubernetes secret mounted as a volume has this layout)",
+			set: func(c *Config, v string) error {
+				c.BGPSecretsDir = v
+				if !strings.HasPrefix(v, "/") {
+					return errors.New("not an absolute path")
+				}
+				return nil
+			}},
 		{name: "bpf-pin-dir", env: "SLUICE_BPF_PIN_DIR", key: "bpfPinDir", def: "/sys/fs/bpf/sluice", accepts: "an absolute directory", help: "where sluice pins its eBPF maps and program links (bpffs is mounted there when it is not on one); one per agent",
 			set: func(c *Config, v string) error {
 				c.BPF.PinDir = v
