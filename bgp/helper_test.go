@@ -47,6 +47,8 @@ type reply struct {
 	RIB     []bgp.Route       `json:"rib,omitempty"`
 	RIBDone bool              `json:"ribDone,omitempty"`
 	Applied *string           `json:"applied,omitempty"`
+	Learned []calc.Learned    `json:"learned,omitempty"`
+	Synced  bool              `json:"synced,omitempty"`
 }
 
 func runHelper() {
@@ -59,6 +61,8 @@ func runHelper() {
 	}
 	sp := bgp.New(bgp.Config{SecretsDir: os.Getenv("SLUICE_BGP_SECRETS"),
 		OnSession: func(e bgp.SessionEvent) { say(reply{Session: &e}) },
+		OnLearned: func(ls []calc.Learned) { say(reply{Learned: ls}) },
+		OnSynced:  func() { say(reply{Synced: true}) },
 		OnApply: func(err error) {
 			s := ""
 			if err != nil {

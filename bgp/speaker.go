@@ -42,6 +42,13 @@ type Config struct {
 	OnSession func(SessionEvent)
 	// OnApply hears each apply's outcome (nil: none).
 	OnApply func(error)
+	// OnLearned hears what the speaker learned and withdrew (best paths from peers; a prefix
+	// whose best path becomes this node's own counts as withdrawn), from GoBGP's goroutine.
+	OnLearned func([]calc.Learned)
+	// OnSynced is called once per start of the speaker, when every session has sent its
+	// End-of-RIB or their restart time is over: what was learned before a restart and not
+	// learned again may go.
+	OnSynced func()
 }
 
 // SessionEvent is a session's change of state.
@@ -74,6 +81,12 @@ type Speaker struct {
 	srv     *server.BgpServer
 	running *calc.BGPSpeaker
 	stopW   context.CancelFunc
+
+	// End-of-RIB bookkeeping for OnSynced, under syncMu (GoBGP's goroutine and the loop's).
+	syncMu   sync.Mutex
+	eor      map[netip.Addr]bool
+	synced   bool
+	deadline *time.Timer
 }
 
 // New returns a speaker stage that runs nothing until its first full update.
@@ -223,6 +236,9 @@ func (s *Speaker) Apply(ctx context.Context) error {
 	})
 	s.peers.Settle()
 	s.paths.Settle()
+	if len(s.peerKeys) == 0 {
+		go s.syncNow() // no session to wait for (OnSynced may call back into OnUpdate)
+	}
 	return errors.Join(errs...)
 }
 
@@ -255,11 +271,104 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		srv.Stop()
 		return fmt.Errorf("watching the BGP speaker's sessions: %w", err)
 	}
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnBestPath: s.onBest}, server.WatchBestPath(true)); err != nil {
+		cancel()
+		srv.Stop()
+		return fmt.Errorf("watching the BGP speaker's table: %w", err)
+	}
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPathEor: s.onEOR}, server.WatchEor(true)); err != nil {
+		cancel()
+		srv.Stop()
+		return fmt.Errorf("watching the BGP speaker's End-of-RIBs: %w", err)
+	}
+	s.syncMu.Lock()
+	s.eor, s.synced = map[netip.Addr]bool{}, false
+	if s.deadline != nil {
+		s.deadline.Stop()
+	}
+	// The longest restart time any session offers bounds the wait for End-of-RIBs.
+	wait := DefaultRestartTime
+	for a := range s.peerKeys {
+		if p, ok := s.peers.Desired(a); ok {
+			wait = max(wait, p.RestartTime)
+		}
+	}
+	s.deadline = time.AfterFunc(wait, s.syncNow)
+	s.syncMu.Unlock()
 	s.srv, s.running, s.stopW = srv, w, cancel
 	// Everything is to be added again to the new speaker.
 	s.peers.ReplaceActual(map[netip.Addr]calc.BGPPeer{})
 	s.paths.ReplaceActual(map[netip.Prefix]*calc.BGPPath{})
 	return nil
+}
+
+// onBest hears best-path changes: each prefix learned from a peer, with its next hop, or
+// withdrawn (no path, or this node's own is now the best).
+func (s *Speaker) onBest(paths []*apiutil.Path, _ time.Time) {
+	if s.cfg.OnLearned == nil {
+		return
+	}
+	out := make([]calc.Learned, 0, len(paths))
+	for _, p := range paths {
+		prefix, err := netip.ParsePrefix(p.Nlri.String())
+		if err != nil {
+			continue
+		}
+		l := calc.Learned{Prefix: prefix}
+		if !p.Withdrawal && p.PeerAddress.IsValid() {
+			l.NextHop = nextHop(p)
+		}
+		out = append(out, l)
+	}
+	if len(out) > 0 {
+		s.cfg.OnLearned(out)
+	}
+}
+
+// onEOR hears a peer's End-of-RIB; once every desired session has sent one, the speaker is
+// in sync.
+func (s *Speaker) onEOR(p *apiutil.Path, _ time.Time) {
+	s.syncMu.Lock()
+	if s.eor == nil || s.synced {
+		s.syncMu.Unlock()
+		return
+	}
+	s.eor[p.PeerAddress] = true
+	s.syncMu.Unlock()
+	s.mu.Lock()
+	all := true
+	for a := range s.peerKeys {
+		if !s.eorFrom(a) {
+			all = false
+		}
+	}
+	s.mu.Unlock()
+	if all {
+		s.syncNow()
+	}
+}
+
+func (s *Speaker) eorFrom(a netip.Addr) bool {
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	return s.eor[a]
+}
+
+// syncNow calls OnSynced once per start.
+func (s *Speaker) syncNow() {
+	s.syncMu.Lock()
+	if s.synced {
+		s.syncMu.Unlock()
+		return
+	}
+	s.synced = true
+	if s.deadline != nil {
+		s.deadline.Stop()
+	}
+	s.syncMu.Unlock()
+	if s.cfg.OnSynced != nil {
+		s.cfg.OnSynced()
+	}
 }
 
 // stop stops the running speaker (a configuration change: its peers see a Cease).

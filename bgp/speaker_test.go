@@ -60,8 +60,14 @@ func TestSpeakerWithBIRD(t *testing.T) {
 		return slices.Contains(kernelRoutes(t, torNS, birdProto), "10.80.0.0/26 via 192.0.2.11")
 	})
 
-	// The router's own route is learned.
+	// The router's own route is learned, handed on as learned, and the router's End-of-RIB
+	// makes the speaker synced at once (not after the 120 s restart time).
 	waitRIB(t, sp, func(rib []string) bool { return slices.Contains(rib, "198.18.0.0/24 via [192.0.2.1] from 192.0.2.1") })
+	sp.waitFor("the learned route", 0, 10*time.Second, func(r reply) bool {
+		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("198.18.0.0/24"), NextHop: addr("192.0.2.1")})
+	})
+	sp.waitFor("synced", 0, 10*time.Second, func(r reply) bool { return r.Synced })
+	t.Logf("synced %v after the first update", time.Since(start).Round(time.Millisecond))
 
 	// A block claimed: one path added; one released: withdrawn.
 	claimed := calc.BGPPath{Prefix: pfx("10.80.0.64/26"), Reason: calc.AnnounceBlock}

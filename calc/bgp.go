@@ -135,8 +135,7 @@ type bgpCalc struct {
 	*emitter
 	rc *routeCalc
 
-	configs map[string]*store.BGPConfiguration
-	peers   map[string]*store.BGPPeer
+	peers map[string]*store.BGPPeer
 	// services and, per slice, its service and the families of its ready endpoints on this
 	// node (bit 0: IPv4, bit 1: IPv6).
 	services   map[string]*store.Service
@@ -166,7 +165,7 @@ type sliceLocal struct {
 }
 
 func newBGPCalc(in *inputs, e *emitter, rc *routeCalc) *bgpCalc {
-	c := &bgpCalc{inputs: in, emitter: e, rc: rc, configs: map[string]*store.BGPConfiguration{}, peers: map[string]*store.BGPPeer{},
+	c := &bgpCalc{inputs: in, emitter: e, rc: rc, peers: map[string]*store.BGPPeer{},
 		services: map[string]*store.Service{}, sliceLocal: map[string]sliceLocal{}, svcPaths: map[string][]netip.Prefix{},
 		svcRefs: map[netip.Prefix]int{}, local: set[netip.Prefix]{}, dirtyPaths: set[netip.Prefix]{}, dirtySvcs: set[string]{},
 		sessions: map[netip.Addr]*BGPPeer{}, paths: map[netip.Prefix]*BGPPath{}, sessionProblems: set[string]{}}
@@ -236,10 +235,6 @@ func famBit(a netip.Addr) uint8 {
 }
 
 func (c *bgpCalc) onBGPConfig(id string, cfg *store.BGPConfiguration) {
-	if !c.cfg.BGP {
-		return
-	}
-	put(c.configs, id, cfg)
 	if id == "default" || id == store.NodeConfigPrefix+c.cfg.NodeName {
 		c.dirtySessions, c.dirtyAll = true, true
 		c.allServices()
@@ -352,7 +347,7 @@ func (c *bgpCalc) recompute() {
 
 // ranges are the service ranges the cluster's BGPConfiguration lists.
 func (c *bgpCalc) ranges() []netip.Prefix {
-	g := c.configs["default"]
+	g := c.bgpConfigs["default"]
 	if g == nil {
 		return nil
 	}
@@ -379,7 +374,7 @@ func (c *bgpCalc) computePath(p netip.Prefix) (*BGPPath, bool) {
 	}
 	path := &BGPPath{Prefix: p, Reason: reason}
 	for _, name := range []string{"default", store.NodeConfigPrefix + c.cfg.NodeName} {
-		cfg := c.configs[name]
+		cfg := c.bgpConfigs[name]
 		if cfg == nil {
 			continue
 		}
@@ -463,7 +458,7 @@ func (c *bgpCalc) computeService(id string) {
 }
 
 func (c *bgpCalc) serviceAddrs(id string, s *store.Service) []netip.Prefix {
-	g := c.configs["default"]
+	g := c.bgpConfigs["default"]
 	if g == nil {
 		return nil
 	}
@@ -574,13 +569,13 @@ func (c *bgpCalc) wantSessions() (*BGPSpeaker, map[netip.Addr]*BGPPeer) {
 	if self == nil {
 		return nil, nil
 	}
-	global := c.configs["default"]
+	global := c.bgpConfigs["default"]
 	if global == nil {
 		global = &store.BGPConfiguration{}
 	}
 	asn := cmp.Or(self.BGP.ASNumber, global.ASNumber, DefaultASNumber)
 	port := uint16(DefaultBGPPort)
-	if nc := c.configs[store.NodeConfigPrefix+self.Name]; nc != nil && nc.ListenPort != 0 {
+	if nc := c.bgpConfigs[store.NodeConfigPrefix+self.Name]; nc != nil && nc.ListenPort != 0 {
 		port = nc.ListenPort
 	} else if global.ListenPort != 0 {
 		port = global.ListenPort

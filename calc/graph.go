@@ -177,6 +177,9 @@ type inputs struct {
 	blocks     map[netip.Prefix]*store.Block
 	affinities map[string]*store.BlockAffinity
 	weps       map[string]*store.WorkloadEndpoint
+	// BGP: the configurations and what the speaker learned (both empty with BGP off).
+	bgpConfigs map[string]*store.BGPConfiguration
+	learned    map[netip.Prefix]learnedRoute
 	// inSync is set at the first in-sync: the inputs are then etcd's whole state.
 	inSync bool
 }
@@ -286,7 +289,8 @@ func New(cfg Config) (*Graph, error) {
 	}
 	g := &Graph{
 		inputs: inputs{cfg: cfg, pools: map[string]*store.IPPool{}, nodes: map[string]*store.Node{},
-			blocks: map[netip.Prefix]*store.Block{}, affinities: map[string]*store.BlockAffinity{}, weps: map[string]*store.WorkloadEndpoint{}},
+			blocks: map[netip.Prefix]*store.Block{}, affinities: map[string]*store.BlockAffinity{}, weps: map[string]*store.WorkloadEndpoint{},
+			bgpConfigs: map[string]*store.BGPConfiguration{}, learned: map[netip.Prefix]learnedRoute{}},
 		emitter: emitter{problems: map[string]string{}},
 		selfKey: "node/" + cfg.NodeName,
 	}
@@ -334,6 +338,12 @@ func (g *Graph) OnEvents(batch []store.Event) *Update {
 	for i := range batch {
 		g.apply(&batch[i])
 	}
+	return g.compute(sized)
+}
+
+// compute has every calculator recompute what the inputs made dirty and returns the update
+// (nil before the first in-sync and when nothing changed; the whole state at the first).
+func (g *Graph) compute(sized bool) *Update {
 	// Computed as the data arrives, before the first in-sync too, so that on a cold start the
 	// work overlaps the reading of etcd (which reads pools and nodes before blocks); nothing is
 	// emitted before it.
@@ -423,8 +433,13 @@ func (g *Graph) apply(ev *store.Event) {
 			l.onSlice(ev.ID, asType[*store.EndpointSlice](obj))
 		}
 	case store.KindBGPConfiguration:
+		if !g.cfg.BGP {
+			return
+		}
+		c := asType[*store.BGPConfiguration](obj)
+		put(g.bgpConfigs, ev.ID, c)
 		for _, l := range g.bgpCfgLs {
-			l.onBGPConfig(ev.ID, asType[*store.BGPConfiguration](obj))
+			l.onBGPConfig(ev.ID, c)
 		}
 	case store.KindBGPPeer:
 		for _, l := range g.bgpPeerLs {

@@ -129,6 +129,7 @@ func (rc *routeCalc) onPool(id string, old, p *store.IPPool) {
 		}
 		rc.markFloatingIPs() // routed by their internal address's pool
 	}
+	rc.markLearned()
 	if p != nil && p.IPIPMode != store.EncapNever {
 		rc.problem("pool/"+id, "IPIP encapsulation is not supported: remote blocks in this pool get no route; local blocks are still blackholed")
 	} else {
@@ -175,6 +176,7 @@ func (rc *routeCalc) onNode(id string, old, n *store.Node) {
 			rc.dirtyDst.add(netip.PrefixFrom(a, a.BitLen()))
 		}
 		rc.markFloatingIPs()
+		rc.markLearned()
 		return
 	}
 	for _, cidr := range rc.blocksByNode[id] {
@@ -213,6 +215,10 @@ func (rc *routeCalc) onBlock(cidr netip.Prefix, old, b *store.Block) {
 	// Which node a block is affine to decides whether the addresses in it are borrowed.
 	if old == nil || b == nil || old.AffinityNode != b.AffinityNode {
 		rc.markBlockContents(cidr)
+	}
+	// A block of this node's keeps learned routes inside it out.
+	if len(rc.learned) > 0 && ((old != nil && rc.isLocal(old.AffinityNode)) || (b != nil && rc.isLocal(b.AffinityNode))) {
+		rc.markLearned()
 	}
 }
 
@@ -338,6 +344,9 @@ func (rc *routeCalc) remoteRouteWhy(dst netip.Prefix, node string, pool *store.I
 			return Route{}, "-" // unsupported; reported once per pool
 		}
 		mode = pool.VXLANMode
+		if mode == store.EncapNever && rc.speaksBGP() {
+			return Route{}, "-" // BGP routes pools without encapsulation, as calico/node does
+		}
 	}
 	them := underlay(n, dst.Addr())
 	vxlan := mode == store.EncapAlways
@@ -381,6 +390,9 @@ func (rc *routeCalc) unrouted(dst netip.Prefix) (key, what string) {
 	if id, ok := rc.wepsByNet.first(dst); ok && dst.IsSingleIP() {
 		return "workload/" + dst.String(), fmt.Sprintf("workload %s (address %s) on node %s", id, dst.Addr(), rc.weps[id].Node)
 	}
+	if rc.blocks[dst] == nil {
+		return "bgp/route/" + dst.String(), "route " + dst.String() + " learned by BGP"
+	}
 	return "block/" + dst.String(), "block of node " + rc.blocks[dst].AffinityNode
 }
 
@@ -399,7 +411,19 @@ func (rc *routeCalc) whyNoRoute(dst netip.Prefix) string {
 			return why
 		}
 	}
+	if _, why := rc.learnedRouteWhy(dst); why != "-" && why != "" {
+		return why
+	}
 	return ""
+}
+
+// speaksBGP: this agent runs BGP and its node has spec.bgp.
+func (rc *routeCalc) speaksBGP() bool {
+	if !rc.cfg.BGP {
+		return false
+	}
+	self := rc.nodes[rc.cfg.NodeName]
+	return self != nil && self.BGP != nil
 }
 
 // computeRoute decides the route for one destination from scratch, from current inputs only.
@@ -420,6 +444,9 @@ func (rc *routeCalc) computeRoute(dst netip.Prefix) (Route, bool) {
 		if r, ok := rc.blockRoute(b); ok {
 			return r, true
 		}
+	}
+	if r, why := rc.learnedRouteWhy(dst); why == "" {
+		return r, true
 	}
 	if rc.cfg.PoolBlackholes {
 		for _, p := range rc.pools {

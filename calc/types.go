@@ -157,6 +157,9 @@ const (
 	// ReasonFloatingIP: a workload's floating IP (ipNATs' externalIP), routed as the
 	// workload's own address: to its interface on its node, to its node from the others.
 	ReasonFloatingIP RouteReason = "floating-ip"
+	// ReasonBGP: learned from a BGP peer (a pool without encapsulation, another node's block
+	// in it, or the fabric's), as calico/node's BIRD programs it.
+	ReasonBGP RouteReason = "bgp"
 )
 
 // Route is one desired route in sluice's table.

@@ -37,6 +37,11 @@ func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, l
 	var lastErr time.Time
 	st.sp = bgp.New(bgp.Config{SecretsDir: c.BGPSecretsDir, Log: slog.New(&zerologHandler{log: log}),
 		OnSession: st.heard,
+		OnLearned: plan.OnLearned,
+		OnSynced: func() {
+			n := plan.SweepLearned()
+			log.Info().Int("stale_removed", n).Msg("BGP in sync: every session sent its routes (or its restart time is over)")
+		},
 		OnApply: func(err error) {
 			if err != nil && time.Since(lastErr) > 10*time.Second {
 				lastErr = time.Now()

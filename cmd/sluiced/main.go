@@ -156,6 +156,15 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 			log.Warn().Err(err).Str("file", c.StateFile).Msg("cannot tell this binary's build: the desired state is not kept across restarts")
 		} else {
 			stateFile = c.StateFile
+			if c.Calc.BGP {
+				// What BGP had learned stays programmed until the peers have spoken again.
+				if ls, err := agent.KeptLearned(stateFile, build, c.Calc); err != nil {
+					log.Warn().Err(err).Str("file", stateFile).Msg("the routes BGP learned before this start could not be read: they go at the first update")
+				} else if len(ls) > 0 {
+					plan.KeepLearned(ls)
+					log.Info().Int("routes", len(ls)).Msg("routes learned by BGP before this start kept until the peers have spoken again")
+				}
+			}
 			if restoreKept(ctx, stateFile, cli, build, plan, prefixes, state, log) {
 				select {
 				case <-state.applied:

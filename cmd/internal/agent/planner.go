@@ -91,6 +91,39 @@ func (p *Planner) OnEvents(batch []store.Event) {
 	e.Int("removed", removes).Msg(msg)
 }
 
+// OnLearned gives calc what the BGP speaker learned and withdrew, and the stages what that
+// changed (the routes, once calc's first update has gone).
+func (p *Planner) OnLearned(ls []calc.Learned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if u := p.Graph.OnLearned(ls); u != nil {
+		p.handOver(u)
+	}
+}
+
+// KeepLearned gives calc the routes BGP had learned before this start (stale until the
+// speaker is in sync again); before the intake's first read.
+func (p *Planner) KeepLearned(ls []calc.Learned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if u := p.Graph.KeepLearned(ls); u != nil {
+		p.handOver(u)
+	}
+}
+
+// SweepLearned drops what BGP had learned before this start and no peer announced again,
+// and returns how many routes that removed.
+func (p *Planner) SweepLearned() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	u := p.Graph.SweepLearned()
+	if u == nil {
+		return 0
+	}
+	p.handOver(u)
+	return len(u.Ops)
+}
+
 // Vacant says whether calc knows a for an address of the pools that nothing holds
 // (calc.Graph.Vacant): the service stage's cleaner asks it of the endpoints of connections
 // whose endpoint left its service.

@@ -176,6 +176,36 @@ func RestoreState(ctx context.Context, path string, cli *clientv3.Client, build 
 	return d.st.Update(), kept, at, nil
 }
 
+// KeptLearned reads the routes BGP had learned from the state kept at path, whether or not
+// etcd still holds what the state came from: they are the network's, not etcd's, and the
+// kernel still holds them (graceful restart). Nothing (nil) when the file is missing, or was
+// written by another build or configuration.
+func KeptLearned(path, build string, cfg calc.Config) ([]calc.Learned, error) {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	line, rest, found := bytes.Cut(raw, []byte("\n"))
+	var h keptHeader
+	if err := json.Unmarshal(line, &h); err != nil || !found {
+		return nil, fmt.Errorf("reading the state file %s: the header: %v", path, cmp.Or(err, io.ErrUnexpectedEOF))
+	}
+	if h.Format != keptStateFormat || h.Build != build || h.Config != cfg {
+		return nil, nil
+	}
+	if crc32.Checksum(rest, castagnoli) != h.Checksum {
+		return nil, fmt.Errorf("reading the state file %s: the state does not match its checksum", path)
+	}
+	var st calc.State
+	if err := gob.NewDecoder(bytes.NewReader(rest)).Decode(&st); err != nil {
+		return nil, fmt.Errorf("reading the state file %s: %w", path, err)
+	}
+	return st.LearnedRoutes(), nil
+}
+
 // heldRevision is the newest of the revisions the prefixes were held at: the one a kept state
 // is named by in logs.
 func HeldRevision(held []store.PrefixState) int64 {

@@ -1,0 +1,154 @@
+package calc_test
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-net/sluice/calc"
+	"github.com/sluice-net/sluice/store"
+)
+
+// learnedRoutes returns the state's BGP routes ("dst via gw") and its bgp/ problems' keys.
+func learnedRoutes(s *calc.State) []string {
+	var out []string
+	for _, r := range s.Routes {
+		if r.Reason == calc.ReasonBGP {
+			out = append(out, fmt.Sprintf("%s via %s", r.Dst, r.Gateway))
+		}
+	}
+	for _, p := range s.Problems {
+		if strings.HasPrefix(p.Key, "bgp/route/") {
+			out = append(out, "problem "+p.Key)
+		}
+	}
+	return out
+}
+
+// TestBGPImportRules is one table for calico/node's import rules (its BIRD kernel filter):
+// what node-a programs of what its speaker learned. Each case is run with the routes learned
+// before etcd's first in-sync and after it; both must end the same.
+func TestBGPImportRules(t *testing.T) {
+	base := []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24"), bgpNode("node-b", "192.0.2.12/24"),
+		fmt.Sprintf(`%svxlan {"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Always"}}`, store.IPPoolPrefix),
+		bgpBlock("10.80.0.0/26", "node-a"), bgpAffinity("node-a", "10.80.0.0/26", "confirmed"),
+		bgpConfig("default", `"serviceClusterIPs":[{"cidr":"10.96.0.0/12"}]`)}
+	l := func(p, nh string) calc.Learned {
+		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+	}
+	cases := []struct {
+		rule    string
+		learned []calc.Learned
+		want    []string
+	}{
+		{"another node's block in a pool without encapsulation is programmed",
+			[]calc.Learned{l("10.80.0.64/26", "192.0.2.12")}, []string{"10.80.0.64/26 via 192.0.2.12"}},
+		{"a route of the fabric outside every pool is programmed",
+			[]calc.Learned{l("198.18.0.0/24", "192.0.2.1")}, []string{"198.18.0.0/24 via 192.0.2.1"}},
+		{"never a default route",
+			[]calc.Learned{l("0.0.0.0/0", "192.0.2.1")}, nil},
+		{"never a route inside a VXLAN pool (calc routes those)",
+			[]calc.Learned{l("10.65.0.64/26", "192.0.2.12")}, nil},
+		{"never a route inside this node's own block",
+			[]calc.Learned{l("10.80.0.0/26", "192.0.2.12"), l("10.80.0.7/32", "192.0.2.12")}, nil},
+		{"never a route inside a service range",
+			[]calc.Learned{l("10.96.0.10/32", "192.0.2.12"), l("10.96.0.0/12", "192.0.2.12")}, nil},
+		{"a next hop off this node's subnet is not resolved: a problem",
+			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9")}, []string{"problem bgp/route/10.80.1.0/26"}},
+		{"this node's own address as next hop: nothing",
+			[]calc.Learned{l("10.80.1.0/26", "192.0.2.11")}, nil},
+		{"a withdrawal removes the route",
+			[]calc.Learned{l("10.80.0.64/26", "192.0.2.12"), {Prefix: netip.MustParsePrefix("10.80.0.64/26")}}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.rule, func(t *testing.T) {
+			evs := bgpEvents(t, base)
+			var got [2][]string
+			for i, learnFirst := range []bool{true, false} {
+				g, err := calc.New(bgpCfg("node-a"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if learnFirst {
+					if u := g.OnLearned(c.learned); u != nil {
+						t.Fatalf("an update before etcd's in-sync: %+v", u)
+					}
+				}
+				g.OnEvents(append(slices.Clone(evs), inSync()))
+				if !learnFirst {
+					g.OnLearned(c.learned)
+				}
+				got[i] = learnedRoutes(g.State())
+			}
+			if !slices.Equal(got[0], got[1]) {
+				t.Fatalf("learned before in-sync %q, after %q", got[0], got[1])
+			}
+			if !slices.Equal(got[0], c.want) {
+				t.Fatalf("programmed %q, want %q", got[0], c.want)
+			}
+		})
+	}
+	// With BGP off, nothing learned is taken.
+	g, _ := calc.New(calc.DefaultConfig("node-a"))
+	g.OnEvents(append(bgpEvents(t, base), inSync()))
+	if u := g.OnLearned([]calc.Learned{l("198.18.0.0/24", "192.0.2.1")}); u != nil || len(learnedRoutes(g.State())) != 0 {
+		t.Fatalf("BGP off took a learned route: %+v", u)
+	}
+}
+
+// TestBGPLearnedTransitions: learned routes follow what changes around them, and a restart's
+// stale routes stay until the speaker sweeps them, those learned again kept.
+func TestBGPLearnedTransitions(t *testing.T) {
+	g, err := calc.New(bgpCfg("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24"), bgpNode("node-b", "192.0.2.12/24")}
+	// A restart: routes kept from the last run, before etcd is read.
+	kept := []calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHop: netip.MustParseAddr("192.0.2.12")},
+		{Prefix: netip.MustParsePrefix("10.80.0.128/26"), NextHop: netip.MustParseAddr("192.0.2.13")}}
+	g.KeepLearned(kept)
+	u := g.OnEvents(append(bgpEvents(t, base), inSync()))
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.0.64/26 via 192.0.2.12", "10.80.0.128/26 via 192.0.2.13"}) || !u.Full {
+		t.Fatalf("after the restart's first update: %q", got)
+	}
+	// One is learned again (its next hop moved), the other not: the sweep removes only it.
+	u = g.OnLearned([]calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHop: netip.MustParseAddr("192.0.2.14")}})
+	if u == nil || len(u.Ops) != 1 || u.Ops[0].Route == nil || u.Ops[0].Route.Gateway.String() != "192.0.2.14" {
+		t.Fatalf("learned again with a new next hop: %+v", u)
+	}
+	u = g.SweepLearned()
+	if u == nil || len(u.Ops) != 1 || !u.Ops[0].Remove || u.Ops[0].Route.Dst.String() != "10.80.0.128/26" {
+		t.Fatalf("the sweep: %+v", u)
+	}
+	if u := g.SweepLearned(); u != nil {
+		t.Fatalf("a second sweep changed %+v", u)
+	}
+	// The pool gets VXLAN: its learned routes go (calc routes it); back to none: they return.
+	u = g.OnEvents(bgpEvents(t, []string{fmt.Sprintf(`%srouted {"spec":{"cidr":"10.80.0.0/16","vxlanMode":"Always"}}`, store.IPPoolPrefix)}))
+	if got := learnedRoutes(g.State()); len(got) != 0 || u == nil {
+		t.Fatalf("in a VXLAN pool: %q", got)
+	}
+	g.OnEvents(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false)}))
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.0.64/26 via 192.0.2.14"}) {
+		t.Fatalf("back without encapsulation: %q", got)
+	}
+	// This node claims the block: the learned copy gives way to its blackhole.
+	g.OnEvents(bgpEvents(t, []string{bgpBlock("10.80.0.64/26", "node-a"), bgpAffinity("node-a", "10.80.0.64/26", "confirmed")}))
+	if got := learnedRoutes(g.State()); len(got) != 0 {
+		t.Fatalf("inside this node's block: %q", got)
+	}
+	// This node stops speaking BGP (its spec.bgp goes): nothing learned is programmed, and the
+	// remote blocks of pools without encapsulation are routed by calc again.
+	g.OnEvents(bgpEvents(t, []string{`/calico/resources/v3/projectcalico.org/nodes/node-a {"spec":{"addresses":[{"address":"192.0.2.11/24","type":"InternalIP"}]}}`,
+		bgpBlock("10.80.0.192/26", "node-b"), bgpAffinity("node-b", "10.80.0.192/26", "confirmed")}))
+	s := g.State()
+	if got := learnedRoutes(s); len(got) != 0 {
+		t.Fatalf("without spec.bgp: %q", got)
+	}
+	if !slices.ContainsFunc(s.Routes, func(r calc.Route) bool { return r.Dst.String() == "10.80.0.192/26" && r.Reason == calc.ReasonRemoteBlock }) {
+		t.Fatalf("without BGP, calc routes the remote block: %v", s.Routes)
+	}
+}
