@@ -148,7 +148,9 @@ func TestBGPLearnedTransitions(t *testing.T) {
 	if got := learnedRoutes(s); len(got) != 0 {
 		t.Fatalf("without spec.bgp: %q", got)
 	}
-	if !slices.ContainsFunc(s.Routes, func(r calc.Route) bool { return r.Dst.String() == "10.80.0.192/26" && r.Reason == calc.ReasonRemoteBlock }) {
+	if !slices.ContainsFunc(s.Routes, func(r calc.Route) bool {
+		return r.Dst.String() == "10.80.0.192/26" && r.Reason == calc.ReasonRemoteBlock
+	}) {
 		t.Fatalf("without BGP, calc routes the remote block: %v", s.Routes)
 	}
 }
