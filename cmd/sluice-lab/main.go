@@ -46,6 +46,10 @@ type lab struct {
 	// bondVLAN gives node-a a bond for its uplink (active-backup, slaves eth0 and eth2) and
 	// node-b an 802.1Q sub-interface (eth0.100): bare metal's shapes (smoke --uplinks).
 	bondVLAN bool
+	// rack runs BGP (the demo's rack, rack.go): the router's speaker (tor) and every agent
+	// with --bgp.
+	rack bool
+	tor  *proc
 }
 
 // uplink is the device that carries a node's LAN address.
@@ -277,11 +281,19 @@ func (l *lab) startAgent(node string, extra ...string) (*proc, error) {
 	p, err := l.start(nodeNS(node), "sluiced "+node, true, append(append(slices.Clone(l.agentWrap), filepath.Join(l.bin, "sluiced"), "--node-name", node,
 		"--etcd-endpoints", "http://"+etcdListen, "--log-format", "console", "--resync-interval", "30s",
 		"--bpf-pin-dir", filepath.Join(bpffs, node), "--conntrack-cleanup-interval", "2s", "--state-file", filepath.Join(l.dir, node+".desired-state"),
-		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node)), extra...)...)
+		"--cgroup-path", filepath.Join(l.dir, "cgroup"), "--route-layout", routeLayout(node)), append(l.bgpFlags(), extra...)...)...)
 	if err == nil {
 		l.agents[node] = p
 	}
 	return p, err
+}
+
+// bgpFlags are the agents' BGP options: on in the rack.
+func (l *lab) bgpFlags() []string {
+	if l.rack {
+		return []string{"--bgp"}
+	}
+	return nil
 }
 
 // retry runs f until it succeeds, the timeout passes or the lab's context is done; it
@@ -356,6 +368,7 @@ func main() {
 			"tcp-whoami": toolTCPWhoami, "tcp-ask": toolTCPAsk, "tcp-ask-mapped": toolTCPAskMapped, "nft-table": toolNftTable, "tcp-idle": toolTCPIdle, "tcp-loop": toolTCPLoop, "http-get": toolHTTPGet, "tcp-reuse": toolTCPReuse, "udp-who": toolUDPWho, "udp-resolver": toolUDPResolver, "tcp-bulk": toolTCPBulk, "tcp-ask-opts": toolTCPAskOpts, "udp-echo": toolUDPEcho, "udp-big": toolUDPBig, "nft-drop-invalid": toolNftDropInvalid, "syn-flood": toolSynFlood, "hooks": toolHooks, "bond-state": toolBondState, "plant-leftovers": toolPlantLeftovers,
 			"lab-churn": toolLabChurn, "tcp-slow": toolTCPSlow, "tcp-slow-ask": toolTCPSlowAsk, "tcp-slow-client": toolTCPSlowClient,
 			"etcd-put": toolEtcdPut, "etcd-compact": toolEtcdCompact, "etcd-load-fleet": toolEtcdLoadFleet, "etcd-churn": toolEtcdChurn, "bpf-damage": toolBPFDamage,
+			"tor":   toolTOR,   // the lab's top-of-rack router (tor.go)
 			"smoke": toolSmoke, // the kernel matrix's scenario (smoke.go): the lab and a few checks
 		}
 		if t, ok := tools[os.Args[1]]; ok {

@@ -54,6 +54,11 @@ func (l *lab) setup() error {
 	l.mustCtl("ipam", "show")
 	l.mustCtl("get", "workloadendpoints")
 
+	if l.rack {
+		if err := l.rackSetup(); err != nil {
+			return err
+		}
+	}
 	l.step("starting one sluiced per node, inside its namespace")
 	for _, n := range labNodes {
 		if _, err := l.startAgent(n.name); err != nil {
@@ -69,7 +74,7 @@ func (l *lab) setup() error {
 // demo builds the lab, loads the sample cluster, runs sluiced on every node and checks the
 // dataplane with real traffic: demoScene.
 func (l *lab) demo(ctx context.Context, keep bool) (err error) {
-	l.ctx = ctx
+	l.ctx, l.rack = ctx, true
 	defer l.end(&err)
 	if err := l.setup(); err != nil {
 		return err
@@ -183,6 +188,8 @@ var demoScene = scene{
 	act((*lab).seed000),
 	act((*lab).endpointRemoved),
 	act((*lab).ipv6Services),
+
+	act((*lab).rackBGP),
 }
 
 // workloadServers: every workload serves TCP (echo) on port 8080 of each of its addresses.

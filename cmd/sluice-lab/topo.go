@@ -160,6 +160,9 @@ func allNamespaces() []string {
 	for _, w := range labWorkloads {
 		out = append(out, wlNS(w))
 	}
+	for _, w := range routedWorkloads {
+		out = append(out, wlNS(w))
+	}
 	return append(out, nsVM+"-node-b", nsVM+"-node-c")
 }
 

@@ -124,8 +124,8 @@ func TestApplySampleCreatesThenUnchanged(t *testing.T) {
 		`{"cidr":"10.65.0.0/16","vxlanMode":"Always","ipipMode":"Never","natOutgoing":true,"blockSize":26,"nodeSelector":"all()"}`)
 	checkResource(store.IPPoolPrefix+"pool-cross", "IPPool", "projectcalico.org/v3", `{"name":"pool-cross"}`,
 		`{"cidr":"10.66.0.0/16","vxlanMode":"CrossSubnet","ipipMode":"Never","natOutgoing":true,"blockSize":26,"nodeSelector":"all()"}`)
-	checkResource(store.NodePrefix+"node-c", "Node", "projectcalico.org/v3", `{"name":"node-c"}`,
-		`{"bgp":{"ipv4Address":"192.168.20.13/24","ipv6Address":"fd00:20::13/64"},"ipv4VXLANTunnelAddr":"10.65.0.128","vxlanTunnelMACAddr":"66:c1:a0:00:00:0c","ipv6VXLANTunnelAddr":"fd00:65::80","vxlanTunnelMACAddrV6":"66:c1:a6:00:00:0c"}`)
+	checkResource(store.NodePrefix+"node-c", "Node", "projectcalico.org/v3", `{"name":"node-c","labels":{"rack":"b"}}`,
+		`{"bgp":{"ipv4Address":"192.168.20.13/24","ipv6Address":"fd00:20::13/64","asNumber":64603},"ipv4VXLANTunnelAddr":"10.65.0.128","vxlanTunnelMACAddr":"66:c1:a0:00:00:0c","ipv6VXLANTunnelAddr":"fd00:65::80","vxlanTunnelMACAddrV6":"66:c1:a6:00:00:0c"}`)
 	checkResource(store.WorkloadEndpointPrefix+"default/node--b-k8s-web--b-eth0", "WorkloadEndpoint", "projectcalico.org/v3",
 		`{"name":"node--b-k8s-web--b-eth0","namespace":"default","labels":{"app":"web"}}`,
 		`{"orchestrator":"k8s","node":"node-b","pod":"web-b","endpoint":"eth0","interfaceName":"cali-web-b","ipNetworks":["10.65.0.65/32","fd00:65::41/128"]}`)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-net/sluice/bgp"
+	"github.com/sluice-net/sluice/calc"
 )
 
 const bgpUsage = `usage: sluicectl bgp [--agent HOST:PORT] [--config FILE] [--routes]
@@ -65,30 +66,9 @@ func runBGP(ctx context.Context, a *app, args []string) error {
 			fmt.Fprintln(a.stderr, "sluicectl: sluiced's configuration has BGP off (option bgp)")
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, cmp.Or(a.timeout, 5*time.Second))
-	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/bgp", nil)
+	r, err := fetchBGP(ctx, addr, cmp.Or(a.timeout, 5*time.Second))
 	if err != nil {
 		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("asking sluiced at %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode == http.StatusNotFound {
-		return fmt.Errorf("sluiced at %s runs no BGP speaker (option bgp is off)", addr)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("sluiced at %s: %s: %s", addr, resp.Status, strings.TrimSpace(string(body)))
-	}
-	var r bgpReport
-	if err := json.Unmarshal(body, &r); err != nil {
-		return fmt.Errorf("sluiced at %s answered what is not a BGP report: %w", addr, err)
 	}
 	if !*routes {
 		r.Routes = nil
@@ -133,4 +113,45 @@ func writeBGP(w io.Writer, r bgpReport, routes bool, now time.Time) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// fetchBGP asks sluiced's health endpoint at addr for its BGP report.
+func fetchBGP(ctx context.Context, addr string, timeout time.Duration) (bgpReport, error) {
+	var r bgpReport
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/bgp", nil)
+	if err != nil {
+		return r, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return r, fmt.Errorf("asking sluiced at %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return r, err
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		return r, fmt.Errorf("sluiced at %s runs no BGP speaker (option bgp is off)", addr)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return r, fmt.Errorf("sluiced at %s: %s: %s", addr, resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.Unmarshal(body, &r); err != nil {
+		return r, fmt.Errorf("sluiced at %s answered what is not a BGP report: %w", addr, err)
+	}
+	return r, nil
+}
+
+// learnedOf is what the speaker learned from its peers, as calc takes it.
+func learnedOf(r bgpReport) []calc.Learned {
+	var out []calc.Learned
+	for _, rt := range r.Routes {
+		if rt.Peer.IsValid() && len(rt.NextHops) > 0 {
+			out = append(out, calc.Learned{Prefix: rt.Prefix, NextHop: rt.NextHops[0]})
+		}
+	}
+	return out
 }

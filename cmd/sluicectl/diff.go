@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sluice-net/sluice/bpf"
 	"github.com/sluice-net/sluice/calc"
@@ -62,6 +63,16 @@ func runDiff(ctx context.Context, a *app, args []string) error {
 	}
 	if g.SelfMissing() {
 		return noSuchNode(*node)
+	}
+	if agent.Calc.BGP && agent.HealthListen != "" {
+		// Routes learned by BGP are the network's, not etcd's: the node's sluiced says
+		// which its speaker holds.
+		r, err := fetchBGP(ctx, agent.HealthListen, 5*time.Second)
+		if err != nil {
+			return fmt.Errorf("the routes BGP learned: %w", err)
+		}
+		g.OnLearned(learnedOf(r))
+		full = g.State().Update()
 	}
 	k, err := dataplane.NewKernel(netns.None())
 	if err != nil {

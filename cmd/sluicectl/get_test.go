@@ -41,10 +41,11 @@ default web NodePort 10.96.0.10 - 80:30080/TCP ext=Cluster,int=Cluster
 default web-abcde web 10.65.0.1@node-a(ready),10.65.0.65@node-b(ready),10.65.0.129@node-c(terminating) 8080/TCP
 `,
 	"bgpconfigurations": `NAME AS MESH PORT SERVICE-RANGES
-default 64512 false - 10.96.0.0/12
+default 64512 false - 10.96.0.0/12,192.168.50.7/32
 `,
 	"bgppeers": `NAME NODES PEERS AS LOCAL-AS
-rack-tor all() 192.168.10.1 65010 -
+rack-a rack == 'a' 192.168.10.1 65010 -
+rack-b rack == 'b' 192.168.20.1 65010 -
 `,
 }
 

@@ -134,8 +134,9 @@ func TestRecordReplay(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "events.jsonl")
 
 	out := c.mustCtl("record", file, "--until-in-sync")
-	// 13 sample objects, 2 BGP ones, node-a's block and its affinity, and the in-sync.
-	if want := fmt.Sprintf("recorded 18 events up to revision %d to %s\n", rev, file); out != want {
+	// 13 sample objects, the rack's BGP configuration and two peers, node-a's block and its
+	// affinity, and the in-sync.
+	if want := fmt.Sprintf("recorded 19 events up to revision %d to %s\n", rev, file); out != want {
 		t.Errorf("record printed %q, want %q", out, want)
 	}
 
