@@ -62,6 +62,9 @@ type RouteTableConfig struct {
 	// remote node and gateway (nexthops.go); off, each route carries its own gateway and
 	// device (`via <gw> dev <dev> onlink`, as Felix lays them out).
 	Nexthops bool
+	// NodeName is this node's: its own host address among calc's cluster nets is its underlay
+	// address (the parent), VXLAN or not.
+	NodeName string
 }
 
 // RouteTable owns the routes in one table that carry sluice's protocol number.
@@ -236,6 +239,12 @@ func (t *RouteTable) OnOp(op calc.Op) bool {
 			t.setParent(v.Underlay)
 		}
 		return true
+	case calc.OpClusterNet:
+		// This node's own address: the parent device's, without VXLAN too (a node routed by
+		// BGP alone has no VTEP). Not the table's op: the other drivers take it as well.
+		if c := op.ClusterNet; !op.Remove && c.Host && c.Node != "" && c.Node == t.cfg.NodeName && c.Prefix.IsSingleIP() {
+			t.setParent(c.Prefix.Addr())
+		}
 	}
 	return false
 }

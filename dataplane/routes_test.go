@@ -234,3 +234,29 @@ func TestJoinErrorsCaps(t *testing.T) {
 		t.Fatalf("three errors joined: %q", got)
 	}
 }
+
+// TestRouteParentFromOwnAddress: a node without VXLAN (routed by BGP alone) has no VTEP to
+// give its underlay address; its own host address among calc's cluster nets does, so routes
+// through the parent device resolve.
+func TestRouteParentFromOwnAddress(t *testing.T) {
+	f := fakeNode()
+	rt := NewRouteTable(f, RouteTableConfig{NodeName: "node-a"})
+	learned := calc.Route{Dst: pfx("10.80.0.64/26"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.1"), OnLink: true, Reason: calc.ReasonBGP}
+	rt.Full(&calc.Update{Full: true, Ops: []calc.Op{
+		{ClusterNet: &calc.ClusterNet{Prefix: pfx("192.0.2.99/32"), Host: true, Node: "node-b"}}, // another node's: not the parent
+		{Route: &learned},
+	}})
+	if err := rt.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Render(254); got != "" || rt.Unresolved() != 1 {
+		t.Fatalf("without this node's address: %q, %d unresolved", got, rt.Unresolved())
+	}
+	rt.OnOp(calc.Op{ClusterNet: &calc.ClusterNet{Prefix: netip.PrefixFrom(nodeAddr, 32), Host: true, Node: "node-a"}})
+	if err := rt.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.Render(254), "10.80.0.64/26 via 192.0.2.1 dev eth0 proto 83 onlink"; got != want || rt.Unresolved() != 0 {
+		t.Fatalf("with it: %q (%d unresolved), want %q", got, rt.Unresolved(), want)
+	}
+}

@@ -58,7 +58,7 @@ func TestParseFlagsDefaults(t *testing.T) {
 		StatusTTL:      15 * time.Second,
 		EtcdLiveness:   10 * time.Second,
 		EtcdWatchStall: time.Hour,
-		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol, Nexthops: true},
+		DP: dataplane.Config{Routes: dataplane.RouteTableConfig{Table: 254, Protocol: dataplane.DefaultRouteProtocol, Nexthops: true, NodeName: strings.ToLower(host)},
 			VXLAN:   dataplane.VXLANConfig{Name: "vxlan.sluice", VNI: dataplane.DefaultVNI, Port: dataplane.DefaultVXLANPort},
 			VXLANv6: dataplane.VXLANConfig{Name: "vxlan-v6.sluice"}, ResyncInterval: 90 * time.Second},
 		Services:          true,

@@ -473,6 +473,7 @@ func ParseEnv(args []string, lookupEnv func(string) (string, bool), stderr io.Wr
 		return nil, err
 	}
 	c.BPF.Services.NodeName = c.NodeName
+	c.DP.Routes.NodeName = c.NodeName
 	c.BPF.Services.VXLANPort = uint16(c.DP.VXLAN.Port)
 	c.BPF.TunnelDevices = []string{c.Calc.VXLANDevice, c.Calc.VXLANDeviceV6}
 	c.BPF.CleanConflicts = c.DP.CleanConflicts
