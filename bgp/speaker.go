@@ -82,6 +82,15 @@ type Speaker struct {
 	running *calc.BGPSpeaker
 	stopW   context.CancelFunc
 
+	// What the speaker learned and OnLearned has not taken yet (under learnedMu): GoBGP's
+	// watcher only queues (it never waits on the agent), and the delivery goroutine hands
+	// over what has queued meanwhile in one call, so 20,000 prefixes arriving are a few
+	// calls, not 20,000.
+	learnedMu   sync.Mutex
+	learnedQ    []calc.Learned
+	syncQ       bool // OnSynced is due, after what is queued
+	learnedKick chan struct{}
+
 	// End-of-RIB bookkeeping for OnSynced, under syncMu (GoBGP's goroutine and the loop's).
 	syncMu   sync.Mutex
 	eor      map[netip.Addr]bool
@@ -91,7 +100,7 @@ type Speaker struct {
 
 // New returns a speaker stage that runs nothing until its first full update.
 func New(cfg Config) *Speaker {
-	return &Speaker{cfg: cfg, kick: make(chan struct{}, 1),
+	return &Speaker{cfg: cfg, kick: make(chan struct{}, 1), learnedKick: make(chan struct{}, 1),
 		peers:    tracker.New[netip.Addr, calc.BGPPeer](func(a, b calc.BGPPeer) bool { return a == b }),
 		paths:    tracker.New[netip.Prefix, *calc.BGPPath](samePath),
 		peerKeys: map[netip.Addr]bool{}, pathKeys: map[netip.Prefix]bool{}}
@@ -178,6 +187,7 @@ func (s *Speaker) Kick() {
 // the connections close with the process, which peers with graceful restart take for a
 // restart, keeping the routes while it comes back.
 func (s *Speaker) Run(ctx context.Context) {
+	go s.deliverLearned(ctx)
 	loop := applyloop.Loop{Kick: s.kick, MinInterval: 10 * time.Millisecond, Apply: func() error {
 		err := s.Apply(ctx)
 		if s.cfg.OnApply != nil {
@@ -261,7 +271,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	go srv.Serve()
 	w := s.want
 	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: w.ASN, RouterId: w.RouterID.String(),
-		ListenPort: int32(w.ListenPort), UseMultiplePaths: true}}); err != nil {
+		ListenPort: int32(w.ListenPort)}}); err != nil {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
 	}
@@ -271,15 +281,13 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		srv.Stop()
 		return fmt.Errorf("watching the BGP speaker's sessions: %w", err)
 	}
-	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnBestPath: s.onBest}, server.WatchBestPath(true)); err != nil {
+	// One watcher for the table and the End-of-RIBs: its events come in the order GoBGP
+	// processed them, so a peer's End-of-RIB follows every path it sent before.
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnBestPath: s.onBest, OnPathEor: s.onEOR},
+		server.WatchBestPath(true), server.WatchEor(true)); err != nil {
 		cancel()
 		srv.Stop()
 		return fmt.Errorf("watching the BGP speaker's table: %w", err)
-	}
-	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPathEor: s.onEOR}, server.WatchEor(true)); err != nil {
-		cancel()
-		srv.Stop()
-		return fmt.Errorf("watching the BGP speaker's End-of-RIBs: %w", err)
 	}
 	s.syncMu.Lock()
 	s.eor, s.synced = map[netip.Addr]bool{}, false
@@ -305,9 +313,6 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 // onBest hears best-path changes: each prefix learned from a peer, with its next hop, or
 // withdrawn (no path, or this node's own is now the best).
 func (s *Speaker) onBest(paths []*apiutil.Path, _ time.Time) {
-	if s.cfg.OnLearned == nil {
-		return
-	}
 	out := make([]calc.Learned, 0, len(paths))
 	for _, p := range paths {
 		prefix, err := netip.ParsePrefix(p.Nlri.String())
@@ -320,8 +325,37 @@ func (s *Speaker) onBest(paths []*apiutil.Path, _ time.Time) {
 		}
 		out = append(out, l)
 	}
-	if len(out) > 0 {
-		s.cfg.OnLearned(out)
+	if len(out) == 0 {
+		return
+	}
+	s.learnedMu.Lock()
+	s.learnedQ = append(s.learnedQ, out...)
+	s.learnedMu.Unlock()
+	select {
+	case s.learnedKick <- struct{}{}:
+	default:
+	}
+}
+
+// deliverLearned hands what was learned to OnLearned, all that queued in one call, until ctx
+// ends.
+func (s *Speaker) deliverLearned(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.learnedKick:
+		}
+		s.learnedMu.Lock()
+		batch, synced := s.learnedQ, s.syncQ
+		s.learnedQ, s.syncQ = nil, false
+		s.learnedMu.Unlock()
+		if len(batch) > 0 && s.cfg.OnLearned != nil {
+			s.cfg.OnLearned(batch)
+		}
+		if synced && s.cfg.OnSynced != nil {
+			s.cfg.OnSynced()
+		}
 	}
 }
 
@@ -366,8 +400,13 @@ func (s *Speaker) syncNow() {
 		s.deadline.Stop()
 	}
 	s.syncMu.Unlock()
-	if s.cfg.OnSynced != nil {
-		s.cfg.OnSynced()
+	// Through the delivery goroutine: after every path learned before it.
+	s.learnedMu.Lock()
+	s.syncQ = true
+	s.learnedMu.Unlock()
+	select {
+	case s.learnedKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -95,9 +95,17 @@ func (p *Planner) OnEvents(batch []store.Event) {
 // changed (the routes, once calc's first update has gone).
 func (p *Planner) OnLearned(ls []calc.Learned) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if u := p.Graph.OnLearned(ls); u != nil {
+	u := p.Graph.OnLearned(ls)
+	if u != nil {
 		p.handOver(u)
+	}
+	p.mu.Unlock()
+	if e := p.Log.Debug(); e.Enabled() {
+		changes := 0
+		if u != nil {
+			changes = len(u.Ops)
+		}
+		e.Int("heard", len(ls)).Int("changes", changes).Msg("BGP routes heard")
 	}
 }
 
