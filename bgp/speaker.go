@@ -27,6 +27,12 @@ import (
 // (calico/node's BIRD offers 120 s).
 const DefaultRestartTime = 120 * time.Second
 
+// GoBGP's numbers for the families sluice speaks (its AfiSafiType order).
+const (
+	ipv4Unicast = 0
+	ipv6Unicast = 1
+)
+
 // multihopTTL is the TTL of sessions to peers that are not directly connected: calico/node
 // makes every session `multihop` (BIRD's default of 64 hops).
 const multihopTTL = 64
@@ -270,8 +276,10 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	srv := server.NewBgpServer(server.LoggerOption(log, lvl))
 	go srv.Serve()
 	w := s.want
+	// Only the two families sluice speaks: by default GoBGP makes tables for every family it
+	// knows (two sets of 2,048 shards each), 10 MB of heap before a single route.
 	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: w.ASN, RouterId: w.RouterID.String(),
-		ListenPort: int32(w.ListenPort)}}); err != nil {
+		ListenPort: int32(w.ListenPort), Families: []uint32{ipv4Unicast, ipv6Unicast}}}); err != nil {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
 	}

@@ -52,7 +52,7 @@ func toolTOR(args []string) error {
 	srv := server.NewBgpServer(server.LoggerOption(slog.New(slog.DiscardHandler), new(slog.LevelVar)))
 	go srv.Serve()
 	ctx := context.Background()
-	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: uint32(*asn), RouterId: *routerID, ListenPort: 179}}); err != nil {
+	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: uint32(*asn), RouterId: *routerID, ListenPort: 179, Families: []uint32{0}}}); err != nil {
 		return err
 	}
 	t := &tor{h: h, adj: map[netip.Prefix]map[netip.Addr]netip.Addr{}}
