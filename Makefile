@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 PKGS    := ./...
 
-.PHONY: all build test vet fmt-check demo faults churn bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check test-kernels test-kernels-ci
+.PHONY: bench-bgp all build test vet fmt-check demo faults churn bench bench-dataplane bench-fanout bench-services fuzz install clean generate generate-check test-kernels test-kernels-ci
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
@@ -73,7 +73,25 @@ bench:
 	   $(MAKE) -s bench-dataplane && \
 	   $(GO) test -run '^$$' -bench OutgoingNAT -benchtime 1x ./dataplane/ && \
 	   $(MAKE) -s bench-fanout && \
-	   $(MAKE) -s bench-services ; } | tee /dev/stderr | awk -f testdata/benchtable.awk
+	   $(MAKE) -s bench-services && \
+	   $(MAKE) -s bench-bgp ; } | tee /dev/stderr | awk -f testdata/benchtable.awk
+
+# BGP (issue #38), as root with BIRD 2 installed: a route reflector (BIRD) announcing 20,000
+# /26s to sluiced (--bgp) and to BIRD's own kernel protocol on the same machine, each in a
+# namespace of its own on one bridge: time to all routes in the kernel both ways, one prefix
+# announced and withdrawn to the kernel (p50), sluiced's memory with and without BGP.
+BENCH_BGP_NS = sl-bench sl-bench-rr sl-bench-bird
+bench-bgp:
+	@for ns in $(BENCH_BGP_NS); do ip netns del $$ns 2>/dev/null; done; \
+	for ns in $(BENCH_BGP_NS); do ip netns add $$ns && ip -n $$ns link set lo up || exit 1; done; \
+	ip -n sl-bench-rr link add br0 type bridge && ip -n sl-bench-rr addr add 192.0.2.1/24 dev br0 && ip -n sl-bench-rr link set br0 up && \
+	ip -n sl-bench link add eth0 type veth peer name p-node netns sl-bench-rr && \
+	ip -n sl-bench-bird link add eth0 type veth peer name p-bird netns sl-bench-rr && \
+	ip -n sl-bench-rr link set p-node master br0 up && ip -n sl-bench-rr link set p-bird master br0 up && \
+	ip -n sl-bench addr add 192.0.2.11/24 dev eth0 && ip -n sl-bench link set eth0 up && \
+	ip -n sl-bench-bird addr add 192.0.2.12/24 dev eth0 && ip -n sl-bench-bird link set eth0 up && \
+	ip netns exec sl-bench env SLUICE_BENCH_BGP=1 $(GO) test -run '^$$' -bench BGPLearned -benchtime 1x ./cmd/sluiced/ ; \
+	rc=$$?; for ns in $(BENCH_BGP_NS); do ip netns del $$ns; done; exit $$rc
 
 # Fan-out (issue #11): 1,000 watchers of sluice's prefixes straight to etcd, then through one
 # etcd gRPC proxy, while a writer makes 200 changes: etcd's CPU and memory both ways, the

@@ -40,6 +40,10 @@ func TestMain(m *testing.M) {
 		serveBareWatcher(ep)
 		return
 	}
+	if os.Getenv(bareSpeakerEnv) != "" {
+		serveBareSpeaker()
+		return
+	}
 	os.Exit(m.Run())
 }
 
