@@ -80,9 +80,11 @@ bench:
 # /26s to sluiced (--bgp) and to BIRD's own kernel protocol on the same machine, each in a
 # namespace of its own on one bridge: time to all routes in the kernel both ways, one prefix
 # announced and withdrawn to the kernel (p50), sluiced's memory with and without BGP.
+# SLUICE_BENCH_CPUPROFILE=FILE / SLUICE_BENCH_HEAP=FILE save sluiced's CPU and heap profiles.
 BENCH_BGP_NS = sl-bench sl-bench-rr sl-bench-bird
 bench-bgp:
-	@for ns in $(BENCH_BGP_NS); do ip netns del $$ns 2>/dev/null; done; \
+	@command -v bird >/dev/null || { echo "bench-bgp needs BIRD 2 (apt-get install bird2)"; exit 1; }; \
+	for ns in $(BENCH_BGP_NS); do ip netns del $$ns 2>/dev/null; done; \
 	for ns in $(BENCH_BGP_NS); do ip netns add $$ns && ip -n $$ns link set lo up || exit 1; done; \
 	ip -n sl-bench-rr link add br0 type bridge && ip -n sl-bench-rr addr add 192.0.2.1/24 dev br0 && ip -n sl-bench-rr link set br0 up && \
 	ip -n sl-bench link add eth0 type veth peer name p-node netns sl-bench-rr && \
