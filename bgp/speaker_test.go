@@ -131,3 +131,56 @@ func waitRIB(t *testing.T, sp *speakerProc, ok func([]string) bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// birdNodeConf is a calico/node-style BIRD node, as confd's templates configure one (in BIRD
+// 2's syntax): its block is a static blackhole, exported to the mesh with the rest of the
+// pool; what the mesh sends goes into its kernel (its next hops resolved through the
+// interfaces' routes, protocol direct, as calico/node's); graceful restart; the mesh session
+// to the node with the lower address made by this one (the higher connects, as calico/node's
+// mesh).
+const birdNodeConf = `router id 192.0.2.12;
+filter calico_export_to_bgp_peers { if ( net ~ 10.80.0.0/16 ) then accept; reject; }
+filter calico_kernel_programming { if ( net ~ 10.80.0.0/16 ) then accept; reject; }
+protocol device { scan time 1; }
+protocol direct { ipv4; interface "eth*"; }
+protocol kernel { ipv4 { import none; export filter calico_kernel_programming; }; merge paths on; graceful restart; }
+protocol static { ipv4; route 10.80.1.0/26 blackhole; }
+protocol bgp Mesh_192_0_2_11 {
+  local 192.0.2.12 as 64512;
+  neighbor 192.0.2.11 as 64512;
+  multihop;
+  graceful restart on;
+  connect retry time 1;
+  ipv4 { import all; export filter calico_export_to_bgp_peers; };
+}
+`
+
+// TestSpeakerInMeshWithBIRDNode: a sluice node and a calico/node-style BIRD node in one
+// node-to-node mesh (iBGP, AS 64512): each learns the other's block, BIRD programs sluice's
+// into its kernel, and the session is made from BIRD's side (sluice, the lower address, is
+// passive, as calc makes mesh sessions).
+func TestSpeakerInMeshWithBIRDNode(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needBIRD(t)
+	sluiceNS, birdNS := nstest.New(t), nstest.New(t)
+	link(t, sluiceNS, "eth0", "192.0.2.11/24", birdNS, "eth0", "192.0.2.12/24")
+	node := startBIRD(t, birdNS, "node-b", birdNodeConf)
+
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
+	peer := calc.BGPPeer{Addr: addr("192.0.2.12"), ASN: 64512, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto,
+		Passive: true, Node: "node-b", Origin: "mesh"}
+	block := calc.BGPPath{Prefix: pfx("10.80.0.0/26"), Reason: calc.AnnounceBlock}
+	sp := startSpeaker(t, sluiceNS, t.TempDir())
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &block}}}})
+	sp.waitFor("the mesh session up", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up })
+	sp.waitFor("the BIRD node's block learned", 0, 10*time.Second, func(r reply) bool {
+		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("10.80.1.0/26"), NextHop: addr("192.0.2.12")})
+	})
+	node.waitC("sluice's block at the BIRD node", "show route 10.80.0.0/26", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 192.0.2.11") })
+	waitKernel(t, "sluice's block in the BIRD node's kernel", func() bool {
+		return slices.Contains(kernelRoutes(t, birdNS, birdProto), "10.80.0.0/26 via 192.0.2.11")
+	})
+	if out := node.mustC("show protocols all Mesh_192_0_2_11"); !strings.Contains(out, "Source address:   192.0.2.12") || !strings.Contains(out, "internal") {
+		t.Errorf("the mesh session as the BIRD node sees it:\n%s", out)
+	}
+}
