@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/internal/applyloop"
 	"github.com/sluice-net/sluice/internal/tracker"
+	"github.com/sluice-net/sluice/store"
 )
 
 // DefaultRestartTime is the graceful-restart time a session offers when calc names none
@@ -32,6 +33,65 @@ const (
 	ipv4Unicast = 0
 	ipv6Unicast = 1
 )
+
+// nextHopSets are the neighbour sets of BGPPeer's nextHopMode, each with its export action:
+// Self makes this node the next hop of everything it sends the peer, Keep leaves the next hop
+// it learned (Auto, the default, is BGP's own rule: kept over iBGP, this node over eBGP).
+// GoBGP gives per-peer export policies to route-server clients only: one global policy per
+// mode matches the peers in its set.
+var nextHopSets = map[string]*api.NexthopAction{
+	store.NextHopSelf: {Self: true},
+	store.NextHopKeep: {Unchanged: true},
+}
+
+func nextHopSetName(mode string) string { return "sluice-next-hop-" + strings.ToLower(mode) }
+
+// noNeighbor holds a set that must match nobody: GoBGP takes an empty neighbour set for
+// every neighbour.
+const noNeighbor = "0.0.0.0/32"
+
+// addNextHopPolicies makes the next-hop sets (empty but for noNeighbor), their policies and
+// the global export assignment of both.
+func addNextHopPolicies(ctx context.Context, srv *server.BgpServer) error {
+	var policies []*api.Policy
+	for _, mode := range []string{store.NextHopSelf, store.NextHopKeep} {
+		name := nextHopSetName(mode)
+		if err := srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
+			DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: name, List: []string{noNeighbor}}}); err != nil {
+			return fmt.Errorf("the next-hop set %s: %w", name, err)
+		}
+		p := &api.Policy{Name: name, Statements: []*api.Statement{{Name: name,
+			Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Type: api.MatchSet_TYPE_ANY, Name: name}},
+			Actions:    &api.Actions{Nexthop: nextHopSets[mode]}}}}
+		if err := srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: p}); err != nil {
+			return fmt.Errorf("the next-hop policy %s: %w", name, err)
+		}
+		policies = append(policies, &api.Policy{Name: name})
+	}
+	return srv.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{Name: "",
+		Direction: api.PolicyDirection_POLICY_DIRECTION_EXPORT, Policies: policies, DefaultAction: api.RouteAction_ROUTE_ACTION_ACCEPT}})
+}
+
+// setNextHopMode puts peer a in the set of its mode (Auto: none), out of the others.
+func (s *Speaker) setNextHopMode(ctx context.Context, a netip.Addr, mode string) error {
+	member := netip.PrefixFrom(a, a.BitLen()).String()
+	for m := range nextHopSets {
+		set := &api.DefinedSet{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: nextHopSetName(m), List: []string{member}}
+		var err error
+		if m == mode {
+			err = s.srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: set})
+		} else {
+			err = s.srv.DeleteDefinedSet(ctx, &api.DeleteDefinedSetRequest{DefinedSet: set})
+			if notFound(err) || (err != nil && strings.Contains(err.Error(), "not")) {
+				err = nil
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("next-hop mode %s: %w", mode, err)
+		}
+	}
+	return nil
+}
 
 // multihopTTL is the TTL of sessions to peers that are not directly connected: calico/node
 // makes every session `multihop` (BIRD's default of 64 hops).
@@ -258,7 +318,10 @@ func (s *Speaker) Apply(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func notFound(err error) bool { return err != nil && strings.Contains(err.Error(), "not found") }
+// notFound: GoBGP has no such peer (it says "not found" or "can't delete a peer configuration").
+func notFound(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "can't delete a peer configuration"))
+}
 
 // applySpeaker starts, restarts (its AS, router ID or port changed) or stops the speaker.
 func (s *Speaker) applySpeaker(ctx context.Context) error {
@@ -282,6 +345,10 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		ListenPort: int32(w.ListenPort), Families: []uint32{ipv4Unicast, ipv6Unicast}}}); err != nil {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
+	}
+	if err := addNextHopPolicies(ctx, srv); err != nil {
+		srv.Stop()
+		return err
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPeerUpdate: s.onPeer}, server.WatchPeer()); err != nil {
@@ -463,12 +530,11 @@ func family(a netip.Addr) (*api.Family, bgp.Family) {
 
 // setPeer adds a session, or replaces one whose settings changed.
 func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
-	if _, had := s.peers.Actual(p.Addr); had {
-		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()}); err != nil && !notFound(err) {
-			return err
-		}
-		s.peers.DeleteActual(p.Addr)
+	// Settings changed, or an earlier attempt stopped half-way: the session is made anew.
+	if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()}); err != nil && !notFound(err) {
+		return err
 	}
+	s.peers.DeleteActual(p.Addr)
 	pw, err := s.password(p)
 	if err != nil {
 		return err
@@ -500,6 +566,10 @@ func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
 	}
 	if p.RRClient && s.running.ClusterID.IsValid() {
 		peer.RouteReflector = &api.RouteReflector{RouteReflectorClient: true, RouteReflectorClusterId: s.running.ClusterID.String()}
+	}
+	// Its next-hop mode first: what is sent once the session is up goes through it.
+	if err := s.setNextHopMode(ctx, p.Addr, p.NextHop); err != nil {
+		return err
 	}
 	return s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: peer})
 }

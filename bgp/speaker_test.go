@@ -184,3 +184,43 @@ func TestSpeakerInMeshWithBIRDNode(t *testing.T) {
 		t.Errorf("the mesh session as the BIRD node sees it:\n%s", out)
 	}
 }
+
+// TestSpeakerNextHopMode: BGPPeer's nextHopMode on the wire. The node learns a route over
+// eBGP from router A and passes it over iBGP to router B: by BGP's own rule (Auto) B sees A's
+// address as its next hop, with Self the node's own.
+func TestSpeakerNextHopMode(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needBIRD(t)
+	nodeNS, aNS, bNS := nstest.New(t), nstest.New(t), nstest.New(t)
+	link(t, nodeNS, "eth0", "192.0.2.11/24", aNS, "eth0", "192.0.2.1/24")
+	link(t, nodeNS, "eth1", "198.51.100.11/24", bNS, "eth0", "198.51.100.2/24")
+	startBIRD(t, aNS, "a", torConf("192.0.2.1", "192.0.2.1", 65001, "192.0.2.11", 64512, ""))
+	b := startBIRD(t, bNS, "b", `router id 198.51.100.2;
+protocol device {}
+protocol bgp node {
+  local 198.51.100.2 as 64512;
+  neighbor 198.51.100.11 as 64512;
+  connect retry time 1;
+  ipv4 { import all; export none; };
+}
+`)
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
+	toA := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto, Origin: "BGPPeer a"}
+	toB := calc.BGPPeer{Addr: addr("198.51.100.2"), ASN: 64512, LocalASN: 64512, SourceAddr: addr("198.51.100.11"), NextHop: store.NextHopSelf, Origin: "BGPPeer b"}
+	sp := startSpeaker(t, nodeNS, t.TempDir())
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &toA}, {BGPPeer: &toB}}}})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(sp.said())
+		}
+	})
+	b.waitC("A's route at B, next hop the node (Self)", "show route 198.18.0.0/24 all", 15*time.Second, func(out string) bool {
+		return strings.Contains(out, "BGP.next_hop: 198.51.100.11")
+	})
+	auto := toB
+	auto.NextHop = store.NextHopAuto
+	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{BGPPeer: &auto}}}})
+	b.waitC("A's route at B, next hop A's (Auto over iBGP)", "show route 198.18.0.0/24 all", 30*time.Second, func(out string) bool {
+		return strings.Contains(out, "BGP.next_hop: 192.0.2.1")
+	})
+}
