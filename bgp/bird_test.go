@@ -165,6 +165,11 @@ func link(t *testing.T, a netns.NsHandle, aName, aAddr string, b netns.NsHandle,
 // (with a password and graceful restart), programs what it learns into its kernel and
 // announces a route of its own.
 func torConf(routerID, local string, localAS int, neighbor string, neighborAS int, password string) string {
+	return routerConf(routerID, local, localAS, neighbor, neighborAS, password, "198.18.0.0/24")
+}
+
+// routerConf is torConf announcing route instead.
+func routerConf(routerID, local string, localAS int, neighbor string, neighborAS int, password, route string) string {
 	pw := ""
 	if password != "" {
 		pw = fmt.Sprintf("  password %q;\n", password)
@@ -172,7 +177,7 @@ func torConf(routerID, local string, localAS int, neighbor string, neighborAS in
 	return fmt.Sprintf(`router id %s;
 protocol device { scan time 1; }
 protocol kernel { ipv4 { import none; export all; }; merge paths on; }
-protocol static { ipv4; route 198.18.0.0/24 blackhole; }
+protocol static { ipv4; route %s blackhole; }
 protocol bgp node {
   local %s as %d;
   neighbor %s as %d;
@@ -180,5 +185,5 @@ protocol bgp node {
   connect retry time 1;
   ipv4 { import all; export all; };
 }
-`, routerID, local, localAS, neighbor, neighborAS, pw)
+`, routerID, route, local, localAS, neighbor, neighborAS, pw)
 }

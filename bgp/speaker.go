@@ -50,9 +50,13 @@ func nextHopSetName(mode string) string { return "sluice-next-hop-" + strings.To
 // every neighbour.
 const noNeighbor = "0.0.0.0/32"
 
-// addNextHopPolicies makes the next-hop sets (empty but for noNeighbor), their policies and
-// the global export assignment of both.
-func addNextHopPolicies(ctx context.Context, srv *server.BgpServer) error {
+// addExportPolicies makes the next-hop sets (empty but for noNeighbor), their policies, and
+// the export filter, and assigns them, in that order, to what the speaker sends every peer.
+// The filter is calico/node's rule that a node is no transit: it sends its own announcements
+// (calc's paths) and, a route reflector, what its iBGP peers sent it; never what it learned
+// from an eBGP peer (a top-of-rack router's default route, say, to the other router or to
+// the mesh).
+func addExportPolicies(ctx context.Context, srv *server.BgpServer, reflector bool) error {
 	var policies []*api.Policy
 	for _, mode := range []string{store.NextHopSelf, store.NextHopKeep} {
 		name := nextHopSetName(mode)
@@ -68,8 +72,20 @@ func addNextHopPolicies(ctx context.Context, srv *server.BgpServer) error {
 		}
 		policies = append(policies, &api.Policy{Name: name})
 	}
+	filter := &api.Policy{Name: "sluice-export", Statements: []*api.Statement{{Name: "sluice-export-own",
+		Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_LOCAL},
+		Actions:    &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_ACCEPT}}}}
+	if reflector {
+		filter.Statements = append(filter.Statements, &api.Statement{Name: "sluice-export-reflected",
+			Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_INTERNAL},
+			Actions:    &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_ACCEPT}})
+	}
+	if err := srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: filter}); err != nil {
+		return fmt.Errorf("the export filter: %w", err)
+	}
+	policies = append(policies, &api.Policy{Name: filter.Name})
 	return srv.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{Name: "",
-		Direction: api.PolicyDirection_POLICY_DIRECTION_EXPORT, Policies: policies, DefaultAction: api.RouteAction_ROUTE_ACTION_ACCEPT}})
+		Direction: api.PolicyDirection_POLICY_DIRECTION_EXPORT, Policies: policies, DefaultAction: api.RouteAction_ROUTE_ACTION_REJECT}})
 }
 
 // setNextHopMode puts peer a in the set of its mode (Auto: none), out of the others.
@@ -346,7 +362,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
 	}
-	if err := addNextHopPolicies(ctx, srv); err != nil {
+	if err := addExportPolicies(ctx, srv, w.ClusterID.IsValid()); err != nil {
 		srv.Stop()
 		return err
 	}

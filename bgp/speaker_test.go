@@ -185,16 +185,19 @@ func TestSpeakerInMeshWithBIRDNode(t *testing.T) {
 	}
 }
 
-// TestSpeakerNextHopMode: BGPPeer's nextHopMode on the wire. The node learns a route over
-// eBGP from router A and passes it over iBGP to router B: by BGP's own rule (Auto) B sees A's
-// address as its next hop, with Self the node's own.
+// TestSpeakerNextHopMode: BGPPeer's nextHopMode on the wire, and the node no transit. The
+// node, a route reflector, reflects what its client A sends over iBGP to B: by BGP's own rule
+// (Auto) B sees A's address as next hop, with Self the node's own. What router E sends over
+// eBGP never reaches B (calico/node's export filter: a node is no transit).
 func TestSpeakerNextHopMode(t *testing.T) {
 	nstest.NeedRoot(t, "network namespaces")
 	needBIRD(t)
-	nodeNS, aNS, bNS := nstest.New(t), nstest.New(t), nstest.New(t)
+	nodeNS, aNS, bNS, eNS := nstest.New(t), nstest.New(t), nstest.New(t), nstest.New(t)
 	link(t, nodeNS, "eth0", "192.0.2.11/24", aNS, "eth0", "192.0.2.1/24")
 	link(t, nodeNS, "eth1", "198.51.100.11/24", bNS, "eth0", "198.51.100.2/24")
-	startBIRD(t, aNS, "a", torConf("192.0.2.1", "192.0.2.1", 65001, "192.0.2.11", 64512, ""))
+	link(t, nodeNS, "eth2", "203.0.113.11/24", eNS, "eth0", "203.0.113.1/24")
+	startBIRD(t, aNS, "a", routerConf("192.0.2.1", "192.0.2.1", 64512, "192.0.2.11", 64512, "", "198.18.0.0/24"))
+	startBIRD(t, eNS, "e", routerConf("203.0.113.1", "203.0.113.1", 65001, "203.0.113.11", 64512, "", "198.19.0.0/24"))
 	b := startBIRD(t, bNS, "b", `router id 198.51.100.2;
 protocol device {}
 protocol bgp node {
@@ -204,23 +207,28 @@ protocol bgp node {
   ipv4 { import all; export none; };
 }
 `)
-	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
-	toA := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto, Origin: "BGPPeer a"}
-	toB := calc.BGPPeer{Addr: addr("198.51.100.2"), ASN: 64512, LocalASN: 64512, SourceAddr: addr("198.51.100.11"), NextHop: store.NextHopSelf, Origin: "BGPPeer b"}
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11"), ClusterID: addr("10.0.0.1")}
+	toA := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 64512, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto, RRClient: true, Origin: "BGPPeer a"}
+	toE := calc.BGPPeer{Addr: addr("203.0.113.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("203.0.113.11"), NextHop: store.NextHopAuto, Origin: "BGPPeer e"}
+	toB := calc.BGPPeer{Addr: addr("198.51.100.2"), ASN: 64512, LocalASN: 64512, SourceAddr: addr("198.51.100.11"), NextHop: store.NextHopSelf, RRClient: true, Origin: "BGPPeer b"}
 	sp := startSpeaker(t, nodeNS, t.TempDir())
-	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &toA}, {BGPPeer: &toB}}}})
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Log(sp.said())
 		}
 	})
-	b.waitC("A's route at B, next hop the node (Self)", "show route 198.18.0.0/24 all", 15*time.Second, func(out string) bool {
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &toA}, {BGPPeer: &toB}, {BGPPeer: &toE}}}})
+	b.waitC("A's route reflected to B, next hop the node (Self)", "show route 198.18.0.0/24 all", 30*time.Second, func(out string) bool {
 		return strings.Contains(out, "BGP.next_hop: 198.51.100.11")
 	})
+	waitRIB(t, sp, func(rib []string) bool { return slices.Contains(rib, "198.19.0.0/24 via [203.0.113.1] from 203.0.113.1") })
 	auto := toB
 	auto.NextHop = store.NextHopAuto
 	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{BGPPeer: &auto}}}})
-	b.waitC("A's route at B, next hop A's (Auto over iBGP)", "show route 198.18.0.0/24 all", 30*time.Second, func(out string) bool {
+	b.waitC("A's route reflected to B, next hop A's (Auto over iBGP)", "show route 198.18.0.0/24 all", 30*time.Second, func(out string) bool {
 		return strings.Contains(out, "BGP.next_hop: 192.0.2.1")
 	})
+	if out, _ := b.c("show route 198.19.0.0/24"); strings.Contains(out, "198.19.0.0/24") {
+		t.Fatalf("E's route (learned over eBGP) reached B through the node:\n%s", out)
+	}
 }
