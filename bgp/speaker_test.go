@@ -221,7 +221,9 @@ protocol bgp node {
 	b.waitC("A's route reflected to B, next hop the node (Self)", "show route 198.18.0.0/24 all", 30*time.Second, func(out string) bool {
 		return strings.Contains(out, "BGP.next_hop: 198.51.100.11")
 	})
-	waitRIB(t, sp, func(rib []string) bool { return slices.Contains(rib, "198.19.0.0/24 via [203.0.113.1] from 203.0.113.1") })
+	waitRIB(t, sp, func(rib []string) bool {
+		return slices.Contains(rib, "198.19.0.0/24 via [203.0.113.1] from 203.0.113.1")
+	})
 	auto := toB
 	auto.NextHop = store.NextHopAuto
 	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{BGPPeer: &auto}}}})
