@@ -235,8 +235,12 @@ func famBit(a netip.Addr) uint8 {
 }
 
 func (c *bgpCalc) onBGPConfig(id string, cfg *store.BGPConfiguration) {
+	if !c.cfg.BGP {
+		return
+	}
+	c.dirtySessions = true // any node's listen port is its sessions' port
 	if id == "default" || id == store.NodeConfigPrefix+c.cfg.NodeName {
-		c.dirtySessions, c.dirtyAll = true, true
+		c.dirtyAll = true
 		c.allServices()
 	}
 }
@@ -432,7 +436,7 @@ func (c *bgpCalc) routeReason(p netip.Prefix, r *Route) string {
 func (c *bgpCalc) computeService(id string) {
 	var want []netip.Prefix
 	if s, self := c.services[id], c.self(); s != nil && self != nil && len(s.ClusterIPs) > 0 {
-		if _, excluded := self.Labels[ExcludeFromLBLabel]; !excluded {
+		if self.Labels[ExcludeFromLBLabel] != "true" { // as calico/node reads it
 			want = c.serviceAddrs(id, s)
 		}
 	}
@@ -626,9 +630,15 @@ func (c *bgpCalc) wantSessions() (*BGPSpeaker, map[netip.Addr]*BGPPeer) {
 			if !ok {
 				continue // this node has no address of that family: no session of it
 			}
-			p := BGPPeer{Addr: a, ASN: cmp.Or(n.BGP.ASNumber, global.ASNumber, DefaultASNumber), LocalASN: asn, SourceAddr: src,
+			peerASN := cmp.Or(n.BGP.ASNumber, global.ASNumber, DefaultASNumber)
+			p := BGPPeer{Addr: a, Port: c.listenPort(n.Name), ASN: peerASN, LocalASN: asn, SourceAddr: src,
 				NextHop: store.NextHopAuto, Node: n.Name, Origin: origin,
-				RRClient: sp.ClusterID.IsValid() && n.BGP.RouteReflectorClusterID != sp.ClusterID}
+				// A reflector's clients: iBGP peers that are not reflectors of its cluster.
+				RRClient: sp.ClusterID.IsValid() && peerASN == asn && n.BGP.RouteReflectorClusterID != sp.ClusterID,
+				// Sessions between nodes are one-way, as calico/node's templates make them:
+				// the node whose address is the greater string connects (its template
+				// compares the addresses as text).
+				Passive: a.String() > src.String()}
 			if bp != nil {
 				p.LocalASN = cmp.Or(bp.LocalASNumber, asn)
 				p.Password = derefSecret(bp.Password)
@@ -636,8 +646,6 @@ func (c *bgpCalc) wantSessions() (*BGPSpeaker, map[netip.Addr]*BGPPeer) {
 			} else {
 				p.Password = derefSecret(global.NodeMeshPassword)
 				p.RestartTime = global.NodeMeshMaxRestartTime
-				// The mesh is one-way: the node with the higher address connects.
-				p.Passive = a.Compare(src) > 0
 			}
 			add(p)
 		}
@@ -673,9 +681,11 @@ func (c *bgpCalc) wantSessions() (*BGPSpeaker, map[netip.Addr]*BGPPeer) {
 					say("bgp/session/"+bp.PeerIP.String(), fmt.Sprintf("%s: this node has no address of peer %s's family (spec.bgp)", origin, bp.PeerIP))
 					continue
 				}
-				add(BGPPeer{Addr: bp.PeerIP, Port: bp.PeerPort, ASN: bp.ASNumber, LocalASN: cmp.Or(bp.LocalASNumber, asn), SourceAddr: src,
+				local := cmp.Or(bp.LocalASNumber, asn)
+				add(BGPPeer{Addr: bp.PeerIP, Port: bp.PeerPort, ASN: bp.ASNumber, LocalASN: local, SourceAddr: src,
 					Password: derefSecret(bp.Password), RestartTime: bp.MaxRestartTime, TTLSecurity: bp.TTLSecurity, NextHop: bp.NextHopMode,
-					Origin: origin})
+					// An iBGP peer by address is a reflector's client (it has no cluster ID).
+					RRClient: sp.ClusterID.IsValid() && bp.ASNumber == local, Origin: origin})
 			} else {
 				for _, n := range others {
 					if bp.PeerSelector.Matches(n.Labels) {
@@ -702,6 +712,21 @@ func (c *bgpCalc) wantSessions() (*BGPSpeaker, map[netip.Addr]*BGPPeer) {
 		}
 	}
 	return sp, out
+}
+
+// listenPort is the port node's speaker listens on, as its BGP configurations say (0: 179).
+func (c *bgpCalc) listenPort(node string) uint16 {
+	port := uint16(0)
+	if g := c.bgpConfigs["default"]; g != nil {
+		port = g.ListenPort
+	}
+	if nc := c.bgpConfigs[store.NodeConfigPrefix+node]; nc != nil && nc.ListenPort != 0 {
+		port = nc.ListenPort
+	}
+	if port == DefaultBGPPort {
+		return 0
+	}
+	return port
 }
 
 func derefSecret(r *store.SecretKeyRef) store.SecretKeyRef {
