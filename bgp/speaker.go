@@ -127,6 +127,10 @@ type Config struct {
 	// OnLearned hears what the speaker learned and withdrew (best paths from peers; a prefix
 	// whose best path becomes this node's own counts as withdrawn), from GoBGP's goroutine.
 	OnLearned func([]calc.Learned)
+	// OnStale is called when the speaker stops (its configuration changed, or this node
+	// speaks BGP no more): everything learned so far is stale, kept until OnSynced (nil:
+	// none).
+	OnStale func()
 	// OnSynced is called once per start of the speaker, when every session has sent its
 	// End-of-RIB or their restart time is over: what was learned before a restart and not
 	// learned again may go.
@@ -171,6 +175,7 @@ type Speaker struct {
 	learnedMu   sync.Mutex
 	learnedQ    []calc.Learned
 	syncQ       bool // OnSynced is due, after what is queued
+	staleQ      bool // OnStale is due, before what is queued
 	learnedKick chan struct{}
 
 	// End-of-RIB bookkeeping for OnSynced, under syncMu (GoBGP's goroutine and the loop's).
@@ -438,9 +443,12 @@ func (s *Speaker) deliverLearned(ctx context.Context) {
 		case <-s.learnedKick:
 		}
 		s.learnedMu.Lock()
-		batch, synced := s.learnedQ, s.syncQ
-		s.learnedQ, s.syncQ = nil, false
+		batch, synced, stale := s.learnedQ, s.syncQ, s.staleQ
+		s.learnedQ, s.syncQ, s.staleQ = nil, false, false
 		s.learnedMu.Unlock()
+		if stale && s.cfg.OnStale != nil {
+			s.cfg.OnStale()
+		}
 		if len(batch) > 0 && s.cfg.OnLearned != nil {
 			s.cfg.OnLearned(batch)
 		}
@@ -501,13 +509,25 @@ func (s *Speaker) syncNow() {
 	}
 }
 
-// stop stops the running speaker (a configuration change: its peers see a Cease).
+// stop stops the running speaker (a configuration change: its peers see a Cease). What it
+// learned is stale from now: the next speaker's sync removes what its peers do not send
+// again, or, with no speaker to come, it goes at once.
 func (s *Speaker) stop() {
 	if s.stopW != nil {
 		s.stopW()
 	}
 	s.srv.Stop()
 	s.srv, s.running, s.stopW = nil, nil, nil
+	s.learnedMu.Lock()
+	s.staleQ = true
+	if s.want == nil {
+		s.syncQ = true
+	}
+	s.learnedMu.Unlock()
+	select {
+	case s.learnedKick <- struct{}{}:
+	default:
+	}
 }
 
 func (s *Speaker) onPeer(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {

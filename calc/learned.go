@@ -55,6 +55,16 @@ func (g *Graph) KeepLearned(ls []Learned) *Update {
 	return g.compute(false)
 }
 
+// StaleLearned makes everything learned so far stale: the speaker stopped (its configuration
+// changed), and the next one's sync removes what its peers do not send again. Nothing
+// changes in the desired state until then.
+func (g *Graph) StaleLearned() {
+	for p, l := range g.learned {
+		l.stale = true
+		g.learned[p] = l
+	}
+}
+
 // SweepLearned drops the stale routes no peer announced again: the speaker calls it once
 // every session has sent its End-of-RIB (or their restart time is over).
 func (g *Graph) SweepLearned() *Update {

@@ -154,3 +154,25 @@ func TestBGPLearnedTransitions(t *testing.T) {
 		t.Fatalf("without BGP, calc routes the remote block: %v", s.Routes)
 	}
 }
+
+// TestBGPLearnedStaleOnStop: a speaker that stops makes what it learned stale; what the next
+// one learns again stays, the rest goes at its sync.
+func TestBGPLearnedStaleOnStop(t *testing.T) {
+	g, _ := calc.New(bgpCfg("node-a"))
+	g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24")}), inSync()))
+	l := func(p, nh string) calc.Learned {
+		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+	}
+	g.OnLearned([]calc.Learned{l("10.80.0.64/26", "192.0.2.12"), l("10.80.0.128/26", "192.0.2.13")})
+	g.StaleLearned()
+	if got := learnedRoutes(g.State()); len(got) != 2 {
+		t.Fatalf("stale routes are still programmed until the sync: %q", got)
+	}
+	g.OnLearned([]calc.Learned{l("10.80.0.64/26", "192.0.2.12")})
+	if u := g.SweepLearned(); u == nil || len(u.Ops) != 1 || u.Ops[0].Route.Dst.String() != "10.80.0.128/26" {
+		t.Fatalf("the sweep: %+v", u)
+	}
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.0.64/26 via 192.0.2.12"}) {
+		t.Fatalf("after the sweep: %q", got)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,8 @@ type bgpStage struct {
 
 	mu sync.Mutex
 	up map[netip.Addr]bool
+	// synced is set once the speaker has been in sync with its peers (OnSynced).
+	synced atomic.Bool
 }
 
 // startBGP runs the speaker until ctx ends and hands it calc's updates through plan. A peer
@@ -38,7 +41,9 @@ func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, l
 	st.sp = bgp.New(bgp.Config{SecretsDir: c.BGPSecretsDir, Log: slog.New(&zerologHandler{log: log}),
 		OnSession: st.heard,
 		OnLearned: plan.OnLearned,
+		OnStale:   plan.StaleLearned,
 		OnSynced: func() {
+			st.synced.Store(true)
 			n := plan.SweepLearned()
 			log.Info().Int("stale_removed", n).Msg("BGP in sync: every session sent its routes (or its restart time is over)")
 		},
@@ -52,6 +57,18 @@ func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, l
 	done := make(chan struct{})
 	go func() { defer close(done); st.sp.Run(ctx) }()
 	return st, func() { <-done }
+}
+
+// sweepIfNeverSynced removes the routes kept from the last run after the restart time if the
+// speaker has not been in sync by then (it cannot start, say): graceful restart keeps them
+// that long and no longer.
+func (b *bgpStage) sweepIfNeverSynced(plan *agent.Planner) {
+	time.AfterFunc(bgp.DefaultRestartTime, func() {
+		if !b.synced.Load() {
+			n := plan.SweepLearned()
+			b.log.Warn().Int("stale_removed", n).Msg("BGP not in sync within the restart time: the routes kept from the last run are removed")
+		}
+	})
 }
 
 // heard logs a session coming up or going down (not every step of BGP's state machine).

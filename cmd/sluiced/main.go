@@ -162,6 +162,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 					log.Warn().Err(err).Str("file", stateFile).Msg("the routes BGP learned before this start could not be read: they go at the first update")
 				} else if len(ls) > 0 {
 					plan.KeepLearned(ls)
+					state.bgp.sweepIfNeverSynced(plan)
 					log.Info().Int("routes", len(ls)).Msg("routes learned by BGP before this start kept until the peers have spoken again")
 				}
 			}

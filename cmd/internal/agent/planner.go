@@ -119,6 +119,13 @@ func (p *Planner) KeepLearned(ls []calc.Learned) {
 	}
 }
 
+// StaleLearned makes everything BGP learned stale: its speaker stopped.
+func (p *Planner) StaleLearned() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.Graph.StaleLearned()
+}
+
 // SweepLearned drops what BGP had learned before this start and no peer announced again,
 // and returns how many routes that removed.
 func (p *Planner) SweepLearned() int {
