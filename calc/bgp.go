@@ -77,6 +77,32 @@ type BGPPeer struct {
 	Origin string `json:"origin"`
 }
 
+// Flags lists the session's settings beyond its addresses and ASes, comma-separated ("" for
+// none): passive, rr-client, password=<secret>/<key>, restart=<time>, ttl-security=<hops>,
+// next-hop=<mode> (but Auto).
+func (p BGPPeer) Flags() string {
+	var flags []string
+	if p.Passive {
+		flags = append(flags, "passive")
+	}
+	if p.RRClient {
+		flags = append(flags, "rr-client")
+	}
+	if p.Password.Name != "" {
+		flags = append(flags, "password="+p.Password.Name+"/"+p.Password.Key)
+	}
+	if p.RestartTime != 0 {
+		flags = append(flags, "restart="+p.RestartTime.String())
+	}
+	if p.TTLSecurity != 0 {
+		flags = append(flags, fmt.Sprintf("ttl-security=%d", p.TTLSecurity))
+	}
+	if p.NextHop != "" && p.NextHop != store.NextHopAuto {
+		flags = append(flags, "next-hop="+p.NextHop)
+	}
+	return strings.Join(flags, ",")
+}
+
 func (p BGPPeer) String() string {
 	out := fmt.Sprintf("%s as %d", p.Addr, p.ASN)
 	if p.Port != 0 {

@@ -290,7 +290,7 @@ func TestBGPSessionRules(t *testing.T) {
 		{"a global peer: every node",
 			"node-a", []string{bgpNode("node-a", "192.0.2.11/24"), bgpConfig("default", `"nodeToNodeMeshEnabled":false`),
 				bgpPeer("tor", `"peerIP":"192.0.2.1:1179","asNumber":65001,"localASNumber":64999,"keepOriginalNextHop":true,"ttlSecurity":1`)},
-			[]string{"192.0.2.1:1179 65001 64999 next-hop=Keep,ttl-security=1 - BGPPeer tor"}},
+			[]string{"192.0.2.1:1179 65001 64999 ttl-security=1,next-hop=Keep - BGPPeer tor"}},
 		{"a node peer applies to its node only; a node selector to the nodes it selects",
 			"node-a", []string{bgpNode("node-a", "192.0.2.11/24", `labels:"rack":"r1"`), bgpConfig("default", `"nodeToNodeMeshEnabled":false`),
 				bgpPeer("mine", `"node":"node-a","peerIP":"192.0.2.1","asNumber":65001`), bgpPeer("theirs", `"node":"node-b","peerIP":"192.0.2.3","asNumber":65001`),
@@ -348,30 +348,11 @@ func TestBGPSessionRules(t *testing.T) {
 				if p.Port != 0 {
 					peer = netip.AddrPortFrom(p.Addr, p.Port).String()
 				}
-				var flags []string
-				if p.Passive {
-					flags = append(flags, "passive")
-				}
-				if p.RRClient {
-					flags = append(flags, "rr-client")
-				}
-				if p.Password.Name != "" {
-					flags = append(flags, "password="+p.Password.Name+"/"+p.Password.Key)
-				}
-				if p.RestartTime != 0 {
-					flags = append(flags, "restart="+p.RestartTime.String())
-				}
-				if p.NextHop != store.NextHopAuto {
-					flags = append(flags, "next-hop="+p.NextHop)
-				}
-				if p.TTLSecurity != 0 {
-					flags = append(flags, fmt.Sprintf("ttl-security=%d", p.TTLSecurity))
-				}
 				node := p.Node
 				if node == "" {
 					node = "-"
 				}
-				fl := strings.Join(flags, ",")
+				fl := p.Flags()
 				if fl == "" {
 					fl = "-"
 				}

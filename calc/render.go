@@ -115,26 +115,7 @@ func (s *State) WriteText(w io.Writer) error {
 			if p.Port != 0 {
 				peer = netip.AddrPortFrom(p.Addr, p.Port).String()
 			}
-			var flags []string
-			if p.Passive {
-				flags = append(flags, "passive")
-			}
-			if p.RRClient {
-				flags = append(flags, "rr-client")
-			}
-			if p.Password.Name != "" {
-				flags = append(flags, "password="+p.Password.Name+"/"+p.Password.Key)
-			}
-			if p.RestartTime != 0 {
-				flags = append(flags, "restart="+p.RestartTime.String())
-			}
-			if p.TTLSecurity != 0 {
-				flags = append(flags, fmt.Sprintf("ttl-security=%d", p.TTLSecurity))
-			}
-			if p.NextHop != "" && p.NextHop != "Auto" {
-				flags = append(flags, "next-hop="+p.NextHop)
-			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", peer, p.ASN, p.LocalASN, addrOrDash(p.SourceAddr), orDash(strings.Join(flags, ",")), orDash(p.Node), p.Origin)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\n", peer, p.ASN, p.LocalASN, addrOrDash(p.SourceAddr), orDash(p.Flags()), orDash(p.Node), p.Origin)
 		}
 		fmt.Fprintf(tw, "\nBGP PATHS (%d)\n", len(s.BGPPaths))
 		fmt.Fprintln(tw, "PREFIX\tREASON\tCOMMUNITIES")

@@ -21,7 +21,6 @@ import (
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/dataplane"
 	"github.com/sluice-net/sluice/store"
-	"github.com/sluice-net/sluice/store/etcdtest"
 )
 
 // The BGP benchmark's namespaces, made by `make bench-bgp`: the node (where the benchmark and
@@ -265,22 +264,8 @@ func BenchmarkBGPLearned(b *testing.B) {
 		b.Skip("needs its namespaces and BIRD: run through `make bench-bgp`")
 	}
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "sluiced")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("building sluiced: %v\n%s", err, out)
-	}
-	etcd, err := etcdtest.StartChild(etcdtest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer etcd.Close()
-	cli, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cli.Close()
+	bin := buildSluiced(b, dir)
+	etcd, cli := startBenchEtcd(b)
 	add, flush := benchWriter(b, cli)
 	add(store.IPPoolPrefix+"routed", `{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"routed"},"spec":{"cidr":"10.64.0.0/10","vxlanMode":"Never","ipipMode":"Never"}}`)
 	add(store.NodePrefix+"node-00000", `{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node-00000"},"spec":{"bgp":{"ipv4Address":"192.0.2.11/24"}}}`)

@@ -421,6 +421,33 @@ func memKiB(pid int) (peak, now int) {
 	return peak, now
 }
 
+// buildSluiced builds sluiced into dir, as make build does, and returns its path.
+func buildSluiced(b *testing.B, dir string) string {
+	bin := filepath.Join(dir, "sluiced")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build does
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("building sluiced: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startBenchEtcd starts an etcd child process and a client of it, both closed when the
+// benchmark ends.
+func startBenchEtcd(b *testing.B) (*etcdtest.Child, *clientv3.Client) {
+	etcd, err := etcdtest.StartChild(etcdtest.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { etcd.Close() })
+	cli, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cli.Close() })
+	return etcd, cli
+}
+
 func percentile(d []time.Duration, p float64) time.Duration {
 	slices.Sort(d)
 	return d[int(float64(len(d)-1)*p)]
@@ -452,28 +479,14 @@ func benchDataplane(b *testing.B, sh benchShape) {
 			_ = exec.Command(c[0], c[1:]...).Run()
 		}
 	})
-	bin := filepath.Join(dir, "sluiced")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build does
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("building sluiced: %v\n%s", err, out)
-	}
+	bin := buildSluiced(b, dir)
 	for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peth0"},
 		{"ip", "addr", "add", "192.0.2.11/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}, {"ip", "link", "set", "peth0", "up"}} {
 		if out, err := exec.Command(c[0], c[1:]...).CombinedOutput(); err != nil {
 			b.Fatalf("%v: %v %s", c, err, out)
 		}
 	}
-	etcd, err := etcdtest.StartChild(etcdtest.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer etcd.Close()
-	cli, err := store.ClientConfig{Endpoints: []string{etcd.Endpoint()}}.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cli.Close()
+	etcd, cli := startBenchEtcd(b)
 	loadBench(b, cli, sh)
 
 	b.ResetTimer()
