@@ -59,7 +59,7 @@ func runHelper() {
 		defer mu.Unlock()
 		_ = out.Encode(r)
 	}
-	sp := bgp.New(bgp.Config{SecretsDir: os.Getenv("SLUICE_BGP_SECRETS"),
+	sp := bgp.New(bgp.Config{SecretsDir: os.Getenv("SLUICE_BGP_SECRETS"), Restarting: os.Getenv("SLUICE_BGP_RESTARTING") != "",
 		OnSession: func(e bgp.SessionEvent) { say(reply{Session: &e}) },
 		OnLearned: func(ls []calc.Learned) { say(reply{Learned: ls}) },
 		OnSynced:  func() { say(reply{Synced: true}) },
@@ -104,10 +104,10 @@ type speakerProc struct {
 }
 
 // startSpeaker starts a speaker child in ns.
-func startSpeaker(t *testing.T, ns netns.NsHandle, secrets string) *speakerProc {
+func startSpeaker(t *testing.T, ns netns.NsHandle, secrets string, env ...string) *speakerProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "SLUICE_BGP_SECRETS="+secrets)
+	cmd.Env = append(append(os.Environ(), helperEnv+"=1", "SLUICE_BGP_SECRETS="+secrets), env...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -109,6 +109,10 @@ func (s *Speaker) setNextHopMode(ctx context.Context, a netip.Addr, mode string)
 	return nil
 }
 
+// RestartDeferral bounds how long a restarting speaker holds its paths back waiting for its
+// peers' End-of-RIBs (GoBGP's own default is 360 s, a known pitfall).
+const RestartDeferral = 30 * time.Second
+
 // multihopTTL is the TTL of sessions to peers that are not directly connected: calico/node
 // makes every session `multihop` (BIRD's default of 64 hops).
 const multihopTTL = 64
@@ -127,6 +131,12 @@ type Config struct {
 	// OnLearned hears what the speaker learned and withdrew (best paths from peers; a prefix
 	// whose best path becomes this node's own counts as withdrawn), from GoBGP's goroutine.
 	OnLearned func([]calc.Learned)
+	// Restarting says this start follows a run whose routes the kernel still holds (sluiced
+	// kept its state): the first speaker's sessions offer graceful restart's restarting and
+	// forwarding-state bits, so peers keep this node's routes until it has sent them again,
+	// rather than drop them when the session comes back. GoBGP then holds its own paths back
+	// until its peers' End-of-RIBs, at most RestartDeferral.
+	Restarting bool
 	// OnStale is called when the speaker stops (its configuration changed, or this node
 	// speaks BGP no more): everything learned so far is stale, kept until OnSynced (nil:
 	// none).
@@ -167,6 +177,8 @@ type Speaker struct {
 	srv     *server.BgpServer
 	running *calc.BGPSpeaker
 	stopW   context.CancelFunc
+	// started counts the speakers started: only the first is restarting (Config.Restarting).
+	started int
 
 	// What the speaker learned and OnLearned has not taken yet (under learnedMu): GoBGP's
 	// watcher only queues (it never waits on the agent), and the delivery goroutine hands
@@ -400,6 +412,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	s.deadline = time.AfterFunc(wait, s.syncNow)
 	s.syncMu.Unlock()
 	s.srv, s.running, s.stopW = srv, w, cancel
+	s.started++
 	// Everything is to be added again to the new speaker.
 	s.peers.ReplaceActual(map[netip.Addr]calc.BGPPeer{})
 	s.paths.ReplaceActual(map[netip.Prefix]*calc.BGPPath{})
@@ -564,6 +577,17 @@ func family(a netip.Addr) (*api.Family, bgp.Family) {
 	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}, bgp.RF_IPv6_UC
 }
 
+// restarting says whether sessions made now offer the restarting bits: with
+// Config.Restarting, for the first speaker until it is in sync.
+func (s *Speaker) restarting() bool {
+	if !s.cfg.Restarting || s.started != 1 {
+		return false
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	return !s.synced
+}
+
 // setPeer adds a session, or replaces one whose settings changed.
 func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
 	// Settings changed, or an earlier attempt stopped half-way: the session is made anew.
@@ -587,8 +611,9 @@ func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
 		Timers:    &api.Timers{Config: &api.TimersConfig{ConnectRetry: 5}},
 		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(restart / time.Second),
 			// Only the session's own family is offered, so no family the peer lacks defers
-			// the first update (GoBGP waits 360 s for one).
-			DeferralTime: 0},
+			// the first update (GoBGP waits 360 s for one); a restarting speaker waits for
+			// its peers' End-of-RIBs at most RestartDeferral.
+			DeferralTime: uint32(RestartDeferral / time.Second), LocalRestarting: s.restarting()},
 		AfiSafis: []*api.AfiSafi{{Config: &api.AfiSafiConfig{Family: fam, Enabled: true},
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}}},
 	}

@@ -91,10 +91,15 @@ func TestSpeakerWithBIRD(t *testing.T) {
 		t.Fatalf("the router's kernel lost the node's route when the speaker was killed: %v", kernelRoutes(t, torNS, birdProto))
 	}
 
-	// A new speaker with the same desired state: the session comes back, the route stays.
-	sp2 := startSpeaker(t, nodeNS, secrets)
+	// A new speaker with the same desired state, restarting (the node's kernel kept its
+	// routes): the session comes back offering the restarting and forwarding-state bits, and
+	// the route stays.
+	sp2 := startSpeaker(t, nodeNS, secrets, "SLUICE_BGP_RESTARTING=1")
 	sp2.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &claimed}}}})
 	sp2.waitFor("session up again", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up })
+	if out := tor.mustC("show protocols all node"); !strings.Contains(out[strings.Index(out, "Neighbor capabilities"):], "AF preserved: ipv4") {
+		t.Errorf("the restarted speaker did not say it kept forwarding (graceful restart's F bit):\n%s", out)
+	}
 	tor.waitC("the route after the restart", "show route 10.80.0.64/26 all", 10*time.Second, func(out string) bool {
 		return strings.Contains(out, "via 192.0.2.11") && !strings.Contains(out, "stale")
 	})

@@ -33,12 +33,16 @@ type bgpStage struct {
 
 // startBGP runs the speaker until ctx ends and hands it calc's updates through plan. A peer
 // down is not a reason for /readyz to fail; it shows everywhere else.
-func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, log zerolog.Logger) (*bgpStage, func()) {
+//
+// With a state file from an earlier run (restarting), the kernel and the peers still hold
+// what that run programmed and announced: the first sessions say so (graceful restart's
+// restarting and forwarding-state bits).
+func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, log zerolog.Logger, restarting bool) (*bgpStage, func()) {
 	st := &bgpStage{log: log, up: map[netip.Addr]bool{},
 		flaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_bgp_session_flaps_total",
 			Help: "BGP sessions that went down after being established."})}
 	var lastErr time.Time
-	st.sp = bgp.New(bgp.Config{SecretsDir: c.BGPSecretsDir, Log: slog.New(&zerologHandler{log: log}),
+	st.sp = bgp.New(bgp.Config{SecretsDir: c.BGPSecretsDir, Log: slog.New(&zerologHandler{log: log}), Restarting: restarting,
 		OnSession: st.heard,
 		OnLearned: plan.OnLearned,
 		OnStale:   plan.StaleLearned,

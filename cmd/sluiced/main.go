@@ -97,7 +97,9 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		background.Add(1)
 		go func() { defer background.Done(); wait() }()
 		if c.Calc.BGP {
-			st, bwait := startBGP(ctx, c, plan, log)
+			// A state file of an earlier run: this is a restart (or an upgrade).
+			_, err := os.Stat(c.StateFile)
+			st, bwait := startBGP(ctx, c, plan, log, c.StateFile != "" && err == nil)
 			state.bgp = st
 			background.Add(1)
 			go func() { defer background.Done(); bwait() }()
