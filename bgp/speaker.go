@@ -302,50 +302,112 @@ func (s *Speaker) Run(ctx context.Context) {
 // others are applied regardless.
 func (s *Speaker) Apply(ctx context.Context) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.full {
+		s.mu.Unlock()
 		return nil
 	}
 	if err := s.applySpeaker(ctx); err != nil {
+		s.mu.Unlock()
 		return err
 	}
 	if s.srv == nil {
+		s.mu.Unlock()
 		return nil
 	}
-	var errs []error
+	// What differs is listed under the lock, written to GoBGP without it (OnUpdate, and the
+	// planner and intake behind it, never wait on GoBGP), and recorded under it again.
+	type peerWork struct {
+		a   netip.Addr
+		p   calc.BGPPeer
+		del bool
+		ok  bool
+	}
+	type pathWork struct {
+		p    netip.Prefix
+		path *calc.BGPPath
+		del  bool
+		ok   bool
+	}
+	var peers []peerWork
+	var paths []pathWork
 	s.peers.Pending(func(a netip.Addr, p calc.BGPPeer) tracker.Outcome {
-		if err := s.setPeer(ctx, p); err != nil {
-			errs = append(errs, fmt.Errorf("peer %s: %w", a, err))
-			return tracker.Failed
-		}
-		s.peers.SetActual(a, p)
-		return tracker.Done
+		peers = append(peers, peerWork{a: a, p: p})
+		return tracker.Queued
 	}, func(a netip.Addr, _ calc.BGPPeer) tracker.Outcome {
-		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: a.String()}); err != nil && !notFound(err) {
-			errs = append(errs, fmt.Errorf("peer %s: %w", a, err))
-			return tracker.Failed
-		}
-		s.peers.DeleteActual(a)
-		return tracker.Done
+		peers = append(peers, peerWork{a: a, del: true})
+		return tracker.Queued
 	})
 	s.paths.Pending(func(p netip.Prefix, path *calc.BGPPath) tracker.Outcome {
-		if err := s.addPath(path); err != nil {
-			errs = append(errs, fmt.Errorf("path %s: %w", p, err))
-			return tracker.Failed
-		}
-		s.paths.SetActual(p, path)
-		return tracker.Done
+		paths = append(paths, pathWork{p: p, path: path})
+		return tracker.Queued
 	}, func(p netip.Prefix, have *calc.BGPPath) tracker.Outcome {
-		if err := s.deletePath(have); err != nil {
-			errs = append(errs, fmt.Errorf("path %s: %w", p, err))
-			return tracker.Failed
-		}
-		s.paths.DeleteActual(p)
-		return tracker.Done
+		paths = append(paths, pathWork{p: p, path: have, del: true})
+		return tracker.Queued
 	})
+	noPeers := len(s.peerKeys) == 0
+	s.mu.Unlock()
+
+	// s.srv and s.running change only on this goroutine (applySpeaker): read without the lock.
+	var errs []error
+	for i := range peers {
+		w := &peers[i]
+		var err error
+		if w.del {
+			if err = s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: w.a.String()}); notFound(err) {
+				err = nil
+			}
+		} else {
+			err = s.setPeer(ctx, w.p)
+		}
+		if w.ok = err == nil; !w.ok {
+			errs = append(errs, fmt.Errorf("peer %s: %w", w.a, err))
+		}
+	}
+	for i := range paths {
+		w := &paths[i]
+		var err error
+		if w.del {
+			err = s.deletePath(w.path)
+		} else {
+			err = s.addPath(w.path)
+		}
+		if w.ok = err == nil; !w.ok {
+			errs = append(errs, fmt.Errorf("path %s: %w", w.p, err))
+		}
+	}
+
+	s.mu.Lock()
+	for _, w := range peers {
+		if !w.ok {
+			continue // stays dirty: tried again
+		}
+		if w.del {
+			s.peers.DeleteActual(w.a)
+		} else {
+			s.peers.SetActual(w.a, w.p)
+		}
+		// Clean unless the desired state moved meanwhile (then the next apply writes it).
+		if d, wanted := s.peers.Desired(w.a); (w.del && !wanted) || (!w.del && wanted && d == w.p) {
+			s.peers.Clean(w.a)
+		}
+	}
+	for _, w := range paths {
+		if !w.ok {
+			continue
+		}
+		if w.del {
+			s.paths.DeleteActual(w.p)
+		} else {
+			s.paths.SetActual(w.p, w.path)
+		}
+		if d, wanted := s.paths.Desired(w.p); (w.del && !wanted) || (!w.del && wanted && samePath(d, w.path)) {
+			s.paths.Clean(w.p)
+		}
+	}
 	s.peers.Settle()
 	s.paths.Settle()
-	if len(s.peerKeys) == 0 {
+	s.mu.Unlock()
+	if noPeers {
 		go s.syncNow() // no session to wait for (OnSynced may call back into OnUpdate)
 	}
 	return errors.Join(errs...)
@@ -594,7 +656,6 @@ func (s *Speaker) setPeer(ctx context.Context, p calc.BGPPeer) error {
 	if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.Addr.String()}); err != nil && !notFound(err) {
 		return err
 	}
-	s.peers.DeleteActual(p.Addr)
 	pw, err := s.password(p)
 	if err != nil {
 		return err
