@@ -191,7 +191,10 @@ type Speaker struct {
 	learnedKick chan struct{}
 
 	// End-of-RIB bookkeeping for OnSynced, under syncMu (GoBGP's goroutine and the loop's).
-	syncMu   sync.Mutex
+	syncMu sync.Mutex
+	// gen numbers the speakers started: events of an earlier one (its watchers, its
+	// deadline) are ignored by the next.
+	gen      int
 	eor      map[netip.Addr]bool
 	synced   bool
 	deadline *time.Timer
@@ -345,6 +348,9 @@ func (s *Speaker) Apply(ctx context.Context) error {
 		return tracker.Queued
 	})
 	noPeers := len(s.peerKeys) == 0
+	s.syncMu.Lock()
+	gen := s.gen
+	s.syncMu.Unlock()
 	s.mu.Unlock()
 
 	// s.srv and s.running change only on this goroutine (applySpeaker): read without the lock.
@@ -408,7 +414,7 @@ func (s *Speaker) Apply(ctx context.Context) error {
 	s.paths.Settle()
 	s.mu.Unlock()
 	if noPeers {
-		go s.syncNow() // no session to wait for (OnSynced may call back into OnUpdate)
+		go s.syncNow(gen) // no session to wait for (OnSynced may call back into OnUpdate)
 	}
 	return errors.Join(errs...)
 }
@@ -445,6 +451,21 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		srv.Stop()
 		return err
 	}
+	s.syncMu.Lock()
+	s.gen++
+	gen := s.gen
+	s.syncMu.Unlock()
+	current := func() bool {
+		s.syncMu.Lock()
+		defer s.syncMu.Unlock()
+		return s.gen == gen
+	}
+	onBest := func(p []*apiutil.Path, t time.Time) {
+		if current() {
+			s.onBest(p, t)
+		}
+	}
+	onEOR := func(p *apiutil.Path, t time.Time) { s.onEOR(gen, p, t) }
 	wctx, cancel := context.WithCancel(context.Background())
 	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPeerUpdate: s.onPeer}, server.WatchPeer()); err != nil {
 		cancel()
@@ -453,7 +474,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	}
 	// One watcher for the table and the End-of-RIBs: its events come in the order GoBGP
 	// processed them, so a peer's End-of-RIB follows every path it sent before.
-	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnBestPath: s.onBest, OnPathEor: s.onEOR},
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnBestPath: onBest, OnPathEor: onEOR},
 		server.WatchBestPath(true), server.WatchEor(true)); err != nil {
 		cancel()
 		srv.Stop()
@@ -471,7 +492,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 			wait = max(wait, p.RestartTime)
 		}
 	}
-	s.deadline = time.AfterFunc(wait, s.syncNow)
+	s.deadline = time.AfterFunc(wait, func() { s.syncNow(gen) })
 	s.syncMu.Unlock()
 	s.srv, s.running, s.stopW = srv, w, cancel
 	s.started++
@@ -535,9 +556,9 @@ func (s *Speaker) deliverLearned(ctx context.Context) {
 
 // onEOR hears a peer's End-of-RIB; once every desired session has sent one, the speaker is
 // in sync.
-func (s *Speaker) onEOR(p *apiutil.Path, _ time.Time) {
+func (s *Speaker) onEOR(gen int, p *apiutil.Path, _ time.Time) {
 	s.syncMu.Lock()
-	if s.eor == nil || s.synced {
+	if s.eor == nil || s.synced || s.gen != gen {
 		s.syncMu.Unlock()
 		return
 	}
@@ -552,7 +573,7 @@ func (s *Speaker) onEOR(p *apiutil.Path, _ time.Time) {
 	}
 	s.mu.Unlock()
 	if all {
-		s.syncNow()
+		s.syncNow(gen)
 	}
 }
 
@@ -562,10 +583,10 @@ func (s *Speaker) eorFrom(a netip.Addr) bool {
 	return s.eor[a]
 }
 
-// syncNow calls OnSynced once per start.
-func (s *Speaker) syncNow() {
+// syncNow calls OnSynced once per start: for speaker gen, if it is still the current one.
+func (s *Speaker) syncNow(gen int) {
 	s.syncMu.Lock()
-	if s.synced {
+	if s.synced || s.gen != gen {
 		s.syncMu.Unlock()
 		return
 	}
