@@ -187,3 +187,72 @@ protocol bgp node {
 }
 `, routerID, route, local, localAS, neighbor, neighborAS, pw)
 }
+
+// frr is FRR's bgpd alone (no zebra) in a namespace, with its own vty socket directory.
+type frr struct {
+	t   *testing.T
+	dir string
+}
+
+// needFRR skips unless FRR's bgpd and vtysh are installed (Debian's frr).
+func needFRR(t *testing.T) {
+	t.Helper()
+	for _, b := range []string{"/usr/lib/frr/bgpd", "vtysh"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s is not installed (apt-get install frr): %v", b, err)
+		}
+	}
+}
+
+// startFRR runs bgpd with conf in ns until the test ends.
+func startFRR(t *testing.T, ns netns.NsHandle, conf string) *frr {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "bgpd.conf")
+	if err := os.WriteFile(cfg, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/usr/lib/frr/bgpd", "-f", cfg, "-i", filepath.Join(dir, "bgpd.pid"), "--vty_socket", dir, "-Z", "-S", "-n", "-A", "127.0.0.1", "-P", "0")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := nstest.Run(ns, cmd.Start); err != nil {
+		t.Fatalf("starting bgpd: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	f := &frr{t: t, dir: dir}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if out, err := f.c("show bgp summary"); err == nil && strings.Contains(out, "BGP") {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bgpd's vty in %s never answered", dir)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// c runs a vtysh command against this bgpd.
+func (f *frr) c(cmd string) (string, error) {
+	out, err := exec.Command("vtysh", "--vty_socket", f.dir, "-c", cmd).CombinedOutput()
+	return string(out), err
+}
+
+// waitC polls a vtysh command until ok accepts its output.
+func (f *frr) waitC(what, cmd string, timeout time.Duration, ok func(string) bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, _ := f.c(cmd)
+		if ok(out) {
+			return
+		}
+		if time.Now().After(deadline) {
+			summary, _ := f.c("show bgp summary")
+			f.t.Fatalf("%s: not within %v; vtysh %s says:\n%s\n%s", what, timeout, cmd, out, summary)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

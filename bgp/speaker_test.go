@@ -239,3 +239,42 @@ protocol bgp node {
 		t.Fatalf("E's route (learned over eBGP) reached B through the node:\n%s", out)
 	}
 }
+
+// TestSpeakerWithFRR: FRR's bgpd (Debian's frr) as a top-of-rack router over eBGP: the node's
+// block with its community at the router, the router's route learned, a block released
+// withdrawn.
+func TestSpeakerWithFRR(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needFRR(t)
+	nodeNS, torNS := nstest.New(t), nstest.New(t)
+	link(t, nodeNS, "eth0", "192.0.2.11/24", torNS, "eth-node", "192.0.2.1/24")
+	tor := startFRR(t, torNS, `frr defaults traditional
+hostname tor
+router bgp 65001
+ bgp router-id 192.0.2.1
+ no bgp ebgp-requires-policy
+ no bgp network import-check
+ bgp graceful-restart
+ neighbor 192.0.2.11 remote-as 64512
+ neighbor 192.0.2.11 timers connect 1
+ address-family ipv4 unicast
+  network 198.18.0.0/24
+ exit-address-family
+`)
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
+	peer := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto, Origin: "BGPPeer tor"}
+	block := calc.BGPPath{Prefix: pfx("10.80.0.0/26"), Reason: calc.AnnounceBlock, Communities: []store.Community{{A: 65000, B: 100}}}
+	sp := startSpeaker(t, nodeNS, t.TempDir())
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &block}}}})
+	sp.waitFor("session up", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up })
+	tor.waitC("the block at FRR with its community", "show bgp ipv4 unicast 10.80.0.0/26", 10*time.Second, func(out string) bool {
+		return strings.Contains(out, "192.0.2.11") && strings.Contains(out, "65000:100")
+	})
+	sp.waitFor("FRR's route learned", 0, 10*time.Second, func(r reply) bool {
+		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("198.18.0.0/24"), NextHop: addr("192.0.2.1")})
+	})
+	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{Remove: true, BGPPath: &block}}}})
+	tor.waitC("the released block withdrawn at FRR", "show bgp ipv4 unicast 10.80.0.0/26", 10*time.Second, func(out string) bool {
+		return strings.Contains(out, "not in table")
+	})
+}
