@@ -35,8 +35,47 @@ func (g *Graph) OnLearned(ls []Learned) *Update {
 			delete(g.learned, l.Prefix)
 		}
 		g.routes.dirtyDst.add(l.Prefix)
+		g.routes.noteRecursive(l)
+	}
+	// A route reached through another learned route follows it.
+	for p := range g.routes.recursive {
+		g.routes.dirtyDst.add(p)
 	}
 	return g.compute(false)
+}
+
+// noteRecursive keeps the set of learned prefixes whose next hop is off this node's subnet.
+func (rc *routeCalc) noteRecursive(l Learned) {
+	if !l.NextHop.IsValid() {
+		delete(rc.recursive, l.Prefix)
+		return
+	}
+	if self := rc.nodes[rc.cfg.NodeName]; self != nil {
+		if us := underlay(self, l.NextHop); us.IsValid() && us.Masked().Contains(l.NextHop) {
+			delete(rc.recursive, l.Prefix)
+			return
+		}
+	}
+	if rc.recursive == nil {
+		rc.recursive = set[netip.Prefix]{}
+	}
+	rc.recursive.add(l.Prefix)
+}
+
+// resolveLearned finds the gateway to next hop nh through the longest other learned prefix
+// holding it whose own next hop is on this node's subnet us (BGP's recursive next hop, as
+// BIRD's "gateway recursive" resolves it through its table).
+func (rc *routeCalc) resolveLearned(dst netip.Prefix, nh netip.Addr, us netip.Prefix) (netip.Addr, bool) {
+	for bits := nh.BitLen(); bits > 0; bits-- {
+		p, _ := nh.Prefix(bits)
+		if p == dst {
+			continue
+		}
+		if via, ok := rc.learned[p]; ok && us.Masked().Contains(via.nextHop) && via.nextHop != us.Addr() {
+			return via.nextHop, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // KeepLearned takes the routes learned before a restart (from the kept state) as stale: they
@@ -50,6 +89,7 @@ func (g *Graph) KeepLearned(ls []Learned) *Update {
 		if _, ok := g.learned[l.Prefix]; !ok && l.NextHop.IsValid() {
 			g.learned[l.Prefix] = learnedRoute{nextHop: l.NextHop, stale: true}
 			g.routes.dirtyDst.add(l.Prefix)
+			g.routes.noteRecursive(l)
 		}
 	}
 	return g.compute(false)
@@ -71,8 +111,12 @@ func (g *Graph) SweepLearned() *Update {
 	for p, l := range g.learned {
 		if l.stale {
 			delete(g.learned, p)
+			delete(g.routes.recursive, p)
 			g.routes.dirtyDst.add(p)
 		}
+	}
+	for p := range g.routes.recursive {
+		g.routes.dirtyDst.add(p)
 	}
 	return g.compute(false)
 }
@@ -92,8 +136,9 @@ func (s *State) LearnedRoutes() []Learned {
 // markLearned makes every learned prefix be decided again (this node, its pools, the
 // service ranges or its blocks changed: what may be imported did).
 func (rc *routeCalc) markLearned() {
-	for p := range rc.learned {
+	for p, l := range rc.learned {
 		rc.dirtyDst.add(p)
+		rc.noteRecursive(Learned{Prefix: p, NextHop: l.nextHop}) // this node's subnet may have moved
 	}
 }
 
@@ -102,8 +147,8 @@ func (rc *routeCalc) onBGPConfig(string, *store.BGPConfiguration) { rc.markLearn
 // learnedRouteWhy is the route for a learned prefix, by calico/node's import rules: never a
 // default route, never one inside a pool with encapsulation (VXLAN or IPIP: calc routes
 // those), inside a block of this node's or inside a service range; the next hop must be on
-// this node's subnet (recursive next hops are not resolved). "-": none is due; another
-// reason: none, and why (a problem).
+// this node's subnet, or be reached through another learned route whose next hop is
+// (recursive, one level). "-": none is due; another reason: none, and why (a problem).
 func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 	l, ok := rc.learned[dst]
 	self := rc.nodes[rc.cfg.NodeName]
@@ -132,8 +177,14 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 	switch {
 	case us.Addr() == l.nextHop:
 		return Route{}, "-" // this node's own
-	case !us.IsValid() || !us.Masked().Contains(l.nextHop):
-		return Route{}, fmt.Sprintf("its next hop %s is not on this node's subnet %s: recursive next hops are not resolved", l.nextHop, us.Masked())
+	case !us.IsValid():
+		return Route{}, "this node has no address of its next hop's family (spec.bgp)"
+	case !us.Masked().Contains(l.nextHop):
+		gw, ok := rc.resolveLearned(dst, l.nextHop, us)
+		if !ok {
+			return Route{}, fmt.Sprintf("its next hop %s is off this node's subnet %s and no learned route leads there", l.nextHop, us.Masked())
+		}
+		return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: gw, OnLink: true, Reason: ReasonBGP}, ""
 	}
 	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: l.nextHop, OnLink: true, Reason: ReasonBGP}, ""
 }

@@ -55,8 +55,11 @@ func TestBGPImportRules(t *testing.T) {
 			[]calc.Learned{l("10.80.0.0/26", "192.0.2.12"), l("10.80.0.7/32", "192.0.2.12")}, nil},
 		{"never a route inside a service range",
 			[]calc.Learned{l("10.96.0.10/32", "192.0.2.12"), l("10.96.0.0/12", "192.0.2.12")}, nil},
-		{"a next hop off this node's subnet is not resolved: a problem",
+		{"a next hop off this node's subnet, with no learned route to it: a problem",
 			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9")}, []string{"problem bgp/route/10.80.1.0/26"}},
+		{"a next hop off this node's subnet, reached through another learned route (recursive)",
+			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9"), l("198.51.100.0/24", "192.0.2.1")},
+			[]string{"10.80.1.0/26 via 192.0.2.1", "198.51.100.0/24 via 192.0.2.1"}},
 		{"this node's own address as next hop: nothing",
 			[]calc.Learned{l("10.80.1.0/26", "192.0.2.11")}, nil},
 		{"a withdrawal removes the route",
@@ -174,5 +177,27 @@ func TestBGPLearnedStaleOnStop(t *testing.T) {
 	}
 	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.0.64/26 via 192.0.2.12"}) {
 		t.Fatalf("after the sweep: %q", got)
+	}
+}
+
+// TestBGPLearnedRecursive: a route whose next hop is reached through another learned route
+// follows that route: gone, it is a problem; back, it is routed again.
+func TestBGPLearnedRecursive(t *testing.T) {
+	g, _ := calc.New(bgpCfg("node-a"))
+	g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24")}), inSync()))
+	l := func(p, nh string) calc.Learned {
+		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+	}
+	g.OnLearned([]calc.Learned{l("10.80.1.0/26", "198.51.100.9")})
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"problem bgp/route/10.80.1.0/26"}) {
+		t.Fatalf("without a route to its next hop: %q", got)
+	}
+	g.OnLearned([]calc.Learned{l("198.51.100.0/24", "192.0.2.1")})
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.1.0/26 via 192.0.2.1", "198.51.100.0/24 via 192.0.2.1"}) {
+		t.Fatalf("with one: %q", got)
+	}
+	g.OnLearned([]calc.Learned{{Prefix: netip.MustParsePrefix("198.51.100.0/24")}})
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"problem bgp/route/10.80.1.0/26"}) {
+		t.Fatalf("once it is withdrawn: %q", got)
 	}
 }

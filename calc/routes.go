@@ -40,6 +40,9 @@ type routeCalc struct {
 	// unsure holds the destinations left without a route before the first in-sync, whose
 	// problems (if any) are said at in-sync.
 	unsure set[netip.Prefix]
+	// recursive holds the learned prefixes whose next hop is off this node's subnet: their
+	// routes follow the learned routes that lead to those next hops.
+	recursive set[netip.Prefix]
 	// routeChanged, when set (BGP on), hears each destination whose route changed: the old
 	// route and the new (nil: none).
 	routeChanged func(dst netip.Prefix, old, r *Route)
