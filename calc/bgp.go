@@ -163,9 +163,11 @@ type bgpCalc struct {
 
 	peers map[string]*store.BGPPeer
 	// services and, per slice, its service and the families of its ready endpoints on this
-	// node (bit 0: IPv4, bit 1: IPv6).
+	// node (bit 0: IPv4, bit 1: IPv6); localFams is the same by service (its slices' families),
+	// so a service's announcement never walks every slice.
 	services   map[string]*store.Service
 	sliceLocal map[string]sliceLocal
+	localFams  map[string]map[string]uint8
 	// svcPaths is what each service announces; svcRefs counts the services announcing each
 	// address (two services may name one external IP).
 	svcPaths map[string][]netip.Prefix
@@ -192,7 +194,7 @@ type sliceLocal struct {
 
 func newBGPCalc(in *inputs, e *emitter, rc *routeCalc) *bgpCalc {
 	c := &bgpCalc{inputs: in, emitter: e, rc: rc, peers: map[string]*store.BGPPeer{},
-		services: map[string]*store.Service{}, sliceLocal: map[string]sliceLocal{}, svcPaths: map[string][]netip.Prefix{},
+		services: map[string]*store.Service{}, sliceLocal: map[string]sliceLocal{}, localFams: map[string]map[string]uint8{}, svcPaths: map[string][]netip.Prefix{},
 		svcRefs: map[netip.Prefix]int{}, local: set[netip.Prefix]{}, dirtyPaths: set[netip.Prefix]{}, dirtySvcs: set[string]{},
 		sessions: map[netip.Addr]*BGPPeer{}, paths: map[netip.Prefix]*BGPPath{}, sessionProblems: set[string]{}}
 	if in.cfg.BGP {
@@ -236,6 +238,11 @@ func (c *bgpCalc) onSlice(id string, e *store.EndpointSlice) {
 	if old, ok := c.sliceLocal[id]; ok {
 		c.dirtySvcs.add(old.service)
 		delete(c.sliceLocal, id)
+		if m := c.localFams[old.service]; m != nil {
+			if delete(m, id); len(m) == 0 {
+				delete(c.localFams, old.service)
+			}
+		}
 	}
 	if e == nil {
 		return
@@ -250,6 +257,14 @@ func (c *bgpCalc) onSlice(id string, e *store.EndpointSlice) {
 		}
 	}
 	c.sliceLocal[id] = sliceLocal{service: e.ServiceID(), fams: fams}
+	if fams != 0 {
+		m := c.localFams[e.ServiceID()]
+		if m == nil {
+			m = map[string]uint8{}
+			c.localFams[e.ServiceID()] = m
+		}
+		m[id] = fams
+	}
 	c.dirtySvcs.add(e.ServiceID())
 }
 
@@ -356,8 +371,9 @@ func (c *bgpCalc) recompute() {
 			c.dirtyPaths.add(p)
 		}
 	}
+	ranges := c.ranges() // once, not once a path
 	for p := range c.dirtyPaths {
-		path, ok := c.computePath(p)
+		path, ok := c.computePath(p, ranges)
 		old, had := c.paths[p]
 		switch {
 		case ok && (!had || !samePath(old, path)):
@@ -384,8 +400,9 @@ func (c *bgpCalc) ranges() []netip.Prefix {
 	return slices.Concat(g.ServiceClusterIPs, g.ServiceExternalIPs, g.ServiceLoadBalancerIPs)
 }
 
-// computePath decides whether p is announced, why, and with which communities.
-func (c *bgpCalc) computePath(p netip.Prefix) (*BGPPath, bool) {
+// computePath decides whether p is announced (ranges: the service ranges), why, and with
+// which communities.
+func (c *bgpCalc) computePath(p netip.Prefix, ranges []netip.Prefix) (*BGPPath, bool) {
 	if c.self() == nil {
 		return nil, false
 	}
@@ -393,7 +410,7 @@ func (c *bgpCalc) computePath(p netip.Prefix) (*BGPPath, bool) {
 	if r := c.rc.routes[p]; announceable(r) {
 		reason = c.routeReason(p, r)
 	}
-	if reason == "" && slices.Contains(c.ranges(), p) {
+	if reason == "" && slices.Contains(ranges, p) {
 		reason = AnnounceServiceRange
 	}
 	if reason == "" && c.svcRefs[p] > 0 {
@@ -502,10 +519,8 @@ func (c *bgpCalc) serviceAddrs(id string, s *store.Service) []netip.Prefix {
 	}
 	var fams uint8
 	if s.ExternalTrafficPolicy == store.PolicyLocal {
-		for _, l := range c.sliceLocal {
-			if l.service == id {
-				fams |= l.fams
-			}
+		for _, f := range c.localFams[id] {
+			fams |= f
 		}
 	} else {
 		single := false

@@ -184,9 +184,9 @@ func (l *lab) rackKill() error {
 	l.check(stream.waitFor(5*time.Second, "READY"), "a TCP stream sl-ext -> rt-c (through the router) is running")
 	l.sleep(500 * time.Millisecond)
 	agent := l.agents["node-c"]
-	_ = agent.cmd.Process.Signal(syscall.SIGKILL)
+	err = agent.cmd.Process.Signal(syscall.SIGKILL)
 	<-agent.done
-	l.check(true, "sluiced on node-c killed")
+	l.check(err == nil && agent.err != nil && strings.Contains(agent.err.Error(), "killed"), "sluiced on node-c killed outright (SIGKILL): %v", agent.err)
 	l.sleep(3 * time.Second)
 	_, out, ok := l.routerHas(time.Second, []string{"10.67.0.128/26 via 192.168.20.13"}, nil)
 	l.check(ok, "3 s later the router still routes node-c's block (graceful restart: no Cease was sent): %s", out)
