@@ -32,6 +32,19 @@ func addrOrDash(a netip.Addr) string {
 	return a.String()
 }
 
+// gatewaysOrDash is a route's gateways, comma-separated (several: equal-cost multipath).
+func gatewaysOrDash(r Route) string {
+	gws := r.Gateways()
+	if len(gws) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(gws))
+	for i, gw := range gws {
+		parts[i] = gw.String()
+	}
+	return strings.Join(parts, ",")
+}
+
 // WriteText prints the state as readable tables, one section per kind of object.
 func (s *State) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -50,7 +63,7 @@ func (s *State) WriteText(w io.Writer) error {
 	uplink := false
 	for _, r := range s.Routes {
 		uplink = uplink || r.Device == ParentDevice
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", r.Dst, r.Type, addrOrDash(r.Gateway), orDash(DeviceName(r.Device)), r.OnLink, r.Metric, r.Reason, orDash(r.Node))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%d\t%s\t%s\n", r.Dst, r.Type, gatewaysOrDash(r), orDash(DeviceName(r.Device)), r.OnLink, r.Metric, r.Reason, orDash(r.Node))
 	}
 	if uplink {
 		fmt.Fprintln(tw, "(uplink: the node's interface holding its own address, found on the node)")

@@ -567,7 +567,7 @@ func (rc *routeCalc) recompute() {
 		r, ok := rc.computeRoute(dst)
 		old, had := rc.routes[dst]
 		switch {
-		case ok && (!had || *old != r):
+		case ok && (!had || !old.Equal(r)):
 			p := new(Route) // a copy: taking &r would put every pass's r on the heap
 			*p = r
 			rc.routes[dst] = p

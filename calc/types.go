@@ -168,11 +168,30 @@ type Route struct {
 	Type    RouteType    `json:"type"`
 	Device  string       `json:"device"`
 	Gateway netip.Addr   `json:"gateway"`
-	OnLink  bool         `json:"onLink"`
-	Metric  int          `json:"metric"`
-	Reason  RouteReason  `json:"reason"`
+	// Multipath holds the route's other gateways, on the same device, sorted: equal-cost
+	// multipath (a prefix BGP learned over several equal paths). Gateway is the lowest; nil
+	// for a route with one gateway.
+	Multipath []netip.Addr `json:"multipath,omitempty"`
+	OnLink    bool         `json:"onLink"`
+	Metric    int          `json:"metric"`
+	Reason    RouteReason  `json:"reason"`
 	// Node is the node the route leads to ("" for local routes and blackholes).
 	Node string `json:"node"`
+}
+
+// Equal says whether two routes are the same.
+func (r Route) Equal(o Route) bool {
+	return r.Dst == o.Dst && r.Type == o.Type && r.Device == o.Device && r.Gateway == o.Gateway && slices.Equal(r.Multipath, o.Multipath) &&
+		r.OnLink == o.OnLink && r.Metric == o.Metric && r.Reason == o.Reason && r.Node == o.Node
+}
+
+// Gateways lists the route's gateways: Gateway and the multipath ones (none for a route
+// without a gateway).
+func (r Route) Gateways() []netip.Addr {
+	if !r.Gateway.IsValid() {
+		return nil
+	}
+	return append([]netip.Addr{r.Gateway}, r.Multipath...)
 }
 
 func (r Route) String() string {
@@ -183,6 +202,9 @@ func (r Route) String() string {
 	b.WriteString(r.Dst.String())
 	if r.Gateway.IsValid() {
 		b.WriteString(" via " + r.Gateway.String())
+	}
+	for _, gw := range r.Multipath {
+		b.WriteString(" via " + gw.String())
 	}
 	if r.Device != "" {
 		b.WriteString(" dev " + DeviceName(r.Device))

@@ -113,6 +113,23 @@ func routeRequest(r *Route, del bool) *nl.NetlinkRequest {
 	if r.LinkIndex != 0 && r.NH == 0 {
 		req.AddData(nl.NewRtAttr(unix.RTA_OIF, nl.Uint32Attr(uint32(r.LinkIndex))))
 	}
+	if len(r.MultiPath) > 0 && r.NH == 0 && !del {
+		// struct rtnexthop per path, its gateway after it.
+		var mp []byte
+		for _, nh := range r.MultiPath {
+			gw := nh.Gw.To4()
+			if msg.Family == unix.AF_INET6 {
+				gw = nh.Gw.To16()
+			}
+			attr := nl.NewRtAttr(unix.RTA_GATEWAY, gw).Serialize()
+			rtnh := make([]byte, unix.SizeofRtNexthop, unix.SizeofRtNexthop+len(attr))
+			binary.NativeEndian.PutUint16(rtnh[0:], uint16(unix.SizeofRtNexthop+len(attr)))
+			rtnh[2], rtnh[3] = uint8(nh.Flags), uint8(nh.Hops)
+			binary.NativeEndian.PutUint32(rtnh[4:], uint32(nh.LinkIndex))
+			mp = append(mp, append(rtnh, attr...)...)
+		}
+		req.AddData(nl.NewRtAttr(unix.RTA_MULTIPATH, mp))
+	}
 	if r.Priority != 0 {
 		req.AddData(nl.NewRtAttr(unix.RTA_PRIORITY, nl.Uint32Attr(uint32(r.Priority))))
 	}

@@ -107,9 +107,19 @@ func (f *FakeKernel) DelLink(name string) {
 	}
 }
 
-// delNexthopLocked removes a nexthop object and, as the kernel does, every route through it.
+// delNexthopLocked removes a nexthop object and, as the kernel does, every route through it;
+// a group loses it (and goes too when it was the last member).
 func (f *FakeKernel) delNexthopLocked(id uint32) {
 	delete(f.nexthops, id)
+	for gid, g := range f.nexthops {
+		if i := slices.Index(g.Group, id); i >= 0 {
+			g.Group = slices.Delete(slices.Clone(g.Group), i, i+1)
+			f.nexthops[gid] = g
+			if len(g.Group) == 0 {
+				f.delNexthopLocked(gid)
+			}
+		}
+	}
 	for _, t := range f.routes {
 		for k, r := range t {
 			if r.NH == id {
@@ -160,7 +170,16 @@ func (f *FakeKernel) NexthopSetMany(ns []Nexthop, replace bool) []error {
 			errs[i] = unix.EEXIST
 			continue
 		}
-		if n.Link == 0 || !slices.Contains(slices.Collect(maps.Values(f.links)), n.Link) {
+		if n.Group != nil {
+			for _, m := range n.Group {
+				if mn, ok := f.nexthops[m]; !ok || mn.Group != nil {
+					errs[i] = unix.EINVAL // "Invalid nexthop id" / "Multipath group can not be a nexthop within a group"
+				}
+			}
+			if errs[i] != nil {
+				continue
+			}
+		} else if n.Link == 0 || !slices.Contains(slices.Collect(maps.Values(f.links)), n.Link) {
 			errs[i] = unix.ENODEV
 			continue
 		}
@@ -238,7 +257,16 @@ func (f *FakeKernel) RouteList(table int) ([]Route, error) {
 	}
 	var out []Route
 	for _, r := range f.routes[table] {
-		if n, ok := f.nexthops[r.NH]; ok && r.NH != 0 {
+		if n, ok := f.nexthops[r.NH]; ok && r.NH != 0 && n.Group != nil {
+			r.MultiPath = nil
+			for _, m := range n.Group {
+				info := &netlink.NexthopInfo{Gw: f.nexthops[m].Gw.AsSlice(), LinkIndex: f.nexthops[m].Link}
+				if f.nexthops[m].OnLink {
+					info.Flags = unix.RTNH_F_ONLINK
+				}
+				r.MultiPath = append(r.MultiPath, info)
+			}
+		} else if ok && r.NH != 0 {
 			r.Gw, r.LinkIndex, r.Flags = n.Gw.AsSlice(), n.Link, 0
 			if n.OnLink {
 				r.Flags = unix.RTNH_F_ONLINK
@@ -261,8 +289,13 @@ func (f *FakeKernel) routeReplaceLocked(r *Route) error {
 		if _, ok := f.nexthops[r.NH]; !ok {
 			return unix.EINVAL // "Nexthop id does not exist"
 		}
-	} else if r.Type == unix.RTN_UNICAST && r.LinkIndex == 0 {
+	} else if r.Type == unix.RTN_UNICAST && r.LinkIndex == 0 && len(r.MultiPath) == 0 {
 		return unix.ENODEV
+	}
+	for _, p := range r.MultiPath {
+		if p.LinkIndex == 0 {
+			return unix.ENODEV
+		}
 	}
 	f.Writes++
 	f.put(r)

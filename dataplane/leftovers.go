@@ -70,7 +70,7 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 	}
 	dsts := d.routes.destinations()
 	for _, r := range d.routes.foreignRoutes() {
-		k, _, ok := fromKernel(r)
+		k, ok := kernelKey(r)
 		if !ok {
 			continue
 		}
@@ -312,7 +312,7 @@ func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
 			tables[r.Table] = rs
 		}
 		for _, rt := range rs {
-			k, _, ok := fromKernel(rt)
+			k, ok := kernelKey(rt)
 			if !ok {
 				continue
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -20,17 +21,19 @@ type Route struct {
 	NH uint32
 }
 
-// Nexthop is a kernel nexthop object (`ip nexthop`): one gateway on one device, shared by
-// every route that names its ID. Changing it moves all of them in one write; deleting it
-// deletes them.
+// Nexthop is a kernel nexthop object (`ip nexthop`): one gateway on one device, or a group
+// of such objects (equal-cost multipath), shared by every route that names its ID. Changing
+// it moves all of them in one write; deleting it deletes them.
 type Nexthop struct {
 	ID       uint32
 	Gw       netip.Addr
 	Link     int
 	OnLink   bool
 	Protocol int
-	// Other is set for a kind sluice never makes (a group, a blackhole, an encapsulation):
-	// only its ID and protocol matter to sluice.
+	// Group lists a group's members, sorted (each of weight 1); nil for a single gateway.
+	Group []uint32
+	// Other is set for a kind sluice never makes (a blackhole, an encapsulation, a group with
+	// weights or of another type): only its ID and protocol matter to sluice.
 	Other bool
 }
 
@@ -67,6 +70,17 @@ func nexthopRequest(n Nexthop, replace bool) *nl.NetlinkRequest {
 		flags = unix.NLM_F_CREATE | unix.NLM_F_REPLACE
 	}
 	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, flags)
+	if n.Group != nil {
+		// struct nexthop_grp per member: ID, weight-1 (0: weight 1), two reserved fields.
+		grp := make([]byte, 8*len(n.Group))
+		for i, id := range n.Group {
+			binary.NativeEndian.PutUint32(grp[8*i:], id)
+		}
+		req.AddData(&nhmsg{family: unix.AF_UNSPEC, protocol: uint8(n.Protocol)})
+		req.AddData(nl.NewRtAttr(unix.NHA_ID, nl.Uint32Attr(n.ID)))
+		req.AddData(nl.NewRtAttr(unix.NHA_GROUP, grp))
+		return req
+	}
 	m := &nhmsg{family: unix.AF_INET, protocol: uint8(n.Protocol)}
 	gw := n.Gw.AsSlice()
 	if n.Gw.Is6() {
@@ -110,7 +124,19 @@ func parseNexthop(b []byte) (Nexthop, error) {
 			if ip, ok := netip.AddrFromSlice(val); ok {
 				n.Gw = ip.Unmap()
 			}
-		case unix.NHA_GROUP, unix.NHA_BLACKHOLE, unix.NHA_ENCAP, nhaFDB:
+		case unix.NHA_GROUP:
+			for i := 0; i+8 <= len(val); i += 8 {
+				if val[i+4] != 0 || val[i+5] != 0 { // a weight other than 1
+					n.Other = true
+				}
+				n.Group = append(n.Group, binary.NativeEndian.Uint32(val[i:]))
+			}
+			slices.Sort(n.Group)
+		case unix.NHA_GROUP_TYPE:
+			if len(val) == 2 && binary.NativeEndian.Uint16(val) != 0 { // not multipath (a resilient group)
+				n.Other = true
+			}
+		case unix.NHA_BLACKHOLE, unix.NHA_ENCAP, nhaFDB:
 			n.Other = true
 		}
 	})
@@ -158,6 +184,8 @@ func parseRoute(b []byte) (Route, error) {
 			if len(val) == 4 {
 				r.NH = binary.NativeEndian.Uint32(val)
 			}
+		case unix.RTA_MULTIPATH:
+			r.MultiPath = parseMultipath(val)
 		}
 	})
 	if err != nil {
@@ -168,6 +196,29 @@ func parseRoute(b []byte) (Route, error) {
 	}
 	return r, nil
 }
+
+// parseMultipath reads RTA_MULTIPATH: one struct rtnexthop (length, flags, hops, interface)
+// per path, each followed by its attributes (the gateway).
+func parseMultipath(b []byte) []*netlink.NexthopInfo {
+	var out []*netlink.NexthopInfo
+	for len(b) >= unix.SizeofRtNexthop {
+		n := int(binary.NativeEndian.Uint16(b[0:2]))
+		if n < unix.SizeofRtNexthop || n > len(b) {
+			break
+		}
+		info := &netlink.NexthopInfo{Flags: int(b[2]), Hops: int(b[3]), LinkIndex: int(int32(binary.NativeEndian.Uint32(b[4:8])))}
+		_ = walkAttrs(b[unix.SizeofRtNexthop:n], func(typ uint16, val []byte) {
+			if typ == unix.RTA_GATEWAY {
+				info.Gw = net.IP(append([]byte(nil), val...))
+			}
+		})
+		out = append(out, info)
+		b = b[min(rtaAlign(n), len(b)):]
+	}
+	return out
+}
+
+func rtaAlign(n int) int { return (n + unix.RTA_ALIGNTO - 1) &^ (unix.RTA_ALIGNTO - 1) }
 
 // walkAttrs hands the type (without the nested and byte-order flags) and value of each
 // netlink attribute in b to f, in place: reading a dump of 20,000 routes allocates no slice of

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/sluice-net/sluice/internal/tracker"
 )
@@ -22,42 +24,103 @@ import (
 // picks another), replaces and deletes only its own, and deletes one only after no route of
 // its needs it (the kernel deletes a nexthop's routes with it).
 //
+// Equal-cost multipath (a prefix BGP learned over several equal paths): the route goes
+// through a group object whose members are the single objects of its gateways, shared with
+// every other route through any of them. Members are written before their groups and deleted
+// after them.
+//
 // IDs: sluice's objects take IDs protocol<<24 | n (n from 1), away from the low IDs that
 // other daemons count up from. An ID is kept across restarts by adoption: a desired object
 // takes the ID of a sluice object already holding the same gateway, device and flags, so a
 // restart writes nothing.
 
 // nexthopKey identifies a desired nexthop object: the node it leads to ("" when the route
-// names none: then the gateway alone), the device and the gateway.
+// names none: then the gateway alone), the device and the gateway; or, for a group, the
+// device and its gateways.
 type nexthopKey struct {
 	node   string
 	link   int
 	gw     netip.Addr
 	onlink bool
+	// gws lists a group's gateways, comma-separated, sorted ("": a single gateway).
+	gws string
 }
 
-// nexthopValue is what sluice decides of a nexthop object.
+// nexthopValue is what sluice decides of a nexthop object: a gateway on a device, or a group.
 type nexthopValue struct {
 	gw     netip.Addr
 	link   int
 	onlink bool
+	// group lists a group's member IDs, "/"-separated, sorted, as `ip nexthop` prints them.
+	group string
 }
 
-func (k nexthopKey) value() nexthopValue {
-	return nexthopValue{gw: k.gw, link: k.link, onlink: k.onlink}
+// nexthop is the object of ID id with value v.
+func (v nexthopValue) nexthop(id uint32, protocol int) Nexthop {
+	n := Nexthop{ID: id, Gw: v.gw, Link: v.link, OnLink: v.onlink, Protocol: protocol}
+	if v.group != "" {
+		n = Nexthop{ID: id, Protocol: protocol, Group: groupIDs(v.group)}
+	}
+	return n
 }
 
-// nexthopRec is one desired nexthop object and how many desired routes go through it.
+// groupString and groupIDs turn a group's member IDs into a nexthopValue's group and back.
+func groupString(ids []uint32) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(parts, "/")
+}
+
+func groupIDs(s string) []uint32 {
+	var out []uint32
+	for part := range strings.SplitSeq(s, "/") {
+		if id, err := strconv.ParseUint(part, 10, 32); err == nil {
+			out = append(out, uint32(id))
+		}
+	}
+	return out
+}
+
+// nexthopRec is one desired nexthop object and how many desired routes (and groups) go
+// through it.
 type nexthopRec struct {
 	key  nexthopKey
 	id   uint32 // 0 until assigned
 	refs int
+	// members are a group's objects, one per gateway.
+	members []*nexthopRec
+}
+
+// value is what the object must be: a group's names its members' IDs (assigned first).
+func (rec *nexthopRec) value() nexthopValue {
+	if rec.members == nil {
+		return nexthopValue{gw: rec.key.gw, link: rec.key.link, onlink: rec.key.onlink}
+	}
+	ids := make([]uint32, len(rec.members))
+	for i, m := range rec.members {
+		ids[i] = m.id
+	}
+	slices.Sort(ids)
+	return nexthopValue{group: groupString(ids)}
+}
+
+// groupKey is the key of the group of gateways gws (two or more) on link.
+func groupKey(link int, onlink bool, gws []netip.Addr) nexthopKey {
+	parts := make([]string, len(gws))
+	for i, gw := range gws {
+		parts[i] = gw.String()
+	}
+	return nexthopKey{link: link, onlink: onlink, gws: strings.Join(parts, ",")}
 }
 
 // nexthops is the route table's nexthop state.
 type nexthops struct {
 	tracker *tracker.Tracker[uint32, nexthopValue]
 	byKey   map[nexthopKey]*nexthopRec
+	// groups holds the desired group objects: their values follow their members' IDs.
+	groups map[*nexthopRec]bool
 	// needID holds objects wanted but without an ID; freed those no route needs any more,
 	// whose IDs are given to a new object of the same node (a moved gateway) or deleted at
 	// the next assign.
@@ -74,7 +137,7 @@ type nexthops struct {
 
 func newNexthops(protocol int) *nexthops {
 	return &nexthops{tracker: tracker.New[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
-		byKey: map[nexthopKey]*nexthopRec{}, needID: map[*nexthopRec]bool{},
+		byKey: map[nexthopKey]*nexthopRec{}, groups: map[*nexthopRec]bool{}, needID: map[*nexthopRec]bool{},
 		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{},
 		base: uint32(protocol) << 24, next: 1}
 }
@@ -88,6 +151,13 @@ func (n *nexthops) use(cur *nexthopRec, nk nexthopKey) *nexthopRec {
 	rec := n.byKey[nk]
 	if rec == nil {
 		rec = &nexthopRec{key: nk}
+		if nk.gws != "" {
+			for gw := range strings.SplitSeq(nk.gws, ",") {
+				m := n.use(nil, nexthopKey{link: nk.link, gw: netip.MustParseAddr(gw), onlink: nk.onlink})
+				rec.members = append(rec.members, m)
+			}
+			n.groups[rec] = true
+		}
 		n.byKey[nk] = rec
 		n.needID[rec] = true
 	}
@@ -113,6 +183,20 @@ func (n *nexthops) assign() {
 	if len(n.needID) == 0 && len(n.freed) == 0 {
 		return
 	}
+	// A group nobody needs lets go of its members first.
+	var gone []*nexthopRec
+	for rec := range n.freed {
+		if rec.members != nil {
+			gone = append(gone, rec)
+		}
+	}
+	for _, rec := range gone {
+		for _, m := range rec.members {
+			n.release(m)
+		}
+		rec.members = nil
+		delete(n.groups, rec)
+	}
 	type nodeLink struct {
 		node string
 		link int
@@ -131,12 +215,13 @@ func (n *nexthops) assign() {
 			need = append(need, rec)
 		}
 	}
-	// In a stable order, so the same state gets the same IDs.
+	// In a stable order, so the same state gets the same IDs; groups after every single
+	// object, their members having IDs by then.
 	slices.SortFunc(need, func(a, b *nexthopRec) int {
-		return cmp.Or(cmp.Compare(a.key.node, b.key.node), a.key.gw.Compare(b.key.gw), cmp.Compare(a.key.link, b.key.link))
+		return cmp.Or(cmp.Compare(a.key.gws, b.key.gws), cmp.Compare(a.key.node, b.key.node), a.key.gw.Compare(b.key.gw), cmp.Compare(a.key.link, b.key.link))
 	})
 	for _, rec := range need {
-		v := rec.key.value()
+		v := rec.value()
 		if id, ok := n.unclaimed[v]; ok {
 			rec.id = id
 			delete(n.unclaimed, v)
@@ -149,6 +234,13 @@ func (n *nexthops) assign() {
 		n.tracker.SetDesired(rec.id, v)
 	}
 	n.needID = emptied(n.needID)
+	// A member that got another ID (another program's object took its own) changes its
+	// groups.
+	for rec := range n.groups {
+		if rec.id != 0 && rec.refs > 0 {
+			n.tracker.SetDesired(rec.id, rec.value())
+		}
+	}
 	if len(n.unclaimed) == 0 {
 		n.unclaimed = map[nexthopValue]uint32{} // a restart adopted them all: give back the room
 	}
@@ -192,6 +284,8 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 			// One of sluice's IDs holding a kind sluice never makes: replaced or deleted like
 			// any of its objects that differs.
 			actual[nh.ID] = nexthopValue{}
+		case nh.Group != nil:
+			actual[nh.ID] = nexthopValue{group: groupString(nh.Group)}
 		default:
 			actual[nh.ID] = nexthopValue{gw: nh.Gw, link: nh.Link, onlink: nh.OnLink}
 		}
@@ -214,7 +308,7 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 		held[rec.id] = true
 	}
 	for id, v := range actual {
-		if !held[id] && v.link != 0 {
+		if !held[id] && (v.link != 0 || v.group != "") {
 			n.unclaimed[v] = id
 		}
 	}

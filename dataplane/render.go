@@ -11,7 +11,10 @@ import (
 // RenderNexthop prints a nexthop object like `ip nexthop` does, with the device by name.
 func RenderNexthop(n Nexthop, names map[int]string) string {
 	if n.Other {
-		return fmt.Sprintf("id %d (a group, blackhole or FDB nexthop) proto %d", n.ID, n.Protocol)
+		return fmt.Sprintf("id %d (a weighted or resilient group, blackhole or FDB nexthop) proto %d", n.ID, n.Protocol)
+	}
+	if n.Group != nil {
+		return fmt.Sprintf("id %d group %s proto %d", n.ID, groupString(n.Group), n.Protocol)
 	}
 	dev := names[n.Link]
 	if dev == "" {
@@ -54,6 +57,18 @@ func RenderRoute(r Route, names map[int]string) string {
 	}
 	if r.Flags&unix.RTNH_F_ONLINK != 0 {
 		b.WriteString(" onlink")
+	}
+	if r.NH == 0 {
+		for _, p := range r.MultiPath {
+			n := names[p.LinkIndex]
+			if n == "" {
+				n = fmt.Sprintf("if%d", p.LinkIndex)
+			}
+			fmt.Fprintf(&b, " nexthop via %s dev %s", p.Gw, n)
+			if p.Flags&unix.RTNH_F_ONLINK != 0 {
+				b.WriteString(" onlink")
+			}
+		}
 	}
 	return b.String()
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/internal/tracker"
@@ -31,7 +32,10 @@ type kernelRoute struct {
 	link int32
 	// nh is the nexthop object the route goes through (link, gw and onlink are then unset:
 	// they are the object's).
-	nh       uint32
+	nh uint32
+	// mp numbers the route's multipath gateways (RouteTable.multipaths; 0: none), in the
+	// gateways layout: link, gw and onlink are then unset, they are the paths'.
+	mp       uint32
 	typ      uint8
 	scope    netlink.Scope
 	protocol uint8
@@ -101,6 +105,42 @@ type RouteTable struct {
 	writes     int
 	unresolved int
 	v6         int // how many desired routes are IPv6
+	// multipaths numbers the sets of paths of multipath routes (kernelRoute.mp), desired or
+	// read, so that a kernel route compares as one number: mpIndex by the set's text,
+	// multipaths[i-1] the set.
+	multipaths []multipath
+	mpIndex    map[string]uint32
+}
+
+// multipath is a multipath route's paths, sorted by gateway.
+type multipath []mpath
+
+// mpath is one path of a multipath route.
+type mpath struct {
+	gw     netip.Addr
+	link   int
+	onlink bool
+}
+
+// multipathOf numbers paths (any order).
+func (t *RouteTable) multipathOf(paths multipath) uint32 {
+	slices.SortFunc(paths, func(a, b mpath) int {
+		return cmp.Or(a.gw.Compare(b.gw), cmp.Compare(a.link, b.link))
+	})
+	var b strings.Builder
+	for _, p := range paths {
+		fmt.Fprintf(&b, "%s@%d/%t,", p.gw, p.link, p.onlink)
+	}
+	key := b.String()
+	if i, ok := t.mpIndex[key]; ok {
+		return i
+	}
+	if t.mpIndex == nil {
+		t.mpIndex = map[string]uint32{}
+	}
+	t.multipaths = append(t.multipaths, paths)
+	t.mpIndex[key] = uint32(len(t.multipaths))
+	return uint32(len(t.multipaths))
 }
 
 // NewRouteTable returns a route table driver; nothing is read or written until Apply.
@@ -152,7 +192,7 @@ func (t *RouteTable) SetRoute(r *calc.Route) {
 	if !ok && r.Dst.Addr().Is6() {
 		t.v6++
 	}
-	if !ok || *old.Route != *r {
+	if !ok || !old.Route.Equal(*r) {
 		t.changed[nr.key()] = true
 	}
 }
@@ -385,16 +425,25 @@ func (t *RouteTable) resolve(r *calc.Route, links map[string]int, parent, parent
 	return kr, true
 }
 
-func fromKernel(r Route) (routeKey, kernelRoute, bool) {
+// kernelKey is a kernel route's key (false: none of sluice's could be at it).
+func kernelKey(r Route) (routeKey, bool) {
 	if r.Dst == nil {
-		return routeKey{}, kernelRoute{}, false // a default route is never sluice's
+		return routeKey{}, false // a default route is never sluice's
 	}
 	ip, ok := netip.AddrFromSlice(r.Dst.IP)
 	if !ok {
-		return routeKey{}, kernelRoute{}, false
+		return routeKey{}, false
 	}
 	ones, _ := r.Dst.Mask.Size()
-	dst := netip.PrefixFrom(ip.Unmap(), ones)
+	return routeKey{dst: netip.PrefixFrom(ip.Unmap(), ones), metric: r.Priority}, true
+}
+
+// fromKernel is a kernel route in the form sluice compares.
+func (t *RouteTable) fromKernel(r Route) (routeKey, kernelRoute, bool) {
+	k, ok := kernelKey(r)
+	if !ok {
+		return routeKey{}, kernelRoute{}, false
+	}
 	kr := kernelRoute{typ: uint8(r.Type), link: int32(r.LinkIndex), onlink: r.Flags&unix.RTNH_F_ONLINK != 0, scope: r.Scope, protocol: uint8(r.Protocol)}
 	if r.Gw != nil {
 		gw, _ := netip.AddrFromSlice(r.Gw)
@@ -403,12 +452,20 @@ func fromKernel(r Route) (routeKey, kernelRoute, bool) {
 	if kr.typ != unix.RTN_UNICAST {
 		kr.link, kr.scope = 0, netlink.SCOPE_UNIVERSE // the kernel reports the loopback device for these
 	}
-	if r.NH != 0 {
-		// The kernel adds the object's gateway and device (nexthop_compat_mode): the object
-		// is compared on its own.
+	switch {
+	case r.NH != 0:
+		// The kernel adds the object's gateway and device, or its group's paths
+		// (nexthop_compat_mode): the object is compared on its own.
 		kr.nh, kr.link, kr.gw, kr.onlink = r.NH, 0, netip.Addr{}, false
+	case len(r.MultiPath) > 0:
+		paths := make(multipath, len(r.MultiPath))
+		for i, p := range r.MultiPath {
+			gw, _ := netip.AddrFromSlice(p.Gw)
+			paths[i] = mpath{gw: gw.Unmap(), link: p.LinkIndex, onlink: p.Flags&unix.RTNH_F_ONLINK != 0}
+		}
+		kr.mp, kr.link, kr.gw, kr.onlink = t.multipathOf(paths), 0, netip.Addr{}, false
 	}
-	return routeKey{dst: dst, metric: r.Priority}, kr, true
+	return k, kr, true
 }
 
 func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *Route {
@@ -429,6 +486,15 @@ func (t *RouteTable) toKernel(k routeKey, kr kernelRoute) *Route {
 	}
 	if kr.onlink {
 		r.Flags |= unix.RTNH_F_ONLINK
+	}
+	if kr.mp != 0 {
+		for _, p := range t.multipaths[kr.mp-1] {
+			info := &netlink.NexthopInfo{LinkIndex: p.link, Gw: p.gw.AsSlice()}
+			if p.onlink {
+				info.Flags = unix.RTNH_F_ONLINK
+			}
+			r.MultiPath = append(r.MultiPath, info)
+		}
 	}
 	return &Route{Route: *r, NH: kr.nh}
 }
@@ -494,8 +560,20 @@ func (t *RouteTable) prepare() error {
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears
 		case t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid():
 			delete(t.unres, k)
-			rec = t.nh.use(r.nh, nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink})
+			nk := nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink}
+			if len(r.Multipath) > 0 {
+				nk = groupKey(int(kr.link), kr.onlink, r.Gateways())
+			}
+			rec = t.nh.use(r.nh, nk)
 			via = append(via, viaObject{k, kernelRoute{typ: kr.typ, protocol: kr.protocol}, rec})
+		case kr.typ == unix.RTN_UNICAST && len(r.Multipath) > 0:
+			delete(t.unres, k)
+			paths := make(multipath, 0, 1+len(r.Multipath))
+			for _, gw := range r.Gateways() {
+				paths = append(paths, mpath{gw: gw, link: int(kr.link), onlink: kr.onlink})
+			}
+			kr.mp, kr.link, kr.gw, kr.onlink = t.multipathOf(paths), 0, netip.Addr{}, false
+			t.tracker.SetDesired(k, kr)
 		default:
 			delete(t.unres, k)
 			t.tracker.SetDesired(k, kr)
@@ -540,7 +618,9 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		names[i] = n
 	}
 	renderNH := func(id uint32, v nexthopValue) string {
-		return "nexthop " + RenderNexthop(Nexthop{ID: id, Gw: v.gw, Link: v.link, OnLink: v.onlink, Protocol: t.cfg.Protocol, Other: v.link == 0}, names)
+		n := v.nexthop(id, t.cfg.Protocol)
+		n.Other = v.link == 0 && v.group == ""
+		return "nexthop " + RenderNexthop(n, names)
 	}
 	t.nh.tracker.Differences(func(id uint32, want, have nexthopValue, held bool) {
 		line := renderNH(id, want)
@@ -679,12 +759,19 @@ func (t *RouteTable) write() error {
 // writeNexthops creates or replaces the nexthop objects that differ; it returns the IDs the
 // kernel refused.
 func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
-	var fresh, changed []Nexthop
+	// Single objects, then the groups of them.
+	var fresh, changed, freshGroups, changedGroups []Nexthop
 	t.nh.tracker.Pending(func(id uint32, want nexthopValue) tracker.Outcome {
-		n := Nexthop{ID: id, Gw: want.gw, Link: want.link, OnLink: want.onlink, Protocol: t.cfg.Protocol}
-		if _, held := t.nh.tracker.Actual(id); held {
+		n := want.nexthop(id, t.cfg.Protocol)
+		_, held := t.nh.tracker.Actual(id)
+		switch {
+		case held && n.Group != nil:
+			changedGroups = append(changedGroups, n)
+		case held:
 			changed = append(changed, n)
-		} else {
+		case n.Group != nil:
+			freshGroups = append(freshGroups, n)
+		default:
 			fresh = append(fresh, n)
 		}
 		return tracker.Queued
@@ -694,7 +781,7 @@ func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 	for _, batch := range []struct {
 		ns      []Nexthop
 		replace bool
-	}{{fresh, false}, {changed, true}} {
+	}{{fresh, false}, {changed, true}, {freshGroups, false}, {changedGroups, true}} {
 		slices.SortFunc(batch.ns, func(a, b Nexthop) int { return cmp.Compare(a.ID, b.ID) })
 		for i, err := range t.k.NexthopSetMany(batch.ns, batch.replace) {
 			n := batch.ns[i]
@@ -706,7 +793,8 @@ func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 				continue
 			}
 			t.writes++
-			t.nh.tracker.SetActual(n.ID, nexthopValue{gw: n.Gw, link: n.Link, onlink: n.OnLink})
+			v, _ := t.nh.tracker.Desired(n.ID)
+			t.nh.tracker.SetActual(n.ID, v)
 			t.nh.tracker.Clean(n.ID)
 		}
 	}
@@ -715,12 +803,19 @@ func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 
 // deleteNexthops deletes sluice's nexthop objects that nothing wants.
 func (t *RouteTable) deleteNexthops() error {
-	var ids []uint32
-	t.nh.tracker.Pending(func(uint32, nexthopValue) tracker.Outcome { return tracker.Later }, func(id uint32, _ nexthopValue) tracker.Outcome {
-		ids = append(ids, id)
+	// Groups before their members: a member deleted first would leave the group without it.
+	var ids, groups []uint32
+	t.nh.tracker.Pending(func(uint32, nexthopValue) tracker.Outcome { return tracker.Later }, func(id uint32, have nexthopValue) tracker.Outcome {
+		if have.group != "" {
+			groups = append(groups, id)
+		} else {
+			ids = append(ids, id)
+		}
 		return tracker.Queued
 	})
 	slices.Sort(ids)
+	slices.Sort(groups)
+	ids = append(groups, ids...)
 	var errs []error
 	for i, err := range t.k.NexthopDelMany(ids) {
 		if err != nil {
@@ -756,7 +851,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 	t.foreign = t.foreign[:0]
 	clear(t.replacing)
 	for _, r := range rs {
-		k, kr, ok := fromKernel(r)
+		k, kr, ok := t.fromKernel(r)
 		if !ok {
 			continue
 		}
