@@ -256,3 +256,63 @@ func (f *frr) waitC(what, cmd string, timeout time.Duration, ok func(string) boo
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// segmentPort is one router on a segment: its namespace and address (CIDR form).
+type segmentPort struct {
+	ns   netns.NsHandle
+	addr string
+}
+
+// segment puts the node (address nodeAddr on bridge eth0 in nodeNS) and each router on one
+// Ethernet segment: a veth from the bridge to each router's eth0.
+func segment(t *testing.T, nodeNS netns.NsHandle, nodeAddr string, ports []segmentPort) {
+	t.Helper()
+	h, err := netlink.NewHandleAt(nodeNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}}
+	if err := h.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	addrOn(t, h, "eth0", nodeAddr)
+	for i, p := range ports {
+		port := fmt.Sprintf("port%d", i)
+		if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: mustLink(t, h, "eth0").Attrs().Index},
+			PeerName: "eth0", PeerNamespace: netlink.NsFd(p.ns)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.LinkSetUp(mustLink(t, h, port)); err != nil {
+			t.Fatal(err)
+		}
+		hp, err := netlink.NewHandleAt(p.ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrOn(t, hp, "eth0", p.addr)
+		hp.Close()
+	}
+}
+
+func mustLink(t *testing.T, h *netlink.Handle, name string) netlink.Link {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// addrOn puts addr (CIDR form) on the link name and brings it up.
+func addrOn(t *testing.T, h *netlink.Handle, name, addr string) {
+	t.Helper()
+	l := mustLink(t, h, name)
+	p := netip.MustParsePrefix(addr)
+	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -210,4 +212,9 @@ func (p *speakerProc) rib() []bgp.Route {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.seen[i].RIB
+}
+
+// learnedVia says whether ls holds prefix p learned through exactly the next hops nhs.
+func learnedVia(ls []calc.Learned, p netip.Prefix, nhs ...netip.Addr) bool {
+	return slices.ContainsFunc(ls, func(l calc.Learned) bool { return l.Prefix == p && slices.Equal(l.NextHops, nhs) })
 }

@@ -1,7 +1,6 @@
 package bgp
 
 import (
-	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -11,8 +10,9 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 )
 
-// Route is one prefix of the speaker's table: its best paths' next hops and where they were
-// learned (an invalid Peer: this node's own announcement).
+// Route is one prefix of the speaker's table: its best path's next hops (a learned prefix's
+// multipath set: every equal path's) and where the best was learned (an invalid Peer: this
+// node's own announcement).
 type Route struct {
 	Prefix   netip.Prefix `json:"prefix"`
 	NextHops []netip.Addr `json:"nextHops"`
@@ -65,9 +65,14 @@ func (s *Speaker) RIB() ([]Route, error) {
 			return nil, err
 		}
 	}
-	slices.SortFunc(out, func(a, b Route) int {
-		return cmp.Or(a.Prefix.Addr().Compare(b.Prefix.Addr()), cmp.Compare(a.Prefix.Bits(), b.Prefix.Bits()))
-	})
+	s.learnedMu.Lock()
+	for i, r := range out {
+		if hops := learnedHops(s.multipath[r.Prefix]); r.Peer.IsValid() && len(hops) > 0 {
+			out[i].NextHops = hops
+		}
+	}
+	s.learnedMu.Unlock()
+	slices.SortFunc(out, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
 	return out, nil
 }
 

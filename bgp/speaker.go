@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -184,8 +185,14 @@ type Speaker struct {
 	// watcher only queues (it never waits on the agent), and the delivery goroutine hands
 	// over what has queued meanwhile in one call, so 20,000 prefixes arriving are a few
 	// calls, not 20,000.
-	learnedMu   sync.Mutex
-	learnedQ    []calc.Learned
+	learnedMu sync.Mutex
+	learnedQ  []calc.Learned
+	// multipath holds, for each prefix, the paths of its multipath set (the best path and
+	// those equal to it) by the peer they came from (an invalid address: this node's own),
+	// with their next hops: GoBGP reports the set's changes path by path, calc takes the
+	// set. Kept for the speaker of generation mpGen only.
+	multipath   map[netip.Prefix][]mpPath
+	mpGen       int
 	syncQ       bool // OnSynced is due, after what is queued
 	staleQ      bool // OnStale is due, before what is queued
 	learnedKick chan struct{}
@@ -443,7 +450,10 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	// Only the two families sluice speaks: by default GoBGP makes tables for every family it
 	// knows (two sets of 2,048 shards each), 10 MB of heap before a single route.
 	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: w.ASN, RouterId: w.RouterID.String(),
-		ListenPort: int32(w.ListenPort), Families: []uint32{ipv4Unicast, ipv6Unicast}}}); err != nil {
+		ListenPort: int32(w.ListenPort), Families: []uint32{ipv4Unicast, ipv6Unicast},
+		// Equal paths make one multipath route, as BIRD's `merge paths` in calico/node's
+		// kernel protocol: the watcher then reports the multipath set's changes.
+		UseMultiplePaths: true}}); err != nil {
 		srv.Stop()
 		return fmt.Errorf("starting the BGP speaker (AS %d, port %d): %w", w.ASN, w.ListenPort, err)
 	}
@@ -460,9 +470,12 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		defer s.syncMu.Unlock()
 		return s.gen == gen
 	}
-	onBest := func(p []*apiutil.Path, t time.Time) {
+	s.learnedMu.Lock()
+	s.multipath, s.mpGen = map[netip.Prefix][]mpPath{}, gen
+	s.learnedMu.Unlock()
+	onBest := func(p []*apiutil.Path, _ time.Time) {
 		if current() {
-			s.onBest(p, t)
+			s.onBest(gen, p)
 		}
 	}
 	onEOR := func(p *apiutil.Path, t time.Time) { s.onEOR(gen, p, t) }
@@ -502,31 +515,75 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	return nil
 }
 
-// onBest hears best-path changes: each prefix learned from a peer, with its next hop, or
-// withdrawn (no path, or this node's own is now the best).
-func (s *Speaker) onBest(paths []*apiutil.Path, _ time.Time) {
-	out := make([]calc.Learned, 0, len(paths))
+// mpPath is one path of a prefix's multipath set.
+type mpPath struct {
+	peer, nextHop netip.Addr
+}
+
+// onBest hears the changes of the multipath sets (paths that joined or changed, and paths
+// that left) of speaker gen, and queues for calc each prefix touched: the next hops of its
+// set, or none when it lost every path or this node's own is the best.
+func (s *Speaker) onBest(gen int, paths []*apiutil.Path) {
+	s.learnedMu.Lock()
+	defer s.learnedMu.Unlock()
+	if s.mpGen != gen {
+		return
+	}
+	touched := make([]netip.Prefix, 0, len(paths))
 	for _, p := range paths {
 		prefix, err := netip.ParsePrefix(p.Nlri.String())
 		if err != nil {
 			continue
 		}
-		l := calc.Learned{Prefix: prefix}
-		if !p.Withdrawal && p.PeerAddress.IsValid() {
-			l.NextHop = nextHop(p)
+		set := s.multipath[prefix]
+		i := slices.IndexFunc(set, func(m mpPath) bool { return m.peer == p.PeerAddress })
+		switch {
+		case p.Withdrawal && i >= 0:
+			set = slices.Delete(set, i, i+1)
+		case p.Withdrawal:
+		case i >= 0:
+			set[i].nextHop = nextHop(p)
+		default:
+			set = append(set, mpPath{peer: p.PeerAddress, nextHop: nextHop(p)})
 		}
-		out = append(out, l)
+		if len(set) == 0 {
+			delete(s.multipath, prefix)
+		} else {
+			s.multipath[prefix] = set
+		}
+		touched = append(touched, prefix)
 	}
-	if len(out) == 0 {
+	if len(touched) == 0 {
 		return
 	}
-	s.learnedMu.Lock()
-	s.learnedQ = append(s.learnedQ, out...)
-	s.learnedMu.Unlock()
+	slices.SortFunc(touched, comparePrefix)
+	for _, prefix := range slices.Compact(touched) {
+		s.learnedQ = append(s.learnedQ, calc.Learned{Prefix: prefix, NextHops: learnedHops(s.multipath[prefix])})
+	}
 	select {
 	case s.learnedKick <- struct{}{}:
 	default:
 	}
+}
+
+// learnedHops is what calc learns of a multipath set: its next hops, sorted, or none when this
+// node's own path is in it.
+func learnedHops(set []mpPath) []netip.Addr {
+	var out []netip.Addr
+	for _, m := range set {
+		if !m.peer.IsValid() {
+			return nil
+		}
+		if m.nextHop.IsValid() {
+			out = append(out, m.nextHop)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // deliverLearned hands what was learned to OnLearned, all that queued in one call, until ctx

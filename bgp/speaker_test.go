@@ -64,7 +64,7 @@ func TestSpeakerWithBIRD(t *testing.T) {
 	// makes the speaker synced at once (not after the 120 s restart time).
 	waitRIB(t, sp, func(rib []string) bool { return slices.Contains(rib, "198.18.0.0/24 via [192.0.2.1] from 192.0.2.1") })
 	sp.waitFor("the learned route", 0, 10*time.Second, func(r reply) bool {
-		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("198.18.0.0/24"), NextHop: addr("192.0.2.1")})
+		return learnedVia(r.Learned, pfx("198.18.0.0/24"), addr("192.0.2.1"))
 	})
 	sp.waitFor("synced", 0, 10*time.Second, func(r reply) bool { return r.Synced })
 	t.Logf("synced %v after the first update", time.Since(start).Round(time.Millisecond))
@@ -179,7 +179,7 @@ func TestSpeakerInMeshWithBIRDNode(t *testing.T) {
 	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &block}}}})
 	sp.waitFor("the mesh session up", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up })
 	sp.waitFor("the BIRD node's block learned", 0, 10*time.Second, func(r reply) bool {
-		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("10.80.1.0/26"), NextHop: addr("192.0.2.12")})
+		return learnedVia(r.Learned, pfx("10.80.1.0/26"), addr("192.0.2.12"))
 	})
 	node.waitC("sluice's block at the BIRD node", "show route 10.80.0.0/26", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 192.0.2.11") })
 	waitKernel(t, "sluice's block in the BIRD node's kernel", func() bool {
@@ -271,10 +271,52 @@ router bgp 65001
 		return strings.Contains(out, "192.0.2.11") && strings.Contains(out, "65000:100")
 	})
 	sp.waitFor("FRR's route learned", 0, 10*time.Second, func(r reply) bool {
-		return slices.Contains(r.Learned, calc.Learned{Prefix: pfx("198.18.0.0/24"), NextHop: addr("192.0.2.1")})
+		return learnedVia(r.Learned, pfx("198.18.0.0/24"), addr("192.0.2.1"))
 	})
 	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{Remove: true, BGPPath: &block}}}})
 	tor.waitC("the released block withdrawn at FRR", "show bgp ipv4 unicast 10.80.0.0/26", 10*time.Second, func(out string) bool {
 		return strings.Contains(out, "not in table")
 	})
+}
+
+// TestSpeakerMultipathWithBIRD: two top-of-rack routers (BIRD, one AS) on the node's segment
+// announce the same route: the speaker hands calc both next hops as one multipath set (as
+// calico/node's BIRD merges paths); one router gone leaves the other's path, and back, both.
+func TestSpeakerMultipathWithBIRD(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needBIRD(t)
+	nodeNS, aNS, bNS := nstest.New(t), nstest.New(t), nstest.New(t)
+	segment(t, nodeNS, "192.0.2.11/24", []segmentPort{{aNS, "192.0.2.1/24"}, {bNS, "192.0.2.2/24"}})
+	torA := startBIRD(t, aNS, "tora", torConf("192.0.2.1", "192.0.2.1", 65001, "192.0.2.11", 64512, ""))
+	torB := startBIRD(t, bNS, "torb", torConf("192.0.2.2", "192.0.2.2", 65001, "192.0.2.11", 64512, ""))
+
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr4: addr("192.0.2.11")}
+	peerA := calc.BGPPeer{Addr: addr("192.0.2.1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("192.0.2.11"), NextHop: store.NextHopAuto, Origin: "BGPPeer tor-a"}
+	peerB := peerA
+	peerB.Addr, peerB.Origin = addr("192.0.2.2"), "BGPPeer tor-b"
+	block := calc.BGPPath{Prefix: pfx("10.80.0.0/26"), Reason: calc.AnnounceBlock}
+	sp := startSpeaker(t, nodeNS, t.TempDir())
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peerA}, {BGPPeer: &peerB}, {BGPPath: &block}}}})
+	route, a, b := pfx("198.18.0.0/24"), addr("192.0.2.1"), addr("192.0.2.2")
+	sp.waitFor("both paths as one set", 0, 30*time.Second, func(r reply) bool { return learnedVia(r.Learned, route, a, b) })
+	waitRIB(t, sp, func(rib []string) bool {
+		return slices.ContainsFunc(rib, func(l string) bool { return strings.HasPrefix(l, "198.18.0.0/24 via [192.0.2.1 192.0.2.2] from ") })
+	})
+	for _, tor := range []*bird{torA, torB} {
+		tor.waitC("the block at the router", "show route 10.80.0.0/26", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 192.0.2.11") })
+	}
+
+	// Router b stops: its path leaves the set. Back: both again.
+	from := sp.count()
+	torB.mustC("disable node")
+	sp.waitFor("router a's path alone", from, 10*time.Second, func(r reply) bool { return learnedVia(r.Learned, route, a) })
+	from = sp.count()
+	torB.mustC("enable node")
+	sp.waitFor("both paths again", from, 30*time.Second, func(r reply) bool { return learnedVia(r.Learned, route, a, b) })
+
+	// Both stop: withdrawn.
+	from = sp.count()
+	torA.mustC("disable node")
+	torB.mustC("disable node")
+	sp.waitFor("the route withdrawn", from, 10*time.Second, func(r reply) bool { return learnedVia(r.Learned, route) })
 }

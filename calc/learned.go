@@ -3,22 +3,24 @@ package calc
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/sluice-net/sluice/store"
 )
 
-// Learned is what this node's BGP speaker learned of one prefix: its best path's next hop
-// (invalid: the prefix was withdrawn).
+// Learned is what this node's BGP speaker learned of one prefix: the next hops of its best
+// paths, several when paths are equal (equal-cost multipath, as BIRD's `merge paths`
+// makes them), sorted; none: the prefix was withdrawn.
 type Learned struct {
-	Prefix  netip.Prefix `json:"prefix"`
-	NextHop netip.Addr   `json:"nextHop"`
+	Prefix   netip.Prefix `json:"prefix"`
+	NextHops []netip.Addr `json:"nextHops"`
 }
 
 // learnedRoute is a learned prefix as calc holds it. Stale: kept from the last run (a
 // restart under graceful restart) and not learned again yet; SweepLearned drops it.
 type learnedRoute struct {
-	nextHop netip.Addr
-	stale   bool
+	nextHops []netip.Addr
+	stale    bool
 }
 
 // OnLearned takes what the speaker learned and withdrew, and returns what changed in the
@@ -29,13 +31,13 @@ func (g *Graph) OnLearned(ls []Learned) *Update {
 		return nil
 	}
 	for _, l := range ls {
-		if l.NextHop.IsValid() {
-			g.learned[l.Prefix] = learnedRoute{nextHop: l.NextHop}
+		if len(l.NextHops) > 0 {
+			g.learned[l.Prefix] = learnedRoute{nextHops: l.NextHops}
 		} else {
 			delete(g.learned, l.Prefix)
 		}
 		g.routes.dirtyDst.add(l.Prefix)
-		g.routes.noteRecursive(l)
+		g.routes.noteRecursive(l.Prefix, l.NextHops)
 	}
 	// A route reached through another learned route follows it.
 	for p := range g.routes.recursive {
@@ -44,38 +46,54 @@ func (g *Graph) OnLearned(ls []Learned) *Update {
 	return g.compute(false)
 }
 
-// noteRecursive keeps the set of learned prefixes whose next hop is off this node's subnet.
-func (rc *routeCalc) noteRecursive(l Learned) {
-	if !l.NextHop.IsValid() {
-		delete(rc.recursive, l.Prefix)
-		return
-	}
-	if self := rc.nodes[rc.cfg.NodeName]; self != nil {
-		if us := underlay(self, l.NextHop); us.IsValid() && us.Masked().Contains(l.NextHop) {
-			delete(rc.recursive, l.Prefix)
-			return
+// noteRecursive keeps the set of learned prefixes with a next hop off this node's subnet.
+func (rc *routeCalc) noteRecursive(p netip.Prefix, nhs []netip.Addr) {
+	self := rc.nodes[rc.cfg.NodeName]
+	off := false
+	for _, nh := range nhs {
+		if self == nil {
+			off = true
+			break
 		}
+		if us := underlay(self, nh); !us.IsValid() || !us.Masked().Contains(nh) {
+			off = true
+			break
+		}
+	}
+	if !off {
+		delete(rc.recursive, p)
+		return
 	}
 	if rc.recursive == nil {
 		rc.recursive = set[netip.Prefix]{}
 	}
-	rc.recursive.add(l.Prefix)
+	rc.recursive.add(p)
 }
 
-// resolveLearned finds the gateway to next hop nh through the longest other learned prefix
-// holding it whose own next hop is on this node's subnet us (BGP's recursive next hop, as
+// resolveLearned finds the gateways to next hop nh: the next hops on this node's subnet us of
+// the longest other learned prefix holding nh that has any (BGP's recursive next hop, as
 // BIRD's "gateway recursive" resolves it through its table).
-func (rc *routeCalc) resolveLearned(dst netip.Prefix, nh netip.Addr, us netip.Prefix) (netip.Addr, bool) {
+func (rc *routeCalc) resolveLearned(dst netip.Prefix, nh netip.Addr, us netip.Prefix) []netip.Addr {
 	for bits := nh.BitLen(); bits > 0; bits-- {
 		p, _ := nh.Prefix(bits)
 		if p == dst {
 			continue
 		}
-		if via, ok := rc.learned[p]; ok && us.Masked().Contains(via.nextHop) && via.nextHop != us.Addr() {
-			return via.nextHop, true
+		via, ok := rc.learned[p]
+		if !ok {
+			continue
+		}
+		var out []netip.Addr
+		for _, gw := range via.nextHops {
+			if us.Masked().Contains(gw) && gw != us.Addr() {
+				out = append(out, gw)
+			}
+		}
+		if len(out) > 0 {
+			return out
 		}
 	}
-	return netip.Addr{}, false
+	return nil
 }
 
 // KeepLearned takes the routes learned before a restart (from the kept state) as stale: they
@@ -86,10 +104,10 @@ func (g *Graph) KeepLearned(ls []Learned) *Update {
 		return nil
 	}
 	for _, l := range ls {
-		if _, ok := g.learned[l.Prefix]; !ok && l.NextHop.IsValid() {
-			g.learned[l.Prefix] = learnedRoute{nextHop: l.NextHop, stale: true}
+		if _, ok := g.learned[l.Prefix]; !ok && len(l.NextHops) > 0 {
+			g.learned[l.Prefix] = learnedRoute{nextHops: l.NextHops, stale: true}
 			g.routes.dirtyDst.add(l.Prefix)
-			g.routes.noteRecursive(l)
+			g.routes.noteRecursive(l.Prefix, l.NextHops)
 		}
 	}
 	return g.compute(false)
@@ -127,7 +145,7 @@ func (s *State) LearnedRoutes() []Learned {
 	var out []Learned
 	for _, r := range s.Routes {
 		if r.Reason == ReasonBGP {
-			out = append(out, Learned{Prefix: r.Dst, NextHop: r.Gateway})
+			out = append(out, Learned{Prefix: r.Dst, NextHops: r.Gateways()})
 		}
 	}
 	return out
@@ -138,7 +156,7 @@ func (s *State) LearnedRoutes() []Learned {
 func (rc *routeCalc) markLearned() {
 	for p, l := range rc.learned {
 		rc.dirtyDst.add(p)
-		rc.noteRecursive(Learned{Prefix: p, NextHop: l.nextHop}) // this node's subnet may have moved
+		rc.noteRecursive(p, l.nextHops) // this node's subnet may have moved
 	}
 }
 
@@ -173,18 +191,35 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 			}
 		}
 	}
-	us := underlay(self, l.nextHop)
-	switch {
-	case us.Addr() == l.nextHop:
-		return Route{}, "-" // this node's own
-	case !us.IsValid():
-		return Route{}, "this node has no address of its next hop's family (spec.bgp)"
-	case !us.Masked().Contains(l.nextHop):
-		gw, ok := rc.resolveLearned(dst, l.nextHop, us)
-		if !ok {
-			return Route{}, fmt.Sprintf("its next hop %s is off this node's subnet %s and no learned route leads there", l.nextHop, us.Masked())
+	// Each next hop on this node's subnet is a gateway; one off it is reached through the
+	// learned routes that lead there. Equal paths make one multipath route.
+	var gws []netip.Addr
+	why := ""
+	for _, nh := range l.nextHops {
+		us := underlay(self, nh)
+		switch {
+		case us.Addr() == nh:
+			return Route{}, "-" // this node's own
+		case !us.IsValid():
+			why = "this node has no address of its next hop's family (spec.bgp)"
+		case !us.Masked().Contains(nh):
+			via := rc.resolveLearned(dst, nh, us)
+			if len(via) == 0 {
+				why = fmt.Sprintf("its next hop %s is off this node's subnet %s and no learned route leads there", nh, us.Masked())
+			}
+			gws = append(gws, via...)
+		default:
+			gws = append(gws, nh)
 		}
-		return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: gw, OnLink: true, Reason: ReasonBGP}, ""
 	}
-	return Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: l.nextHop, OnLink: true, Reason: ReasonBGP}, ""
+	if len(gws) == 0 {
+		return Route{}, why
+	}
+	slices.SortFunc(gws, netip.Addr.Compare)
+	gws = slices.Compact(gws)
+	r := Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: gws[0], OnLink: true, Reason: ReasonBGP}
+	if len(gws) > 1 {
+		r.Multipath = gws[1:]
+	}
+	return r, ""
 }

@@ -11,12 +11,16 @@ import (
 	"github.com/sluice-net/sluice/store"
 )
 
-// learnedRoutes returns the state's BGP routes ("dst via gw") and its bgp/ problems' keys.
+// learnedRoutes returns the state's BGP routes ("dst via gw[,gw...]") and its bgp/ problems' keys.
 func learnedRoutes(s *calc.State) []string {
 	var out []string
 	for _, r := range s.Routes {
 		if r.Reason == calc.ReasonBGP {
-			out = append(out, fmt.Sprintf("%s via %s", r.Dst, r.Gateway))
+			gws := make([]string, 0, 1+len(r.Multipath))
+			for _, gw := range r.Gateways() {
+				gws = append(gws, gw.String())
+			}
+			out = append(out, fmt.Sprintf("%s via %s", r.Dst, strings.Join(gws, ",")))
 		}
 	}
 	for _, p := range s.Problems {
@@ -35,8 +39,12 @@ func TestBGPImportRules(t *testing.T) {
 		fmt.Sprintf(`%svxlan {"spec":{"cidr":"10.65.0.0/16","vxlanMode":"Always"}}`, store.IPPoolPrefix),
 		bgpBlock("10.80.0.0/26", "node-a"), bgpAffinity("node-a", "10.80.0.0/26", "confirmed"),
 		bgpConfig("default", `"serviceClusterIPs":[{"cidr":"10.96.0.0/12"}]`)}
-	l := func(p, nh string) calc.Learned {
-		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+	l := func(p string, nhs ...string) calc.Learned {
+		out := calc.Learned{Prefix: netip.MustParsePrefix(p)}
+		for _, nh := range nhs {
+			out.NextHops = append(out.NextHops, netip.MustParseAddr(nh))
+		}
+		return out
 	}
 	cases := []struct {
 		rule    string
@@ -64,6 +72,17 @@ func TestBGPImportRules(t *testing.T) {
 			[]calc.Learned{l("10.80.1.0/26", "192.0.2.11")}, nil},
 		{"a withdrawal removes the route",
 			[]calc.Learned{l("10.80.0.64/26", "192.0.2.12"), {Prefix: netip.MustParsePrefix("10.80.0.64/26")}}, nil},
+		{"equal paths make one multipath route (BIRD's merge paths)",
+			[]calc.Learned{l("10.80.0.64/26", "192.0.2.2", "192.0.2.1")}, []string{"10.80.0.64/26 via 192.0.2.1,192.0.2.2"}},
+		{"one of the equal paths withdrawn leaves the other",
+			[]calc.Learned{l("10.80.0.64/26", "192.0.2.1", "192.0.2.2"), l("10.80.0.64/26", "192.0.2.2")}, []string{"10.80.0.64/26 via 192.0.2.2"}},
+		{"of equal paths, one with no route to its next hop: the others",
+			[]calc.Learned{l("10.80.1.0/26", "192.0.2.1", "198.51.100.9")}, []string{"10.80.1.0/26 via 192.0.2.1"}},
+		{"a next hop reached through a multipath route takes all its paths",
+			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9"), l("198.51.100.0/24", "192.0.2.2", "192.0.2.1")},
+			[]string{"10.80.1.0/26 via 192.0.2.1,192.0.2.2", "198.51.100.0/24 via 192.0.2.1,192.0.2.2"}},
+		{"equal paths, one through this node's own address: nothing",
+			[]calc.Learned{l("10.80.1.0/26", "192.0.2.1", "192.0.2.11")}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.rule, func(t *testing.T) {
@@ -110,15 +129,15 @@ func TestBGPLearnedTransitions(t *testing.T) {
 	}
 	base := []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24"), bgpNode("node-b", "192.0.2.12/24")}
 	// A restart: routes kept from the last run, before etcd is read.
-	kept := []calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHop: netip.MustParseAddr("192.0.2.12")},
-		{Prefix: netip.MustParsePrefix("10.80.0.128/26"), NextHop: netip.MustParseAddr("192.0.2.13")}}
+	kept := []calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
+		{Prefix: netip.MustParsePrefix("10.80.0.128/26"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.13")}}}
 	g.KeepLearned(kept)
 	u := g.OnEvents(append(bgpEvents(t, base), inSync()))
 	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.0.64/26 via 192.0.2.12", "10.80.0.128/26 via 192.0.2.13"}) || !u.Full {
 		t.Fatalf("after the restart's first update: %q", got)
 	}
 	// One is learned again (its next hop moved), the other not: the sweep removes only it.
-	u = g.OnLearned([]calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHop: netip.MustParseAddr("192.0.2.14")}})
+	u = g.OnLearned([]calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.14")}}})
 	if u == nil || len(u.Ops) != 1 || u.Ops[0].Route == nil || u.Ops[0].Route.Gateway.String() != "192.0.2.14" {
 		t.Fatalf("learned again with a new next hop: %+v", u)
 	}
@@ -164,7 +183,7 @@ func TestBGPLearnedStaleOnStop(t *testing.T) {
 	g, _ := calc.New(bgpCfg("node-a"))
 	g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24")}), inSync()))
 	l := func(p, nh string) calc.Learned {
-		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHops: []netip.Addr{netip.MustParseAddr(nh)}}
 	}
 	g.OnLearned([]calc.Learned{l("10.80.0.64/26", "192.0.2.12"), l("10.80.0.128/26", "192.0.2.13")})
 	g.StaleLearned()
@@ -186,7 +205,7 @@ func TestBGPLearnedRecursive(t *testing.T) {
 	g, _ := calc.New(bgpCfg("node-a"))
 	g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24")}), inSync()))
 	l := func(p, nh string) calc.Learned {
-		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}
+		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHops: []netip.Addr{netip.MustParseAddr(nh)}}
 	}
 	g.OnLearned([]calc.Learned{l("10.80.1.0/26", "198.51.100.9")})
 	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"problem bgp/route/10.80.1.0/26"}) {

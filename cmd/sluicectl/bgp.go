@@ -150,7 +150,7 @@ func learnedOf(r bgpReport) []calc.Learned {
 	var out []calc.Learned
 	for _, rt := range r.Routes {
 		if rt.Peer.IsValid() && len(rt.NextHops) > 0 {
-			out = append(out, calc.Learned{Prefix: rt.Prefix, NextHop: rt.NextHops[0]})
+			out = append(out, calc.Learned{Prefix: rt.Prefix, NextHops: rt.NextHops})
 		}
 	}
 	return out

@@ -69,7 +69,7 @@ func serveBareSpeaker() {
 		defer mu.Unlock()
 		before := len(held)
 		for _, l := range ls {
-			if l.NextHop.IsValid() {
+			if len(l.NextHops) > 0 {
 				held[l.Prefix] = true
 			} else {
 				delete(held, l.Prefix)

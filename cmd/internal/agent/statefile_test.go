@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
+	"reflect"
 	"testing"
 
 	"github.com/sluice-net/sluice/calc"
@@ -20,15 +20,16 @@ func TestKeptLearned(t *testing.T) {
 	st := &calc.State{Routes: []calc.Route{
 		{Dst: netip.MustParsePrefix("10.80.0.0/26"), Type: calc.RouteBlackhole, Reason: calc.ReasonLocalBlock},
 		{Dst: netip.MustParsePrefix("10.80.0.64/26"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: netip.MustParseAddr("192.0.2.12"), OnLink: true, Reason: calc.ReasonBGP},
-		{Dst: netip.MustParsePrefix("198.18.0.0/24"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: netip.MustParseAddr("192.0.2.1"), OnLink: true, Reason: calc.ReasonBGP},
+		{Dst: netip.MustParsePrefix("198.18.0.0/24"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: netip.MustParseAddr("192.0.2.1"),
+			Multipath: []netip.Addr{netip.MustParseAddr("192.0.2.2")}, OnLink: true, Reason: calc.ReasonBGP},
 	}}
 	if _, err := agent.SaveState(path, "build-1", cfg, nil, st); err != nil {
 		t.Fatal(err)
 	}
 	got, err := agent.KeptLearned(path, "build-1", cfg)
-	want := []calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHop: netip.MustParseAddr("192.0.2.12")},
-		{Prefix: netip.MustParsePrefix("198.18.0.0/24"), NextHop: netip.MustParseAddr("192.0.2.1")}}
-	if err != nil || !slices.Equal(got, want) {
+	want := []calc.Learned{{Prefix: netip.MustParsePrefix("10.80.0.64/26"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.12")}},
+		{Prefix: netip.MustParsePrefix("198.18.0.0/24"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")}}}
+	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("kept learned %v %v, want %v", got, err, want)
 	}
 	if got, err := agent.KeptLearned(path, "build-2", cfg); err != nil || got != nil {
