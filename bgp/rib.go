@@ -67,7 +67,7 @@ func (s *Speaker) RIB() ([]Route, error) {
 	}
 	s.learnedMu.Lock()
 	for i, r := range out {
-		if hops := learnedHops(s.multipath[r.Prefix]); r.Peer.IsValid() && len(hops) > 0 {
+		if hops := s.multipath.hops(r.Prefix); r.Peer.IsValid() && len(hops) > 0 {
 			out[i].NextHops = hops
 		}
 	}

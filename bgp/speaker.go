@@ -187,11 +187,9 @@ type Speaker struct {
 	// calls, not 20,000.
 	learnedMu sync.Mutex
 	learnedQ  []calc.Learned
-	// multipath holds, for each prefix, the paths of its multipath set (the best path and
-	// those equal to it) by the peer they came from (an invalid address: this node's own),
-	// with their next hops: GoBGP reports the set's changes path by path, calc takes the
-	// set. Kept for the speaker of generation mpGen only.
-	multipath   map[netip.Prefix][]mpPath
+	// multipath holds each prefix's multipath set, of the speaker of generation mpGen
+	// only.
+	multipath   *multipaths
 	mpGen       int
 	syncQ       bool // OnSynced is due, after what is queued
 	staleQ      bool // OnStale is due, before what is queued
@@ -471,7 +469,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		return s.gen == gen
 	}
 	s.learnedMu.Lock()
-	s.multipath, s.mpGen = map[netip.Prefix][]mpPath{}, gen
+	s.multipath, s.mpGen = newMultipaths(), gen
 	s.learnedMu.Unlock()
 	onBest := func(p []*apiutil.Path, _ time.Time) {
 		if current() {
@@ -515,11 +513,6 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	return nil
 }
 
-// mpPath is one path of a prefix's multipath set.
-type mpPath struct {
-	peer, nextHop netip.Addr
-}
-
 // onBest hears the changes of the multipath sets (paths that joined or changed, and paths
 // that left) of speaker gen, and queues for calc each prefix touched: the next hops of its
 // set, or none when it lost every path or this node's own is the best.
@@ -531,26 +524,11 @@ func (s *Speaker) onBest(gen int, paths []*apiutil.Path) {
 	}
 	touched := make([]netip.Prefix, 0, len(paths))
 	for _, p := range paths {
-		prefix, err := netip.ParsePrefix(p.Nlri.String())
-		if err != nil {
+		prefix, ok := prefixOf(p.Nlri)
+		if !ok {
 			continue
 		}
-		set := s.multipath[prefix]
-		i := slices.IndexFunc(set, func(m mpPath) bool { return m.peer == p.PeerAddress })
-		switch {
-		case p.Withdrawal && i >= 0:
-			set = slices.Delete(set, i, i+1)
-		case p.Withdrawal:
-		case i >= 0:
-			set[i].nextHop = nextHop(p)
-		default:
-			set = append(set, mpPath{peer: p.PeerAddress, nextHop: nextHop(p)})
-		}
-		if len(set) == 0 {
-			delete(s.multipath, prefix)
-		} else {
-			s.multipath[prefix] = set
-		}
+		s.multipath.set(prefix, p.PeerAddress, nextHop(p), p.Withdrawal)
 		touched = append(touched, prefix)
 	}
 	if len(touched) == 0 {
@@ -558,7 +536,7 @@ func (s *Speaker) onBest(gen int, paths []*apiutil.Path) {
 	}
 	slices.SortFunc(touched, comparePrefix)
 	for _, prefix := range slices.Compact(touched) {
-		s.learnedQ = append(s.learnedQ, calc.Learned{Prefix: prefix, NextHops: learnedHops(s.multipath[prefix])})
+		s.learnedQ = append(s.learnedQ, calc.Learned{Prefix: prefix, NextHops: s.multipath.hops(prefix)})
 	}
 	select {
 	case s.learnedKick <- struct{}{}:
@@ -566,20 +544,13 @@ func (s *Speaker) onBest(gen int, paths []*apiutil.Path) {
 	}
 }
 
-// learnedHops is what calc learns of a multipath set: its next hops, sorted, or none when this
-// node's own path is in it.
-func learnedHops(set []mpPath) []netip.Addr {
-	var out []netip.Addr
-	for _, m := range set {
-		if !m.peer.IsValid() {
-			return nil
-		}
-		if m.nextHop.IsValid() {
-			out = append(out, m.nextHop)
-		}
+// prefixOf is an IPv4 or IPv6 unicast NLRI's prefix (without printing and parsing it).
+func prefixOf(n bgp.NLRI) (netip.Prefix, bool) {
+	if p, ok := n.(*bgp.IPAddrPrefix); ok {
+		return p.Prefix, true
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
+	p, err := netip.ParsePrefix(n.String())
+	return p, err == nil
 }
 
 func comparePrefix(a, b netip.Prefix) int {
