@@ -1,7 +1,6 @@
 package calc
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 
@@ -164,9 +163,11 @@ func (rc *routeCalc) onBGPConfig(string, *store.BGPConfiguration) { rc.markLearn
 
 // learnedRouteWhy is the route for a learned prefix, by calico/node's import rules: never a
 // default route, never one inside a pool with encapsulation (VXLAN or IPIP: calc routes
-// those), inside a block of this node's or inside a service range; the next hop must be on
-// this node's subnet, or be reached through another learned route whose next hop is
-// (recursive, one level). "-": none is due; another reason: none, and why (a problem).
+// those), inside a block of this node's or inside a service range. A next hop on this node's
+// subnet is the gateway; one off it is reached through another learned route whose next hop
+// is (recursive, one level), else through the kernel's own routes (a Recursive route: the
+// dataplane resolves it, as BIRD resolves through the kernel routes it learns). Equal paths
+// make one multipath route. "-": none is due; another reason: none, and why (a problem).
 func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 	l, ok := rc.learned[dst]
 	self := rc.nodes[rc.cfg.NodeName]
@@ -191,9 +192,7 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 			}
 		}
 	}
-	// Each next hop on this node's subnet is a gateway; one off it is reached through the
-	// learned routes that lead there. Equal paths make one multipath route.
-	var gws []netip.Addr
+	var gws, far []netip.Addr
 	why := ""
 	for _, nh := range l.nextHops {
 		us := underlay(self, nh)
@@ -205,12 +204,17 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 		case !us.Masked().Contains(nh):
 			via := rc.resolveLearned(dst, nh, us)
 			if len(via) == 0 {
-				why = fmt.Sprintf("its next hop %s is off this node's subnet %s and no learned route leads there", nh, us.Masked())
+				far = append(far, nh)
 			}
 			gws = append(gws, via...)
 		default:
 			gws = append(gws, nh)
 		}
+	}
+	if len(gws) == 0 && len(far) > 0 {
+		// Reached through the kernel's own routes, whichever leads there (the dataplane
+		// looks): through the lowest such next hop.
+		return Route{Dst: dst, Type: RouteUnicast, Gateway: slices.MinFunc(far, netip.Addr.Compare), Recursive: true, Reason: ReasonBGP}, ""
 	}
 	if len(gws) == 0 {
 		return Route{}, why

@@ -20,7 +20,11 @@ func learnedRoutes(s *calc.State) []string {
 			for _, gw := range r.Gateways() {
 				gws = append(gws, gw.String())
 			}
-			out = append(out, fmt.Sprintf("%s via %s", r.Dst, strings.Join(gws, ",")))
+			line := fmt.Sprintf("%s via %s", r.Dst, strings.Join(gws, ","))
+			if r.Recursive {
+				line += " recursive"
+			}
+			out = append(out, line)
 		}
 	}
 	for _, p := range s.Problems {
@@ -63,8 +67,10 @@ func TestBGPImportRules(t *testing.T) {
 			[]calc.Learned{l("10.80.0.0/26", "192.0.2.12"), l("10.80.0.7/32", "192.0.2.12")}, nil},
 		{"never a route inside a service range",
 			[]calc.Learned{l("10.96.0.10/32", "192.0.2.12"), l("10.96.0.0/12", "192.0.2.12")}, nil},
-		{"a next hop off this node's subnet, with no learned route to it: a problem",
-			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9")}, []string{"problem bgp/route/10.80.1.0/26"}},
+		{"a next hop off this node's subnet, with no learned route to it: through the kernel's routes",
+			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9")}, []string{"10.80.1.0/26 via 198.51.100.9 recursive"}},
+		{"a next hop of a family this node has no address of: a problem",
+			[]calc.Learned{l("10.80.1.0/26", "2001:db8::1")}, []string{"problem bgp/route/10.80.1.0/26"}},
 		{"a next hop off this node's subnet, reached through another learned route (recursive)",
 			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9"), l("198.51.100.0/24", "192.0.2.1")},
 			[]string{"10.80.1.0/26 via 192.0.2.1", "198.51.100.0/24 via 192.0.2.1"}},
@@ -76,11 +82,13 @@ func TestBGPImportRules(t *testing.T) {
 			[]calc.Learned{l("10.80.0.64/26", "192.0.2.2", "192.0.2.1")}, []string{"10.80.0.64/26 via 192.0.2.1,192.0.2.2"}},
 		{"one of the equal paths withdrawn leaves the other",
 			[]calc.Learned{l("10.80.0.64/26", "192.0.2.1", "192.0.2.2"), l("10.80.0.64/26", "192.0.2.2")}, []string{"10.80.0.64/26 via 192.0.2.2"}},
-		{"of equal paths, one with no route to its next hop: the others",
+		{"of equal paths, one off the subnet with no learned route to it: the others",
 			[]calc.Learned{l("10.80.1.0/26", "192.0.2.1", "198.51.100.9")}, []string{"10.80.1.0/26 via 192.0.2.1"}},
 		{"a next hop reached through a multipath route takes all its paths",
 			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9"), l("198.51.100.0/24", "192.0.2.2", "192.0.2.1")},
 			[]string{"10.80.1.0/26 via 192.0.2.1,192.0.2.2", "198.51.100.0/24 via 192.0.2.1,192.0.2.2"}},
+		{"equal paths all off the subnet, no learned route to them: through the kernel's routes, the lowest",
+			[]calc.Learned{l("10.80.1.0/26", "198.51.100.9", "198.51.100.8")}, []string{"10.80.1.0/26 via 198.51.100.8 recursive"}},
 		{"equal paths, one through this node's own address: nothing",
 			[]calc.Learned{l("10.80.1.0/26", "192.0.2.1", "192.0.2.11")}, nil},
 	}
@@ -200,7 +208,7 @@ func TestBGPLearnedStaleOnStop(t *testing.T) {
 }
 
 // TestBGPLearnedRecursive: a route whose next hop is reached through another learned route
-// follows that route: gone, it is a problem; back, it is routed again.
+// follows that route; without it, the kernel's routes lead there (a recursive route).
 func TestBGPLearnedRecursive(t *testing.T) {
 	g, _ := calc.New(bgpCfg("node-a"))
 	g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed", "10.80.0.0/16", false), bgpNode("node-a", "192.0.2.11/24")}), inSync()))
@@ -208,15 +216,19 @@ func TestBGPLearnedRecursive(t *testing.T) {
 		return calc.Learned{Prefix: netip.MustParsePrefix(p), NextHops: []netip.Addr{netip.MustParseAddr(nh)}}
 	}
 	g.OnLearned([]calc.Learned{l("10.80.1.0/26", "198.51.100.9")})
-	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"problem bgp/route/10.80.1.0/26"}) {
-		t.Fatalf("without a route to its next hop: %q", got)
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.1.0/26 via 198.51.100.9 recursive"}) {
+		t.Fatalf("without a learned route to its next hop: %q", got)
 	}
 	g.OnLearned([]calc.Learned{l("198.51.100.0/24", "192.0.2.1")})
 	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.1.0/26 via 192.0.2.1", "198.51.100.0/24 via 192.0.2.1"}) {
 		t.Fatalf("with one: %q", got)
 	}
 	g.OnLearned([]calc.Learned{{Prefix: netip.MustParsePrefix("198.51.100.0/24")}})
-	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"problem bgp/route/10.80.1.0/26"}) {
+	if got := learnedRoutes(g.State()); !slices.Equal(got, []string{"10.80.1.0/26 via 198.51.100.9 recursive"}) {
 		t.Fatalf("once it is withdrawn: %q", got)
+	}
+	// The kept state keeps the next hop learned, not a gateway.
+	if got := g.State().LearnedRoutes(); len(got) != 1 || got[0].NextHops[0] != netip.MustParseAddr("198.51.100.9") {
+		t.Fatalf("kept: %+v", got)
 	}
 }

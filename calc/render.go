@@ -42,6 +42,9 @@ func gatewaysOrDash(r Route) string {
 	for i, gw := range gws {
 		parts[i] = gw.String()
 	}
+	if r.Recursive {
+		return strings.Join(parts, ",") + " (recursive)"
+	}
 	return strings.Join(parts, ",")
 }
 

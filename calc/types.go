@@ -172,16 +172,21 @@ type Route struct {
 	// multipath (a prefix BGP learned over several equal paths). Gateway is the lowest; nil
 	// for a route with one gateway.
 	Multipath []netip.Addr `json:"multipath,omitempty"`
-	OnLink    bool         `json:"onLink"`
-	Metric    int          `json:"metric"`
-	Reason    RouteReason  `json:"reason"`
+	// Recursive says Gateway is on no link of this node: the kernel's own route to it (the
+	// default route, say) gives the route its gateway and device, as BIRD's "gateway
+	// recursive" resolves a BGP next hop through the kernel routes it learned. Device is
+	// then unset.
+	Recursive bool        `json:"recursive,omitempty"`
+	OnLink    bool        `json:"onLink"`
+	Metric    int         `json:"metric"`
+	Reason    RouteReason `json:"reason"`
 	// Node is the node the route leads to ("" for local routes and blackholes).
 	Node string `json:"node"`
 }
 
 // Equal says whether two routes are the same.
 func (r Route) Equal(o Route) bool {
-	return r.Dst == o.Dst && r.Type == o.Type && r.Device == o.Device && r.Gateway == o.Gateway && slices.Equal(r.Multipath, o.Multipath) &&
+	return r.Dst == o.Dst && r.Type == o.Type && r.Device == o.Device && r.Gateway == o.Gateway && slices.Equal(r.Multipath, o.Multipath) && r.Recursive == o.Recursive &&
 		r.OnLink == o.OnLink && r.Metric == o.Metric && r.Reason == o.Reason && r.Node == o.Node
 }
 
@@ -205,6 +210,9 @@ func (r Route) String() string {
 	}
 	for _, gw := range r.Multipath {
 		b.WriteString(" via " + gw.String())
+	}
+	if r.Recursive {
+		b.WriteString(" recursive")
 	}
 	if r.Device != "" {
 		b.WriteString(" dev " + DeviceName(r.Device))

@@ -110,6 +110,9 @@ type RouteTable struct {
 	// multipaths[i-1] the set.
 	multipaths []multipath
 	mpIndex    map[string]uint32
+	// recursive holds the desired routes whose gateway the kernel's own routes decide
+	// (calc.Route.Recursive): resolved again after every read of the table.
+	recursive map[netip.Prefix]bool
 }
 
 // multipath is a multipath route's paths, sorted by gateway.
@@ -195,7 +198,19 @@ func (t *RouteTable) SetRoute(r *calc.Route) {
 	if !ok || !old.Route.Equal(*r) {
 		t.changed[nr.key()] = true
 	}
+	if r.Recursive {
+		if t.recursive == nil {
+			t.recursive = map[netip.Prefix]bool{}
+		}
+		t.recursive[r.Dst] = true
+	} else {
+		delete(t.recursive, r.Dst)
+	}
 }
+
+// HasRecursive says whether a desired route's gateway is decided by the kernel's own routes:
+// then a change of those (a default route replaced) calls for a read of the table.
+func (t *RouteTable) HasRecursive() bool { return len(t.recursive) > 0 }
 
 // maxErrors is how many of one apply's errors are spelled out; the rest are counted.
 const maxErrors = 10
@@ -232,6 +247,7 @@ func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	}
 	delete(t.changed, k)
 	delete(t.unres, k)
+	delete(t.recursive, dst)
 	t.tracker.DeleteDesired(k)
 	t.nh.release(r.nh)
 }
@@ -399,6 +415,9 @@ func (t *RouteTable) resolve(r *calc.Route, links map[string]int, parent, parent
 	if kr.typ != unix.RTN_UNICAST {
 		return kr, true
 	}
+	if r.Recursive {
+		return t.throughKernel(kr, r.Gateway)
+	}
 	switch r.Device {
 	case "":
 	case calc.ParentDevice:
@@ -423,6 +442,49 @@ func (t *RouteTable) resolve(r *calc.Route, links map[string]int, parent, parent
 		kr.scope = netlink.SCOPE_LINK // IPv6 routes are always reported as scope universe
 	}
 	return kr, true
+}
+
+// throughKernel resolves a route to gateway gw through the kernel's own routes, as of the
+// last read (the other programs' routes, and connected ones; never sluice's): the longest
+// unicast route holding gw gives the gateway and device (all its paths, when it has several),
+// or, a route without a gateway (a connected subnet), the device to gw. False: no such route.
+func (t *RouteTable) throughKernel(kr kernelRoute, gw netip.Addr) (kernelRoute, bool) {
+	var best *Route
+	bestBits := -1
+	for i := range t.foreign {
+		f := &t.foreign[i]
+		if f.Type != unix.RTN_UNICAST || f.Table != t.cfg.Table {
+			continue
+		}
+		k, ok := kernelKey(*f)
+		if !ok || k.dst.Addr().Is4() != gw.Is4() || !k.dst.Contains(gw) {
+			continue
+		}
+		if k.dst.Bits() > bestBits || (k.dst.Bits() == bestBits && f.Priority < best.Priority) {
+			best, bestBits = f, k.dst.Bits()
+		}
+	}
+	if best == nil {
+		return kr, false
+	}
+	switch {
+	case len(best.MultiPath) > 0:
+		paths := make(multipath, 0, len(best.MultiPath))
+		for _, p := range best.MultiPath {
+			pgw, _ := netip.AddrFromSlice(p.Gw)
+			if !pgw.IsValid() {
+				pgw = gw
+			}
+			paths = append(paths, mpath{gw: pgw.Unmap(), link: p.LinkIndex, onlink: p.Flags&unix.RTNH_F_ONLINK != 0})
+		}
+		kr.mp, kr.gw, kr.link, kr.onlink = t.multipathOf(paths), netip.Addr{}, 0, false
+	case best.Gw != nil:
+		fgw, _ := netip.AddrFromSlice(best.Gw)
+		kr.gw, kr.link, kr.onlink = fgw.Unmap(), int32(best.LinkIndex), best.Flags&unix.RTNH_F_ONLINK != 0
+	default:
+		kr.gw, kr.link, kr.onlink = gw, int32(best.LinkIndex), false
+	}
+	return kr, kr.link != 0 || kr.mp != 0
 }
 
 // kernelKey is a kernel route's key (false: none of sluice's could be at it).
@@ -530,6 +592,7 @@ func (t *RouteTable) prepare() error {
 		}
 		t.links, t.parent, t.parent6, t.linksStale = links, parents[0], parents[1], false
 	}
+	read := t.needRead
 	if t.needRead {
 		collided, err := t.read()
 		if err != nil {
@@ -558,7 +621,7 @@ func (t *RouteTable) prepare() error {
 		case !ok:
 			t.unres[k] = true
 			t.tracker.DeleteDesired(k) // nothing to program until the device appears
-		case t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid():
+		case t.cfg.Nexthops && kr.typ == unix.RTN_UNICAST && kr.gw.IsValid() && !r.Recursive:
 			delete(t.unres, k)
 			nk := nexthopKey{node: r.Node, link: int(kr.link), gw: kr.gw, onlink: kr.onlink}
 			if len(r.Multipath) > 0 {
@@ -594,6 +657,11 @@ func (t *RouteTable) prepare() error {
 		}
 		for k := range t.unres {
 			resolve(k.dst)
+		}
+		if read {
+			for dst := range t.recursive { // the kernel's routes may have moved
+				resolve(dst)
+			}
 		}
 	}
 	t.nh.assign()
@@ -660,7 +728,10 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 			continue
 		}
 		why := fmt.Sprintf("its device %s does not exist", r.Device)
-		if r.Device == calc.ParentDevice {
+		switch {
+		case r.Recursive:
+			why = fmt.Sprintf("no route of the kernel's leads to its next hop %s", r.Gateway)
+		case r.Device == calc.ParentDevice:
 			why = "no interface holds this node's address"
 		}
 		missing = append(missing, fmt.Sprintf("%s (%s)", r.Route.String(), why))

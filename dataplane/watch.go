@@ -267,11 +267,25 @@ func (d *Dataplane) onNeighGone(u Neighbour) {
 }
 
 // onRoute handles one route event; it returns true for another program's new route in
-// sluice's table (the caller decides when to resync). Sluice's own new routes never get here:
+// sluice's table, and for any change of another's while a route resolves through them (the
+// caller decides when to resync). Sluice's own new routes never get here:
 // the subscription's socket filter drops them in the kernel (routewatch.go).
 func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
 	owner := ownerOfRoute(int(u.Protocol), d.protocol)
-	if u.Table != d.table || owner == routeKernel {
+	if u.Table != d.table {
+		return false
+	}
+	if owner != routeSluice {
+		// Routes that resolve through the kernel's own (a BGP next hop through the default
+		// route) follow any change of those, connected ones included.
+		d.mu.Lock()
+		recursive := d.routes.HasRecursive()
+		d.mu.Unlock()
+		if recursive {
+			return true
+		}
+	}
+	if owner == routeKernel {
 		return false
 	}
 	ours := owner == routeSluice
