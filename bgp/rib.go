@@ -8,6 +8,8 @@ import (
 	"github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
+	"github.com/sluice-net/sluice/calc"
 )
 
 // Route is one prefix of the speaker's table: its best path's next hops (a learned prefix's
@@ -72,7 +74,7 @@ func (s *Speaker) RIB() ([]Route, error) {
 		}
 	}
 	s.learnedMu.Unlock()
-	slices.SortFunc(out, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b Route) int { return calc.ComparePrefix(a.Prefix, b.Prefix) })
 	return out, nil
 }
 

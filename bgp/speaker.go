@@ -1,7 +1,6 @@
 package bgp
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -209,16 +208,30 @@ type Speaker struct {
 func New(cfg Config) *Speaker {
 	return &Speaker{cfg: cfg, kick: make(chan struct{}, 1), learnedKick: make(chan struct{}, 1),
 		peers:    tracker.New[netip.Addr, calc.BGPPeer](func(a, b calc.BGPPeer) bool { return a == b }),
-		paths:    tracker.New[netip.Prefix, *calc.BGPPath](samePath),
+		paths:    tracker.New[netip.Prefix, *calc.BGPPath](sameAnnouncement),
 		peerKeys: map[netip.Addr]bool{}, pathKeys: map[netip.Prefix]bool{}}
 }
 
-func samePath(a, b *calc.BGPPath) bool {
+// sameAnnouncement says whether two paths announce the same: prefix and communities (calc's
+// reason for a path, a block or a borrowed address, is not on the wire: its change sends
+// nothing).
+func sameAnnouncement(a, b *calc.BGPPath) bool {
 	return a.Prefix == b.Prefix && slices.Equal(a.Communities, b.Communities)
 }
 
-// OnUpdate takes calc's BGP ops (the others are not this stage's) and kicks the loop.
+// OnUpdate takes calc's BGP ops (the others are not this stage's) and kicks the loop when
+// it took any: an update of routes or services alone wakes nothing here.
 func (s *Speaker) OnUpdate(u *calc.Update) {
+	mine := u.Full
+	for _, op := range u.Ops {
+		switch op.Kind() {
+		case calc.OpBGPSpeaker, calc.OpBGPPeer, calc.OpBGPPath:
+			mine = true
+		}
+	}
+	if !mine {
+		return
+	}
 	s.mu.Lock()
 	if u.Full {
 		s.full = true
@@ -411,7 +424,7 @@ func (s *Speaker) Apply(ctx context.Context) error {
 		} else {
 			s.paths.SetActual(w.p, w.path)
 		}
-		if d, wanted := s.paths.Desired(w.p); (w.del && !wanted) || (!w.del && wanted && samePath(d, w.path)) {
+		if d, wanted := s.paths.Desired(w.p); (w.del && !wanted) || (!w.del && wanted && sameAnnouncement(d, w.path)) {
 			s.paths.Clean(w.p)
 		}
 	}
@@ -534,7 +547,7 @@ func (s *Speaker) onBest(gen int, paths []*apiutil.Path) {
 	if len(touched) == 0 {
 		return
 	}
-	slices.SortFunc(touched, comparePrefix)
+	slices.SortFunc(touched, calc.ComparePrefix)
 	for _, prefix := range slices.Compact(touched) {
 		s.learnedQ = append(s.learnedQ, calc.Learned{Prefix: prefix, NextHops: s.multipath.hops(prefix)})
 	}
@@ -551,10 +564,6 @@ func prefixOf(n bgp.NLRI) (netip.Prefix, bool) {
 	}
 	p, err := netip.ParsePrefix(n.String())
 	return p, err == nil
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
 
 // deliverLearned hands what was learned to OnLearned, all that queued in one call, until ctx

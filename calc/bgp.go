@@ -160,12 +160,13 @@ type bgpCalc struct {
 	*inputs
 	*emitter
 	rc *routeCalc
+	// svc holds the services (read, never written: one copy of them in calc).
+	svc *serviceCalc
 
 	peers map[string]*store.BGPPeer
-	// services and, per slice, its service and the families of its ready endpoints on this
-	// node (bit 0: IPv4, bit 1: IPv6); localFams is the same by service (its slices' families),
-	// so a service's announcement never walks every slice.
-	services   map[string]*store.Service
+	// Per slice, its service and the families of its ready endpoints on this node (bit 0:
+	// IPv4, bit 1: IPv6); localFams is the same by service (its slices' families), so a
+	// service's announcement never walks every slice.
 	sliceLocal map[string]sliceLocal
 	localFams  map[string]map[string]uint8
 	// svcPaths is what each service announces; svcRefs counts the services announcing each
@@ -192,9 +193,9 @@ type sliceLocal struct {
 	fams    uint8
 }
 
-func newBGPCalc(in *inputs, e *emitter, rc *routeCalc) *bgpCalc {
-	c := &bgpCalc{inputs: in, emitter: e, rc: rc, peers: map[string]*store.BGPPeer{},
-		services: map[string]*store.Service{}, sliceLocal: map[string]sliceLocal{}, localFams: map[string]map[string]uint8{}, svcPaths: map[string][]netip.Prefix{},
+func newBGPCalc(in *inputs, e *emitter, rc *routeCalc, svc *serviceCalc) *bgpCalc {
+	c := &bgpCalc{inputs: in, emitter: e, rc: rc, svc: svc, peers: map[string]*store.BGPPeer{},
+		sliceLocal: map[string]sliceLocal{}, localFams: map[string]map[string]uint8{}, svcPaths: map[string][]netip.Prefix{},
 		svcRefs: map[netip.Prefix]int{}, local: set[netip.Prefix]{}, dirtyPaths: set[netip.Prefix]{}, dirtySvcs: set[string]{},
 		sessions: map[netip.Addr]*BGPPeer{}, paths: map[netip.Prefix]*BGPPath{}, sessionProblems: set[string]{}}
 	if in.cfg.BGP {
@@ -223,12 +224,10 @@ func (c *bgpCalc) onNode(id string, old, n *store.Node) {
 	}
 }
 
-func (c *bgpCalc) onService(id string, s *store.Service) {
-	if !c.cfg.BGP {
-		return
+func (c *bgpCalc) onService(id string, _ *store.Service) {
+	if c.cfg.BGP {
+		c.dirtySvcs.add(id)
 	}
-	put(c.services, id, s)
-	c.dirtySvcs.add(id)
 }
 
 func (c *bgpCalc) onSlice(id string, e *store.EndpointSlice) {
@@ -295,7 +294,7 @@ func (c *bgpCalc) onBGPPeer(id string, p *store.BGPPeer) {
 }
 
 func (c *bgpCalc) allServices() {
-	for id := range c.services {
+	for id := range c.svc.services {
 		c.dirtySvcs.add(id)
 	}
 	for id := range c.svcPaths {
@@ -478,7 +477,7 @@ func (c *bgpCalc) routeReason(p netip.Prefix, r *Route) string {
 // ranges announce the rest).
 func (c *bgpCalc) computeService(id string) {
 	var want []netip.Prefix
-	if s, self := c.services[id], c.self(); s != nil && self != nil && len(s.ClusterIPs) > 0 {
+	if s, self := c.svc.services[id], c.self(); s != nil && self != nil && len(s.ClusterIPs) > 0 {
 		if self.Labels[ExcludeFromLBLabel] != "true" { // as calico/node reads it
 			want = c.serviceAddrs(id, s)
 		}
@@ -560,7 +559,7 @@ func (c *bgpCalc) serviceAddrs(id string, s *store.Service) []netip.Prefix {
 			add(a)
 		}
 	}
-	slices.SortFunc(out, cmpPrefix)
+	slices.SortFunc(out, ComparePrefix)
 	return slices.Compact(out)
 }
 

@@ -121,14 +121,14 @@ type prefixLists map[string][]netip.Prefix
 
 func (m prefixLists) add(k string, p netip.Prefix) {
 	ps := m[k]
-	if i, found := slices.BinarySearchFunc(ps, p, cmpPrefix); !found {
+	if i, found := slices.BinarySearchFunc(ps, p, ComparePrefix); !found {
 		m[k] = slices.Insert(ps, i, p)
 	}
 }
 
 func (m prefixLists) remove(k string, p netip.Prefix) {
 	ps := m[k]
-	if i, found := slices.BinarySearchFunc(ps, p, cmpPrefix); found {
+	if i, found := slices.BinarySearchFunc(ps, p, ComparePrefix); found {
 		if len(ps) == 1 {
 			delete(m, k)
 			return
@@ -299,7 +299,7 @@ func New(cfg Config) (*Graph, error) {
 	g.fips = newFIPCalc(&g.inputs, &g.emitter)
 	g.routes = newRouteCalc(&g.inputs, &g.emitter, g.fips)
 	g.svc = newServiceCalc(&g.inputs, &g.emitter)
-	g.bgp = newBGPCalc(&g.inputs, &g.emitter, g.routes)
+	g.bgp = newBGPCalc(&g.inputs, &g.emitter, g.routes, g.svc)
 	g.register(g.vteps, g.nets, g.routes, g.fips, g.svc, g.bgp)
 	return g, nil
 }

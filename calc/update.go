@@ -131,11 +131,11 @@ type pendingOps struct {
 }
 
 func sortRoutes(r []Route) {
-	slices.SortFunc(r, func(a, b Route) int { return cmpPrefix(a.Dst, b.Dst) })
+	slices.SortFunc(r, func(a, b Route) int { return ComparePrefix(a.Dst, b.Dst) })
 }
 
 func sortRoutePointers(r []*Route) {
-	slices.SortFunc(r, func(a, b *Route) int { return cmpPrefix(a.Dst, b.Dst) })
+	slices.SortFunc(r, func(a, b *Route) int { return ComparePrefix(a.Dst, b.Dst) })
 }
 
 func sortVTEPs(v []VTEP) {
@@ -145,7 +145,7 @@ func sortVTEPs(v []VTEP) {
 }
 
 func sortClusterNets(c []ClusterNet) {
-	slices.SortFunc(c, func(a, b ClusterNet) int { return cmpPrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(c, func(a, b ClusterNet) int { return ComparePrefix(a.Prefix, b.Prefix) })
 }
 
 func sortFrontends(f []Frontend) {
@@ -165,7 +165,7 @@ func sortBGPPeers(p []*BGPPeer) {
 }
 
 func sortBGPPaths(p []*BGPPath) {
-	slices.SortFunc(p, func(a, b *BGPPath) int { return cmpPrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(p, func(a, b *BGPPath) int { return ComparePrefix(a.Prefix, b.Prefix) })
 }
 
 func sortHealth(h []HealthCheck) {
@@ -319,7 +319,7 @@ func SortState(s *State) *State {
 	sortHealth(s.HealthChecks)
 	sortFIPs(s.FloatingIPs)
 	slices.SortFunc(s.BGPPeers, func(a, b BGPPeer) int { return a.Addr.Compare(b.Addr) })
-	slices.SortFunc(s.BGPPaths, func(a, b BGPPath) int { return cmpPrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(s.BGPPaths, func(a, b BGPPath) int { return ComparePrefix(a.Prefix, b.Prefix) })
 	slices.SortFunc(s.Problems, func(a, b Problem) int { return strings.Compare(a.Key, b.Key) })
 	return s
 }
@@ -403,6 +403,8 @@ func queueDiff[V any](old V, had bool, v V, ok bool, equal func(a, b V) bool, se
 
 func same[T comparable](a, b T) bool { return a == b }
 
-func cmpPrefix(a, b netip.Prefix) int {
+// ComparePrefix orders prefixes by address, then length: the order of every sorted list of
+// calc's.
+func ComparePrefix(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
