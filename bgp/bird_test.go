@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-net/sluice/internal/nstest"
 )
@@ -152,7 +153,11 @@ func link(t *testing.T, a netns.NsHandle, aName, aAddr string, b netns.NsHandle,
 		}
 		p := netip.MustParsePrefix(e.addr)
 		ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-		if err := e.h.AddrAdd(l, &netlink.Addr{IPNet: ipn}); err != nil {
+		a := &netlink.Addr{IPNet: ipn}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD // usable at once: a speaker binds to it
+		}
+		if err := e.h.AddrAdd(l, a); err != nil {
 			t.Fatal(err)
 		}
 		if err := e.h.LinkSetUp(l); err != nil {
@@ -315,4 +320,21 @@ func addrOn(t *testing.T, h *netlink.Handle, name, addr string) {
 	if err := h.LinkSetUp(l); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// torConf6 is torConf over IPv6: the session, what it programs and what it announces
+// (2001:db8:18::/48).
+func torConf6(routerID, local string, localAS int, neighbor string, neighborAS int) string {
+	return fmt.Sprintf(`router id %s;
+protocol device { scan time 1; }
+protocol kernel { ipv6 { import none; export all; }; merge paths on; }
+protocol static { ipv6; route 2001:db8:18::/48 blackhole; }
+protocol bgp node {
+  local %s as %d;
+  neighbor %s as %d;
+  graceful restart on;
+  connect retry time 1;
+  ipv6 { import all; export all; };
+}
+`, routerID, local, localAS, neighbor, neighborAS)
 }

@@ -320,3 +320,30 @@ func TestSpeakerMultipathWithBIRD(t *testing.T) {
 	torB.mustC("disable node")
 	sp.waitFor("the route withdrawn", from, 10*time.Second, func(r reply) bool { return learnedVia(r.Learned, route) })
 }
+
+// TestSpeakerIPv6WithBIRD: an IPv6 session (calico/node's BIRD6 peers over IPv6 for IPv6
+// pools): an IPv6 block arrives at the router from the node's IPv6 address and in its
+// kernel, the router's IPv6 route is learned with its IPv6 next hop, and a released block is
+// withdrawn.
+func TestSpeakerIPv6WithBIRD(t *testing.T) {
+	nstest.NeedRoot(t, "network namespaces")
+	needBIRD(t)
+	nodeNS, torNS := nstest.New(t), nstest.New(t)
+	link(t, nodeNS, "eth0", "2001:db8:2::11/64", torNS, "eth-node", "2001:db8:2::1/64")
+	tor := startBIRD(t, torNS, "tor", torConf6("192.0.2.1", "2001:db8:2::1", 65001, "2001:db8:2::11", 64512))
+	speaker := calc.BGPSpeaker{ASN: 64512, RouterID: addr("192.0.2.11"), ListenPort: 179, Addr6: addr("2001:db8:2::11")}
+	peer := calc.BGPPeer{Addr: addr("2001:db8:2::1"), ASN: 65001, LocalASN: 64512, SourceAddr: addr("2001:db8:2::11"), NextHop: store.NextHopAuto, Origin: "BGPPeer tor6"}
+	block := calc.BGPPath{Prefix: pfx("fd00:80::/122"), Reason: calc.AnnounceBlock}
+	sp := startSpeaker(t, nodeNS, t.TempDir())
+	sp.send(request{Update: &calc.Update{Full: true, Ops: []calc.Op{{BGPSpeaker: &speaker}, {BGPPeer: &peer}, {BGPPath: &block}}}})
+	sp.waitFor("the IPv6 session up", 0, 30*time.Second, func(r reply) bool { return r.Session != nil && r.Session.Up && r.Session.Peer == peer.Addr })
+	tor.waitC("the IPv6 block at the router", "show route fd00:80::/122", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 2001:db8:2::11") })
+	waitKernel(t, "the IPv6 block in the router's kernel", func() bool {
+		return slices.Contains(kernelRoutes(t, torNS, birdProto), "fd00:80::/122 via 2001:db8:2::11")
+	})
+	sp.waitFor("the router's IPv6 route learned", 0, 10*time.Second, func(r reply) bool {
+		return learnedVia(r.Learned, pfx("2001:db8:18::/48"), addr("2001:db8:2::1"))
+	})
+	sp.send(request{Update: &calc.Update{Ops: []calc.Op{{Remove: true, BGPPath: &block}}}})
+	tor.waitC("the IPv6 block withdrawn", "show route fd00:80::/122", 10*time.Second, func(out string) bool { return !strings.Contains(out, "fd00:80::/122") })
+}

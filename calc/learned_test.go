@@ -128,6 +128,26 @@ func TestBGPImportRules(t *testing.T) {
 	}
 }
 
+// TestBGPImportRulesIPv6: an IPv6 pool's blocks are routed through the IPv6 next hop on the
+// node's IPv6 subnet (spec.bgp.ipv6Address); a node without an IPv6 address has a problem.
+func TestBGPImportRulesIPv6(t *testing.T) {
+	learned := []calc.Learned{{Prefix: netip.MustParsePrefix("fd00:80:0:1::/122"), NextHops: []netip.Addr{netip.MustParseAddr("2001:db8:2::12")}}}
+	for _, c := range []struct {
+		node string
+		want []string
+	}{
+		{bgpNode("node-a", "192.0.2.11/24", `"ipv6Address":"2001:db8:2::11/64"`), []string{"fd00:80:0:1::/122 via 2001:db8:2::12"}},
+		{bgpNode("node-a", "192.0.2.11/24"), []string{"problem bgp/route/fd00:80:0:1::/122"}},
+	} {
+		g, _ := calc.New(bgpCfg("node-a"))
+		g.OnEvents(append(bgpEvents(t, []string{bgpPool("routed6", "fd00:80::/48", false), c.node}), inSync()))
+		g.OnLearned(learned)
+		if got := learnedRoutes(g.State()); !slices.Equal(got, c.want) {
+			t.Fatalf("%s: %q, want %q", c.node, got, c.want)
+		}
+	}
+}
+
 // TestBGPLearnedTransitions: learned routes follow what changes around them, and a restart's
 // stale routes stay until the speaker sweeps them, those learned again kept.
 func TestBGPLearnedTransitions(t *testing.T) {
