@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 type request struct {
 	Update *calc.Update `json:"update,omitempty"`
 	RIB    bool         `json:"rib,omitempty"`
+	Counts bool         `json:"counts,omitempty"`
 }
 
 // reply is one line from the child.
@@ -51,6 +52,7 @@ type reply struct {
 	Applied *string           `json:"applied,omitempty"`
 	Learned []calc.Learned    `json:"learned,omitempty"`
 	Synced  bool              `json:"synced,omitempty"`
+	Counts  *[2]int           `json:"counts,omitempty"` // SessionCounts: configured, up
 }
 
 func runHelper() {
@@ -90,6 +92,10 @@ func runHelper() {
 				fmt.Fprintln(os.Stderr, "helper:", err)
 			}
 			say(reply{RIB: rib, RIBDone: true})
+		}
+		if r.Counts {
+			configured, up := sp.SessionCounts()
+			say(reply{Counts: &[2]int{configured, up}})
 		}
 	}
 	// stdin closed: leave as a killed process would, without a word to the peers.
@@ -217,4 +223,25 @@ func (p *speakerProc) rib() []bgp.Route {
 // learnedVia says whether ls holds prefix p learned through exactly the next hops nhs.
 func learnedVia(ls []calc.Learned, p netip.Prefix, nhs ...netip.Addr) bool {
 	return slices.ContainsFunc(ls, func(l calc.Learned) bool { return l.Prefix == p && slices.Equal(l.NextHops, nhs) })
+}
+
+// waitCounts asks the child for SessionCounts until they are configured and up.
+func (p *speakerProc) waitCounts(configured, up int) {
+	p.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		from := p.count()
+		p.send(request{Counts: true})
+		i := p.waitFor("session counts", from, 5*time.Second, func(r reply) bool { return r.Counts != nil })
+		p.mu.Lock()
+		got := *p.seen[i].Counts
+		p.mu.Unlock()
+		if got == [2]int{configured, up} {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("session counts %v, want [%d %d]", got, configured, up)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

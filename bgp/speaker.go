@@ -198,8 +198,11 @@ type Speaker struct {
 	syncMu sync.Mutex
 	// gen numbers the speakers started: events of an earlier one (its watchers, its
 	// deadline) are ignored by the next.
-	gen      int
-	eor      map[netip.Addr]bool
+	gen int
+	eor map[netip.Addr]bool
+	// up holds the sessions of speaker gen that are established, as its watcher reported
+	// them: counted without asking GoBGP (SessionCounts).
+	up       map[netip.Addr]bool
 	synced   bool
 	deadline *time.Timer
 }
@@ -491,7 +494,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 	}
 	onEOR := func(p *apiutil.Path, t time.Time) { s.onEOR(gen, p, t) }
 	wctx, cancel := context.WithCancel(context.Background())
-	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPeerUpdate: s.onPeer}, server.WatchPeer()); err != nil {
+	if err := srv.WatchEvent(wctx, server.WatchEventMessageCallbacks{OnPeerUpdate: func(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) { s.onPeer(gen, ev) }}, server.WatchPeer()); err != nil {
 		cancel()
 		srv.Stop()
 		return fmt.Errorf("watching the BGP speaker's sessions: %w", err)
@@ -505,7 +508,7 @@ func (s *Speaker) applySpeaker(ctx context.Context) error {
 		return fmt.Errorf("watching the BGP speaker's table: %w", err)
 	}
 	s.syncMu.Lock()
-	s.eor, s.synced = map[netip.Addr]bool{}, false
+	s.eor, s.synced, s.up = map[netip.Addr]bool{}, false, map[netip.Addr]bool{}
 	if s.deadline != nil {
 		s.deadline.Stop()
 	}
@@ -663,8 +666,8 @@ func (s *Speaker) stop() {
 	}
 }
 
-func (s *Speaker) onPeer(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
-	if ev.Type != apiutil.PEER_EVENT_STATE || s.cfg.OnSession == nil {
+func (s *Speaker) onPeer(gen int, ev *apiutil.WatchEventMessage_PeerEvent) {
+	if ev.Type != apiutil.PEER_EVENT_STATE {
 		return
 	}
 	st := ev.Peer.State
@@ -674,7 +677,39 @@ func (s *Speaker) onPeer(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
 	if !e.Up {
 		e.Reason = st.DisconnectReason.String()
 	}
-	s.cfg.OnSession(e)
+	s.syncMu.Lock()
+	if s.gen == gen && s.up != nil {
+		s.up[e.Peer] = e.Up
+	}
+	s.syncMu.Unlock()
+	if s.cfg.OnSession != nil {
+		s.cfg.OnSession(e)
+	}
+}
+
+// SessionCounts says how many sessions the running speaker has configured and how many of
+// them are established, from what its watcher reported: unlike Sessions, it never waits on
+// GoBGP (whose listing counts every table and holds up its loop), so the status key can ask
+// twice a second while 20,000 routes arrive.
+func (s *Speaker) SessionCounts() (configured, up int) {
+	s.mu.Lock()
+	running := s.srv != nil
+	peers := make([]netip.Addr, 0, len(s.peerKeys))
+	for a := range s.peerKeys {
+		peers = append(peers, a)
+	}
+	s.mu.Unlock()
+	if !running {
+		return 0, 0
+	}
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
+	for _, a := range peers {
+		if s.up[a] {
+			up++
+		}
+	}
+	return len(peers), up
 }
 
 // password reads a session's password from its secret's file.

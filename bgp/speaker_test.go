@@ -306,10 +306,13 @@ func TestSpeakerMultipathWithBIRD(t *testing.T) {
 		tor.waitC("the block at the router", "show route 10.80.0.0/26", 10*time.Second, func(out string) bool { return strings.Contains(out, "via 192.0.2.11") })
 	}
 
+	sp.waitCounts(2, 2)
+
 	// Router b stops: its path leaves the set. Back: both again.
 	from := sp.count()
 	torB.mustC("disable node")
 	sp.waitFor("router a's path alone", from, 10*time.Second, func(r reply) bool { return learnedVia(r.Learned, route, a) })
+	sp.waitCounts(2, 1)
 	from = sp.count()
 	torB.mustC("enable node")
 	sp.waitFor("both paths again", from, 30*time.Second, func(r reply) bool { return learnedVia(r.Learned, route, a, b) })

@@ -138,12 +138,7 @@ func (a *agentState) status(node string, applied *int64) store.NodeStatus {
 		}
 	}
 	if a.bgp != nil {
-		for _, ses := range a.bgp.sessions() {
-			s.BGPSessions++
-			if ses.Up() {
-				s.BGPSessionsUp++
-			}
-		}
+		s.BGPSessions, s.BGPSessionsUp = a.bgp.sp.SessionCounts()
 	}
 	s.AppliedRevision = *applied
 	s.Problems = int(a.problems.Load())
