@@ -381,7 +381,9 @@ func BenchmarkBGPLearned(b *testing.B) {
 		}
 		dels = append(dels, at.Sub(t0))
 	}
-	time.Sleep(2 * time.Second)
+	// Settled: the collector's pace is back to its settled target, the bulk's reserve handed
+	// back (gcpace.go), as an agent holding its routes runs.
+	time.Sleep(busyQuiet + 2*time.Second)
 	_, rss := memKiB(agent.cmd.Process.Pid)
 	if path := os.Getenv("SLUICE_BENCH_HEAP"); path != "" {
 		saveProfile(b, "http://127.0.0.1:9097/debug/pprof/heap?gc=1", path)

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/sluice-net/sluice/bgp"
+	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/cmd/internal/agent"
 	"github.com/sluice-net/sluice/cmd/internal/agentconfig"
 )
@@ -37,14 +38,20 @@ type bgpStage struct {
 // With a state file from an earlier run (restarting), the kernel and the peers still hold
 // what that run programmed and announced: the first sessions say so (graceful restart's
 // restarting and forwarding-state bits).
-func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, log zerolog.Logger, restarting bool) (*bgpStage, func()) {
+//
+// What the speaker learns counts for the collector's pace as etcd's events do (gc): 20,000
+// routes from a route reflector are a bulk change like 20,000 keys.
+func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, log zerolog.Logger, restarting bool, gc *gcPacer) (*bgpStage, func()) {
 	st := &bgpStage{log: log, up: map[netip.Addr]bool{},
 		flaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_bgp_session_flaps_total",
 			Help: "BGP sessions that went down after being established."})}
 	var lastErr time.Time
 	st.sp = bgp.New(bgp.Config{SecretsDir: c.BGPSecretsDir, Log: slog.New(&zerologHandler{log: log}), Restarting: restarting,
 		OnSession: st.heard,
-		OnLearned: plan.OnLearned,
+		OnLearned: func(ls []calc.Learned) {
+			gc.onEvents(len(ls), time.Now())
+			plan.OnLearned(ls)
+		},
 		OnStale:   plan.StaleLearned,
 		OnSynced: func() {
 			st.synced.Store(true)

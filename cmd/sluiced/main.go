@@ -99,7 +99,7 @@ func run(parent context.Context, c *agentconfig.Config, log zerolog.Logger) erro
 		if c.Calc.BGP {
 			// A state file of an earlier run: this is a restart (or an upgrade).
 			_, err := os.Stat(c.StateFile)
-			st, bwait := startBGP(ctx, c, plan, log, c.StateFile != "" && err == nil)
+			st, bwait := startBGP(ctx, c, plan, log, c.StateFile != "" && err == nil, state.gc)
 			state.bgp = st
 			background.Add(1)
 			go func() { defer background.Done(); bwait() }()
