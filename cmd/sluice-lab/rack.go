@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -166,8 +168,132 @@ func (l *lab) rackBGP() error {
 	probe{from: nsExt, send: "tcp-check", to: "192.168.50.7:80", retry: 10 * time.Second,
 		name: "an outside client reaches the service's external address 192.168.50.7 through the router's ECMP route"}.play(l)
 
+	if err := l.rackECMP(); err != nil {
+		return err
+	}
+
 	l.step("sluiced on node-c killed (SIGKILL) under a stream through the router: nothing withdrawn")
 	return l.rackKill()
+}
+
+// The second router of rack a: the LAN gateway (sl-gw) speaks BGP too, for rackECMP.
+const rackSecondRouter = `apiVersion: projectcalico.org/v3
+kind: BGPPeer
+metadata: {name: rack-a-gw}
+spec: {nodeSelector: rack == 'a', peerIP: 192.168.10.254, asNumber: 65010}
+`
+
+// rackECMP: a prefix both of rack a's routers announce (the router, and the LAN gateway as a
+// second router) is one multipath route on node-a, through a nexthop group; connections from
+// rt-a cross both routers; one router withdrawing it leaves the other's path, and traffic goes
+// on.
+func (l *lab) rackECMP() error {
+	l.step("a prefix from two routers: one multipath route on node-a (a nexthop group), one path withdrawn")
+	if err := l.script(
+		[]string{"ip", "-n", nsExt, "addr", "add", "198.18.0.100/32", "dev", "lo"},
+		[]string{"ip", "-n", nsRouter, "route", "add", "198.18.0.0/24", "via", "192.168.40.100"},
+		[]string{"ip", "-n", nsGateway, "route", "add", "198.18.0.0/24", "via", "192.168.10.1"},
+		[]string{"ip", "netns", "exec", nsGateway, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		// node-a spreads connections over the paths by their ports, not only their addresses.
+		[]string{"ip", "netns", "exec", "sl-node-a", "sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"},
+	); err != nil {
+		return err
+	}
+	if p, err := l.start(nsExt, "whoami 198.18.0.100", false, l.tool(), "tcp-whoami", "198.18.0.100:8094"); err != nil || !p.waitFor(5*time.Second, "READY") {
+		return fmt.Errorf("whoami on 198.18.0.100: %v", err)
+	}
+	gw, err := l.start(nsGateway, "tor2", false, l.tool(), "tor", "--as", "65010", "--router-id", "192.168.10.254",
+		"--peer", "192.168.10.11:64601", "--peer", "192.168.10.12:64602")
+	if err != nil || !gw.waitFor(10*time.Second, "READY") {
+		return fmt.Errorf("the second router did not start: %v", err)
+	}
+	if err := l.apply("rack-a-gw", rackSecondRouter); err != nil {
+		return err
+	}
+	l.check(gw.waitFor(30*time.Second, "UP 192.168.10.11"), "node-a peers with rack a's second router (BGPPeer rack-a-gw): %s", oneLine(strings.Join(gw.matching("UP"), " ")))
+	for _, r := range []*proc{l.tor, gw} {
+		if _, err := io.WriteString(r.stdin, "announce 198.18.0.0/24\n"); err != nil {
+			return err
+		}
+		l.check(r.waitFor(5*time.Second, "ANNOUNCED 198.18.0.0/24"), "a router announces 198.18.0.0/24")
+	}
+	// routeOnA waits for node-a's route to 198.18.0.0/24 to have paths paths (1: a plain
+	// route) and to say each of want.
+	routeOnA := func(paths int, want ...string) (time.Duration, string, bool) {
+		var out string
+		took, err := l.retry(10*time.Second, func() error {
+			var err error
+			if out, err = l.nsRun("sl-node-a", "ip", "route", "show", "198.18.0.0/24"); err != nil {
+				return err
+			}
+			if n := max(1, strings.Count(out, "nexthop via")); n != paths {
+				return fmt.Errorf("%d paths, not %d", n, paths)
+			}
+			for _, w := range want {
+				if !strings.Contains(out, w) {
+					return fmt.Errorf("no %q", w)
+				}
+			}
+			return nil
+		})
+		return took, oneLine(out), err == nil
+	}
+	_, out, ok := routeOnA(2, "nexthop via 192.168.10.1 ", "nexthop via 192.168.10.254 ", "proto 83")
+	l.check(ok, "node-a routes 198.18.0.0/24 over both routers, one multipath route with sluice's protocol: %s", out)
+	objects, _ := l.nsRun("sl-node-a", "ip", "nexthop", "show")
+	var groups []string
+	for line := range strings.SplitSeq(objects, "\n") {
+		if strings.Contains(line, " group ") {
+			groups = append(groups, strings.TrimSpace(line))
+		}
+	}
+	l.check(len(groups) == 1 && strings.Contains(out, strings.Fields(groups[0])[1]), "through a nexthop group over the two gateways' objects: %s", strings.Join(groups, "; "))
+	forwarded := func() int {
+		out, _ := l.nsRun(nsGateway, "cat", "/proc/net/snmp")
+		return snmpIP(out, "ForwDatagrams")
+	}
+	before := forwarded()
+	probe{from: "sl-wl-rt-a", send: "tcp-ask 20", to: "198.18.0.100:8094", seenAs: "10.67.0.1", retry: 10 * time.Second,
+		name: "rt-a reaches 198.18.0.100 over the multipath route, keeping its address, 20 connections: %s"}.play(l)
+	n := forwarded() - before
+	l.check(n > 0, "some of them crossed the second router: it forwarded %d packets", n)
+
+	if _, err := io.WriteString(gw.stdin, "withdraw 198.18.0.0/24\n"); err != nil {
+		return err
+	}
+	took, out, ok := routeOnA(1, "via 192.168.10.1 dev eth0")
+	l.check(ok && !strings.Contains(out, "192.168.10.254"), "the second router withdraws it: node-a's route is the first router's path alone %v after: %s", took.Round(time.Millisecond), out)
+	probe{from: "sl-wl-rt-a", send: "tcp-ask 5", to: "198.18.0.100:8094", seenAs: "10.67.0.1", retry: 10 * time.Second,
+		name: "rt-a still reaches 198.18.0.100, through the first router: %s"}.play(l)
+	// The second router goes: its peer first (removed at once, not kept under graceful
+	// restart), then the router.
+	l.mustCtl("delete", "bgppeers", "rack-a-gw")
+	if _, err := io.WriteString(l.tor.stdin, "withdraw 198.18.0.0/24\n"); err != nil {
+		return err
+	}
+	return gw.stop()
+}
+
+// snmpIP reads an Ip: counter of /proc/net/snmp (-1: none).
+func snmpIP(snmp, counter string) int {
+	var names []string
+	for line := range strings.SplitSeq(snmp, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "Ip:" {
+			continue
+		}
+		if names == nil {
+			names = f
+			continue
+		}
+		for i, name := range names {
+			if name == counter && i < len(f) {
+				n, _ := strconv.Atoi(f[i])
+				return n
+			}
+		}
+	}
+	return -1
 }
 
 // rackKill kills node-c's sluiced outright under a stream from outside to rt-c: the router

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -33,6 +34,8 @@ const torProto = 186
 // into its namespace's kernel, several nodes' paths to one prefix as one multipath (ECMP)
 // route. It prints "READY", then a line per change of its kernel routes:
 // "ROUTE <prefix> <next hops,...>" or "ROUTE <prefix> -", and "UP <peer>" / "DOWN <peer>".
+// On its standard input it takes "announce <prefix>" and "withdraw <prefix>": a route of its
+// own to every peer, next hop itself (it answers "ANNOUNCED <prefix>", "WITHDRAWN <prefix>").
 //
 //	tor --as 65010 --router-id 192.168.10.1 --peer 192.168.10.11:64601 --peer ...
 func toolTOR(args []string) error {
@@ -78,10 +81,37 @@ func toolTOR(args []string) error {
 		}
 	}
 	fmt.Println("READY")
+	go torCommands(srv)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
 	return nil
+}
+
+// torCommands announces and withdraws the router's own routes as its standard input says.
+func torCommands(srv *server.BgpServer) {
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		verb, arg, _ := strings.Cut(strings.TrimSpace(in.Text()), " ")
+		prefix, err := netip.ParsePrefix(arg)
+		if err != nil || !prefix.Addr().Is4() || (verb != "announce" && verb != "withdraw") {
+			fmt.Fprintf(os.Stderr, "tor: %q: want announce|withdraw <IPv4 prefix>\n", in.Text())
+			continue
+		}
+		nlri, _ := bgp.NewIPAddrPrefix(prefix)
+		nh, _ := bgp.NewPathAttributeNextHop(netip.IPv4Unspecified()) // itself, to each peer
+		path := &apiutil.Path{Family: bgp.RF_IPv4_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(bgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh}}
+		if verb == "announce" {
+			_, err = srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{path}})
+		} else {
+			err = srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}})
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "tor:", verb, prefix, err)
+			continue
+		}
+		fmt.Println(map[string]string{"announce": "ANNOUNCED", "withdraw": "WITHDRAWN"}[verb], prefix)
+	}
 }
 
 // tor holds what each peer announced of each prefix (its next hop) and programs the kernel.
