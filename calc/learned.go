@@ -162,7 +162,7 @@ func (rc *routeCalc) markLearned() {
 func (rc *routeCalc) onBGPConfig(string, *store.BGPConfiguration) { rc.markLearned() }
 
 // learnedRouteWhy is the route for a learned prefix, by calico/node's import rules: never a
-// default route, never one inside a pool with encapsulation (VXLAN or IPIP: calc routes
+// default route (unless Config.BGPDefaultRouteMetric asks for one, at that metric), never one inside a pool with encapsulation (VXLAN or IPIP: calc routes
 // those), inside a block of this node's or inside a service range. A next hop on this node's
 // subnet is the gateway; one off it is reached through another learned route whose next hop
 // is (recursive, one level), else through the kernel's own routes (a Recursive route: the
@@ -174,8 +174,12 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 	if !ok || !rc.cfg.BGP || self == nil || self.BGP == nil {
 		return Route{}, "-"
 	}
+	metric := 0
 	if dst.Bits() == 0 {
-		return Route{}, "-" // never a default route
+		if rc.cfg.BGPDefaultRouteMetric == 0 {
+			return Route{}, "-" // never a default route, unless asked
+		}
+		metric = rc.cfg.BGPDefaultRouteMetric
 	}
 	if pool := rc.poolFor(dst); pool != nil && (pool.VXLANMode != store.EncapNever || pool.IPIPMode != store.EncapNever) {
 		return Route{}, "-"
@@ -214,14 +218,14 @@ func (rc *routeCalc) learnedRouteWhy(dst netip.Prefix) (Route, string) {
 	if len(gws) == 0 && len(far) > 0 {
 		// Reached through the kernel's own routes, whichever leads there (the dataplane
 		// looks): through the lowest such next hop.
-		return Route{Dst: dst, Type: RouteUnicast, Gateway: slices.MinFunc(far, netip.Addr.Compare), Recursive: true, Reason: ReasonBGP}, ""
+		return Route{Dst: dst, Type: RouteUnicast, Gateway: slices.MinFunc(far, netip.Addr.Compare), Recursive: true, Metric: metric, Reason: ReasonBGP}, ""
 	}
 	if len(gws) == 0 {
 		return Route{}, why
 	}
 	slices.SortFunc(gws, netip.Addr.Compare)
 	gws = slices.Compact(gws)
-	r := Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: gws[0], OnLink: true, Reason: ReasonBGP}
+	r := Route{Dst: dst, Type: RouteUnicast, Device: ParentDevice, Gateway: gws[0], OnLink: true, Metric: metric, Reason: ReasonBGP}
 	if len(gws) > 1 {
 		r.Multipath = gws[1:]
 	}

@@ -128,6 +128,32 @@ func TestBGPImportRules(t *testing.T) {
 	}
 }
 
+// TestBGPDefaultRouteAsked: a learned default route is programmed only when the agent asks
+// (Config.BGPDefaultRouteMetric), at that metric, so it sits beside the node's own.
+func TestBGPDefaultRouteAsked(t *testing.T) {
+	def := calc.Learned{Prefix: netip.MustParsePrefix("0.0.0.0/0"), NextHops: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}
+	for _, metric := range []int{0, 200} {
+		cfg := bgpCfg("node-a")
+		cfg.BGPDefaultRouteMetric = metric
+		g, _ := calc.New(cfg)
+		g.OnEvents(append(bgpEvents(t, []string{bgpNode("node-a", "192.0.2.11/24")}), inSync()))
+		g.OnLearned([]calc.Learned{def})
+		var got []string
+		for _, r := range g.State().Routes {
+			if r.Reason == calc.ReasonBGP {
+				got = append(got, r.String())
+			}
+		}
+		want := []string(nil)
+		if metric != 0 {
+			want = []string{"0.0.0.0/0 via 192.0.2.1 dev uplink onlink metric 200"}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("metric %d: %q, want %q", metric, got, want)
+		}
+	}
+}
+
 // TestBGPImportRulesIPv6: an IPv6 pool's blocks are routed through the IPv6 next hop on the
 // node's IPv6 subnet (spec.bgp.ipv6Address); a node without an IPv6 address has a problem.
 func TestBGPImportRulesIPv6(t *testing.T) {

@@ -71,6 +71,10 @@ type Config struct {
 	// BGP runs this node's BGP speaker (when its Node has spec.bgp): calc then computes the
 	// speaker, its sessions and what it announces.
 	BGP bool
+	// BGPDefaultRouteMetric programs a default route BGP learned, at this metric: 0 never
+	// does (calico/node's rule, and the default). A metric of its own keeps it beside the
+	// node's own default route, which it never replaces: the lower metric wins.
+	BGPDefaultRouteMetric int
 }
 
 // NATExclusions is Calico's natOutgoingExclusions.

@@ -132,3 +132,28 @@ func TestRecursiveRealKernel(t *testing.T) {
 
 // hasLine says whether one of text's lines is line.
 func hasLine(text, line string) bool { return slices.Contains(strings.Split(text, "\n"), line) }
+
+// TestLearnedDefaultRouteBesideNodes: a default route BGP learned, asked for at a metric of its
+// own, sits beside the node's own default route and goes without taking it along.
+func TestLearnedDefaultRouteBesideNodes(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	if out, err := exec.Command("ip", "-n", n.name, "route", "add", "default", "via", "192.0.2.1", "dev", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	learned := calc.Route{Dst: pfx("0.0.0.0/0"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.254"), OnLink: true, Metric: 200, Reason: calc.ReasonBGP}
+	rt := NewRouteTable(n.kernel(), RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true})
+	apply(t, rt, learned)
+	if got, want := n.routes(-1), "0.0.0.0/0 nhid 1392508929 via 192.0.2.254 dev eth0 proto 83 metric 200 onlink\n0.0.0.0/0 via 192.0.2.1 dev eth0 proto 3\n192.0.2.0/24 dev eth0 proto 2 scope link"; got != want {
+		t.Fatalf("routes:\n%s\nwant:\n%s", got, want)
+	}
+	restarted := NewRouteTable(n.kernel(), RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true})
+	apply(t, restarted, learned)
+	if restarted.Writes() != 0 {
+		t.Fatalf("a restart wrote %d", restarted.Writes())
+	}
+	apply(t, restarted)
+	if got, want := n.routes(-1), "0.0.0.0/0 via 192.0.2.1 dev eth0 proto 3\n192.0.2.0/24 dev eth0 proto 2 scope link"; got != want {
+		t.Fatalf("after the learned default went:\n%s\nwant:\n%s", got, want)
+	}
+}

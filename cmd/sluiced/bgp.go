@@ -52,7 +52,7 @@ func startBGP(ctx context.Context, c *agentconfig.Config, plan *agent.Planner, l
 			gc.onEvents(len(ls), time.Now())
 			plan.OnLearned(ls)
 		},
-		OnStale:   plan.StaleLearned,
+		OnStale: plan.StaleLearned,
 		OnSynced: func() {
 			st.synced.Store(true)
 			n := plan.SweepLearned()

@@ -232,6 +232,11 @@ func optionTable() []option {
 			set: func(c *Config, v string) (err error) { c.Services, err = parseBool(v); return }},
 		{name: "bgp", env: "SLUICE_BGP", key: "bgp", def: "false", boolean: true, accepts: "true or false", help: "run this node's BGP speaker (when its Node has spec.bgp), as calico/node's BIRD does: sessions and announcements from Calico's BGPConfiguration and BGPPeer; needs the dataplane",
 			set: func(c *Config, v string) (err error) { c.Calc.BGP, err = parseBool(v); return }},
+		{name: "bgp-default-route-metric", env: "SLUICE_BGP_DEFAULT_ROUTE_METRIC", key: "bgpDefaultRouteMetric", def: "0", accepts: "0 (never) or a metric, 1 to 2147483647", help: "program a default route the BGP speaker learns (a top-of-rack router's), at this metric; 0 never does, as calico/node; the node's own default route stays, the lower metric wins",
+			set: func(c *Config, v string) (err error) {
+				c.Calc.BGPDefaultRouteMetric, err = parseIntRange(v, 0, 1<<31-1)
+				return
+			}},
 		{name: "bgp-secrets-dir", env: "SLUICE_BGP_SECRETS_DIR", key: "bgpSecretsDir", def: "/etc/sluice/bgp-secrets", accepts: "an absolute directory", help: "where BGP passwords are: a BGPPeer's password.secretKeyRef {name, key} is the file <dir>/<name>/<key> (a Kubernetes secret mounted as a volume has this layout)",
 			set: func(c *Config, v string) error {
 				c.BGPSecretsDir = v
