@@ -248,6 +248,8 @@ func (l *lab) rackECMP() error {
 		}
 	}
 	l.check(len(groups) == 1 && strings.Contains(out, strings.Fields(groups[0])[1]), "through a nexthop group over the two gateways' objects: %s", strings.Join(groups, "; "))
+	out, err = l.diff("node-a", "SLUICE_BGP=true")
+	l.check(err == nil && strings.Contains(out, "matches"), "sluicectl diff on node-a (with what its speaker learned): the kernel, multipath route and group included, matches: %s", oneLine(out))
 	forwarded := func() int {
 		out, _ := l.nsRun(nsGateway, "cat", "/proc/net/snmp")
 		return snmpIP(out, "ForwDatagrams")

@@ -340,13 +340,15 @@ func routeLine(out, want string) bool {
 }
 
 // diff runs sluicectl diff for node inside its namespace: the node's kernel against what a
-// freshly started agent would program from the same data (calc run afresh on etcd's state).
-func (l *lab) diff(node string) (string, error) {
+// freshly started agent would program from the same data (calc run afresh on etcd's state);
+// env adds to the node's configuration (SLUICE_BGP=true: with what its speaker learned).
+func (l *lab) diff(node string, env ...string) (string, error) {
 	l.halt()
 	cmd := l.command("ip", "netns", "exec", nodeNS(node), filepath.Join(l.bin, "sluicectl"), "diff", "--node", node)
 	// The same configuration as the node's sluiced: its etcd and its pin directory.
 	cmd.Env = append(os.Environ(), "SLUICE_ETCD_ENDPOINTS=http://"+etcdListen, "SLUICE_BPF_PIN_DIR="+filepath.Join(l.dir, "bpf", node),
 		"SLUICE_ROUTE_LAYOUT="+routeLayout(node))
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	fmt.Fprintf(l.out, "$ sluicectl diff --node %s   (in %s)\n%s", node, nodeNS(node), out)
 	return string(out), err
