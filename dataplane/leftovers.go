@@ -84,6 +84,9 @@ func (d *Dataplane) findLeftovers() ([]Leftover, error) {
 		}
 		var hit netip.Prefix
 		for _, dst := range dsts {
+			if dst.Bits() == 0 {
+				continue // a default route BGP learned: every other route is inside it
+			}
 			// Strictly more specific than a sluice route: it steals that route's traffic. (The
 			// same destination at another metric is an operator's deliberate override.)
 			inside := dst.Bits() < k.dst.Bits() && dst.Contains(k.dst.Addr())
@@ -318,7 +321,7 @@ func (d *Dataplane) ruleLeftovers(dsts []netip.Prefix) []Leftover {
 			}
 			var hit netip.Prefix
 			for _, dst := range dsts {
-				if dst.Overlaps(k.dst) && k.dst.Bits() > 0 {
+				if dst.Overlaps(k.dst) && k.dst.Bits() > 0 && dst.Bits() > 0 {
 					hit = dst
 					break
 				}

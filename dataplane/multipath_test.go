@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sluice-net/sluice/calc"
+	"golang.org/x/sys/unix"
 )
 
 // Routes BGP learned over two equal paths (two top-of-rack routers) and over one, as calc
@@ -214,5 +216,38 @@ func TestMultipathRealKernel(t *testing.T) {
 				t.Fatalf("left behind:\n%s\n%s", got, n.ipNexthops())
 			}
 		})
+	}
+}
+
+// TestNexthopGroupMemberIDTakenMeanwhile: a member's ID taken by another program between the
+// read and the write: the group is not made over the other program's object, its routes wait,
+// and the next apply makes the member elsewhere and the group over it.
+func TestNexthopGroupMemberIDTakenMeanwhile(t *testing.T) {
+	f := fakeNode()
+	rt := nexthopTable(f)
+	rt.SetRoute(&bgpBoth1)
+	if err := rt.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	f.PutNexthop(Nexthop{ID: id(2), Gw: ip("192.0.2.99"), Link: f.links["eth0"], Protocol: unix.RTPROT_STATIC})
+	if err := rt.write(); !errors.Is(err, unix.EEXIST) {
+		t.Fatalf("write = %v, want EEXIST", err)
+	}
+	if got := f.RenderNexthops(); strings.Contains(got, "group") {
+		t.Fatalf("a group made over the other program's object:\n%s", got)
+	}
+	if got := f.Render(main); got != "" {
+		t.Fatalf("a route went through it:\n%s", got)
+	}
+	if err := rt.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	objects := f.RenderNexthops()
+	if !strings.Contains(objects, fmt.Sprintf("id %d via 192.0.2.99 dev eth0 proto 4", id(2))) || strings.Count(objects, " group ") != 1 ||
+		strings.Contains(objects, fmt.Sprintf("/%d ", id(2))) || strings.Contains(objects, fmt.Sprintf(" %d/", id(2))) {
+		t.Fatalf("objects after the retry:\n%s", objects)
+	}
+	if got := f.Render(main); !strings.HasPrefix(got, "10.67.0.0/26 nhid ") {
+		t.Fatalf("route after the retry: %s", got)
 	}
 }

@@ -157,3 +157,44 @@ func TestLearnedDefaultRouteBesideNodes(t *testing.T) {
 		t.Fatalf("after the learned default went:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestLearnedDefaultNeverReplacesNodes: a learned default route at the node's own default
+// route's metric is not programmed (a withdrawal would leave the node without one): the
+// node's stays, and the diff says why.
+func TestLearnedDefaultNeverReplacesNodes(t *testing.T) {
+	f := fakeNode()
+	f.PutRoute(netlink.Route{Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: net.ParseIP("192.0.2.1").To4(),
+		LinkIndex: f.links["eth0"], Table: main, Type: unix.RTN_UNICAST, Protocol: unix.RTPROT_DHCP, Priority: 100})
+	rt := NewRouteTable(f, RouteTableConfig{ParentAddr: nodeAddr, Nexthops: true})
+	learned := calc.Route{Dst: pfx("0.0.0.0/0"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.254"), OnLink: true, Metric: 100, Reason: calc.ReasonBGP}
+	apply(t, rt, learned, nbBlock1)
+	if got := f.Render(main); !hasLine(got, "0.0.0.0/0 via 192.0.2.1 dev eth0 proto 16 metric 100") || strings.Contains(got, "192.0.2.254") {
+		t.Fatalf("routes:\n%s", got)
+	}
+	missing, _, err := rt.Diff()
+	if err != nil || len(missing) != 1 || !strings.Contains(missing[0], "the node's own default route is at this metric") {
+		t.Fatalf("diff %q %v", missing, err)
+	}
+}
+
+// TestLearnedDefaultMakesNoLeftovers: with a learned default route wanted, the node's other
+// routes are not "inside a sluice route" (every route is inside a default route).
+func TestLearnedDefaultMakesNoLeftovers(t *testing.T) {
+	n := newTestNode(t)
+	n.iface("eth0", "192.0.2.11/24")
+	n.iface("cali-web-1", "")
+	if out, err := exec.Command("ip", "-n", n.name, "route", "add", "10.0.0.0/8", "via", "192.0.2.254", "dev", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	d, log := runDataplane(t, n, false)
+	learned := calc.Route{Dst: pfx("0.0.0.0/0"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.1"), OnLink: true, Metric: 200, Reason: calc.ReasonBGP}
+	d.OnUpdate(fullUpdate([]calc.Route{rBlackhole, rLocal, learned}, []calc.VTEP{vLocal}))
+	waitFor(t, "the learned default route", func() bool { return strings.Contains(n.routes(DefaultRouteProtocol), "0.0.0.0/0") })
+	d.QueueResync() // the leftover scan runs after a read
+	d.Kick()
+	waitFor(t, "a resync", func() bool { return d.Stats().Resyncs > 1 })
+	time.Sleep(100 * time.Millisecond)
+	if got := log.keys(false); len(got) != 0 {
+		t.Fatalf("reported as leftovers under a learned default route: %v", got)
+	}
+}

@@ -110,6 +110,9 @@ type RouteTable struct {
 	// multipaths[i-1] the set.
 	multipaths []multipath
 	mpIndex    map[string]uint32
+	// nodeDefault holds the keys where the node's own default route sits where a learned
+	// default route would go, as of the last read: that route is not programmed.
+	nodeDefault map[routeKey]bool
 	// recursive holds the desired routes whose gateway the kernel's own routes decide
 	// (calc.Route.Recursive): resolved again after every read of the table.
 	recursive map[netip.Prefix]bool
@@ -125,10 +128,20 @@ type mpath struct {
 	onlink bool
 }
 
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
 // multipathOf numbers paths (any order).
 func (t *RouteTable) multipathOf(paths multipath) uint32 {
 	slices.SortFunc(paths, func(a, b mpath) int {
-		return cmp.Or(a.gw.Compare(b.gw), cmp.Compare(a.link, b.link))
+		return cmp.Or(a.gw.Compare(b.gw), cmp.Compare(a.link, b.link), cmpBool(a.onlink, b.onlink))
 	})
 	var b strings.Builder
 	for _, p := range paths {
@@ -156,7 +169,7 @@ func NewRouteTable(k Kernel, cfg RouteTableConfig) *RouteTable {
 	}
 	return &RouteTable{k: k, cfg: cfg, tracker: tracker.New[routeKey, kernelRoute](func(a, b kernelRoute) bool { return a == b }), nh: newNexthops(cfg.Protocol),
 		routes: map[netip.Prefix]desiredRoute{}, needRead: true, reported: map[routeKey]bool{}, replacing: map[routeKey]Route{},
-		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}}
+		linksStale: true, changed: map[routeKey]bool{}, unres: map[routeKey]bool{}, nodeDefault: map[routeKey]bool{}}
 }
 
 // desiredRoute is a desired route and the nexthop object it goes through (nil: none). The
@@ -201,6 +214,11 @@ func (t *RouteTable) SetRoute(r *calc.Route) {
 	if r.Recursive {
 		if t.recursive == nil {
 			t.recursive = map[netip.Prefix]bool{}
+		}
+		if len(t.recursive) == 0 {
+			// The other programs' routes were not followed while no route resolved through
+			// them: read them before the first one does.
+			t.needRead = true
 		}
 		t.recursive[r.Dst] = true
 	} else {
@@ -616,6 +634,7 @@ func (t *RouteTable) prepare() error {
 		}
 		k := r.key()
 		kr, ok := t.resolve(r.Route, t.links, t.parent, t.parent6)
+		ok = ok && !t.nodeDefault[k]
 		var rec *nexthopRec
 		switch {
 		case !ok:
@@ -729,6 +748,8 @@ func (t *RouteTable) Diff() (missing, extra []string, err error) {
 		}
 		why := fmt.Sprintf("its device %s does not exist", r.Device)
 		switch {
+		case t.nodeDefault[k]:
+			why = "the node's own default route is at this metric, and sluice never replaces it: pick another (bgp-default-route-metric)"
 		case r.Recursive:
 			why = fmt.Sprintf("no route of the kernel's leads to its next hop %s", r.Gateway)
 		case r.Device == calc.ParentDevice:
@@ -849,17 +870,32 @@ func (t *RouteTable) writeNexthops() (map[uint32]bool, error) {
 	}, func(uint32, nexthopValue) tracker.Outcome { return tracker.Later }) // deleted after the routes
 	var errs []error
 	refused := map[uint32]bool{}
-	for _, batch := range []struct {
+	for i, batch := range []struct {
 		ns      []Nexthop
 		replace bool
 	}{{fresh, false}, {changed, true}, {freshGroups, false}, {changedGroups, true}} {
+		if i >= 2 {
+			// A group naming a member the kernel refused (its ID another program's now) would
+			// take that program's object: it waits with its member for the next read.
+			batch.ns = slices.DeleteFunc(batch.ns, func(n Nexthop) bool {
+				if slices.ContainsFunc(n.Group, func(id uint32) bool { return refused[id] }) {
+					refused[n.ID] = true
+					return true
+				}
+				return false
+			})
+		}
 		slices.SortFunc(batch.ns, func(a, b Nexthop) int { return cmp.Compare(a.ID, b.ID) })
 		for i, err := range t.k.NexthopSetMany(batch.ns, batch.replace) {
 			n := batch.ns[i]
 			if err != nil {
 				// EEXIST: another program took the ID since the last read; the read that
 				// follows a failure gives sluice's object another.
-				errs = append(errs, fmt.Errorf("writing nexthop object %d via %s: %w", n.ID, n.Gw, err))
+				what := "via " + n.Gw.String()
+				if n.Group != nil {
+					what = "group " + groupString(n.Group)
+				}
+				errs = append(errs, fmt.Errorf("writing nexthop object %d %s: %w", n.ID, what, err))
 				refused[n.ID] = true
 				continue
 			}
@@ -921,6 +957,7 @@ func (t *RouteTable) read() (collided bool, err error) {
 	actual := make(map[routeKey]kernelRoute, max(len(rs), len(t.routes))) // room for what is wanted too: it will be written
 	t.foreign = t.foreign[:0]
 	clear(t.replacing)
+	clear(t.nodeDefault)
 	for _, r := range rs {
 		k, kr, ok := t.fromKernel(r)
 		if !ok {
@@ -933,6 +970,13 @@ func (t *RouteTable) read() (collided bool, err error) {
 		}
 		want, wanted := t.routes[k.dst]
 		wanted = wanted && want.key() == k
+		if wanted && owner == routeOther && k.dst.Bits() == 0 {
+			// The node's own default route where a learned one would go (the same metric):
+			// never replaced (a withdrawal would leave the node without one), reported.
+			t.nodeDefault[k] = true
+			t.foreign = append(t.foreign, r)
+			continue
+		}
 		if !wanted {
 			t.foreign = append(t.foreign, r)
 		}
