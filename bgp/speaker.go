@@ -654,7 +654,13 @@ func (s *Speaker) stop() {
 	}
 	s.srv.Stop()
 	s.srv, s.running, s.stopW = nil, nil, nil
+	// What its watchers still hand over is no longer anybody's: a new generation, and no
+	// multipath set taken (generations start at 1).
+	s.syncMu.Lock()
+	s.gen++
+	s.syncMu.Unlock()
 	s.learnedMu.Lock()
+	s.mpGen = 0
 	s.staleQ = true
 	if s.want == nil {
 		s.syncQ = true
@@ -688,9 +694,10 @@ func (s *Speaker) onPeer(gen int, ev *apiutil.WatchEventMessage_PeerEvent) {
 }
 
 // SessionCounts says how many sessions the running speaker has configured and how many of
-// them are established, from what its watcher reported: unlike Sessions, it never waits on
-// GoBGP (whose listing counts every table and holds up its loop), so the status key can ask
-// twice a second while 20,000 routes arrive.
+// them are established, from what its watcher reported: unlike Sessions, it asks GoBGP
+// nothing (whose listing counts every table and holds up its loop), so the status key can
+// ask twice a second while 20,000 routes arrive. (It waits only, and rarely, while a speaker
+// starts or stops.)
 func (s *Speaker) SessionCounts() (configured, up int) {
 	s.mu.Lock()
 	running := s.srv != nil
