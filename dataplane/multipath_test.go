@@ -251,3 +251,24 @@ func TestNexthopGroupMemberIDTakenMeanwhile(t *testing.T) {
 		t.Fatalf("route after the retry: %s", got)
 	}
 }
+
+// TestNexthopGroupRestartWithTwinObjects: a node's object and a group's member with the same
+// gateway and device are two kernel objects of one value; a restart adopts both, the member
+// the one its group names, and writes nothing.
+func TestNexthopGroupRestartWithTwinObjects(t *testing.T) {
+	node := calc.Route{Dst: pfx("10.66.0.64/26"), Type: calc.RouteUnicast, Device: calc.ParentDevice, Gateway: ip("192.0.2.2"), OnLink: true, Node: "node-c"}
+	for _, order := range [][]calc.Route{{node, bgpBoth1}, {bgpBoth1, node}} {
+		f := fakeNode()
+		apply(t, nexthopTable(f), order[0])
+		apply(t, nexthopTable(f), order...)
+		before, objects := f.Writes, f.RenderNexthops()
+		if strings.Count(objects, "via 192.0.2.2 ") != 2 {
+			t.Fatalf("want twin objects:\n%s", objects)
+		}
+		restarted := nexthopTable(f)
+		apply(t, restarted, order...)
+		if f.Writes != before {
+			t.Fatalf("order %v: a restart wrote %d:\n%s\nwas:\n%s", order[0].Dst, f.Writes-before, f.RenderNexthops(), objects)
+		}
+	}
+}

@@ -131,14 +131,19 @@ type nexthops struct {
 	// unclaimed maps the value of each of sluice's objects found in the kernel that no
 	// desired object holds yet to its ID: adopted by the first desired object of that value.
 	unclaimed map[nexthopValue]uint32
-	base      uint32 // protocol<<24
-	next      uint32 // the next n to try
+	// twins holds the further unclaimed objects of a value: a node's object and a group's
+	// member through the same gateway are two objects of one value. The one a group names
+	// is unclaimed's, and group members are assigned before node objects, so each takes its
+	// own back.
+	twins map[nexthopValue][]uint32
+	base  uint32 // protocol<<24
+	next  uint32 // the next n to try
 }
 
 func newNexthops(protocol int) *nexthops {
 	return &nexthops{tracker: tracker.New[uint32, nexthopValue](func(a, b nexthopValue) bool { return a == b }),
 		byKey: map[nexthopKey]*nexthopRec{}, groups: map[*nexthopRec]bool{}, needID: map[*nexthopRec]bool{},
-		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{},
+		freed: map[*nexthopRec]bool{}, foreign: map[uint32]int{}, unclaimed: map[nexthopValue]uint32{}, twins: map[nexthopValue][]uint32{},
 		base: uint32(protocol) << 24, next: 1}
 }
 
@@ -224,7 +229,14 @@ func (n *nexthops) assign() {
 		v := rec.value()
 		if id, ok := n.unclaimed[v]; ok {
 			rec.id = id
-			delete(n.unclaimed, v)
+			if more := n.twins[v]; len(more) > 0 {
+				n.unclaimed[v] = more[0]
+				if n.twins[v] = more[1:]; len(more) == 1 {
+					delete(n.twins, v)
+				}
+			} else {
+				delete(n.unclaimed, v)
+			}
 		} else if from := passable[nodeLink{rec.key.node, rec.key.link, rec.key.gw.Is6()}]; len(from) > 0 && rec.key.node != "" {
 			rec.id, from[0].id = from[0].id, 0
 			passable[nodeLink{rec.key.node, rec.key.link, rec.key.gw.Is6()}] = from[1:]
@@ -276,6 +288,15 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 	actual := make(map[uint32]nexthopValue, len(n.byKey))
 	clear(n.foreign)
 	n.unclaimed = emptied(n.unclaimed)
+	clear(n.twins)
+	inGroup := map[uint32]bool{}
+	for _, nh := range all {
+		if ownedNexthop(nh.Protocol, protocol) {
+			for _, m := range nh.Group {
+				inGroup[m] = true
+			}
+		}
+	}
 	for _, nh := range all {
 		switch {
 		case !ownedNexthop(nh.Protocol, protocol):
@@ -308,9 +329,23 @@ func (n *nexthops) replaceActual(all []Nexthop, protocol int, conflict func(id u
 		held[rec.id] = true
 	}
 	for id, v := range actual {
-		if !held[id] && (v.link != 0 || v.group != "") {
-			n.unclaimed[v] = id
+		if held[id] || (v.link == 0 && v.group == "") {
+			continue
 		}
+		first, twin := n.unclaimed[v]
+		switch {
+		case !twin:
+			n.unclaimed[v] = id
+		case inGroup[id] && !inGroup[first] || inGroup[id] == inGroup[first] && id < first:
+			n.unclaimed[v] = id
+			n.twins[v] = append(n.twins[v], first)
+		default:
+			n.twins[v] = append(n.twins[v], id)
+		}
+	}
+	for v, ids := range n.twins {
+		slices.Sort(ids) // the same order whatever the map's
+		n.twins[v] = ids
 	}
 	return collided
 }
