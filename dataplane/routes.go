@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/sluice-net/sluice/calc"
 	"github.com/sluice-net/sluice/internal/tracker"
@@ -116,6 +117,9 @@ type RouteTable struct {
 	// recursive holds the desired routes whose gateway the kernel's own routes decide
 	// (calc.Route.Recursive): resolved again after every read of the table.
 	recursive map[netip.Prefix]bool
+	// anyRecursive is len(recursive) > 0, for the watch to read without the dataplane's lock
+	// (which an apply holds throughout).
+	anyRecursive atomic.Bool
 }
 
 // multipath is a multipath route's paths, sorted by gateway.
@@ -224,11 +228,13 @@ func (t *RouteTable) SetRoute(r *calc.Route) {
 	} else {
 		delete(t.recursive, r.Dst)
 	}
+	t.anyRecursive.Store(len(t.recursive) > 0)
 }
 
 // HasRecursive says whether a desired route's gateway is decided by the kernel's own routes:
 // then a change of those (a default route replaced) calls for a read of the table.
-func (t *RouteTable) HasRecursive() bool { return len(t.recursive) > 0 }
+// It may be called without the dataplane's lock.
+func (t *RouteTable) HasRecursive() bool { return t.anyRecursive.Load() }
 
 // maxErrors is how many of one apply's errors are spelled out; the rest are counted.
 const maxErrors = 10
@@ -266,6 +272,7 @@ func (t *RouteTable) DeleteRoute(dst netip.Prefix) {
 	delete(t.changed, k)
 	delete(t.unres, k)
 	delete(t.recursive, dst)
+	t.anyRecursive.Store(len(t.recursive) > 0)
 	t.tracker.DeleteDesired(k)
 	t.nh.release(r.nh)
 }

@@ -278,10 +278,7 @@ func (d *Dataplane) onRoute(u netlink.RouteUpdate) bool {
 	if owner != routeSluice {
 		// Routes that resolve through the kernel's own (a BGP next hop through the default
 		// route) follow any change of those, connected ones included.
-		d.mu.Lock()
-		recursive := d.routes.HasRecursive()
-		d.mu.Unlock()
-		if recursive {
+		if d.routes.HasRecursive() { // without the lock: an apply may hold it a while
 			return true
 		}
 	}
