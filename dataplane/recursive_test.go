@@ -62,6 +62,17 @@ func TestRecursiveThroughKernelRoutes(t *testing.T) {
 		}
 		f.DeleteRoute(main, "198.51.100.0/24", 0)
 
+		// A longer blackhole holds the next hop: the kernel's lookup ends there, so does the
+		// route.
+		f.PutRoute(netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("198.51.100.0").To4(), Mask: net.CIDRMask(24, 32)}, Table: main,
+			Type: unix.RTN_BLACKHOLE, Protocol: unix.RTPROT_STATIC})
+		rt.QueueResync()
+		apply(t, rt, bgpFar, nbBlock1)
+		if got := f.Render(main); strings.Contains(got, "10.80.1.0/26") {
+			t.Fatalf("nexthops %v: a route through a blackhole:\n%s", nexthops, got)
+		}
+		f.DeleteRoute(main, "198.51.100.0/24", 0)
+
 		// Nothing leads there: the route goes, and the diff says why.
 		f.DeleteRoute(main, "0.0.0.0/0", 0)
 		rt.QueueResync()

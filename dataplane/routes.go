@@ -471,14 +471,16 @@ func (t *RouteTable) resolve(r *calc.Route, links map[string]int, parent, parent
 
 // throughKernel resolves a route to gateway gw through the kernel's own routes, as of the
 // last read (the other programs' routes, and connected ones; never sluice's): the longest
-// unicast route holding gw gives the gateway and device (all its paths, when it has several),
-// or, a route without a gateway (a connected subnet), the device to gw. False: no such route.
+// route holding gw gives the gateway and device (all its paths, when it has several), or, a
+// route without a gateway (a connected subnet), the device to gw. False: no such route, or
+// the longest is a blackhole, unreachable or prohibit route, as the kernel's lookup would
+// find.
 func (t *RouteTable) throughKernel(kr kernelRoute, gw netip.Addr) (kernelRoute, bool) {
 	var best *Route
 	bestBits := -1
 	for i := range t.foreign {
 		f := &t.foreign[i]
-		if f.Type != unix.RTN_UNICAST || f.Table != t.cfg.Table {
+		if f.Table != t.cfg.Table {
 			continue
 		}
 		k, ok := kernelKey(*f)
@@ -489,8 +491,8 @@ func (t *RouteTable) throughKernel(kr kernelRoute, gw netip.Addr) (kernelRoute, 
 			best, bestBits = f, k.dst.Bits()
 		}
 	}
-	if best == nil {
-		return kr, false
+	if best == nil || best.Type != unix.RTN_UNICAST {
+		return kr, false // none, or the kernel's longest is a blackhole (or unreachable): so is the next hop
 	}
 	switch {
 	case len(best.MultiPath) > 0:
