@@ -142,28 +142,8 @@ func link(t *testing.T, a netns.NsHandle, aName, aAddr string, b netns.NsHandle,
 		t.Fatal(err)
 	}
 	defer hb.Close()
-	for _, e := range []struct {
-		h    *netlink.Handle
-		name string
-		addr string
-	}{{ha, aName, aAddr}, {hb, bName, bAddr}} {
-		l, err := e.h.LinkByName(e.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := netip.MustParsePrefix(e.addr)
-		ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-		a := &netlink.Addr{IPNet: ipn}
-		if p.Addr().Is6() {
-			a.Flags = unix.IFA_F_NODAD // usable at once: a speaker binds to it
-		}
-		if err := e.h.AddrAdd(l, a); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.h.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addrOn(t, ha, aName, aAddr)
+	addrOn(t, hb, bName, bAddr)
 }
 
 // torConf is a top-of-rack router's BIRD configuration: it peers with one node over eBGP
@@ -314,7 +294,11 @@ func addrOn(t *testing.T, h *netlink.Handle, name, addr string) {
 	t.Helper()
 	l := mustLink(t, h, name)
 	p := netip.MustParsePrefix(addr)
-	if err := h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}); err != nil {
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}}
+	if p.Addr().Is6() {
+		a.Flags = unix.IFA_F_NODAD // usable at once: a speaker binds to it
+	}
+	if err := h.AddrAdd(l, a); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.LinkSetUp(l); err != nil {

@@ -47,8 +47,8 @@ func (s *Speaker) RIB() ([]Route, error) {
 	for _, fam := range []bgp.Family{bgp.RF_IPv4_UC, bgp.RF_IPv6_UC} {
 		err := srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam},
 			func(prefix bgp.NLRI, paths []*apiutil.Path) {
-				p, err := netip.ParsePrefix(prefix.String())
-				if err != nil {
+				p, ok := prefixOf(prefix)
+				if !ok {
 					return
 				}
 				r := Route{Prefix: p}
